@@ -1,0 +1,181 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/internal/retry"
+)
+
+// Clock tells the time and waits; inject a fake one in tests so that retries
+// never sleep.
+type Clock = retry.Clock
+
+// ExhaustedPolicy says what happens to a message whose transient failures
+// used up the retry policy.
+type ExhaustedPolicy uint8
+
+const (
+	// DeadLetterOnExhausted (the default) dead-letters the message and moves on.
+	DeadLetterOnExhausted ExhaustedPolicy = iota
+	// StopLaneOnExhausted stops the message's lane: nothing more of its
+	// partition or queue is processed or acknowledged until the consumer is
+	// restarted. Other lanes go on. For streams where order matters more than
+	// progress.
+	StopLaneOnExhausted
+)
+
+// RetryPolicy bounds the retries of transient failures. Zero fields take the
+// defaults.
+type RetryPolicy struct {
+	Initial     time.Duration // first delay; default 100ms
+	Max         time.Duration // largest delay; default 10s
+	Multiplier  float64       // growth per attempt; default 2
+	Jitter      float64       // randomization factor in (0,1]; default 0.5 (delay ± 50%)
+	MaxAttempts int           // attempts in all, the first included; default 10
+	MaxElapsed  time.Duration // time bound of one message's retries; default 2m
+}
+
+// Config configures a Consumer. Zero values take the documented defaults.
+type Config[TTx any] struct {
+	// Name identifies the consumer; it is the scope of its dedup keys, so two
+	// consumers with one Name deduplicate against each other. Required, at
+	// most 64 bytes, no "/" and no control characters.
+	Name string
+	// Source delivers messages. Required.
+	Source Source
+	// Store claims keys in the handler's transaction. Required.
+	Store dedup.Store[TTx]
+	// Handler applies the effects. Required.
+	Handler Handler[TTx]
+	// Middleware wraps Handler, the first outermost. Recover is always
+	// applied outside of them.
+	Middleware []Middleware[TTx]
+	// DeadLetter receives messages that cannot be processed. Required: a
+	// message must not vanish.
+	DeadLetter DeadLetter
+
+	// Key derives the dedup key's ID; default ByMessageID.
+	Key KeyFunc
+	// Tenant, when set, derives a tenant that becomes part of the key's scope
+	// (Name + "/" + tenant), so equal IDs of two tenants never collide. Take
+	// it from a trusted source (topic, a header set by the platform).
+	Tenant KeyFunc
+
+	// BatchSize is the most messages of one lane in one transaction;
+	// default 100, at most 10000.
+	BatchSize int
+	// BatchWait is how long a lane waits for more messages to fill a batch;
+	// default 0: a batch is what has arrived by the time the lane is free.
+	BatchWait time.Duration
+	// LaneBuffer is how many delivered messages a lane queues before deliver
+	// blocks; default 2*BatchSize.
+	LaneBuffer int
+
+	// Retry bounds the retries of transient failures.
+	Retry RetryPolicy
+	// OnExhausted says what happens when Retry is used up; default
+	// DeadLetterOnExhausted.
+	OnExhausted ExhaustedPolicy
+
+	// Logger receives the consumer's logs; default slog.Default().
+	Logger *slog.Logger
+	// Clock is used for retry delays; default the system clock.
+	Clock Clock
+}
+
+const maxNameLen = 64
+
+func (c *Config[TTx]) validate() error {
+	var errs []error
+	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf("consumer: Config."+format, args...)) }
+	if c.Name == "" {
+		add("Name is empty: it scopes the dedup keys")
+	} else if len(c.Name) > maxNameLen {
+		add("Name is %d bytes, the limit is %d", len(c.Name), maxNameLen)
+	} else if err := (dedup.Key{Scope: c.Name, ID: "x"}).Validate(); err != nil {
+		add("Name: %v", err)
+	} else {
+		for _, r := range c.Name {
+			if r == '/' {
+				add("Name %q contains '/', which separates the tenant in a scope", c.Name)
+				break
+			}
+		}
+	}
+	if c.Source == nil {
+		add("Source is nil")
+	}
+	if c.Store == nil {
+		add("Store is nil")
+	}
+	if c.Handler == nil {
+		add("Handler is nil")
+	}
+	if c.DeadLetter == nil {
+		add("DeadLetter is nil: a message that cannot be processed must go somewhere")
+	}
+	if c.BatchSize < 0 || c.BatchSize > 10000 {
+		add("BatchSize is %d, want 1..10000 (0 for the default 100)", c.BatchSize)
+	}
+	if c.BatchWait < 0 {
+		add("BatchWait is negative (%v)", c.BatchWait)
+	}
+	if c.LaneBuffer < 0 {
+		add("LaneBuffer is negative (%d)", c.LaneBuffer)
+	}
+	r := c.Retry
+	if r.Initial < 0 || r.Max < 0 || r.MaxElapsed < 0 || r.MaxAttempts < 0 || r.Multiplier < 0 {
+		add("Retry has a negative field: %+v", r)
+	}
+	if r.Multiplier != 0 && r.Multiplier < 1 {
+		add("Retry.Multiplier is %v, want >= 1", r.Multiplier)
+	}
+	if r.Jitter < 0 || r.Jitter > 1 {
+		add("Retry.Jitter is %v, want 0..1", r.Jitter)
+	}
+	if c.OnExhausted > StopLaneOnExhausted {
+		add("OnExhausted is %d, not a known policy", c.OnExhausted)
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Config[TTx]) setDefaults() {
+	if c.Key == nil {
+		c.Key = ByMessageID()
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 100
+	}
+	if c.LaneBuffer == 0 {
+		c.LaneBuffer = 2 * c.BatchSize
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Clock == nil {
+		c.Clock = retry.SystemClock{}
+	}
+	r := &c.Retry
+	if r.Initial == 0 {
+		r.Initial = 100 * time.Millisecond
+	}
+	if r.Max == 0 {
+		r.Max = 10 * time.Second
+	}
+	if r.Multiplier == 0 {
+		r.Multiplier = 2
+	}
+	if r.Jitter == 0 {
+		r.Jitter = 0.5
+	}
+	if r.MaxAttempts == 0 {
+		r.MaxAttempts = 10
+	}
+	if r.MaxElapsed == 0 {
+		r.MaxElapsed = 2 * time.Minute
+	}
+}

@@ -1,0 +1,178 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+
+	"github.com/idemkit/idem/internal/retry"
+)
+
+// Consumer runs a Source through a Handler with deduplication: one ordered
+// lane per partition or queue, lanes in parallel, each batch one transaction.
+type Consumer[TTx any] struct {
+	cfg     Config[TTx]
+	handler Handler[TTx]
+	policy  retry.Policy // bounded: failures a message causes
+	infra   retry.Policy // unbounded: failures of the database or the dead-letter sink
+	stats   counters
+
+	lanesMu sync.Mutex
+	lanes   map[string]*lane[TTx]
+	closed  bool // guarded by lanesMu: no new messages are taken
+	lanesWG sync.WaitGroup
+
+	runMu    sync.Mutex
+	started  bool
+	stopped  bool
+	stopSrc  context.CancelFunc
+	stopWork context.CancelFunc
+	done     chan struct{}
+}
+
+// New validates cfg and returns a Consumer. The error names every field that
+// is wrong.
+func New[TTx any](cfg Config[TTx]) (*Consumer[TTx], error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	mws := append([]Middleware[TTx]{Recover[TTx]()}, cfg.Middleware...)
+	r := cfg.Retry
+	policy := retry.Policy{
+		Initial: r.Initial, Max: r.Max, Multiplier: r.Multiplier, Jitter: r.Jitter,
+		MaxAttempts: r.MaxAttempts, MaxElapsed: r.MaxElapsed, Clock: cfg.Clock,
+	}
+	infra := policy
+	infra.MaxAttempts, infra.MaxElapsed = 0, 0
+	return &Consumer[TTx]{
+		cfg:     cfg,
+		handler: Chain(cfg.Handler, mws...),
+		policy:  policy,
+		infra:   infra,
+		lanes:   make(map[string]*lane[TTx]),
+		done:    make(chan struct{}),
+	}, nil
+}
+
+// Run consumes until ctx ends, Stop is called or the Source fails. Cancelling
+// ctx is a hard stop: transactions in flight roll back and their messages are
+// released unacknowledged. Stop is the graceful way. Run returns the Source's
+// error, or nil when it was stopped. A Consumer runs once.
+func (c *Consumer[TTx]) Run(ctx context.Context) error {
+	c.runMu.Lock()
+	if c.started {
+		c.runMu.Unlock()
+		return errors.New("consumer: Run called twice")
+	}
+	c.started = true
+	srcCtx, stopSrc := context.WithCancel(ctx)
+	workCtx, stopWork := context.WithCancel(ctx)
+	c.stopSrc, c.stopWork = stopSrc, stopWork
+	if c.stopped {
+		stopSrc()
+	}
+	c.runMu.Unlock()
+	defer close(c.done)
+	defer stopWork()
+	defer stopSrc()
+
+	err := c.cfg.Source.Run(srcCtx, func(ctx context.Context, m *Message) error {
+		return c.deliver(ctx, workCtx, m)
+	})
+
+	c.lanesMu.Lock()
+	c.closed = true
+	for _, l := range c.lanes {
+		close(l.in)
+	}
+	c.lanesMu.Unlock()
+	c.lanesWG.Wait()
+
+	if err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+// Stop stops fetching, finishes the batches in flight and the messages
+// already queued, acknowledges what committed and returns. Past ctx's
+// deadline it cancels the work in flight (rolled back, not acknowledged),
+// waits for the lanes to let go and returns ctx.Err(). Stop before Run makes
+// Run return at once; Stop after Run returned is a no-op.
+func (c *Consumer[TTx]) Stop(ctx context.Context) error {
+	c.runMu.Lock()
+	c.stopped = true
+	started := c.started
+	if started {
+		c.stopSrc()
+	}
+	c.runMu.Unlock()
+	if !started {
+		return nil
+	}
+	select {
+	case <-c.done:
+		return nil
+	case <-ctx.Done():
+		c.stopWork()
+		<-c.done
+		return ctx.Err()
+	}
+}
+
+// Stats returns counters since the consumer started.
+func (c *Consumer[TTx]) Stats() Stats { return c.stats.snapshot() }
+
+func (c *Consumer[TTx]) deliver(ctx, workCtx context.Context, m *Message) error {
+	c.lanesMu.Lock()
+	if c.closed {
+		c.lanesMu.Unlock()
+		return ErrStopped
+	}
+	l, ok := c.lanes[m.Lane]
+	if !ok {
+		l = newLane[TTx](m.Lane, c.cfg.LaneBuffer, c.cfg.BatchSize)
+		c.lanes[m.Lane] = l
+		c.lanesWG.Add(1)
+		go c.runLane(workCtx, l)
+	}
+	// Sending under lanesMu would block other lanes; the channel is closed only
+	// after Source.Run returned, when no deliver is in flight any more.
+	c.lanesMu.Unlock()
+	c.stats.delivered.Add(1)
+	select {
+	case l.in <- m:
+		return nil
+	case <-l.halted:
+		c.stats.delivered.Add(-1)
+		return ErrLaneStopped
+	case <-ctx.Done():
+		c.stats.delivered.Add(-1)
+		return ctx.Err()
+	}
+}
+
+// Stats are a consumer's counters.
+type Stats struct {
+	Delivered    int64 // messages taken from the source, redeliveries included
+	Applied      int64 // messages whose handler effects committed
+	Duplicates   int64 // messages skipped: their key had committed before
+	DeadLettered int64 // messages written to the dead-letter sink
+	Retries      int64 // transactions retried after a transient failure
+	Commits      int64 // transactions committed
+	Released     int64 // messages given back unacknowledged (stop, stopped lane)
+}
+
+type counters struct {
+	delivered, applied, duplicates, deadLettered, retries, commits, released atomic.Int64
+}
+
+func (c *counters) snapshot() Stats {
+	return Stats{
+		Delivered: c.delivered.Load(), Applied: c.applied.Load(), Duplicates: c.duplicates.Load(),
+		DeadLettered: c.deadLettered.Load(), Retries: c.retries.Load(), Commits: c.commits.Load(),
+		Released: c.released.Load(),
+	}
+}

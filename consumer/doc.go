@@ -1,0 +1,26 @@
+// Package consumer turns at-least-once delivery into effectively-once effects.
+//
+// A [Source] (the Kafka or RocketMQ adapter, or consumertest's fake) delivers
+// [Message]s. The [Consumer] runs one ordered lane per partition or queue; a
+// lane takes up to Config.BatchSize messages into one transaction of the
+// [dedup.Store]: one set-based claim of their keys, the [Handler] for the keys
+// that are new, one COMMIT. Only after the COMMIT does the Source acknowledge
+// the messages (Kafka offset commit, RocketMQ ConsumeSuccess).
+//
+// The guarantee: a handler's effects inside the store's transaction happen once
+// per key, whatever the broker redelivers, and no message is acknowledged
+// before its effects or its dead-letter record are durable. Duplicates are
+// skipped and counted.
+//
+// The limits: effects outside the transaction (HTTP calls, e-mails) can repeat;
+// a key catches only the duplicates it can see (a Kafka offset catches
+// redeliveries, a business key also catches producer retries and upstream
+// re-sends); dedup rows live as long as the store's retention.
+//
+// Failures: errors wrapped with [Permanent] (and decode errors, constraint
+// violations, fingerprint mismatches, bad keys) are dead-lettered at once;
+// everything else is retried with exponential backoff and jitter, bounded by
+// Config.Retry, and then handled by Config.OnExhausted. A failing message in a
+// batch is isolated without savepoints: the batch is split and the messages
+// before it commit on their own.
+package consumer

@@ -1,0 +1,151 @@
+package consumer
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// KeyFunc derives the ID part of a message's dedup key. Which duplicates are
+// caught depends on it:
+//
+//   - ByMessageID: the broker's ID. Kafka topic/partition/offset catches
+//     redeliveries only (crash, rebalance); a producer retry gets a new offset.
+//     RocketMQ's unique ID also survives the broker's retry topic.
+//   - ByRecordKey, ByHeader, ByJSONField: a business key (payment channel
+//     transaction number, Idempotency-Key header). Also catches producer
+//     retries, upstream re-sends and a user's double click.
+//
+// An error (no key, malformed payload) dead-letters the message: idem never
+// falls back to another key silently.
+type KeyFunc func(m *Message) (string, error)
+
+// ByMessageID keys by the broker's message ID.
+func ByMessageID() KeyFunc {
+	return func(m *Message) (string, error) {
+		if m.ID == "" {
+			return "", fmt.Errorf("%w: the broker message ID is empty", ErrNoKey)
+		}
+		return m.ID, nil
+	}
+}
+
+// ByRecordKey keys by the record key (Kafka) or Keys (RocketMQ).
+func ByRecordKey() KeyFunc {
+	return func(m *Message) (string, error) {
+		if len(m.Key) == 0 {
+			return "", fmt.Errorf("%w: the record key is empty", ErrNoKey)
+		}
+		return string(m.Key), nil
+	}
+}
+
+// ByHeader keys by a header (Kafka) or user property (RocketMQ), for example
+// "Idempotency-Key".
+func ByHeader(name string) KeyFunc {
+	return func(m *Message) (string, error) {
+		v, ok := m.Header(name)
+		if !ok || len(v) == 0 {
+			return "", fmt.Errorf("%w: header %q is missing or empty", ErrNoKey, name)
+		}
+		return string(v), nil
+	}
+}
+
+// ByJSONField keys by a field of a JSON payload, named by a dotted path such as
+// "payment.txn_id". The field must be a string or a number.
+func ByJSONField(path string) KeyFunc {
+	segs := strings.Split(path, ".")
+	return func(m *Message) (string, error) {
+		return jsonLookup(m.Value, path, segs)
+	}
+}
+
+// ByConstant returns a constant key: every message is a duplicate of the first.
+// Meant for tests.
+func ByConstant(key string) KeyFunc {
+	return func(*Message) (string, error) { return key, nil }
+}
+
+// jsonLookup streams through payload to the field at segs without decoding
+// the rest.
+func jsonLookup(payload []byte, path string, segs []string) (string, error) {
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	dec.UseNumber()
+	bad := func(err error) (string, error) {
+		return "", fmt.Errorf("%w: key path %q: payload is not valid JSON: %v", ErrBadPayload, path, err)
+	}
+	for depth, seg := range segs {
+		tok, err := dec.Token()
+		if err != nil {
+			return bad(err)
+		}
+		if d, ok := tok.(json.Delim); !ok || d != '{' {
+			if depth == 0 {
+				return "", fmt.Errorf("%w: key path %q: payload is not a JSON object", ErrBadPayload, path)
+			}
+			return "", fmt.Errorf("%w: key path %q: %q is not an object", ErrNoKey, path, strings.Join(segs[:depth], "."))
+		}
+		found := false
+		for dec.More() {
+			kt, err := dec.Token()
+			if err != nil {
+				return bad(err)
+			}
+			if k, _ := kt.(string); k == seg {
+				found = true
+				break
+			}
+			if err := skipValue(dec); err != nil {
+				return bad(err)
+			}
+		}
+		if !found {
+			return "", fmt.Errorf("%w: key path %q not found in payload", ErrNoKey, path)
+		}
+	}
+	tok, err := dec.Token()
+	if err != nil {
+		return bad(err)
+	}
+	switch v := tok.(type) {
+	case string:
+		if v == "" {
+			return "", fmt.Errorf("%w: key path %q is an empty string", ErrNoKey, path)
+		}
+		return v, nil
+	case json.Number:
+		return string(v), nil
+	case nil:
+		return "", fmt.Errorf("%w: key path %q is null", ErrNoKey, path)
+	default:
+		return "", fmt.Errorf("%w: key path %q is not a string or number", ErrNoKey, path)
+	}
+}
+
+func skipValue(dec *json.Decoder) error {
+	depth := 0
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return io.ErrUnexpectedEOF
+			}
+			return err
+		}
+		if d, ok := tok.(json.Delim); ok {
+			switch d {
+			case '{', '[':
+				depth++
+			default:
+				depth--
+			}
+		}
+		if depth == 0 {
+			return nil
+		}
+	}
+}

@@ -1,0 +1,405 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/idemkit/idem/dedup"
+)
+
+// lane processes one partition's or queue's messages in order, a batch at a
+// time. Its buffers are reused from batch to batch.
+type lane[TTx any] struct {
+	name     string
+	in       chan *Message
+	halted   chan struct{} // closed when the lane stopped (StopLaneOnExhausted)
+	haltOnce sync.Once
+
+	batch   []*Message
+	items   []item
+	goods   []*item
+	claims  []dedup.Claim
+	results []dedup.Result
+	acks    []*Message
+	release []*Message
+}
+
+// item is one message's state within a batch.
+type item struct {
+	msg      *Message
+	claim    dedup.Claim
+	status   dedup.Status
+	reason   string // recorded failure reason, for StatusFailed
+	attempts int    // failed handler runs
+	settled  bool   // committed, skipped or dead-lettered: may be acknowledged
+}
+
+func newLane[TTx any](name string, buffer, batchSize int) *lane[TTx] {
+	return &lane[TTx]{
+		name:   name,
+		in:     make(chan *Message, buffer),
+		halted: make(chan struct{}),
+		batch:  make([]*Message, 0, batchSize),
+	}
+}
+
+func (c *Consumer[TTx]) runLane(ctx context.Context, l *lane[TTx]) {
+	defer c.lanesWG.Done()
+	var wait *time.Timer
+	for m := range l.in {
+		batch := append(l.batch[:0], m)
+		if c.cfg.BatchWait > 0 && len(batch) < c.cfg.BatchSize {
+			if wait == nil {
+				wait = time.NewTimer(c.cfg.BatchWait)
+			} else {
+				wait.Reset(c.cfg.BatchWait)
+			}
+		}
+	fill:
+		for len(batch) < c.cfg.BatchSize {
+			select {
+			case m, ok := <-l.in:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, m)
+				continue
+			default:
+			}
+			if wait == nil {
+				break
+			}
+			select {
+			case m, ok := <-l.in:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, m)
+			case <-wait.C:
+				break fill
+			}
+		}
+		if wait != nil && !wait.Stop() {
+			select {
+			case <-wait.C:
+			default:
+			}
+		}
+		l.batch = batch
+		select {
+		case <-l.halted:
+			c.releaseAll(batch, ErrLaneStopped)
+			continue
+		default:
+		}
+		if err := ctx.Err(); err != nil {
+			c.releaseAll(batch, err)
+			continue
+		}
+		c.process(ctx, l, batch)
+	}
+}
+
+func (c *Consumer[TTx]) releaseAll(msgs []*Message, reason error) {
+	if len(msgs) == 0 {
+		return
+	}
+	c.stats.released.Add(int64(len(msgs)))
+	c.cfg.Source.Release(msgs, reason)
+}
+
+// process settles one batch: bad input is dead-lettered, the rest is claimed
+// and handled in one transaction (split on failure), then the settled
+// messages are acknowledged and the others released.
+func (c *Consumer[TTx]) process(ctx context.Context, l *lane[TTx], batch []*Message) {
+	items := l.items[:0]
+	for _, m := range batch {
+		items = append(items, item{msg: m})
+	}
+	l.items = items
+	goods := l.goods[:0]
+	var err error
+	for i := range items {
+		it := &items[i]
+		if kerr := c.key(it); kerr != nil {
+			if err = c.deadLetter(ctx, it, kerr); err != nil {
+				break
+			}
+			continue
+		}
+		goods = append(goods, it)
+	}
+	l.goods = goods
+	if err == nil {
+		err = c.settle(ctx, l, goods)
+	}
+	if err != nil && !errors.Is(err, ErrLaneStopped) && ctx.Err() == nil {
+		c.cfg.Logger.Error("idem: batch not settled", slog.String("lane", l.name), slog.Any("error", err))
+	}
+
+	acks, rel := l.acks[:0], l.release[:0]
+	for i := range items {
+		if items[i].settled {
+			acks = append(acks, items[i].msg)
+		} else {
+			rel = append(rel, items[i].msg)
+		}
+	}
+	l.acks, l.release = acks, rel
+	if len(acks) > 0 {
+		if aerr := c.cfg.Source.Ack(ctx, acks); aerr != nil && ctx.Err() == nil {
+			// Committed but not acknowledged: the broker redelivers and the
+			// claim skips the messages as duplicates.
+			c.cfg.Logger.Warn("idem: ack failed", slog.String("lane", l.name), slog.Any("error", aerr))
+		}
+	}
+	if len(rel) > 0 {
+		if err == nil {
+			err = ErrStopped
+		}
+		c.releaseAll(rel, err)
+	}
+	clear(items) // drop message references until the next batch
+}
+
+// key derives the message's dedup key and fingerprint.
+func (c *Consumer[TTx]) key(it *item) error {
+	m := it.msg
+	id, err := c.cfg.Key(m)
+	if err != nil {
+		return fmt.Errorf("key: %w", err)
+	}
+	scope := c.cfg.Name
+	if c.cfg.Tenant != nil {
+		t, err := c.cfg.Tenant(m)
+		if err != nil {
+			return fmt.Errorf("tenant: %w", err)
+		}
+		scope += "/" + t
+	}
+	k := dedup.Key{Scope: scope, ID: id}
+	if err := k.Validate(); err != nil {
+		return err
+	}
+	it.claim = dedup.Claim{Key: k, Fingerprint: dedup.FingerprintOf(m.Value), Source: m.Coordinates()}
+	return nil
+}
+
+// settle commits its in as few transactions as it can. A handler failure at
+// position i commits its[:i] first, then settles the failing message alone
+// with its retries. A failure no message is named for (claim, COMMIT) is
+// retried as a whole when transient and split in halves when permanent.
+// It returns nil when every item is settled.
+func (c *Consumer[TTx]) settle(ctx context.Context, l *lane[TTx], its []*item) error {
+	var infra *retryWait
+	for len(its) > 0 {
+		failIdx, err := c.try(ctx, l, its)
+		if err == nil {
+			return c.afterCommit(ctx, its)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		class := classify(err, c.cfg.Store.ClassifyError)
+		switch {
+		case failIdx >= 0:
+			if failIdx > 0 {
+				if err := c.settle(ctx, l, its[:failIdx]); err != nil {
+					return err
+				}
+			}
+			if err := c.settleOne(ctx, l, its[failIdx], err, class); err != nil {
+				return err
+			}
+			its = its[failIdx+1:]
+			infra = nil
+		case class == dedup.ClassPermanent && len(its) > 1:
+			half := len(its) / 2
+			if err := c.settle(ctx, l, its[:half]); err != nil {
+				return err
+			}
+			its = its[half:]
+			infra = nil
+		case class == dedup.ClassPermanent:
+			return c.fail(ctx, its[0], err, true)
+		default:
+			// The database, not a message: wait and try the same batch again,
+			// for as long as it takes. Dead-lettering healthy messages because
+			// Postgres restarted would be wrong.
+			if infra == nil {
+				infra = c.newWait(c.infra)
+			}
+			if err := infra.wait(ctx, l, err); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// settleOne retries one failing message alone until it commits, fails for
+// good, or uses up the retry policy. Only the handler's own failures count
+// against the policy; a database failure is waited out.
+func (c *Consumer[TTx]) settleOne(ctx context.Context, l *lane[TTx], it *item, err error, class dedup.ErrorClass) error {
+	bounded, infra := c.newWait(c.policy), c.newWait(c.infra)
+	handlerFailed := true
+	one := []*item{it}
+	for {
+		switch {
+		case class == dedup.ClassPermanent:
+			return c.fail(ctx, it, err, true)
+		case !handlerFailed:
+			if werr := infra.wait(ctx, l, err); werr != nil {
+				return werr
+			}
+		default:
+			ok, werr := bounded.next(ctx, l, err)
+			if werr != nil {
+				return werr
+			}
+			if !ok {
+				err = fmt.Errorf("gave up after %d attempts: %w", it.attempts, err)
+				if c.cfg.OnExhausted == StopLaneOnExhausted {
+					c.halt(l, it, err)
+					return ErrLaneStopped
+				}
+				return c.fail(ctx, it, err, false)
+			}
+		}
+		var failIdx int
+		failIdx, err = c.try(ctx, l, one)
+		if err == nil {
+			return c.afterCommit(ctx, one)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		class = classify(err, c.cfg.Store.ClassifyError)
+		handlerFailed = failIdx == 0
+	}
+}
+
+// try runs one transaction over its: claim all keys at once, run the handler
+// for the new ones, commit. failIdx names the item whose handler failed, -1
+// when the failure was not a handler's.
+func (c *Consumer[TTx]) try(ctx context.Context, l *lane[TTx], its []*item) (failIdx int, err error) {
+	failIdx = -1
+	claims := l.claims[:0]
+	for _, it := range its {
+		claims = append(claims, it.claim)
+	}
+	l.claims = claims
+	if cap(l.results) < len(its) {
+		l.results = make([]dedup.Result, len(its), cap(l.claims))
+	}
+	results := l.results[:len(its)]
+	err = c.cfg.Store.InTx(ctx, func(ctx context.Context, tx TTx) error {
+		clear(results)
+		if err := c.cfg.Store.Claim(ctx, tx, claims, results); err != nil {
+			return err
+		}
+		for i, it := range its {
+			it.status, it.reason = results[i].Status, results[i].Reason
+			if it.status != dedup.StatusNew {
+				continue
+			}
+			if err := c.handler.Handle(ctx, tx, it.msg); err != nil {
+				it.attempts++
+				failIdx = i
+				return err
+			}
+		}
+		return nil
+	})
+	if err == nil {
+		c.stats.commits.Add(1)
+	}
+	return failIdx, err
+}
+
+// afterCommit counts the committed items and dead-letters the ones the claim
+// refused (fingerprint mismatch, failed before).
+func (c *Consumer[TTx]) afterCommit(ctx context.Context, its []*item) error {
+	for _, it := range its {
+		switch it.status {
+		case dedup.StatusNew:
+			c.stats.applied.Add(1)
+		case dedup.StatusDuplicate:
+			c.stats.duplicates.Add(1)
+		case dedup.StatusMismatch:
+			err := fmt.Errorf("%w: key %q was processed before with another payload", dedup.ErrFingerprintMismatch, it.claim.Key.ID)
+			if err := c.deadLetter(ctx, it, err); err != nil {
+				return err
+			}
+			continue
+		case dedup.StatusFailed:
+			if err := c.deadLetter(ctx, it, fmt.Errorf("key %q failed before: %s", it.claim.Key.ID, it.reason)); err != nil {
+				return err
+			}
+			continue
+		}
+		it.settled = true
+	}
+	return nil
+}
+
+// fail dead-letters a message that cannot be processed. With record, the
+// failure is first recorded in the store so that a redelivery is dead-lettered
+// without running the handler again.
+func (c *Consumer[TTx]) fail(ctx context.Context, it *item, reason error, record bool) error {
+	if record {
+		w := c.newWait(c.infra)
+		for {
+			err := c.cfg.Store.RecordFailure(ctx, it.claim, dedup.ShortReason(reason.Error()))
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if classify(err, c.cfg.Store.ClassifyError) == dedup.ClassPermanent {
+				c.cfg.Logger.Error("idem: recording a failure failed", slog.String("key", it.claim.Key.String()), slog.Any("error", err))
+				break
+			}
+			if err := w.wait(ctx, nil, err); err != nil {
+				return err
+			}
+		}
+	}
+	return c.deadLetter(ctx, it, reason)
+}
+
+// deadLetter writes it to the dead-letter sink, retrying until it succeeds or
+// ctx ends, and marks it settled.
+func (c *Consumer[TTx]) deadLetter(ctx context.Context, it *item, reason error) error {
+	w := c.newWait(c.infra)
+	for {
+		err := c.cfg.DeadLetter.DeadLetter(ctx, Letter{Message: it.msg, Key: it.claim.Key, Reason: reason, Attempts: it.attempts})
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err := w.wait(ctx, nil, fmt.Errorf("dead letter: %w", err)); err != nil {
+			return err
+		}
+	}
+	c.stats.deadLettered.Add(1)
+	it.settled = true
+	c.cfg.Logger.Warn("idem: message dead-lettered",
+		slog.String("message", it.msg.Coordinates()), slog.String("key", it.claim.Key.String()),
+		slog.Int("attempts", it.attempts), slog.String("reason", reason.Error()))
+	return nil
+}
+
+func (c *Consumer[TTx]) halt(l *lane[TTx], it *item, err error) {
+	l.haltOnce.Do(func() { close(l.halted) })
+	c.cfg.Logger.Error("idem: lane stopped: a message used up its retries",
+		slog.String("lane", l.name), slog.String("message", it.msg.Coordinates()),
+		slog.String("key", it.claim.Key.String()), slog.Any("error", err))
+}

@@ -1,0 +1,70 @@
+package consumer
+
+import "time"
+
+// Message is the broker-neutral envelope a Source delivers.
+type Message struct {
+	Topic     string
+	Partition int32 // Kafka partition or RocketMQ queue ID
+	Offset    int64 // Kafka offset or RocketMQ queue offset
+	// ID is the broker's message ID: topic/partition/offset for Kafka, the
+	// unique message ID (UNIQ_KEY) for RocketMQ.
+	ID      string
+	Key     []byte // Kafka record key; RocketMQ Keys
+	Value   []byte
+	Headers []Header // Kafka headers; RocketMQ user properties
+	Time    time.Time
+	// Attempt is the delivery attempt as the broker counts it, starting at 1
+	// (RocketMQ: reconsume times + 1). 1 when the broker does not count.
+	Attempt int
+	// Lane names the ordered lane: messages of one lane are handled one batch
+	// at a time, in delivery order. Sources set it to the partition or queue.
+	Lane string
+	// Raw is the underlying broker message (*kafka.Message,
+	// *primitive.MessageExt), for handlers that need more.
+	Raw any
+}
+
+// Header is one message header or user property.
+type Header struct {
+	Key   string
+	Value []byte
+}
+
+// Header returns the value of the first header named key.
+func (m *Message) Header(key string) ([]byte, bool) {
+	for i := range m.Headers {
+		if m.Headers[i].Key == key {
+			return m.Headers[i].Value, true
+		}
+	}
+	return nil, false
+}
+
+// Coordinates returns where the message came from, for logs and audit:
+// topic/partition/offset.
+func (m *Message) Coordinates() string {
+	return m.Topic + "/" + itoa(int64(m.Partition)) + "/" + itoa(m.Offset)
+}
+
+func itoa(n int64) string {
+	if n == 0 {
+		return "0"
+	}
+	var b [20]byte
+	i := len(b)
+	neg := n < 0
+	if neg {
+		n = -n
+	}
+	for n > 0 {
+		i--
+		b[i] = byte('0' + n%10)
+		n /= 10
+	}
+	if neg {
+		i--
+		b[i] = '-'
+	}
+	return string(b[i:])
+}

@@ -1,0 +1,31 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+)
+
+// PanicError is the error a recovered handler panic becomes. It is
+// retryable: the transaction is rolled back and the attempt counts.
+type PanicError struct {
+	Value any
+	Stack []byte
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("handler panicked: %v", e.Value) }
+
+// Recover turns a handler panic into a *PanicError. The consumer always
+// applies it outermost; it is exported for handler tests and other routers.
+func Recover[TTx any]() Middleware[TTx] {
+	return func(next Handler[TTx]) Handler[TTx] {
+		return HandlerFunc[TTx](func(ctx context.Context, tx TTx, msg *Message) (err error) {
+			defer func() {
+				if v := recover(); v != nil {
+					err = &PanicError{Value: v, Stack: debug.Stack()}
+				}
+			}()
+			return next.Handle(ctx, tx, msg)
+		})
+	}
+}

@@ -1,0 +1,64 @@
+package consumer
+
+import (
+	"context"
+
+	"github.com/idemkit/idem/dedup"
+)
+
+// DeliverFunc hands one message to the consumer. It blocks while the
+// message's lane is full (backpressure) and returns an error when ctx ends,
+// the consumer stops (ErrStopped) or the lane stopped (ErrLaneStopped). It is
+// safe for concurrent use; calls for one lane must come from one goroutine
+// at a time, in the order the broker delivered the messages.
+type DeliverFunc func(ctx context.Context, m *Message) error
+
+// Source is a broker adapter. The consumer calls Run once; Run fetches
+// messages and passes them to deliver until ctx ends, then returns. After Run
+// returns it must not call deliver again.
+//
+// Every message delivered is later passed to exactly one of Ack or Release,
+// both called from the message's lane, in delivery order per lane:
+//
+//   - Ack: the message is settled — its effects (or its skip as a duplicate,
+//     or its dead letter) are committed. The source may acknowledge it to the
+//     broker (commit the offset, return ConsumeSuccess). Ack is never called
+//     before the database commit.
+//   - Release: the consumer gave up on the message for now (hard stop, lane
+//     stopped). The source must not acknowledge it; the broker redelivers it.
+//
+// A source that loses ownership of a partition (Kafka rebalance) may drop
+// acks for it: the next owner is redelivered the messages and skips them as
+// duplicates.
+type Source interface {
+	Run(ctx context.Context, deliver DeliverFunc) error
+	Ack(ctx context.Context, msgs []*Message) error
+	Release(msgs []*Message, reason error)
+}
+
+// Letter is a message the consumer could not process, with why.
+type Letter struct {
+	Message *Message
+	// Key is the dedup key, zero when the key could not be derived.
+	Key dedup.Key
+	// Reason says what went wrong; errors.Is works on it
+	// (dedup.ErrFingerprintMismatch, dedup.ErrInvalidKey, ErrNoKey, ...).
+	Reason error
+	// Attempts is how many times the handler ran and failed (0 when it never
+	// ran).
+	Attempts int
+}
+
+// DeadLetter stores messages that cannot be processed. The consumer
+// acknowledges a dead-lettered message only after DeadLetter returned nil, and
+// retries a failing DeadLetter with backoff until it succeeds or the consumer
+// stops: a message is never lost over a failing dead-letter sink. It may be
+// called more than once for one message (at-least-once).
+type DeadLetter interface {
+	DeadLetter(ctx context.Context, l Letter) error
+}
+
+// DeadLetterFunc adapts a function to DeadLetter.
+type DeadLetterFunc func(ctx context.Context, l Letter) error
+
+func (f DeadLetterFunc) DeadLetter(ctx context.Context, l Letter) error { return f(ctx, l) }

@@ -1,0 +1,379 @@
+// Package deduptest is the conformance suite of dedup.Store. Every store runs
+// it; a store that passes keeps idem's promise: one committed claim per key.
+//
+//	func TestConformance(t *testing.T) {
+//		deduptest.Run(t, func(t *testing.T, cfg deduptest.Config) dedup.Store[pgx.Tx] {
+//			return newStoreForTest(t, cfg) // a fresh, empty store
+//		})
+//	}
+package deduptest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/dedup"
+)
+
+// Config is what the suite asks of a fresh store.
+type Config struct {
+	// LockTimeout bounds the wait on a concurrent uncommitted claim.
+	LockTimeout time.Duration
+	// ScopeRetention sets the retention of the scopes it names; other scopes
+	// keep their rows forever (or for a long default).
+	ScopeRetention map[string]time.Duration
+}
+
+// Factory returns a fresh, empty store for one test, cleaned up by t.Cleanup.
+type Factory[TTx any] func(t *testing.T, cfg Config) dedup.Store[TTx]
+
+// Run runs the conformance suite.
+func Run[TTx any](t *testing.T, newStore Factory[TTx]) {
+	s := suite[TTx]{newStore: newStore}
+	t.Run("NewThenDuplicate", s.newThenDuplicate)
+	t.Run("RollbackForgetsClaim", s.rollbackForgets)
+	t.Run("SameKeyTwiceInBatch", s.sameKeyTwiceInBatch)
+	t.Run("FingerprintMismatch", s.fingerprintMismatch)
+	t.Run("ScopesIsolated", s.scopesIsolated)
+	t.Run("CancelledContextConsumesNoClaim", s.cancelledContext)
+	t.Run("ConcurrentClaimsOneWinner", s.concurrentClaims)
+	t.Run("InFlightWaitIsBounded", s.inFlightBounded)
+	t.Run("WaiterSeesRollback", s.waiterSeesRollback)
+	t.Run("RecordFailure", s.recordFailure)
+	t.Run("PurgeRemovesOnlyExpired", s.purge)
+	t.Run("LargeBatch", s.largeBatch)
+}
+
+type suite[TTx any] struct{ newStore Factory[TTx] }
+
+func (s suite[TTx]) store(t *testing.T, cfg Config) dedup.Store[TTx] {
+	if cfg.LockTimeout == 0 {
+		cfg.LockTimeout = 5 * time.Second
+	}
+	return s.newStore(t, cfg)
+}
+
+func ctxFor(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// Claim makes a claim of key id in scope with a fingerprint of payload.
+func Claim(scope, id, payload string) dedup.Claim {
+	return dedup.Claim{Key: dedup.Key{Scope: scope, ID: id}, Fingerprint: dedup.FingerprintOf([]byte(payload)), Source: "deduptest"}
+}
+
+// claimTx claims cs in one committed transaction and returns the statuses.
+func claimTx[TTx any](ctx context.Context, st dedup.Store[TTx], cs ...dedup.Claim) ([]dedup.Result, error) {
+	res := make([]dedup.Result, len(cs))
+	err := st.InTx(ctx, func(ctx context.Context, tx TTx) error {
+		return st.Claim(ctx, tx, cs, res)
+	})
+	return res, err
+}
+
+func mustStatus(t *testing.T, res []dedup.Result, err error, want ...dedup.Status) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("claim: %v", err)
+	}
+	for i, w := range want {
+		if res[i].Status != w {
+			t.Fatalf("claim %d: status %v, want %v (all: %v)", i, res[i].Status, w, res)
+		}
+	}
+}
+
+var errRollback = errors.New("deduptest: roll back")
+
+func (s suite[TTx]) newThenDuplicate(t *testing.T) {
+	st, ctx := s.store(t, Config{}), ctxFor(t)
+	c := Claim("orders", "k1", `{"amount":1}`)
+	res, err := claimTx(ctx, st, c)
+	mustStatus(t, res, err, dedup.StatusNew)
+	res, err = claimTx(ctx, st, c)
+	mustStatus(t, res, err, dedup.StatusDuplicate)
+	// The canonical form makes key order and number spelling irrelevant.
+	res, err = claimTx(ctx, st, Claim("orders", "k1", `{ "amount" : 1.0 }`))
+	mustStatus(t, res, err, dedup.StatusDuplicate)
+}
+
+func (s suite[TTx]) rollbackForgets(t *testing.T) {
+	st, ctx := s.store(t, Config{}), ctxFor(t)
+	c := Claim("orders", "k1", "p")
+	err := st.InTx(ctx, func(ctx context.Context, tx TTx) error {
+		res := make([]dedup.Result, 1)
+		if err := st.Claim(ctx, tx, []dedup.Claim{c}, res); err != nil {
+			return err
+		}
+		if res[0].Status != dedup.StatusNew {
+			t.Errorf("first claim: %v, want new", res[0].Status)
+		}
+		return errRollback
+	})
+	if !errors.Is(err, errRollback) {
+		t.Fatalf("InTx returned %v, want the function's error", err)
+	}
+	res, err := claimTx(ctx, st, c)
+	mustStatus(t, res, err, dedup.StatusNew)
+}
+
+func (s suite[TTx]) sameKeyTwiceInBatch(t *testing.T) {
+	st, ctx := s.store(t, Config{}), ctxFor(t)
+	res, err := claimTx(ctx, st,
+		Claim("orders", "k1", "p"), Claim("orders", "k1", "p"), Claim("orders", "k1", "other"), Claim("orders", "k2", "p"))
+	mustStatus(t, res, err, dedup.StatusNew, dedup.StatusDuplicate, dedup.StatusMismatch, dedup.StatusNew)
+	res, err = claimTx(ctx, st, Claim("orders", "k1", "p"), Claim("orders", "k2", "p"))
+	mustStatus(t, res, err, dedup.StatusDuplicate, dedup.StatusDuplicate)
+}
+
+func (s suite[TTx]) fingerprintMismatch(t *testing.T) {
+	st, ctx := s.store(t, Config{}), ctxFor(t)
+	res, err := claimTx(ctx, st, Claim("pay", "txn-1", `{"amount":100}`))
+	mustStatus(t, res, err, dedup.StatusNew)
+	res, err = claimTx(ctx, st, Claim("pay", "txn-1", `{"amount":101}`))
+	mustStatus(t, res, err, dedup.StatusMismatch)
+}
+
+func (s suite[TTx]) scopesIsolated(t *testing.T) {
+	st, ctx := s.store(t, Config{}), ctxFor(t)
+	res, err := claimTx(ctx, st, Claim("pay/tenant-a", "k", "p"), Claim("pay/tenant-b", "k", "p"))
+	mustStatus(t, res, err, dedup.StatusNew, dedup.StatusNew)
+	res, err = claimTx(ctx, st, Claim("other", "k", "p"))
+	mustStatus(t, res, err, dedup.StatusNew)
+}
+
+func (s suite[TTx]) cancelledContext(t *testing.T) {
+	st := s.store(t, Config{})
+	c := Claim("orders", "k1", "p")
+	cctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := claimTx(cctx, st, c)
+	if err == nil {
+		t.Fatal("claim with a cancelled context succeeded")
+	}
+	// Cancelled between claim and commit.
+	cctx, cancel = context.WithCancel(context.Background())
+	err = st.InTx(cctx, func(ctx context.Context, tx TTx) error {
+		res := make([]dedup.Result, 1)
+		if err := st.Claim(ctx, tx, []dedup.Claim{c}, res); err != nil {
+			return err
+		}
+		cancel()
+		return nil
+	})
+	if err == nil {
+		t.Fatal("InTx committed although its context was cancelled before commit")
+	}
+	res, err := claimTx(ctxFor(t), st, c)
+	mustStatus(t, res, err, dedup.StatusNew)
+}
+
+// concurrentClaims: 100 transactions claim one key at once; each retries on a
+// retryable error, as the consumer does. Exactly one wins, none deadlocks.
+func (s suite[TTx]) concurrentClaims(t *testing.T) {
+	st, ctx := s.store(t, Config{LockTimeout: 2 * time.Second}), ctxFor(t)
+	const n = 100
+	var wins, dups atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for range n {
+		wg.Go(func() {
+			for attempt := 0; ; attempt++ {
+				res, err := claimTx(ctx, st, Claim("orders", "hot", "p"))
+				if err == nil {
+					switch res[0].Status {
+					case dedup.StatusNew:
+						wins.Add(1)
+					case dedup.StatusDuplicate:
+						dups.Add(1)
+					default:
+						errs <- fmt.Errorf("status %v", res[0].Status)
+					}
+					return
+				}
+				if st.ClassifyError(err) != dedup.ClassRetryable && !errors.Is(err, dedup.ErrInFlight) || attempt > 50 {
+					errs <- err
+					return
+				}
+				time.Sleep(time.Duration(attempt+1) * time.Millisecond)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("claim: %v", err)
+	}
+	if wins.Load() != 1 || dups.Load() != n-1 {
+		t.Fatalf("%d new and %d duplicate claims, want 1 and %d", wins.Load(), dups.Load(), n-1)
+	}
+}
+
+// holdClaim claims c in a transaction that stays open until release is
+// closed; it commits unless rollback is set. ready is closed once claimed.
+func holdClaim[TTx any](ctx context.Context, st dedup.Store[TTx], c dedup.Claim, rollback bool, ready, release chan struct{}) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		done <- st.InTx(ctx, func(ctx context.Context, tx TTx) error {
+			res := make([]dedup.Result, 1)
+			if err := st.Claim(ctx, tx, []dedup.Claim{c}, res); err != nil {
+				close(ready)
+				return err
+			}
+			close(ready)
+			<-release
+			if rollback {
+				return errRollback
+			}
+			return nil
+		})
+	}()
+	return done
+}
+
+func (s suite[TTx]) inFlightBounded(t *testing.T) {
+	st, ctx := s.store(t, Config{LockTimeout: 200 * time.Millisecond}), ctxFor(t)
+	c := Claim("orders", "k1", "p")
+	ready, release := make(chan struct{}), make(chan struct{})
+	done := holdClaim(ctx, st, c, false, ready, release)
+	<-ready
+	_, err := claimTx(ctx, st, c)
+	if !errors.Is(err, dedup.ErrInFlight) {
+		t.Errorf("claim of a key held by an open transaction: %v, want ErrInFlight", err)
+	}
+	if err != nil && st.ClassifyError(err) == dedup.ClassPermanent {
+		t.Errorf("in-flight error classified permanent: %v", err)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatalf("holder: %v", err)
+	}
+	res, err := claimTx(ctx, st, c)
+	mustStatus(t, res, err, dedup.StatusDuplicate)
+}
+
+func (s suite[TTx]) waiterSeesRollback(t *testing.T) {
+	st, ctx := s.store(t, Config{LockTimeout: 10 * time.Second}), ctxFor(t)
+	c := Claim("orders", "k1", "p")
+	ready, release := make(chan struct{}), make(chan struct{})
+	done := holdClaim(ctx, st, c, true, ready, release)
+	<-ready
+	type out struct {
+		res []dedup.Result
+		err error
+	}
+	waiter := make(chan out, 1)
+	go func() {
+		res, err := claimTx(ctx, st, c)
+		waiter <- out{res, err}
+	}()
+	time.Sleep(50 * time.Millisecond) // let the waiter block on the held key
+	close(release)
+	if err := <-done; !errors.Is(err, errRollback) {
+		t.Fatalf("holder: %v", err)
+	}
+	o := <-waiter
+	mustStatus(t, o.res, o.err, dedup.StatusNew)
+}
+
+func (s suite[TTx]) recordFailure(t *testing.T) {
+	st, ctx := s.store(t, Config{}), ctxFor(t)
+	c := Claim("pay", "txn-9", `{"amount":5}`)
+	if err := st.RecordFailure(ctx, c, "handler: amount is negative"); err != nil {
+		t.Fatalf("RecordFailure: %v", err)
+	}
+	res, err := claimTx(ctx, st, c)
+	mustStatus(t, res, err, dedup.StatusFailed)
+	if res[0].Reason != "handler: amount is negative" {
+		t.Errorf("reason %q", res[0].Reason)
+	}
+	// A committed key is not overwritten by a later failure record.
+	ok := Claim("pay", "txn-10", "p")
+	res, err = claimTx(ctx, st, ok)
+	mustStatus(t, res, err, dedup.StatusNew)
+	if err := st.RecordFailure(ctx, ok, "late"); err != nil {
+		t.Fatalf("RecordFailure of a committed key: %v", err)
+	}
+	res, err = claimTx(ctx, st, ok)
+	mustStatus(t, res, err, dedup.StatusDuplicate)
+}
+
+func (s suite[TTx]) purge(t *testing.T) {
+	st := s.store(t, Config{ScopeRetention: map[string]time.Duration{"short": time.Millisecond}})
+	ctx := ctxFor(t)
+	var cs []dedup.Claim
+	for i := range 25 {
+		cs = append(cs, Claim("short", fmt.Sprint("s", i), "p"), Claim("long", fmt.Sprint("l", i), "p"))
+	}
+	res, err := claimTx(ctx, st, cs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		if r.Status != dedup.StatusNew {
+			t.Fatalf("claim %d: %v", i, r.Status)
+		}
+	}
+	time.Sleep(100 * time.Millisecond) // the short rows expire
+	total := 0
+	for {
+		n, err := st.Purge(ctx, 10)
+		if err != nil {
+			t.Fatalf("Purge: %v", err)
+		}
+		if n > 10 {
+			t.Fatalf("Purge(10) deleted %d rows", n)
+		}
+		total += n
+		if n < 10 {
+			break
+		}
+	}
+	if total != 25 {
+		t.Fatalf("purged %d rows, want the 25 expired ones", total)
+	}
+	res, err = claimTx(ctx, st, Claim("short", "s0", "p"), Claim("long", "l0", "p"))
+	mustStatus(t, res, err, dedup.StatusNew, dedup.StatusDuplicate)
+}
+
+func (s suite[TTx]) largeBatch(t *testing.T) {
+	st, ctx := s.store(t, Config{}), ctxFor(t)
+	cs := make([]dedup.Claim, 1000)
+	for i := range cs {
+		cs[i] = Claim("bulk", fmt.Sprint("k", i), fmt.Sprint(i))
+	}
+	res, err := claimTx(ctx, st, cs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range res {
+		if res[i].Status != dedup.StatusNew {
+			t.Fatalf("claim %d: %v", i, res[i].Status)
+		}
+	}
+	// Half old, half new, interleaved.
+	mixed := make([]dedup.Claim, 0, 1000)
+	for i := 0; i < 1000; i += 2 {
+		mixed = append(mixed, cs[i], Claim("bulk", fmt.Sprint("new", i), "x"))
+	}
+	res, err = claimTx(ctx, st, mixed...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range res {
+		want := dedup.StatusDuplicate
+		if i%2 == 1 {
+			want = dedup.StatusNew
+		}
+		if res[i].Status != want {
+			t.Fatalf("mixed claim %d: %v, want %v", i, res[i].Status, want)
+		}
+	}
+}

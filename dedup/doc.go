@@ -1,0 +1,22 @@
+// Package dedup defines what a duplicate is and what a dedup store must do.
+//
+// A [Key] names one business effect: a scope (the consumer's name, plus a tenant
+// where one is configured) and an ID (the broker's message ID or a business key).
+// A [Store] claims keys inside the caller's transaction: the claim and the
+// effects of the handler commit together or not at all, so an effect exists
+// exactly when its key's row exists.
+//
+// What a Store guarantees:
+//   - a key is claimed as new by at most one committed transaction;
+//   - a claim rolled back (or never committed) is forgotten;
+//   - a claim that meets a concurrent, uncommitted claim of the same key waits
+//     a bounded time and then fails with [ErrInFlight] (retry later);
+//   - the same key with a different payload fingerprint is reported as
+//     [StatusMismatch], never as a duplicate.
+//
+// What it does not guarantee: effects outside the store's database (an HTTP
+// call, an e-mail) are not covered by the transaction and can repeat.
+//
+// The conformance suite in package deduptest pins this contract down; every
+// store runs it.
+package dedup

@@ -1,0 +1,43 @@
+package dedup
+
+import "errors"
+
+var (
+	// ErrInvalidKey: the key is empty, too long, not UTF-8 or has control
+	// characters. The message cannot be deduplicated; it is dead-lettered.
+	ErrInvalidKey = errors.New("dedup: invalid key")
+
+	// ErrFingerprintMismatch: the key was seen before with a different payload
+	// (the HTTP 422 analog). No effect is applied; the message is dead-lettered.
+	ErrFingerprintMismatch = errors.New("dedup: same key, different payload")
+
+	// ErrInFlight: another transaction holds an uncommitted claim of the key and
+	// did not finish within the store's lock timeout. Retry later.
+	ErrInFlight = errors.New("dedup: key is being processed by another transaction")
+)
+
+// ErrorClass tells the consumer what to do with an error.
+type ErrorClass uint8
+
+const (
+	// ClassUnknown: the classifier has no opinion; the consumer retries with
+	// backoff, bounded by its retry policy.
+	ClassUnknown ErrorClass = iota
+	// ClassRetryable: transient (serialization failure, deadlock, lock
+	// timeout, lost connection). Roll back and retry with backoff.
+	ClassRetryable
+	// ClassPermanent: retrying cannot help (constraint violation, bad data).
+	// Roll back, record the failure and dead-letter the message.
+	ClassPermanent
+)
+
+func (c ErrorClass) String() string {
+	switch c {
+	case ClassRetryable:
+		return "retryable"
+	case ClassPermanent:
+		return "permanent"
+	default:
+		return "unknown"
+	}
+}

@@ -1,0 +1,235 @@
+// Package memstore is an in-memory dedup.Store with real transaction
+// semantics: claims are invisible to other transactions until commit,
+// forgotten on rollback, and a concurrent claim of an uncommitted key waits
+// (bounded by LockTimeout) like Postgres does on its unique index. Effects
+// staged with Tx.OnCommit run only when the transaction commits.
+//
+// It is for unit tests and demos: nothing survives the process.
+package memstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/idemkit/idem/dedup"
+)
+
+// Config configures a Store. Zero values take the defaults.
+type Config struct {
+	// LockTimeout bounds the wait on another transaction's uncommitted claim;
+	// default 5s.
+	LockTimeout time.Duration
+	// Retention is how long a row lives; default 0: forever.
+	Retention time.Duration
+	// ScopeRetention overrides Retention for the scopes it names.
+	ScopeRetention map[string]time.Duration
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+}
+
+// Store keeps dedup rows in memory. Safe for concurrent use.
+type Store struct {
+	cfg     Config
+	mu      sync.Mutex
+	rows    map[dedup.Key]row
+	pending map[dedup.Key]*Tx
+}
+
+type row struct {
+	fp      dedup.Fingerprint
+	failed  bool
+	reason  string
+	expires time.Time // zero: never
+}
+
+// Tx is a memstore transaction.
+type Tx struct {
+	s        *Store
+	claims   map[dedup.Key]dedup.Fingerprint
+	order    []dedup.Key
+	onCommit []func()
+	done     chan struct{}
+	finished bool
+}
+
+// New returns an empty Store.
+func New(cfg Config) *Store {
+	if cfg.LockTimeout == 0 {
+		cfg.LockTimeout = 5 * time.Second
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Store{cfg: cfg, rows: make(map[dedup.Key]row), pending: make(map[dedup.Key]*Tx)}
+}
+
+// OnCommit stages an effect: f runs if and when tx commits.
+func (tx *Tx) OnCommit(f func()) { tx.onCommit = append(tx.onCommit, f) }
+
+// InTx runs fn in a transaction; see dedup.Store.
+func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	tx := &Tx{s: s, claims: make(map[dedup.Key]dedup.Fingerprint), done: make(chan struct{})}
+	err := fn(ctx, tx)
+	if err == nil {
+		err = ctx.Err()
+	}
+	s.mu.Lock()
+	if err == nil {
+		now := s.cfg.Now()
+		for _, k := range tx.order {
+			if _, ok := s.rows[k]; !ok {
+				s.rows[k] = row{fp: tx.claims[k], expires: s.expiry(k.Scope, now)}
+			}
+		}
+	}
+	for _, k := range tx.order {
+		if s.pending[k] == tx {
+			delete(s.pending, k)
+		}
+	}
+	tx.finished = true
+	close(tx.done)
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	for _, f := range tx.onCommit {
+		f()
+	}
+	return nil
+}
+
+func (s *Store) expiry(scope string, now time.Time) time.Time {
+	d := s.cfg.Retention
+	if r, ok := s.cfg.ScopeRetention[scope]; ok {
+		d = r
+	}
+	if d <= 0 {
+		return time.Time{}
+	}
+	return now.Add(d)
+}
+
+// Claim claims keys in tx; see dedup.Store.
+func (s *Store) Claim(ctx context.Context, tx *Tx, claims []dedup.Claim, results []dedup.Result) error {
+	if len(results) < len(claims) {
+		return fmt.Errorf("memstore: %d results for %d claims", len(results), len(claims))
+	}
+	if tx.finished {
+		return errors.New("memstore: transaction is finished")
+	}
+	for i, c := range claims {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		r, err := s.claim(ctx, tx, c)
+		if err != nil {
+			return err
+		}
+		results[i] = r
+	}
+	return nil
+}
+
+func (s *Store) claim(ctx context.Context, tx *Tx, c dedup.Claim) (dedup.Result, error) {
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		s.mu.Lock()
+		if fp, ok := tx.claims[c.Key]; ok {
+			s.mu.Unlock()
+			return compare(fp, c.Fingerprint), nil
+		}
+		if r, ok := s.rows[c.Key]; ok {
+			s.mu.Unlock()
+			if r.failed {
+				if r.fp != c.Fingerprint {
+					return dedup.Result{Status: dedup.StatusMismatch}, nil
+				}
+				return dedup.Result{Status: dedup.StatusFailed, Reason: r.reason}, nil
+			}
+			return compare(r.fp, c.Fingerprint), nil
+		}
+		owner, busy := s.pending[c.Key]
+		if !busy {
+			s.pending[c.Key] = tx
+			tx.claims[c.Key] = c.Fingerprint
+			tx.order = append(tx.order, c.Key)
+			s.mu.Unlock()
+			return dedup.Result{Status: dedup.StatusNew}, nil
+		}
+		s.mu.Unlock()
+		if timer == nil {
+			timer = time.NewTimer(s.cfg.LockTimeout)
+		}
+		select {
+		case <-owner.done:
+		case <-timer.C:
+			return dedup.Result{}, fmt.Errorf("%w: %s", dedup.ErrInFlight, c.Key)
+		case <-ctx.Done():
+			return dedup.Result{}, ctx.Err()
+		}
+	}
+}
+
+func compare(have, got dedup.Fingerprint) dedup.Result {
+	if have != got {
+		return dedup.Result{Status: dedup.StatusMismatch}
+	}
+	return dedup.Result{Status: dedup.StatusDuplicate}
+}
+
+// RecordFailure records a failed key; see dedup.Store.
+func (s *Store) RecordFailure(ctx context.Context, c dedup.Claim, reason string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.rows[c.Key]; !ok {
+		s.rows[c.Key] = row{fp: c.Fingerprint, failed: true, reason: dedup.ShortReason(reason), expires: s.expiry(c.Key.Scope, s.cfg.Now())}
+	}
+	return nil
+}
+
+// Purge deletes expired rows; see dedup.Store.
+func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now, n := s.cfg.Now(), 0
+	for k, r := range s.rows {
+		if n >= limit {
+			break
+		}
+		if !r.expires.IsZero() && r.expires.Before(now) {
+			delete(s.rows, k)
+			n++
+		}
+	}
+	return n, nil
+}
+
+// ClassifyError has no store errors of its own to classify.
+func (s *Store) ClassifyError(error) dedup.ErrorClass { return dedup.ClassUnknown }
+
+// Len returns the number of committed rows.
+func (s *Store) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.rows)
+}
+
+var _ dedup.Store[*Tx] = (*Store)(nil)

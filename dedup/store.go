@@ -1,0 +1,100 @@
+package dedup
+
+import "context"
+
+// Claim asks a store to record a key inside a transaction.
+type Claim struct {
+	Key         Key
+	Fingerprint Fingerprint
+	// Source is where the message came from (topic/partition/offset, queue),
+	// kept for audit. Optional.
+	Source string
+}
+
+// Status is the outcome of one claim.
+type Status uint8
+
+const (
+	// StatusNew: the key was not known; this transaction now holds it. Apply
+	// the effect in the same transaction.
+	StatusNew Status = iota + 1
+	// StatusDuplicate: a committed row with the same fingerprint exists (or an
+	// earlier claim in the same batch holds the key). Skip.
+	StatusDuplicate
+	// StatusMismatch: a committed row exists with a different fingerprint.
+	// Apply nothing; dead-letter with ErrFingerprintMismatch.
+	StatusMismatch
+	// StatusFailed: the key was recorded as failed earlier (see
+	// Store.RecordFailure) and was dead-lettered then. Apply nothing.
+	StatusFailed
+)
+
+func (s Status) String() string {
+	switch s {
+	case StatusNew:
+		return "new"
+	case StatusDuplicate:
+		return "duplicate"
+	case StatusMismatch:
+		return "mismatch"
+	case StatusFailed:
+		return "failed"
+	default:
+		return "invalid"
+	}
+}
+
+// Result is the outcome of one claim. Reason carries the recorded failure
+// reason for StatusFailed.
+type Result struct {
+	Status Status
+	Reason string
+}
+
+// Store records claimed keys in the same database transaction as the
+// handler's effects. TTx is the store's transaction type (pgx.Tx for pgstore).
+//
+// Implementations are safe for concurrent use by many lanes.
+type Store[TTx any] interface {
+	// InTx runs fn in one transaction. It commits when fn returns nil and
+	// rolls back otherwise, returning fn's error. A commit failure is
+	// returned; when the connection is lost during COMMIT the outcome is
+	// unknown, and the caller must not acknowledge the messages: the
+	// redelivery's claim finds the row or not, and decides.
+	InTx(ctx context.Context, fn func(ctx context.Context, tx TTx) error) error
+
+	// Claim records claims in tx, set-based, and writes one result per claim
+	// into results (len(results) must be at least len(claims)). When the same
+	// key appears twice in claims, the first occurrence decides and the later
+	// ones are duplicates (or mismatches). A claim that meets a concurrent
+	// uncommitted claim waits at most the store's lock timeout, then fails
+	// with an error wrapping ErrInFlight. After an error tx is unusable.
+	Claim(ctx context.Context, tx TTx, claims []Claim, results []Result) error
+
+	// RecordFailure records, in its own transaction, that the claim failed
+	// for good and was dead-lettered, with a short reason. Later claims of
+	// the key get StatusFailed. A key already recorded is left as it is.
+	RecordFailure(ctx context.Context, c Claim, reason string) error
+
+	// Purge deletes at most limit expired rows and returns how many it
+	// deleted. Callers loop until it returns fewer than limit.
+	Purge(ctx context.Context, limit int) (int, error)
+
+	// ClassifyError classifies the store's own errors (SQLSTATE and the like).
+	ClassifyError(err error) ErrorClass
+}
+
+// MaxReasonLen bounds a recorded failure reason; longer reasons are cut.
+const MaxReasonLen = 500
+
+// ShortReason cuts a reason to MaxReasonLen bytes on a rune boundary.
+func ShortReason(s string) string {
+	if len(s) <= MaxReasonLen {
+		return s
+	}
+	cut := MaxReasonLen
+	for cut > 0 && s[cut]&0xC0 == 0x80 {
+		cut--
+	}
+	return s[:cut]
+}

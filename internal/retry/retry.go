@@ -1,0 +1,82 @@
+// Package retry turns a retry policy into delays: exponential backoff with
+// jitter from cenkalti/backoff, bounded by attempts and elapsed time, on an
+// injectable clock so that tests never sleep.
+package retry
+
+import (
+	"context"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+)
+
+// Clock tells the time and waits. The consumer's tests inject a fake one.
+type Clock interface {
+	Now() time.Time
+	Sleep(ctx context.Context, d time.Duration) error
+}
+
+// Policy bounds the retries of one unit of work.
+type Policy struct {
+	Initial     time.Duration
+	Max         time.Duration
+	Multiplier  float64
+	Jitter      float64 // randomization factor in [0,1]: each delay is d ± d*Jitter
+	MaxAttempts int     // attempts in all, including the first
+	MaxElapsed  time.Duration
+	Clock       Clock
+}
+
+// Backoff hands out the delays of one retry sequence. Not safe for concurrent use.
+type Backoff struct {
+	clock Clock
+	b     backoff.BackOff
+}
+
+// New starts a retry sequence; the elapsed-time bound counts from now.
+func (p Policy) New() *Backoff {
+	eb := &backoff.ExponentialBackOff{
+		InitialInterval:     p.Initial,
+		RandomizationFactor: p.Jitter,
+		Multiplier:          p.Multiplier,
+		MaxInterval:         p.Max,
+		MaxElapsedTime:      p.MaxElapsed,
+		Stop:                backoff.Stop,
+		Clock:               p.Clock,
+	}
+	eb.Reset()
+	var b backoff.BackOff = eb
+	if p.MaxAttempts > 0 {
+		b = backoff.WithMaxRetries(eb, uint64(p.MaxAttempts-1))
+	}
+	return &Backoff{clock: p.Clock, b: b}
+}
+
+// Wait sleeps for the next delay. It returns false when the policy is used
+// up (no sleep happened) and ctx.Err() when ctx ends while waiting.
+func (b *Backoff) Wait(ctx context.Context) (bool, error) {
+	d := b.b.NextBackOff()
+	if d == backoff.Stop {
+		return false, nil
+	}
+	if err := b.clock.Sleep(ctx, d); err != nil {
+		return true, err
+	}
+	return true, nil
+}
+
+// SystemClock is the real clock.
+type SystemClock struct{}
+
+func (SystemClock) Now() time.Time { return time.Now() }
+
+func (SystemClock) Sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
