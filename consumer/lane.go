@@ -205,6 +205,9 @@ func (c *Consumer[TTx]) settle(ctx context.Context, l *lane[TTx], its []*item) e
 			return ctx.Err()
 		}
 		class := classify(err, c.cfg.Store.ClassifyError)
+		if class == dedup.ClassUnavailable {
+			failIdx = -1 // the database failed under the handler, not the message
+		}
 		switch {
 		case failIdx >= 0:
 			if failIdx > 0 {
@@ -246,7 +249,7 @@ func (c *Consumer[TTx]) settle(ctx context.Context, l *lane[TTx], its []*item) e
 // against the policy; a database failure is waited out.
 func (c *Consumer[TTx]) settleOne(ctx context.Context, l *lane[TTx], it *item, err error, class dedup.ErrorClass) error {
 	bounded, infra := c.newWait(c.policy), c.newWait(c.infra)
-	handlerFailed := true
+	handlerFailed := class != dedup.ClassUnavailable
 	one := []*item{it}
 	for {
 		switch {
@@ -279,7 +282,7 @@ func (c *Consumer[TTx]) settleOne(ctx context.Context, l *lane[TTx], it *item, e
 			return ctx.Err()
 		}
 		class = classify(err, c.cfg.Store.ClassifyError)
-		handlerFailed = failIdx == 0
+		handlerFailed = failIdx == 0 && class != dedup.ClassUnavailable
 	}
 }
 

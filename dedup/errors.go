@@ -29,6 +29,10 @@ const (
 	// ClassPermanent: retrying cannot help (constraint violation, bad data).
 	// Roll back, record the failure and dead-letter the message.
 	ClassPermanent
+	// ClassUnavailable: the database is unreachable or shutting down (lost
+	// connection, admin shutdown, too many connections). Not the message's
+	// fault: the consumer waits it out and never dead-letters over it.
+	ClassUnavailable
 )
 
 func (c ErrorClass) String() string {
@@ -37,6 +41,8 @@ func (c ErrorClass) String() string {
 		return "retryable"
 	case ClassPermanent:
 		return "permanent"
+	case ClassUnavailable:
+		return "unavailable"
 	default:
 		return "unknown"
 	}

@@ -1,0 +1,12 @@
+CREATE TABLE IF NOT EXISTS {{.Table}} (
+    scope       text        NOT NULL CHECK (octet_length(scope) BETWEEN 1 AND 128),
+    key         text        NOT NULL CHECK (octet_length(key) BETWEEN 1 AND 256),
+    fingerprint bytea       NOT NULL CHECK (octet_length(fingerprint) = 32),
+    outcome     text        NOT NULL DEFAULT 'done' CHECK (outcome IN ('done', 'failed')),
+    reason      text        CHECK (octet_length(reason) <= 500),
+    source      text,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    expires_at  timestamptz,
+    PRIMARY KEY (scope, key)
+);
+CREATE INDEX IF NOT EXISTS {{call .Index "expires"}} ON {{.Table}} (expires_at) WHERE expires_at IS NOT NULL;

@@ -1,0 +1,133 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/dedup/deduptest"
+	"github.com/idemkit/idem/dedup/pgstore"
+	"github.com/idemkit/idem/internal/testenv"
+)
+
+func newStore(t *testing.T, cfg pgstore.Config) *pgstore.Store {
+	t.Helper()
+	pool := testenv.Pool(t)
+	if cfg.Schema == "" {
+		cfg.Schema = testenv.Schema(t, pool)
+	}
+	st, err := pgstore.New(pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func TestConformance(t *testing.T) {
+	deduptest.Run(t, func(t *testing.T, cfg deduptest.Config) dedup.Store[pgx.Tx] {
+		return newStore(t, pgstore.Config{LockTimeout: cfg.LockTimeout, ScopeRetention: cfg.ScopeRetention})
+	})
+}
+
+func TestMigrateTwiceAndConcurrently(t *testing.T) {
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
+	ctx := context.Background()
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			st, err := pgstore.New(pool, pgstore.Config{Schema: schema, Table: "dedup_x"})
+			if err == nil {
+				err = st.Migrate(ctx)
+			}
+			errs <- err
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatalf("Migrate: %v", err)
+		}
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema, "idem_schema_migrations"}.Sanitize()+` WHERE table_name = 'dedup_x'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("%d migration rows for one migration, want 1", n)
+	}
+}
+
+func TestConfigRejectsBadIdentifiers(t *testing.T) {
+	pool := testenv.Pool(t)
+	for _, cfg := range []pgstore.Config{
+		{Table: `dedup"; DROP TABLE x; --`},
+		{Schema: "Public"},
+		{Table: strings.Repeat("a", 49)},
+		{LockTimeout: -time.Second},
+	} {
+		if _, err := pgstore.New(pool, cfg); err == nil {
+			t.Errorf("New(%+v) accepted", cfg)
+		} else if !strings.Contains(err.Error(), "Config.") {
+			t.Errorf("error does not name the field: %v", err)
+		}
+	}
+	if _, err := pgstore.New(nil, pgstore.Config{}); err == nil {
+		t.Error("New(nil pool) accepted")
+	}
+}
+
+func TestRetentionUsesDatabaseClock(t *testing.T) {
+	st := newStore(t, pgstore.Config{Retention: time.Hour, ScopeRetention: map[string]time.Duration{"forever": 0}})
+	ctx := context.Background()
+	err := st.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		res := make([]dedup.Result, 2)
+		return st.Claim(ctx, tx, []dedup.Claim{deduptest.Claim("hour", "a", "p"), deduptest.Claim("forever", "b", "p")}, res)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := testenv.Pool(t)
+	var hourOK, foreverNull bool
+	q := `SELECT bool_and(CASE WHEN scope = 'hour' THEN expires_at BETWEEN now() + interval '59 minutes' AND now() + interval '61 minutes' ELSE true END),
+	             bool_and(CASE WHEN scope = 'forever' THEN expires_at IS NULL ELSE true END) FROM ` + st.Table()
+	if err := pool.QueryRow(ctx, q).Scan(&hourOK, &foreverNull); err != nil {
+		t.Fatal(err)
+	}
+	if !hourOK || !foreverNull {
+		t.Fatalf("expiry: hour scope ok=%v, forever scope NULL=%v", hourOK, foreverNull)
+	}
+}
+
+func TestClassify(t *testing.T) {
+	cases := []struct {
+		err  error
+		want dedup.ErrorClass
+	}{
+		{&pgconn.PgError{Code: "40001"}, dedup.ClassRetryable},
+		{&pgconn.PgError{Code: "40P01"}, dedup.ClassRetryable},
+		{&pgconn.PgError{Code: "55P03"}, dedup.ClassRetryable},
+		{&pgconn.PgError{Code: "23505"}, dedup.ClassPermanent},
+		{&pgconn.PgError{Code: "23503"}, dedup.ClassPermanent},
+		{&pgconn.PgError{Code: "22P02"}, dedup.ClassPermanent},
+		{&pgconn.PgError{Code: "57P01"}, dedup.ClassUnavailable},
+		{&pgconn.PgError{Code: "08006"}, dedup.ClassUnavailable},
+		{&pgconn.PgError{Code: "42P01"}, dedup.ClassUnknown},
+		{pgx.ErrTxCommitRollback, dedup.ClassPermanent},
+		{pgconn.ErrConnClosed, dedup.ClassUnavailable},
+		{errors.New("something else"), dedup.ClassUnknown},
+	}
+	for _, c := range cases {
+		if got := pgstore.Classify(c.err); got != c.want {
+			t.Errorf("Classify(%v) = %v, want %v", c.err, got, c.want)
+		}
+	}
+}
