@@ -281,9 +281,10 @@ func TestBadInputIsDeadLetteredAndTheRestApplied(t *testing.T) {
 		{`{"amount":1}`, consumer.ErrNoKey, `key path "txn_id" not found`},
 		{`{"txn_id":`, consumer.ErrBadPayload, "not valid JSON"},
 		{`not json at all`, consumer.ErrBadPayload, "not valid JSON"},
-		{`[1,2]`, consumer.ErrBadPayload, "not a JSON object"},
+		{`[1,2]`, consumer.ErrBadPayload, "is a JSON array, not an object"},
 		{`{"txn_id":null}`, consumer.ErrNoKey, "is null"},
-		{`{"txn_id":{"a":1}}`, consumer.ErrNoKey, "not a string or number"},
+		{`{"txn_id":{"a":1}}`, consumer.ErrNoKey, "is object, not a string or number"},
+		{`{"txn_id":"T1"`, consumer.ErrBadPayload, "not valid JSON"},
 		{`{"txn_id":"` + strings.Repeat("x", 300) + `"}`, dedup.ErrInvalidKey, "300 bytes, the limit is 256"},
 		{`{"txn_id":"a\u0000b"}`, dedup.ErrInvalidKey, "control character"},
 	}

@@ -1,12 +1,11 @@
 package consumer
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
+
+	"github.com/idemkit/idem/internal/jsonx"
 )
 
 // KeyFunc derives the ID part of a message's dedup key. Which duplicates are
@@ -70,82 +69,36 @@ func ByConstant(key string) KeyFunc {
 	return func(*Message) (string, error) { return key, nil }
 }
 
-// jsonLookup streams through payload to the field at segs without decoding
-// the rest.
+// jsonLookup scans payload to the field at segs without decoding the rest.
+// A truncated or otherwise malformed payload is refused even when the field
+// itself is readable.
 func jsonLookup(payload []byte, path string, segs []string) (string, error) {
-	dec := json.NewDecoder(bytes.NewReader(payload))
-	dec.UseNumber()
-	bad := func(err error) (string, error) {
+	if err := jsonx.Valid(payload); err != nil {
 		return "", fmt.Errorf("%w: key path %q: payload is not valid JSON: %v", ErrBadPayload, path, err)
 	}
-	for depth, seg := range segs {
-		tok, err := dec.Token()
-		if err != nil {
-			return bad(err)
-		}
-		if d, ok := tok.(json.Delim); !ok || d != '{' {
-			if depth == 0 {
-				return "", fmt.Errorf("%w: key path %q: payload is not a JSON object", ErrBadPayload, path)
-			}
-			return "", fmt.Errorf("%w: key path %q: %q is not an object", ErrNoKey, path, strings.Join(segs[:depth], "."))
-		}
-		found := false
-		for dec.More() {
-			kt, err := dec.Token()
-			if err != nil {
-				return bad(err)
-			}
-			if k, _ := kt.(string); k == seg {
-				found = true
-				break
-			}
-			if err := skipValue(dec); err != nil {
-				return bad(err)
-			}
-		}
-		if !found {
-			return "", fmt.Errorf("%w: key path %q not found in payload", ErrNoKey, path)
-		}
+	kind, v, err := jsonx.Lookup(payload, segs)
+	var notObj *jsonx.NotObjectError
+	switch {
+	case errors.As(err, &notObj) && notObj.Depth == 0:
+		return "", fmt.Errorf("%w: key path %q: payload is a JSON %s, not an object", ErrBadPayload, path, notObj.Kind)
+	case errors.As(err, &notObj):
+		return "", fmt.Errorf("%w: key path %q: %q is not an object", ErrNoKey, path, strings.Join(segs[:notObj.Depth], "."))
+	case errors.Is(err, jsonx.ErrNotFound):
+		return "", fmt.Errorf("%w: key path %q not found in payload", ErrNoKey, path)
+	case err != nil:
+		return "", fmt.Errorf("%w: key path %q: payload is not valid JSON: %v", ErrBadPayload, path, err)
 	}
-	tok, err := dec.Token()
-	if err != nil {
-		return bad(err)
-	}
-	switch v := tok.(type) {
-	case string:
+	switch kind {
+	case jsonx.String:
 		if v == "" {
 			return "", fmt.Errorf("%w: key path %q is an empty string", ErrNoKey, path)
 		}
 		return v, nil
-	case json.Number:
-		return string(v), nil
-	case nil:
+	case jsonx.Number:
+		return v, nil
+	case jsonx.Null:
 		return "", fmt.Errorf("%w: key path %q is null", ErrNoKey, path)
 	default:
-		return "", fmt.Errorf("%w: key path %q is not a string or number", ErrNoKey, path)
-	}
-}
-
-func skipValue(dec *json.Decoder) error {
-	depth := 0
-	for {
-		tok, err := dec.Token()
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				return io.ErrUnexpectedEOF
-			}
-			return err
-		}
-		if d, ok := tok.(json.Delim); ok {
-			switch d {
-			case '{', '[':
-				depth++
-			default:
-				depth--
-			}
-		}
-		if depth == 0 {
-			return nil
-		}
+		return "", fmt.Errorf("%w: key path %q is %s, not a string or number", ErrNoKey, path, kind)
 	}
 }

@@ -114,8 +114,10 @@ func copyWithAttempt(m *consumer.Message, attempt int) *consumer.Message {
 }
 
 func (s *Source) enqueue(m *consumer.Message) {
-	if len(s.queue) == 0 && s.inflight == 0 {
+	select {
+	case <-s.idle: // idle until now: from here on busy
 		s.idle = make(chan struct{})
+	default:
 	}
 	s.queue = append(s.queue, m)
 	select {

@@ -1,0 +1,137 @@
+package jsonx
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"testing"
+)
+
+func TestCanonical(t *testing.T) {
+	cases := []struct{ in, want string }{
+		{`{"b":1,"a":2}`, `{"a":2,"b":1}`},
+		{` { "a" : [ 1 , 2.50 , -0.0 , 1e2 , 0.05 , 10 ] } `, `{"a":[1,25e-1,0,1e2,5e-2,1e1]}`},
+		{`{"a":{"z":null,"y":true},"\u0041":false}`, `{"A":false,"a":{"y":true,"z":null}}`},
+		{`"a\/b\u00e9\n"`, `"a/bé\u000a"`},
+		{`"\ud83d\ude00"`, `"😀"`},
+		{`[]`, `[]`},
+		{`{}`, `{}`},
+		{`150`, `15e1`},
+		{`1.5E+2`, `15e1`},
+		{`-12.340e-1`, `-1234e-3`},
+	}
+	for _, c := range cases {
+		got, err := Canonical(nil, []byte(c.in))
+		if err != nil {
+			t.Errorf("Canonical(%s): %v", c.in, err)
+			continue
+		}
+		if string(got) != c.want {
+			t.Errorf("Canonical(%s) = %s, want %s", c.in, got, c.want)
+		}
+	}
+	for _, bad := range []string{``, `{`, `{"a":}`, `[1,]`, `01`, `1.`, `"\x"`, `{"a":1}x`, `tru`, `{"a" 1}`, "\"a\x01\""} {
+		if _, err := Canonical(nil, []byte(bad)); err == nil {
+			t.Errorf("Canonical(%q) accepted", bad)
+		}
+	}
+}
+
+func TestLookup(t *testing.T) {
+	doc := []byte(`{"id":"x","pay":{"txn":"T-1","n":12.5,"o":{},"list":[1,{"txn":"no"}]},"esc\u0061":"yes"}`)
+	cases := []struct {
+		path []string
+		kind Kind
+		val  string
+		err  error
+	}{
+		{[]string{"id"}, String, "x", nil},
+		{[]string{"pay", "txn"}, String, "T-1", nil},
+		{[]string{"pay", "n"}, Number, "12.5", nil},
+		{[]string{"pay", "o"}, Object, "", nil},
+		{[]string{"esca"}, String, "yes", nil},
+		{[]string{"pay", "missing"}, Invalid, "", ErrNotFound},
+		{[]string{"nope"}, Invalid, "", ErrNotFound},
+	}
+	for _, c := range cases {
+		k, v, err := Lookup(doc, c.path)
+		if k != c.kind || v != c.val || !errors.Is(err, c.err) {
+			t.Errorf("Lookup(%v) = %v %q %v, want %v %q %v", c.path, k, v, err, c.kind, c.val, c.err)
+		}
+	}
+	var no *NotObjectError
+	if _, _, err := Lookup(doc, []string{"id", "x"}); !errors.As(err, &no) || no.Depth != 1 || no.Kind != String {
+		t.Errorf("Lookup through a string: %v", err)
+	}
+}
+
+func FuzzCanonical(f *testing.F) {
+	for _, s := range []string{`{"b":1,"a":[1,2.0,{"c":"\u00e9"}]}`, `[]`, `"x"`, `-0.5e-3`, `{"a":{"a":{}}}`, `nul`, `{"a":1,"a":2}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		out, err := Canonical(nil, data)
+		if (err == nil) != json.Valid(data) {
+			t.Fatalf("Canonical error %v, json.Valid %v for %q", err, json.Valid(data), data)
+		}
+		if err != nil {
+			return
+		}
+		if !json.Valid(out) {
+			t.Fatalf("canonical form is not JSON: %q -> %q", data, out)
+		}
+		again, err := Canonical(nil, out)
+		if err != nil || string(again) != string(out) {
+			t.Fatalf("not idempotent: %q -> %q -> %q (%v)", data, out, again, err)
+		}
+		var z Canonicalizer
+		reused, err := z.Canonical(data)
+		if err != nil || string(reused) != string(out) {
+			t.Fatalf("Canonicalizer differs: %q vs %q", reused, out)
+		}
+	})
+}
+
+func FuzzLookup(f *testing.F) {
+	f.Add([]byte(`{"a":{"b":"x"}}`), "a", "b")
+	f.Add([]byte(`{"a":1}`), "a", "")
+	f.Fuzz(func(t *testing.T, data []byte, a, b string) {
+		path := []string{a}
+		if b != "" {
+			path = append(path, b)
+		}
+		k, v, err := Lookup(data, path)
+		if err != nil || !json.Valid(data) {
+			return
+		}
+		// Compare with encoding/json on valid documents.
+		var doc any
+		dec := json.NewDecoder(bytes.NewReader(data))
+		dec.UseNumber()
+		if dec.Decode(&doc) != nil {
+			return
+		}
+		cur := doc
+		for _, p := range path {
+			m, ok := cur.(map[string]any)
+			if !ok {
+				t.Fatalf("Lookup found %v %q where encoding/json has no object", k, v)
+			}
+			if cur, ok = m[p]; !ok {
+				t.Fatalf("Lookup found %v %q for a missing key", k, v)
+			}
+		}
+		// Kinds agree (values may not: with duplicate keys encoding/json keeps
+		// the last, Lookup the first).
+		switch cur.(type) {
+		case string:
+			if k != String {
+				t.Fatalf("kind %v, want string", k)
+			}
+		case json.Number:
+			if k != Number {
+				t.Fatalf("kind %v, want number", k)
+			}
+		}
+	})
+}
