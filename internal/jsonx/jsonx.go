@@ -50,7 +50,9 @@ type NotObjectError struct {
 	Kind  Kind // what was found instead
 }
 
-func (e *NotObjectError) Error() string { return fmt.Sprintf("jsonx: value at depth %d is %s, not an object", e.Depth, e.Kind) }
+func (e *NotObjectError) Error() string {
+	return fmt.Sprintf("jsonx: value at depth %d is %s, not an object", e.Depth, e.Kind)
+}
 
 type scanner struct {
 	data []byte
