@@ -2,6 +2,7 @@ package consumertest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -9,27 +10,25 @@ import (
 	"github.com/idemkit/idem/consumer"
 )
 
-// Result is what Run observed.
+// Result is what Drive observed.
 type Result struct {
 	Stats       consumer.Stats
 	Source      SourceStats
 	DeadLetters []consumer.Letter
 }
 
-// Run drives a consumer built from cfg over msgs until every delivery is
-// settled, then stops it. Missing pieces are filled in: Source (a Source
-// following script), DeadLetter (a DeadLetters), Clock (a Clock that never
-// sleeps). It fails the test when the consumer does not settle within a
-// minute.
-func Run[TTx any](t testing.TB, cfg consumer.Config[TTx], script Script, msgs ...*consumer.Message) Result {
-	t.Helper()
+// Drive runs a consumer built from cfg over msgs until every delivery is
+// settled (or ctx ends), then stops it gracefully. Missing pieces are filled
+// in: Source (a Source following script), DeadLetter (a DeadLetters), Clock
+// (a Clock that never sleeps).
+func Drive[TTx any](ctx context.Context, cfg consumer.Config[TTx], script Script, msgs ...*consumer.Message) (Result, error) {
 	src, ok := cfg.Source.(*Source)
 	if cfg.Source == nil {
 		src, ok = NewSource(script), true
 		cfg.Source = src
 	}
 	if !ok {
-		t.Fatal("consumertest.Run: cfg.Source must be nil or a *consumertest.Source")
+		return Result{}, errors.New("consumertest: cfg.Source must be nil or a *consumertest.Source")
 	}
 	dl, _ := cfg.DeadLetter.(*DeadLetters)
 	if cfg.DeadLetter == nil {
@@ -41,26 +40,32 @@ func Run[TTx any](t testing.TB, cfg consumer.Config[TTx], script Script, msgs ..
 	}
 	c, err := consumer.New(cfg)
 	if err != nil {
-		t.Fatalf("consumer.New: %v", err)
+		return Result{}, err
 	}
 	src.Push(msgs...)
 	runErr := make(chan error, 1)
 	go func() { runErr <- c.Run(context.Background()) }()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	idleErr := src.WaitIdle(ctx)
+	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := src.WaitIdle(ctx); err != nil {
-		_ = c.Stop(context.Background())
-		t.Fatal(err)
-	}
-	if err := c.Stop(ctx); err != nil {
-		t.Fatalf("Stop: %v", err)
-	}
-	if err := <-runErr; err != nil {
-		t.Fatalf("Run: %v", err)
-	}
+	stopErr := c.Stop(stopCtx)
+	err = errors.Join(idleErr, stopErr, <-runErr)
 	res := Result{Stats: c.Stats(), Source: src.Stats()}
 	if dl != nil {
 		res.DeadLetters = dl.Letters()
+	}
+	return res, err
+}
+
+// Run is Drive for tests: it fails t when the consumer does not settle
+// within a minute or fails.
+func Run[TTx any](t testing.TB, cfg consumer.Config[TTx], script Script, msgs ...*consumer.Message) Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := Drive(ctx, cfg, script, msgs...)
+	if err != nil {
+		t.Fatalf("consumertest: %v (%v)", err, res)
 	}
 	return res
 }

@@ -134,7 +134,9 @@ func (s *Source) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
 		if n := len(s.queue); n > 0 {
 			i := s.rng.IntN(min(n, s.script.ReorderWindow))
 			m = s.queue[i]
-			s.queue = append(s.queue[:i], s.queue[i+1:]...)
+			s.queue[i] = s.queue[0] // the head moves into the window: O(1) per delivery
+			s.queue[0] = nil
+			s.queue = s.queue[1:]
 			s.inflight++
 			s.delivers++
 		}
