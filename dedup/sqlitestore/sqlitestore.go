@@ -1,0 +1,312 @@
+// Package sqlitestore is an embedded dedup.Store on SQLite, through the
+// pure-Go driver modernc.org/sqlite: no server, no cgo. It serves the
+// zero-setup quickstart and single-node consumers.
+//
+// SQLite has one writer at a time. Transactions begin IMMEDIATE (the DSN
+// Open builds sets _txlock=immediate), so a second claim of a key waits for
+// the first transaction to finish — at most Config.LockTimeout (SQLite's
+// busy_timeout) — and then sees the committed row. A wait that runs out
+// surfaces as dedup.ErrInFlight, which the consumer retries.
+package sqlitestore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/idemkit/idem/dedup"
+)
+
+// Config configures a Store. Zero values take the defaults.
+type Config struct {
+	// Table is the dedup table's name; default "idem_dedup". Must match
+	// [a-z_][a-z0-9_]*, at most 48 bytes.
+	Table string
+	// LockTimeout bounds the wait for the database's write lock; default 5s.
+	// Open sets it as busy_timeout.
+	LockTimeout time.Duration
+	// Retention is how long a row is kept; default 0: forever.
+	Retention time.Duration
+	// ScopeRetention overrides Retention for the scopes it names.
+	ScopeRetention map[string]time.Duration
+}
+
+// Open opens (creating it when missing) the SQLite database at path with
+// the settings a Store needs: WAL journal, IMMEDIATE transactions, a busy
+// timeout of lockTimeout.
+func Open(path string, lockTimeout time.Duration) (*sql.DB, error) {
+	if lockTimeout <= 0 {
+		lockTimeout = 5 * time.Second
+	}
+	q := url.Values{}
+	q.Set("_txlock", "immediate")
+	q.Add("_pragma", "busy_timeout("+strconv.FormatInt(lockTimeout.Milliseconds(), 10)+")")
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous(NORMAL)")
+	q.Add("_pragma", "foreign_keys(ON)")
+	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("sqlitestore: open %s: %w", path, err)
+	}
+	return db, nil
+}
+
+// Store is a dedup.Store[*sql.Tx] on SQLite. Safe for concurrent use.
+type Store struct {
+	db    *sql.DB
+	cfg   Config
+	table string
+}
+
+var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
+
+// New returns a Store on db, which should come from Open. Call Migrate
+// before the first claim.
+func New(db *sql.DB, cfg Config) (*Store, error) {
+	if db == nil {
+		return nil, errors.New("sqlitestore: db is nil")
+	}
+	if cfg.Table == "" {
+		cfg.Table = "idem_dedup"
+	}
+	if !identRE.MatchString(cfg.Table) {
+		return nil, fmt.Errorf("sqlitestore: Config.Table %q: want [a-z_][a-z0-9_]*, at most 48 bytes", cfg.Table)
+	}
+	if cfg.LockTimeout < 0 || cfg.Retention < 0 {
+		return nil, errors.New("sqlitestore: Config.LockTimeout and Config.Retention must not be negative")
+	}
+	return &Store{db: db, cfg: cfg, table: `"` + cfg.Table + `"`}, nil
+}
+
+// nowMillis is SQLite's clock in Unix milliseconds.
+const nowMillis = `CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)`
+
+// Migrate creates the table and its index when missing.
+func (s *Store) Migrate(ctx context.Context) error {
+	_, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+s.table+` (
+    scope       TEXT    NOT NULL CHECK (length(CAST(scope AS BLOB)) BETWEEN 1 AND 128),
+    key         TEXT    NOT NULL CHECK (length(CAST(key AS BLOB)) BETWEEN 1 AND 256),
+    fingerprint BLOB    NOT NULL CHECK (length(fingerprint) = 32),
+    outcome     TEXT    NOT NULL DEFAULT 'done' CHECK (outcome IN ('done', 'failed')),
+    reason      TEXT,
+    source      TEXT,
+    created_at  INTEGER NOT NULL DEFAULT (`+nowMillis+`),
+    expires_at  INTEGER,
+    PRIMARY KEY (scope, key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS "`+s.cfg.Table+`_expires" ON `+s.table+` (expires_at) WHERE expires_at IS NOT NULL;`)
+	if err != nil {
+		return fmt.Errorf("sqlitestore: migrate: %w", err)
+	}
+	return nil
+}
+
+// InTx runs fn in an IMMEDIATE transaction; see dedup.Store.
+func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) (err error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return s.wrap("begin", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback()
+		}
+	}()
+	if err := fn(ctx, tx); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return s.wrap("commit", err)
+	}
+	return nil
+}
+
+func (s *Store) retentionMillis(scope string) any {
+	d := s.cfg.Retention
+	if r, ok := s.cfg.ScopeRetention[scope]; ok {
+		d = r
+	}
+	if d <= 0 {
+		return nil
+	}
+	return d.Milliseconds()
+}
+
+// Claim claims keys in tx with one INSERT … ON CONFLICT DO NOTHING
+// RETURNING; see dedup.Store.
+func (s *Store) Claim(ctx context.Context, tx *sql.Tx, claims []dedup.Claim, results []dedup.Result) error {
+	n := len(claims)
+	if len(results) < n {
+		return fmt.Errorf("sqlitestore: %d results for %d claims", len(results), n)
+	}
+	if n == 0 {
+		return nil
+	}
+	var q strings.Builder
+	q.WriteString(`INSERT INTO ` + s.table + ` (scope, key, fingerprint, source, expires_at) VALUES `)
+	args := make([]any, 0, 5*n)
+	for i := range claims {
+		c := &claims[i]
+		if i > 0 {
+			q.WriteByte(',')
+		}
+		q.WriteString(`(?, ?, ?, ?, ? + ` + nowMillis + `)`)
+		args = append(args, c.Key.Scope, c.Key.ID, c.Fingerprint[:], c.Source, s.retentionMillis(c.Key.Scope))
+	}
+	q.WriteString(` ON CONFLICT (scope, key) DO NOTHING RETURNING scope, key`)
+	first := make(map[dedup.Key]int, n)
+	for i := n - 1; i >= 0; i-- {
+		first[claims[i].Key] = i
+	}
+	rows, err := tx.QueryContext(ctx, q.String(), args...)
+	if err != nil {
+		return s.wrap("claim", err)
+	}
+	inserted := 0
+	for rows.Next() {
+		var k dedup.Key
+		if err := rows.Scan(&k.Scope, &k.ID); err != nil {
+			rows.Close()
+			return s.wrap("claim", err)
+		}
+		results[first[k]] = dedup.Result{Status: dedup.StatusNew}
+		inserted++
+	}
+	if err := rows.Close(); err != nil {
+		return s.wrap("claim", err)
+	}
+	if err := rows.Err(); err != nil {
+		return s.wrap("claim", err)
+	}
+	if inserted == n {
+		return nil
+	}
+	q.Reset()
+	args = args[:0]
+	q.WriteString(`SELECT scope, key, fingerprint, outcome, coalesce(reason, '') FROM ` + s.table + ` WHERE (scope, key) IN (VALUES `)
+	for i := range claims {
+		if results[i].Status != 0 || first[claims[i].Key] != i {
+			continue
+		}
+		if len(args) > 0 {
+			q.WriteByte(',')
+		}
+		q.WriteString(`(?, ?)`)
+		args = append(args, claims[i].Key.Scope, claims[i].Key.ID)
+	}
+	q.WriteByte(')')
+	if len(args) > 0 {
+		rows, err := tx.QueryContext(ctx, q.String(), args...)
+		if err != nil {
+			return s.wrap("claim", err)
+		}
+		for rows.Next() {
+			var k dedup.Key
+			var fp []byte
+			var outcome, reason string
+			if err := rows.Scan(&k.Scope, &k.ID, &fp, &outcome, &reason); err != nil {
+				rows.Close()
+				return s.wrap("claim", err)
+			}
+			i := first[k]
+			switch {
+			case string(fp) != string(claims[i].Fingerprint[:]):
+				results[i] = dedup.Result{Status: dedup.StatusMismatch}
+			case outcome == "failed":
+				results[i] = dedup.Result{Status: dedup.StatusFailed, Reason: reason}
+			default:
+				results[i] = dedup.Result{Status: dedup.StatusDuplicate}
+			}
+		}
+		if err := rows.Close(); err != nil {
+			return s.wrap("claim", err)
+		}
+		if err := rows.Err(); err != nil {
+			return s.wrap("claim", err)
+		}
+	}
+	for i := range claims {
+		if results[i].Status != 0 {
+			continue
+		}
+		j := first[claims[i].Key]
+		switch {
+		case j == i:
+			return fmt.Errorf("%w: key %s vanished during the claim (purged?)", dedup.ErrInFlight, claims[i].Key)
+		case claims[j].Fingerprint != claims[i].Fingerprint:
+			results[i] = dedup.Result{Status: dedup.StatusMismatch}
+		case results[j].Status == dedup.StatusFailed:
+			results[i] = results[j]
+		default:
+			results[i] = dedup.Result{Status: dedup.StatusDuplicate}
+		}
+	}
+	return nil
+}
+
+// RecordFailure inserts a 'failed' row in its own transaction; see
+// dedup.Store.
+func (s *Store) RecordFailure(ctx context.Context, c dedup.Claim, reason string) error {
+	_, err := s.db.ExecContext(ctx, `INSERT INTO `+s.table+` (scope, key, fingerprint, source, outcome, reason, expires_at)
+VALUES (?, ?, ?, ?, 'failed', ?, ? + `+nowMillis+`) ON CONFLICT (scope, key) DO NOTHING`,
+		c.Key.Scope, c.Key.ID, c.Fingerprint[:], c.Source, dedup.ShortReason(reason), s.retentionMillis(c.Key.Scope))
+	return s.wrap("record failure", err)
+}
+
+// Purge deletes at most limit expired rows; see dedup.Store.
+func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, nil
+	}
+	res, err := s.db.ExecContext(ctx, `DELETE FROM `+s.table+` WHERE (scope, key) IN (
+SELECT scope, key FROM `+s.table+` WHERE expires_at < `+nowMillis+` LIMIT ?)`, limit)
+	if err != nil {
+		return 0, s.wrap("purge", err)
+	}
+	n, err := res.RowsAffected()
+	return int(n), err
+}
+
+// wrap names the operation and turns a busy database into dedup.ErrInFlight.
+func (s *Store) wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if Classify(err) == dedup.ClassRetryable {
+		return fmt.Errorf("%w: sqlitestore: %s: %w", dedup.ErrInFlight, op, err)
+	}
+	return fmt.Errorf("sqlitestore: %s: %w", op, err)
+}
+
+// ClassifyError classifies SQLite result codes; see Classify.
+func (s *Store) ClassifyError(err error) dedup.ErrorClass { return Classify(err) }
+
+// Classify sorts an SQLite error: SQLITE_BUSY and SQLITE_LOCKED are
+// retryable, SQLITE_CONSTRAINT is permanent.
+func Classify(err error) dedup.ErrorClass {
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return dedup.ClassUnknown
+	}
+	switch se.Code() & 0xff {
+	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
+		return dedup.ClassRetryable
+	case sqlite3.SQLITE_CONSTRAINT:
+		return dedup.ClassPermanent
+	}
+	return dedup.ClassUnknown
+}
+
+var _ dedup.Store[*sql.Tx] = (*Store)(nil)
