@@ -65,6 +65,10 @@ type Config[TTx any] struct {
 	// it from a trusted source (topic, a header set by the platform).
 	Tenant KeyFunc
 
+	// MaxPayloadBytes dead-letters larger payloads before any parsing, with
+	// ErrPayloadTooLarge; default 0: no limit beyond the broker's.
+	MaxPayloadBytes int
+
 	// BatchSize is the most messages of one lane in one transaction;
 	// default 100, at most 10000.
 	BatchSize int
@@ -120,6 +124,9 @@ func (c *Config[TTx]) validate() error {
 	}
 	if c.BatchSize < 0 || c.BatchSize > 10000 {
 		add("BatchSize is %d, want 1..10000 (0 for the default 100)", c.BatchSize)
+	}
+	if c.MaxPayloadBytes < 0 {
+		add("MaxPayloadBytes is negative (%d)", c.MaxPayloadBytes)
 	}
 	if c.BatchWait < 0 {
 		add("BatchWait is negative (%v)", c.BatchWait)

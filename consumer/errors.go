@@ -17,6 +17,8 @@ var (
 	ErrNoKey = errors.New("consumer: message has no key")
 	// ErrBadPayload: the payload cannot be read as the key function needs.
 	ErrBadPayload = errors.New("consumer: malformed payload")
+	// ErrPayloadTooLarge: the payload exceeds Config.MaxPayloadBytes.
+	ErrPayloadTooLarge = errors.New("consumer: payload too large")
 )
 
 type permanentError struct{ err error }
@@ -67,7 +69,7 @@ func classify(err error, store func(error) dedup.ErrorClass) dedup.ErrorClass {
 	case errors.Is(err, dedup.ErrInFlight):
 		return dedup.ClassRetryable
 	case errors.Is(err, dedup.ErrInvalidKey), errors.Is(err, dedup.ErrFingerprintMismatch),
-		errors.Is(err, ErrNoKey), errors.Is(err, ErrBadPayload):
+		errors.Is(err, ErrNoKey), errors.Is(err, ErrBadPayload), errors.Is(err, ErrPayloadTooLarge):
 		return dedup.ClassPermanent
 	}
 	if c := store(err); c != dedup.ClassUnknown {

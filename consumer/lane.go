@@ -169,6 +169,9 @@ func (c *Consumer[TTx]) process(ctx context.Context, l *lane[TTx], batch []*Mess
 // key derives the message's dedup key and fingerprint.
 func (c *Consumer[TTx]) key(it *item) error {
 	m := it.msg
+	if max := c.cfg.MaxPayloadBytes; max > 0 && len(m.Value) > max {
+		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrPayloadTooLarge, len(m.Value), max)
+	}
 	id, err := c.cfg.Key(m)
 	if err != nil {
 		return fmt.Errorf("key: %w", err)
