@@ -93,3 +93,22 @@ func sanitize(s string) string {
 	}
 	return b.String()
 }
+
+// SchemaPool creates a fresh schema and returns a pool whose connections have
+// it as their search_path, so unqualified table names land in it.
+func SchemaPool(t testing.TB) (*pgxpool.Pool, string) {
+	t.Helper()
+	schema := Schema(t, Pool(t))
+	cfg, err := pgxpool.ParseConfig(PostgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 20
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, schema
+}

@@ -40,6 +40,8 @@ fsync = off
 synchronous_commit = off
 full_page_writes = off
 max_connections = 300
+# Batches that update shared rows from several lanes can deadlock; detect it fast.
+deadlock_timeout = 100ms
 CONF
 )
   local changed=0

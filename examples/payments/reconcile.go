@@ -1,0 +1,105 @@
+package payments
+
+import (
+	"context"
+	"fmt"
+	"strings"
+)
+
+// Report is the outcome of Reconcile. Every count but the totals must be 0.
+type Report struct {
+	Payments        int64 // ledger rows
+	Credited        int64 // sum of balances
+	Lost            int64 // expected payments with no ledger row or an unpaid order
+	DoubleApplied   int64 // accounts whose balance differs from their ledger sum, plus SKUs whose sales differ from their paid orders
+	Unexpected      int64 // ledger rows nobody expected (wrong amount, unknown txn)
+	LedgerNoDedup   int64 // ledger rows without a committed dedup row
+	DedupNoLedger   int64 // committed dedup rows without a ledger row
+	PaidNoLedger    int64 // PAID orders without their ledger row
+	LedgerNotPaid   int64 // ledger rows whose order is not PAID by that transaction
+	Problems        []string
+	ExpectedPayment int
+}
+
+// OK reports whether the four tables agree.
+func (r Report) OK() bool { return len(r.Problems) == 0 }
+
+func (r Report) String() string {
+	if r.OK() {
+		return fmt.Sprintf("reconciled: %d payments, %d credited", r.Payments, r.Credited)
+	}
+	return "NOT reconciled: " + strings.Join(r.Problems, "; ")
+}
+
+// Expected is a payment the producer sent and expects applied once.
+type Expected struct {
+	TxnID  string
+	Amount int64
+}
+
+// Reconcile cross-checks orders, ledger, accounts, inventory and idem's dedup
+// table (dedupTable, schema-qualified and quoted as the store names it,
+// holding the keys of scope). expected lists every valid payment sent.
+func Reconcile(ctx context.Context, db DB, dedupTable, scope string, expected []Expected) (Report, error) {
+	var r Report
+	r.ExpectedPayment = len(expected)
+	q := func(dst *int64, sql string, args ...any) error {
+		if err := db.QueryRow(ctx, sql, args...).Scan(dst); err != nil {
+			return fmt.Errorf("payments: reconcile: %w", err)
+		}
+		return nil
+	}
+	if err := q(&r.Payments, `SELECT count(*) FROM ledger`); err != nil {
+		return r, err
+	}
+	if err := q(&r.Credited, `SELECT coalesce(sum(balance), 0) FROM accounts`); err != nil {
+		return r, err
+	}
+	for _, e := range expected {
+		var n int64
+		if err := q(&n, `SELECT count(*) FROM ledger l JOIN orders o ON o.id = l.order_id
+WHERE l.txn_id = $1 AND l.amount = $2 AND o.status = 'PAID' AND o.paid_txn = l.txn_id`, e.TxnID, e.Amount); err != nil {
+			return r, err
+		}
+		if n != 1 {
+			r.Lost++
+		}
+	}
+	r.Unexpected = r.Payments - (int64(len(expected)) - r.Lost)
+	checks := []struct {
+		dst  *int64
+		sql  string
+		args []any
+	}{
+		{&r.DoubleApplied, `SELECT (SELECT count(*) FROM accounts a
+        WHERE a.balance <> (SELECT coalesce(sum(l.amount), 0) FROM ledger l WHERE l.account_id = a.id))
+     + (SELECT count(*) FROM inventory i
+        WHERE i.sold <> (SELECT count(*) FROM orders o WHERE o.sku = i.sku AND o.status = 'PAID'))`, nil},
+		{&r.LedgerNoDedup, `SELECT count(*) FROM ledger l WHERE NOT EXISTS
+    (SELECT 1 FROM ` + dedupTable + ` d WHERE d.scope = $1 AND d.key = l.txn_id AND d.outcome = 'done')`, []any{scope}},
+		{&r.DedupNoLedger, `SELECT count(*) FROM ` + dedupTable + ` d WHERE d.scope = $1 AND d.outcome = 'done'
+    AND NOT EXISTS (SELECT 1 FROM ledger l WHERE l.txn_id = d.key)`, []any{scope}},
+		{&r.PaidNoLedger, `SELECT count(*) FROM orders o WHERE o.status = 'PAID'
+    AND NOT EXISTS (SELECT 1 FROM ledger l WHERE l.txn_id = o.paid_txn AND l.order_id = o.id)`, nil},
+		{&r.LedgerNotPaid, `SELECT count(*) FROM ledger l JOIN orders o ON o.id = l.order_id
+    WHERE o.status <> 'PAID' OR o.paid_txn IS NULL OR o.paid_txn <> l.txn_id`, nil},
+	}
+	for _, c := range checks {
+		if err := q(c.dst, c.sql, c.args...); err != nil {
+			return r, err
+		}
+	}
+	add := func(n int64, what string) {
+		if n != 0 {
+			r.Problems = append(r.Problems, fmt.Sprintf("%d %s", n, what))
+		}
+	}
+	add(r.Lost, "lost payments")
+	add(r.DoubleApplied, "accounts or SKUs that disagree with the ledger (double effect)")
+	add(r.Unexpected, "unexpected ledger rows")
+	add(r.LedgerNoDedup, "ledger rows without a dedup row")
+	add(r.DedupNoLedger, "dedup rows without a ledger row")
+	add(r.PaidNoLedger, "paid orders without a ledger row")
+	add(r.LedgerNotPaid, "ledger rows whose order is not paid by them")
+	return r, nil
+}

@@ -1,0 +1,65 @@
+package payments
+
+import (
+	"context"
+	"fmt"
+)
+
+var schema = []string{
+	`CREATE TABLE IF NOT EXISTS accounts (
+    id      TEXT PRIMARY KEY,
+    balance BIGINT NOT NULL DEFAULT 0
+)`,
+	`CREATE TABLE IF NOT EXISTS inventory (
+    sku  TEXT PRIMARY KEY,
+    sold BIGINT NOT NULL DEFAULT 0
+)`,
+	`CREATE TABLE IF NOT EXISTS orders (
+    id         TEXT PRIMARY KEY,
+    account_id TEXT NOT NULL REFERENCES accounts (id),
+    sku        TEXT NOT NULL REFERENCES inventory (sku),
+    amount     BIGINT NOT NULL CHECK (amount > 0),
+    status     TEXT NOT NULL DEFAULT 'UNPAID' CHECK (status IN ('UNPAID', 'PAID')),
+    paid_txn   TEXT
+)`,
+	`CREATE TABLE IF NOT EXISTS ledger (
+    txn_id     TEXT PRIMARY KEY,
+    order_id   TEXT NOT NULL REFERENCES orders (id),
+    account_id TEXT NOT NULL REFERENCES accounts (id),
+    amount     BIGINT NOT NULL,
+    channel    TEXT NOT NULL
+)`,
+}
+
+// Setup creates the four tables when missing. On Postgres, point the
+// connection's search_path at the schema you want them in.
+func Setup(ctx context.Context, db DB) error {
+	for _, stmt := range schema {
+		if _, err := db.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("payments: setup: %w", err)
+		}
+	}
+	return nil
+}
+
+// Order is an order waiting for its payment.
+type Order struct {
+	ID, Account, SKU string
+	Amount           int64
+}
+
+// CreateOrders inserts unpaid orders with their accounts and SKUs.
+func CreateOrders(ctx context.Context, db DB, orders []Order) error {
+	for _, o := range orders {
+		if _, err := db.Exec(ctx, `INSERT INTO accounts (id) VALUES ($1) ON CONFLICT (id) DO NOTHING`, o.Account); err != nil {
+			return fmt.Errorf("payments: account %s: %w", o.Account, err)
+		}
+		if _, err := db.Exec(ctx, `INSERT INTO inventory (sku) VALUES ($1) ON CONFLICT (sku) DO NOTHING`, o.SKU); err != nil {
+			return fmt.Errorf("payments: sku %s: %w", o.SKU, err)
+		}
+		if _, err := db.Exec(ctx, `INSERT INTO orders (id, account_id, sku, amount) VALUES ($1, $2, $3, $4)`, o.ID, o.Account, o.SKU, o.Amount); err != nil {
+			return fmt.Errorf("payments: order %s: %w", o.ID, err)
+		}
+	}
+	return nil
+}
