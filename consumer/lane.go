@@ -188,7 +188,11 @@ func (c *Consumer[TTx]) key(it *item) error {
 	if err := k.Validate(); err != nil {
 		return err
 	}
-	it.claim = dedup.Claim{Key: k, Fingerprint: dedup.FingerprintOf(m.Value), Source: m.Coordinates()}
+	src := m.ID // Kafka: topic/partition/offset already
+	if src == "" {
+		src = m.Coordinates()
+	}
+	it.claim = dedup.Claim{Key: k, Fingerprint: dedup.FingerprintOf(m.Value), Source: src}
 	return nil
 }
 

@@ -13,10 +13,13 @@ package pgstore
 
 import (
 	"context"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"regexp"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -52,10 +55,18 @@ type Store struct {
 
 	lockTimeout string
 	insertSQL   string
-	selectSQL   string
+	lookupSQL   string
+	bufs        sync.Pool
 	failSQL     string
 	purgeSQL    string
 }
+
+// inputSQL unpacks a claim batch: five text parameters, fields separated by
+// U+001F, into rows with their 1-based ordinal.
+const inputSQL = `SELECT u.s, u.k, decode(u.f, 'hex') AS f, nullif(u.src, '') AS src, nullif(u.r, '')::bigint AS r, u.i
+    FROM unnest(string_to_array($1::text, E'\x1f'), string_to_array($2::text, E'\x1f'),
+                string_to_array($3::text, E'\x1f'), string_to_array($4::text, E'\x1f'),
+                string_to_array($5::text, E'\x1f')) WITH ORDINALITY AS u(s, k, f, src, r, i)`
 
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
 
@@ -88,25 +99,32 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		cfg.LockTimeout = 5 * time.Second
 	}
 	t := pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()
-	return &Store{
+	st := &Store{
 		pool:        pool,
 		cfg:         cfg,
 		table:       t,
 		lockTimeout: strconv.FormatInt(cfg.LockTimeout.Milliseconds(), 10) + "ms",
-		insertSQL: `INSERT INTO ` + t + ` (scope, key, fingerprint, source, expires_at)
-SELECT u.s, u.k, u.f, u.src, CASE WHEN u.r < 0 THEN NULL ELSE now() + u.r * interval '1 millisecond' END
-FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::bigint[]) AS u(s, k, f, src, r)
-ON CONFLICT (scope, key) DO NOTHING
-RETURNING scope, key`,
-		selectSQL: `SELECT t.scope, t.key, t.fingerprint, t.outcome, coalesce(t.reason, '')
-FROM unnest($1::text[], $2::text[]) AS u(s, k)
-JOIN ` + t + ` t ON t.scope = u.s AND t.key = u.k`,
+		insertSQL: `WITH input AS (` + inputSQL + `),
+ins AS (
+    INSERT INTO ` + t + ` (scope, key, fingerprint, source, expires_at)
+    SELECT s, k, f, src, CASE WHEN r IS NULL THEN NULL ELSE now() + r * interval '1 millisecond' END
+    FROM input ORDER BY i
+    ON CONFLICT (scope, key) DO NOTHING
+    RETURNING scope, key)
+SELECT min(input.i)::int4 FROM input JOIN ins ON ins.scope = input.s AND ins.key = input.k
+GROUP BY input.s, input.k`,
+		lookupSQL: `WITH input AS (` + inputSQL + `)
+SELECT input.i::int4, t.fingerprint = input.f, t.outcome = 'failed', coalesce(t.reason, '')
+FROM input JOIN ` + t + ` t ON t.scope = input.s AND t.key = input.k
+WHERE input.i = ANY (string_to_array($6, ',')::int8[])`,
 		failSQL: `INSERT INTO ` + t + ` (scope, key, fingerprint, source, outcome, reason, expires_at)
 VALUES ($1, $2, $3, $4, 'failed', $5, CASE WHEN $6::bigint < 0 THEN NULL ELSE now() + $6::bigint * interval '1 millisecond' END)
 ON CONFLICT (scope, key) DO NOTHING`,
 		purgeSQL: `DELETE FROM ` + t + ` WHERE ctid IN (
 SELECT ctid FROM ` + t + ` WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED)`,
-	}, nil
+	}
+	st.bufs.New = func() any { return new(claimBuf) }
+	return st, nil
 }
 
 // Table returns the sanitized, schema-qualified table name.
@@ -135,8 +153,12 @@ func (s *Store) retentionMillis(scope string) int64 {
 }
 
 // Claim claims keys in tx with one INSERT … ON CONFLICT DO NOTHING; see
-// dedup.Store. Keys that were not inserted are looked up in a second
-// statement, which sees rows committed while the insert waited.
+// dedup.Store. The batch travels as five text parameters (fields joined by
+// U+001F, which valid keys cannot contain) and is split by string_to_array on
+// the server: encoding a Go []string as text[] costs an allocation per
+// element, this costs one per batch. The insert answers with the ordinals
+// of the claims it inserted; the rest are looked up in a second statement,
+// which also sees rows committed while the insert waited.
 func (s *Store) Claim(ctx context.Context, tx pgx.Tx, claims []dedup.Claim, results []dedup.Result) error {
 	n := len(claims)
 	if len(results) < n {
@@ -145,17 +167,13 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, claims []dedup.Claim, resu
 	if n == 0 {
 		return nil
 	}
-	scopes, keys := make([]string, n), make([]string, n)
-	fps, srcs, rets := make([][]byte, n), make([]string, n), make([]int64, n)
-	for i := range claims {
-		c := &claims[i]
-		scopes[i], keys[i], fps[i], srcs[i] = c.Key.Scope, c.Key.ID, c.Fingerprint[:], c.Source
-		rets[i] = s.retentionMillis(c.Key.Scope)
-	}
+	buf := s.bufs.Get().(*claimBuf)
+	defer s.bufs.Put(buf)
+	buf.encode(claims, s.retentionMillis)
 
 	var b pgx.Batch
 	b.Queue(`SELECT set_config('lock_timeout', $1, true)`, s.lockTimeout)
-	b.Queue(s.insertSQL, scopes, keys, fps, srcs, rets)
+	b.Queue(s.insertSQL, buf.args[:]...)
 	br := tx.SendBatch(ctx, &b)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
@@ -166,28 +184,15 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, claims []dedup.Claim, resu
 		br.Close()
 		return s.claimErr(err)
 	}
-	// first maps each key to the index of its first occurrence; batches of one
-	// (the common unbatched case) skip the map.
-	var first map[dedup.Key]int
-	if n > 1 {
-		first = make(map[dedup.Key]int, n)
-		for i := n - 1; i >= 0; i-- {
-			first[claims[i].Key] = i
-		}
-	}
 	inserted := 0
-	var scope, key string
 	for rows.Next() {
-		if err := rows.Scan(&scope, &key); err != nil {
+		i, err := ordinal(rows)
+		if err != nil || i < 1 || i > n {
 			rows.Close()
 			br.Close()
-			return s.claimErr(err)
+			return s.claimErr(fmt.Errorf("bad ordinal %d: %v", i, err))
 		}
-		i := 0
-		if first != nil {
-			i = first[dedup.Key{Scope: scope, ID: key}]
-		}
-		results[i] = dedup.Result{Status: dedup.StatusNew}
+		results[i-1] = dedup.Result{Status: dedup.StatusNew}
 		inserted++
 	}
 	rows.Close()
@@ -202,72 +207,99 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, claims []dedup.Claim, resu
 		return nil
 	}
 
-	// Keys not inserted: repeats within this batch compare with their first
-	// occurrence; the rest were committed by others and are looked up.
-	var lookS, lookK []string
+	// Not inserted: committed before (by others, or by a claim earlier in
+	// this batch). Compare fingerprints on the server.
+	var rest []byte
 	for i := range claims {
-		if results[i].Status != 0 {
-			continue
-		}
-		if first != nil && first[claims[i].Key] != i {
-			continue
-		}
-		lookS, lookK = append(lookS, claims[i].Key.Scope), append(lookK, claims[i].Key.ID)
-	}
-	if len(lookS) > 0 {
-		rows, err := tx.Query(ctx, s.selectSQL, lookS, lookK)
-		if err != nil {
-			return s.claimErr(err)
-		}
-		var fp []byte
-		var outcome, reason string
-		for rows.Next() {
-			if err := rows.Scan(&scope, &key, &fp, &outcome, &reason); err != nil {
-				rows.Close()
-				return s.claimErr(err)
+		if results[i].Status == 0 {
+			if len(rest) > 0 {
+				rest = append(rest, ',')
 			}
-			i := 0
-			if first != nil {
-				i = first[dedup.Key{Scope: scope, ID: key}]
-			}
-			results[i] = existing(claims[i].Fingerprint, fp, outcome, reason)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return s.claimErr(err)
+			rest = strconv.AppendInt(rest, int64(i+1), 10)
 		}
 	}
+	lrows, err := tx.Query(ctx, s.lookupSQL, append(buf.args[:], rest)...)
+	if err != nil {
+		return s.claimErr(err)
+	}
+	for lrows.Next() {
+		var i int32
+		var same, failed bool
+		var reason string
+		if err := lrows.Scan(&i, &same, &failed, &reason); err != nil {
+			lrows.Close()
+			return s.claimErr(err)
+		}
+		switch {
+		case !same:
+			results[i-1] = dedup.Result{Status: dedup.StatusMismatch}
+		case failed:
+			results[i-1] = dedup.Result{Status: dedup.StatusFailed, Reason: reason}
+		default:
+			results[i-1] = dedup.Result{Status: dedup.StatusDuplicate}
+		}
+	}
+	lrows.Close()
+	if err := lrows.Err(); err != nil {
+		return s.claimErr(err)
+	}
 	for i := range claims {
-		if results[i].Status != 0 {
-			continue
-		}
-		j := 0
-		if first != nil {
-			j = first[claims[i].Key]
-		}
-		if j == i {
-			// Not inserted and not found: the row was purged under us.
+		if results[i].Status == 0 {
 			return fmt.Errorf("%w: key %s vanished during the claim (purged?)", dedup.ErrInFlight, claims[i].Key)
-		}
-		if claims[j].Fingerprint != claims[i].Fingerprint {
-			results[i] = dedup.Result{Status: dedup.StatusMismatch}
-		} else if results[j].Status == dedup.StatusFailed {
-			results[i] = results[j]
-		} else {
-			results[i] = dedup.Result{Status: dedup.StatusDuplicate}
 		}
 	}
 	return nil
 }
 
-func existing(want dedup.Fingerprint, have []byte, outcome, reason string) dedup.Result {
-	if string(have) != string(want[:]) {
-		return dedup.Result{Status: dedup.StatusMismatch}
+// ordinal reads an int4 column without the allocations of Scan.
+func ordinal(rows pgx.Rows) (int, error) {
+	fd := rows.FieldDescriptions()
+	raw := rows.RawValues()
+	if len(fd) == 1 && fd[0].Format == pgx.BinaryFormatCode && len(raw) == 1 && len(raw[0]) == 4 {
+		return int(int32(binary.BigEndian.Uint32(raw[0]))), nil
 	}
-	if outcome == "failed" {
-		return dedup.Result{Status: dedup.StatusFailed, Reason: reason}
+	var i int32
+	err := rows.Scan(&i)
+	return int(i), err
+}
+
+// claimBuf holds one batch's parameters; pooled per Store.
+type claimBuf struct {
+	scopes, keys, fps, srcs, rets []byte
+	args                          [5]any
+}
+
+const sep = '\x1f'
+
+func (b *claimBuf) encode(claims []dedup.Claim, retention func(string) int64) {
+	b.scopes, b.keys, b.fps, b.srcs, b.rets = b.scopes[:0], b.keys[:0], b.fps[:0], b.srcs[:0], b.rets[:0]
+	for i := range claims {
+		c := &claims[i]
+		if i > 0 {
+			b.scopes, b.keys, b.fps, b.srcs, b.rets = append(b.scopes, sep), append(b.keys, sep), append(b.fps, sep), append(b.srcs, sep), append(b.rets, sep)
+		}
+		b.scopes = append(b.scopes, c.Key.Scope...)
+		b.keys = append(b.keys, c.Key.ID...)
+		b.fps = hex.AppendEncode(b.fps, c.Fingerprint[:])
+		b.srcs = appendClean(b.srcs, c.Source)
+		if r := retention(c.Key.Scope); r >= 0 {
+			b.rets = strconv.AppendInt(b.rets, r, 10)
+		}
 	}
-	return dedup.Result{Status: dedup.StatusDuplicate}
+	b.args = [5]any{b.scopes, b.keys, b.fps, b.srcs, b.rets}
+}
+
+// appendClean appends an audit string with control characters (and so the
+// separator) replaced.
+func appendClean(dst []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c == 0x7f {
+			dst = append(dst, '?')
+		} else {
+			dst = append(dst, c)
+		}
+	}
+	return dst
 }
 
 // claimErr turns a lock timeout into dedup.ErrInFlight.
