@@ -1,0 +1,197 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/consumertest"
+	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/dedup/pgstore"
+	"github.com/idemkit/idem/internal/testenv"
+)
+
+// faultRig is a consumer on real Postgres with an append-only effects table.
+type faultRig struct {
+	pool  *pgxpool.Pool
+	st    *pgstore.Store
+	table string
+}
+
+func newFaultRig(t *testing.T, appName string) faultRig {
+	t.Helper()
+	base := testenv.Pool(t)
+	schema := testenv.Schema(t, base)
+	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = appName
+	cfg.MaxConns = 8
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	st, err := pgstore.New(pool, pgstore.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return faultRig{pool: pool, st: st, table: effectsTable(t, base, schema)}
+}
+
+func (r faultRig) messages(n int) []*consumer.Message {
+	var msgs []*consumer.Message
+	for i := range n {
+		msgs = append(msgs, consumertest.Message("payments", int32(i%4), int64(i/4), "", fmt.Sprintf(`{"txn_id":"T%05d","amount":%d}`, i, i+1)))
+	}
+	return msgs
+}
+
+func (r faultRig) checkOnce(t *testing.T, n int) {
+	t.Helper()
+	var rows, distinct int64
+	if err := r.pool.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT txn_id) FROM `+r.table).Scan(&rows, &distinct); err != nil {
+		t.Fatal(err)
+	}
+	if rows != int64(n) || distinct != int64(n) {
+		t.Fatalf("%d effects (%d distinct), want %d: lost or applied twice", rows, distinct, n)
+	}
+}
+
+// TestBackendsTerminatedRepeatedly kills the consumer's Postgres backends
+// every 20 ms while it works: every message is still applied once, none is
+// dead-lettered over a database fault.
+func TestBackendsTerminatedRepeatedly(t *testing.T) {
+	const app = "idem-fault-terminate"
+	rig := newFaultRig(t, app)
+	killer := testenv.Pool(t)
+	stop := make(chan struct{})
+	var kills atomic.Int64
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				var n int64
+				if err := killer.QueryRow(context.Background(),
+					`SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n); err == nil {
+					kills.Add(n)
+				}
+			}
+		}
+	})
+	const n = 600
+	res := consumertest.Run(t, consumer.Config[pgx.Tx]{
+		Name: "payments", Store: rig.st, Handler: insertEffect(rig.table), Key: consumer.ByJSONField("txn_id"),
+		BatchSize: 10, Logger: quiet,
+		Clock: realShortClock{}, // real waits, short: the pool must reconnect between attempts
+	}, consumertest.Script{MinDeliveries: 1, MaxDeliveries: 2}, rig.messages(n)...)
+	close(stop)
+	wg.Wait()
+	t.Log(res, "backends killed:", kills.Load())
+	if kills.Load() == 0 {
+		t.Fatal("no backend was terminated: the test proved nothing")
+	}
+	rig.checkOnce(t, n)
+	if len(res.DeadLetters) != 0 {
+		t.Fatalf("%d messages dead-lettered over database faults", len(res.DeadLetters))
+	}
+}
+
+// realShortClock sleeps for real, a tenth of the asked delay.
+type realShortClock struct{}
+
+func (realShortClock) Now() time.Time { return time.Now() }
+func (realShortClock) Sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d / 10)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// unknownCommit makes COMMIT's outcome unknown to the consumer, both ways:
+// every third transaction really commits and every fifth really rolls back,
+// and both report a lost connection (Temporal's ExecuteAndTimeout fault).
+type unknownCommit struct {
+	*pgstore.Store
+	n                     atomic.Int64
+	committed, rolledBack atomic.Int64
+}
+
+var errConnLostAtCommit = errors.New("connection lost during COMMIT")
+
+func (u *unknownCommit) InTx(ctx context.Context, fn func(context.Context, pgx.Tx) error) error {
+	k := u.n.Add(1)
+	switch {
+	case k%3 == 0:
+		if err := u.Store.InTx(ctx, fn); err != nil {
+			return err
+		}
+		u.committed.Add(1)
+		return errConnLostAtCommit
+	case k%5 == 0:
+		err := u.Store.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			if err := fn(ctx, tx); err != nil {
+				return err
+			}
+			return errConnLostAtCommit // rolled back
+		})
+		if errors.Is(err, errConnLostAtCommit) {
+			u.rolledBack.Add(1)
+		}
+		return err
+	}
+	return u.Store.InTx(ctx, fn)
+}
+
+func (u *unknownCommit) ClassifyError(err error) dedup.ErrorClass {
+	if errors.Is(err, errConnLostAtCommit) {
+		return dedup.ClassUnavailable
+	}
+	return u.Store.ClassifyError(err)
+}
+
+// TestCommitOutcomeUnknown: when the consumer cannot know whether COMMIT
+// happened, it does not ack; the retry's claim finds the row (committed:
+// skipped) or not (rolled back: applied). Every effect exists once.
+func TestCommitOutcomeUnknown(t *testing.T) {
+	rig := newFaultRig(t, "idem-fault-commit")
+	st := &unknownCommit{Store: rig.st}
+	src := consumertest.NewSource(consumertest.Script{})
+	const n = 500
+	res := consumertest.Run(t, consumer.Config[pgx.Tx]{
+		Name: "payments", Source: src, Store: st, Handler: insertEffect(rig.table), Key: consumer.ByJSONField("txn_id"),
+		BatchSize: 7, Logger: quiet,
+	}, consumertest.Script{}, rig.messages(n)...)
+	t.Log(res, "committed-but-unknown:", st.committed.Load(), "rolled-back-but-unknown:", st.rolledBack.Load())
+	if st.committed.Load() == 0 || st.rolledBack.Load() == 0 {
+		t.Fatal("the fault did not fire both ways")
+	}
+	rig.checkOnce(t, n)
+	if res.Source.AckCalls == 0 || len(res.DeadLetters) != 0 {
+		t.Fatalf("acks %d, dead letters %d", res.Source.AckCalls, len(res.DeadLetters))
+	}
+	if res.Stats.Duplicates == 0 {
+		t.Fatal("no retry found its own committed row: the committed-but-unknown path was not exercised")
+	}
+}
