@@ -6,13 +6,31 @@
 #   postgres.sh env     print IDEM_TEST_PG_URL
 #
 # The test cluster runs with fsync off: fast, and never for benchmarks.
+# With IDEM_PG_DURABLE=1 (scripts/testenv/postgres-durable.sh) it manages a second
+# cluster for benchmarks instead: port 5433, fsync and synchronous_commit on.
 # Do not name a variable PGCLUSTER: Debian's pg_wrapper reads it.
 set -euo pipefail
 PG_VER=${IDEM_PG_VERSION:-15}
-PG_NAME=${IDEM_PG_CLUSTER:-main}
-PG_PORT=${IDEM_PG_PORT:-5432}
-PG_DB=${IDEM_PG_DB:-idem_test}
-log() { echo "postgres: $*" >&2; }
+if [ "${IDEM_PG_DURABLE:-0}" = 1 ]; then
+  PG_NAME=${IDEM_PG_CLUSTER:-idem_bench}
+  PG_PORT=${IDEM_PG_PORT:-5433}
+  PG_DB=${IDEM_PG_DB:-idem_bench}
+  ENV_VAR=IDEM_BENCH_PG_URL
+  SETTINGS="# durable: what production runs
+fsync = on
+synchronous_commit = on
+full_page_writes = on"
+else
+  PG_NAME=${IDEM_PG_CLUSTER:-main}
+  PG_PORT=${IDEM_PG_PORT:-5432}
+  PG_DB=${IDEM_PG_DB:-idem_test}
+  ENV_VAR=IDEM_TEST_PG_URL
+  SETTINGS="# a fast, throwaway test cluster
+fsync = off
+synchronous_commit = off
+full_page_writes = off"
+fi
+log() { echo "postgres($PG_NAME): $*" >&2; }
 
 url() { echo "postgres://postgres@127.0.0.1:$PG_PORT/$PG_DB?sslmode=disable"; }
 
@@ -33,12 +51,10 @@ up() {
   local conf="/etc/postgresql/$PG_VER/$PG_NAME"
   local want
   want=$(cat <<CONF
-# written by scripts/testenv/postgres.sh: a fast, throwaway test cluster
+# written by scripts/testenv/postgres.sh
 listen_addresses = '127.0.0.1'
 port = $PG_PORT
-fsync = off
-synchronous_commit = off
-full_page_writes = off
+$SETTINGS
 max_connections = 300
 # Batches that update shared rows from several lanes can deadlock; detect it fast.
 deadlock_timeout = 100ms
@@ -76,6 +92,6 @@ CONF
 case "${1:-}" in
   up) up ;;
   down) [ -n "$(status)" ] && pg_ctlcluster "$PG_VER" "$PG_NAME" stop || true ;;
-  env) echo "export IDEM_TEST_PG_URL='$(url)'" ;;
+  env) echo "export $ENV_VAR='$(url)'" ;;
   *) echo "usage: $0 up|down|env" >&2; exit 2 ;;
 esac
