@@ -49,10 +49,14 @@ type Config[TTx any] struct {
 	Source Source
 	// Store claims keys in the handler's transaction. Required.
 	Store dedup.Store[TTx]
-	// Handler applies the effects. Required.
+	// Handler applies the effects, one message at a time. Exactly one of
+	// Handler and BatchHandler is required.
 	Handler Handler[TTx]
+	// BatchHandler applies the effects of all new messages of a batch in one
+	// call; see BatchHandler.
+	BatchHandler BatchHandler[TTx]
 	// Middleware wraps Handler, the first outermost. Recover is always
-	// applied outside of them.
+	// applied outside of them (and around BatchHandler).
 	Middleware []Middleware[TTx]
 	// DeadLetter receives messages that cannot be processed. Required: a
 	// message must not vanish.
@@ -116,8 +120,13 @@ func (c *Config[TTx]) validate() error {
 	if c.Store == nil {
 		add("Store is nil")
 	}
-	if c.Handler == nil {
-		add("Handler is nil")
+	switch {
+	case c.Handler == nil && c.BatchHandler == nil:
+		add("Handler is nil (set Handler or BatchHandler)")
+	case c.Handler != nil && c.BatchHandler != nil:
+		add("Handler and BatchHandler are both set; set one")
+	case c.BatchHandler != nil && len(c.Middleware) > 0:
+		add("Middleware wraps Handler; with BatchHandler, wrap it yourself")
 	}
 	if c.DeadLetter == nil {
 		add("DeadLetter is nil: a message that cannot be processed must go somewhere")

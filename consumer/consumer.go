@@ -13,7 +13,8 @@ import (
 // lane per partition or queue, lanes in parallel, each batch one transaction.
 type Consumer[TTx any] struct {
 	cfg     Config[TTx]
-	handler Handler[TTx]
+	handler Handler[TTx]      // nil when batch is set
+	batch   BatchHandler[TTx] // nil when handler is set
 	policy  retry.Policy // bounded: failures a message causes
 	infra   retry.Policy // unbounded: failures of the database or the dead-letter sink
 	stats   counters
@@ -46,9 +47,14 @@ func New[TTx any](cfg Config[TTx]) (*Consumer[TTx], error) {
 	}
 	infra := policy
 	infra.MaxAttempts, infra.MaxElapsed = 0, 0
+	var h Handler[TTx]
+	if cfg.Handler != nil {
+		h = Chain(cfg.Handler, mws...)
+	}
 	return &Consumer[TTx]{
 		cfg:     cfg,
-		handler: Chain(cfg.Handler, mws...),
+		handler: h,
+		batch:   cfg.BatchHandler,
 		policy:  policy,
 		infra:   infra,
 		lanes:   make(map[string]*lane[TTx]),

@@ -1,6 +1,9 @@
 package consumer
 
-import "context"
+import (
+	"context"
+	"fmt"
+)
 
 // Handler applies one message's effects inside tx, the store's transaction.
 // It never commits or rolls back: the consumer commits tx together with the
@@ -31,3 +34,34 @@ func Chain[TTx any](h Handler[TTx], mws ...Middleware[TTx]) Handler[TTx] {
 	}
 	return h
 }
+
+// BatchHandler applies the effects of many messages at once — one multi-row
+// INSERT, COPY, or a pgx.Batch — for throughput near the database's limit.
+// It gets the messages of a batch whose keys are new, in lane order, and the
+// same contract as Handler: it never commits, and its writes in tx commit
+// with the messages' dedup rows.
+//
+// To say which message failed, return a *MessageError; then the messages
+// before it commit without it and it is retried or dead-lettered alone. Any
+// other error fails the whole call, and the consumer isolates the culprit by
+// splitting the batch in halves.
+type BatchHandler[TTx any] interface {
+	HandleBatch(ctx context.Context, tx TTx, msgs []*Message) error
+}
+
+// BatchHandlerFunc adapts a function to BatchHandler.
+type BatchHandlerFunc[TTx any] func(ctx context.Context, tx TTx, msgs []*Message) error
+
+func (f BatchHandlerFunc[TTx]) HandleBatch(ctx context.Context, tx TTx, msgs []*Message) error {
+	return f(ctx, tx, msgs)
+}
+
+// MessageError names the message of a BatchHandler call that failed: Index
+// into the msgs slice it was given.
+type MessageError struct {
+	Index int
+	Err   error
+}
+
+func (e *MessageError) Error() string { return fmt.Sprintf("message %d of the batch: %v", e.Index, e.Err) }
+func (e *MessageError) Unwrap() error { return e.Err }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -24,6 +25,8 @@ type lane[TTx any] struct {
 	goods   []*item
 	claims  []dedup.Claim
 	results []dedup.Result
+	fresh   []*Message // a BatchHandler's messages
+	freshAt []int      // their positions in the batch
 	acks    []*Message
 	release []*Message
 }
@@ -216,6 +219,20 @@ func (c *Consumer[TTx]) settle(ctx context.Context, l *lane[TTx], its []*item) e
 			failIdx = -1 // the database failed under the handler, not the message
 		}
 		switch {
+		case failIdx == handlerFailedSomewhere && len(its) > 1:
+			// A BatchHandler failed without naming the message: halve.
+			half := len(its) / 2
+			if err := c.settle(ctx, l, its[:half]); err != nil {
+				return err
+			}
+			its = its[half:]
+			infra = nil
+		case failIdx == handlerFailedSomewhere:
+			if err := c.settleOne(ctx, l, its[0], err, class); err != nil {
+				return err
+			}
+			its = its[1:]
+			infra = nil
 		case failIdx >= 0:
 			if failIdx > 0 {
 				if err := c.settle(ctx, l, its[:failIdx]); err != nil {
@@ -289,13 +306,18 @@ func (c *Consumer[TTx]) settleOne(ctx context.Context, l *lane[TTx], it *item, e
 			return ctx.Err()
 		}
 		class = classify(err, c.cfg.Store.ClassifyError)
-		handlerFailed = failIdx == 0 && class != dedup.ClassUnavailable
+		handlerFailed = (failIdx == 0 || failIdx == handlerFailedSomewhere) && class != dedup.ClassUnavailable
 	}
 }
 
+// handlerFailedSomewhere is try's failIdx when a BatchHandler failed without
+// naming the message.
+const handlerFailedSomewhere = -2
+
 // try runs one transaction over its: claim all keys at once, run the handler
 // for the new ones, commit. failIdx names the item whose handler failed, -1
-// when the failure was not a handler's.
+// when the failure was not a handler's, handlerFailedSomewhere when a
+// BatchHandler failed without saying where.
 func (c *Consumer[TTx]) try(ctx context.Context, l *lane[TTx], its []*item) (failIdx int, err error) {
 	failIdx = -1
 	claims := l.claims[:0]
@@ -314,6 +336,11 @@ func (c *Consumer[TTx]) try(ctx context.Context, l *lane[TTx], its []*item) (fai
 		}
 		for i, it := range its {
 			it.status, it.reason = results[i].Status, results[i].Reason
+		}
+		if c.batch != nil {
+			return c.handleBatch(ctx, tx, l, its, &failIdx)
+		}
+		for i, it := range its {
 			if it.status != dedup.StatusNew {
 				continue
 			}
@@ -329,6 +356,40 @@ func (c *Consumer[TTx]) try(ctx context.Context, l *lane[TTx], its []*item) (fai
 		c.stats.commits.Add(1)
 	}
 	return failIdx, err
+}
+
+// handleBatch calls the BatchHandler with the new messages of its.
+func (c *Consumer[TTx]) handleBatch(ctx context.Context, tx TTx, l *lane[TTx], its []*item, failIdx *int) (err error) {
+	fresh, at := l.fresh[:0], l.freshAt[:0]
+	for i, it := range its {
+		if it.status == dedup.StatusNew {
+			fresh, at = append(fresh, it.msg), append(at, i)
+		}
+	}
+	l.fresh, l.freshAt = fresh, at
+	defer clear(fresh)
+	if len(fresh) == 0 {
+		return nil
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v, Stack: debug.Stack()}
+		}
+		if err == nil {
+			return
+		}
+		var me *MessageError
+		if errors.As(err, &me) && me.Index >= 0 && me.Index < len(at) {
+			*failIdx = at[me.Index]
+			its[at[me.Index]].attempts++
+			return
+		}
+		*failIdx = handlerFailedSomewhere
+		for _, i := range at {
+			its[i].attempts++
+		}
+	}()
+	return c.batch.HandleBatch(ctx, tx, fresh)
 }
 
 // afterCommit counts the committed items and dead-letters the ones the claim

@@ -1,0 +1,118 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/consumertest"
+	"github.com/idemkit/idem/dedup/memstore"
+)
+
+func batchConfig(h consumer.BatchHandlerFunc[*memstore.Tx]) consumer.Config[*memstore.Tx] {
+	cfg := baseConfig(nil)
+	cfg.Handler = nil
+	cfg.BatchHandler = h
+	cfg.BatchSize = 32
+	return cfg
+}
+
+func TestBatchHandlerAppliesOnce(t *testing.T) {
+	eff := newEffects()
+	var calls, biggest atomic.Int64
+	cfg := batchConfig(func(ctx context.Context, tx *memstore.Tx, msgs []*consumer.Message) error {
+		calls.Add(1)
+		if n := int64(len(msgs)); n > biggest.Load() {
+			biggest.Store(n)
+		}
+		for _, m := range msgs {
+			id, _ := consumer.ByJSONField("txn_id")(m)
+			eff.add(tx, id)
+		}
+		return nil
+	})
+	var msgs []*consumer.Message
+	var keys []string
+	for i := range 500 {
+		msgs = append(msgs, consumertest.Message("pay", int32(i%2), int64(i), "", payment(i)))
+		keys = append(keys, fmt.Sprintf("T%05d", i))
+	}
+	res := consumertest.Run(t, cfg, consumertest.Script{MinDeliveries: 2, MaxDeliveries: 3, ReorderWindow: 10, CrashAfterCommitEvery: 3}, msgs...)
+	eff.check(t, keys)
+	if biggest.Load() < 2 || calls.Load() >= int64(res.Source.Deliveries) {
+		t.Fatalf("the handler was not called with batches: %d calls, biggest %d", calls.Load(), biggest.Load())
+	}
+}
+
+func TestBatchHandlerMessageErrorIsolatesOne(t *testing.T) {
+	eff := newEffects()
+	cfg := batchConfig(func(ctx context.Context, tx *memstore.Tx, msgs []*consumer.Message) error {
+		for i, m := range msgs {
+			id, _ := consumer.ByJSONField("txn_id")(m)
+			if id == "T00005" {
+				return &consumer.MessageError{Index: i, Err: consumer.Permanent(errors.New("closed account"))}
+			}
+			eff.add(tx, id)
+		}
+		return nil
+	})
+	var msgs []*consumer.Message
+	var keys []string
+	for i := range 10 {
+		msgs = append(msgs, consumertest.Message("pay", 0, int64(i), "", payment(i)))
+		if i != 5 {
+			keys = append(keys, fmt.Sprintf("T%05d", i))
+		}
+	}
+	res := consumertest.Run(t, cfg, consumertest.Script{}, msgs...)
+	eff.check(t, keys)
+	if len(res.DeadLetters) != 1 || res.DeadLetters[0].Key.ID != "T00005" || !strings.Contains(res.DeadLetters[0].Reason.Error(), "closed account") {
+		t.Fatalf("dead letters %+v", res.DeadLetters)
+	}
+}
+
+func TestBatchHandlerUnnamedFailureIsHalvedDown(t *testing.T) {
+	eff := newEffects()
+	var panicked atomic.Bool
+	cfg := batchConfig(func(ctx context.Context, tx *memstore.Tx, msgs []*consumer.Message) error {
+		for _, m := range msgs {
+			id, _ := consumer.ByJSONField("txn_id")(m)
+			switch id {
+			case "T00013":
+				return consumer.Permanent(errors.New("bad row somewhere"))
+			case "T00021":
+				if panicked.CompareAndSwap(false, true) {
+					panic("once")
+				}
+			}
+			eff.add(tx, id)
+		}
+		return nil
+	})
+	var msgs []*consumer.Message
+	var keys []string
+	for i := range 32 {
+		msgs = append(msgs, consumertest.Message("pay", 0, int64(i), "", payment(i)))
+		if i != 13 {
+			keys = append(keys, fmt.Sprintf("T%05d", i))
+		}
+	}
+	res := consumertest.Run(t, cfg, consumertest.Script{}, msgs...)
+	eff.check(t, keys)
+	if len(res.DeadLetters) != 1 || res.DeadLetters[0].Key.ID != "T00013" {
+		t.Fatalf("dead letters %+v, want T00013 alone", res.DeadLetters)
+	}
+}
+
+func TestBatchHandlerConfig(t *testing.T) {
+	cfg := batchConfig(func(context.Context, *memstore.Tx, []*consumer.Message) error { return nil })
+	cfg.Handler = consumer.HandlerFunc[*memstore.Tx](func(context.Context, *memstore.Tx, *consumer.Message) error { return nil })
+	cfg.Source, cfg.DeadLetter = consumertest.NewSource(consumertest.Script{}), &consumertest.DeadLetters{}
+	if _, err := consumer.New(cfg); err == nil || !strings.Contains(err.Error(), "both set") {
+		t.Fatalf("Handler and BatchHandler together: %v", err)
+	}
+}
