@@ -15,8 +15,8 @@ type Consumer[TTx any] struct {
 	cfg     Config[TTx]
 	handler Handler[TTx]      // nil when batch is set
 	batch   BatchHandler[TTx] // nil when handler is set
-	policy  retry.Policy // bounded: failures a message causes
-	infra   retry.Policy // unbounded: failures of the database or the dead-letter sink
+	policy  retry.Policy      // bounded: failures a message causes
+	infra   retry.Policy      // unbounded: failures of the database or the dead-letter sink
 	stats   counters
 
 	lanesMu sync.Mutex

@@ -63,5 +63,7 @@ type MessageError struct {
 	Err   error
 }
 
-func (e *MessageError) Error() string { return fmt.Sprintf("message %d of the batch: %v", e.Index, e.Err) }
+func (e *MessageError) Error() string {
+	return fmt.Sprintf("message %d of the batch: %v", e.Index, e.Err)
+}
 func (e *MessageError) Unwrap() error { return e.Err }
