@@ -9,7 +9,7 @@ PKGS ?= ./...
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-test: ## start the test environment, then go test -race over everything
+test: vet ## gofmt and vet, start the test environment, then go test -race over everything
 	@set -e; out=$$(scripts/testenv.sh up $(SERVICES)); eval "$$out"; \
 	go test -race -count=1 -timeout 20m $(PKGS)
 
