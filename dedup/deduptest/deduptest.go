@@ -47,6 +47,7 @@ func Run[TTx any](t *testing.T, newStore Factory[TTx]) {
 	t.Run("RecordFailure", s.recordFailure)
 	t.Run("PurgeRemovesOnlyExpired", s.purge)
 	t.Run("LargeBatch", s.largeBatch)
+	t.Run("ResultsBufferReused", s.resultsReused)
 }
 
 type suite[TTx any] struct{ newStore Factory[TTx] }
@@ -376,4 +377,18 @@ func (s suite[TTx]) largeBatch(t *testing.T) {
 			t.Fatalf("mixed claim %d: %v, want %v", i, res[i].Status, want)
 		}
 	}
+}
+
+// resultsReused passes a results slice still holding an earlier batch's
+// statuses, as a caller that reuses its buffers does.
+func (s suite[TTx]) resultsReused(t *testing.T) {
+	st, ctx := s.store(t, Config{}), ctxFor(t)
+	if _, err := claimTx(ctx, st, Claim("orders", "old", "p")); err != nil {
+		t.Fatal(err)
+	}
+	res := []dedup.Result{{Status: dedup.StatusNew}, {Status: dedup.StatusNew}, {Status: dedup.StatusFailed, Reason: "stale"}}
+	err := st.InTx(ctx, func(ctx context.Context, tx TTx) error {
+		return st.Claim(ctx, tx, []dedup.Claim{Claim("orders", "old", "p"), Claim("orders", "fresh", "p"), Claim("orders", "old", "other")}, res)
+	})
+	mustStatus(t, res, err, dedup.StatusDuplicate, dedup.StatusNew, dedup.StatusMismatch)
 }

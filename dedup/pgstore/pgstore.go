@@ -167,6 +167,7 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, claims []dedup.Claim, resu
 	if n == 0 {
 		return nil
 	}
+	clear(results[:n]) // a result left from an earlier batch must not stand
 	buf := s.bufs.Get().(*claimBuf)
 	defer s.bufs.Put(buf)
 	buf.encode(claims, s.retentionMillis)

@@ -154,6 +154,7 @@ func (s *Store) Claim(ctx context.Context, tx *sql.Tx, claims []dedup.Claim, res
 	if n == 0 {
 		return nil
 	}
+	clear(results[:n]) // a result left from an earlier batch must not stand
 	var q strings.Builder
 	q.WriteString(`INSERT INTO ` + s.table + ` (scope, key, fingerprint, source, expires_at) VALUES `)
 	args := make([]any, 0, 5*n)
