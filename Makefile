@@ -4,10 +4,10 @@ SHELL := /bin/bash
 SERVICES ?= postgres kafka
 PKGS ?= ./...
 
-.PHONY: help test test-short testenv-up testenv-down bench fmt vet lint quickstart
+.PHONY: help test test-short testenv-up testenv-down bench bench-e2e fmt vet
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
 test: vet ## gofmt and vet, start the test environment, then go test -race over everything
 	@set -e; out=$$(scripts/testenv.sh up $(SERVICES)); eval "$$out"; \
@@ -32,3 +32,7 @@ fmt: ## gofmt the tree
 vet: ## go vet and a gofmt check
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 	go vet ./...
+
+bench-e2e: ## idem vs raw kafka-go, hand-written dedup and the database ceiling (real Kafka, durable Postgres)
+	@set -e; out=$$(scripts/testenv.sh up kafka postgres-durable); eval "$$out"; \
+	go run ./cmd/idem-bench $(BENCH_FLAGS)

@@ -132,6 +132,9 @@ func (c *Consumer[TTx]) Stop(ctx context.Context) error {
 func (c *Consumer[TTx]) Stats() Stats { return c.stats.snapshot() }
 
 func (c *Consumer[TTx]) deliver(ctx, workCtx context.Context, m *Message) error {
+	if err := ctx.Err(); err != nil {
+		return err // select below could still pick the send
+	}
 	c.lanesMu.Lock()
 	if c.closed {
 		c.lanesMu.Unlock()

@@ -14,18 +14,25 @@ import (
 type DeliverFunc func(ctx context.Context, m *Message) error
 
 // Source is a broker adapter. The consumer calls Run once; Run fetches
-// messages and passes them to deliver until ctx ends, then returns. After Run
-// returns it must not call deliver again.
+// messages and passes them to deliver until ctx ends. After ctx ends, Run
+// should go on serving Ack and Release until every message it delivered was
+// settled — the lanes finish what is queued when the consumer stops
+// gracefully — and then return (a Kafka source commits those last offsets
+// and leaves the group). After Run returns it must not call deliver again.
 //
-// Every message delivered is later passed to exactly one of Ack or Release,
-// both called from the message's lane, in delivery order per lane:
+// Every message delivered is later passed to exactly one of Ack or Release.
+// Both are called from the message's lane, once per batch: Ack with the
+// batch's settled messages in delivery order, then Release with the rest in
+// delivery order.
 //
 //   - Ack: the message is settled — its effects (or its skip as a duplicate,
 //     or its dead letter) are committed. The source may acknowledge it to the
 //     broker (commit the offset, return ConsumeSuccess). Ack is never called
-//     before the database commit.
+//     before the database commit. Ack should not block on the broker: commit
+//     in the background.
 //   - Release: the consumer gave up on the message for now (hard stop, lane
 //     stopped). The source must not acknowledge it; the broker redelivers it.
+//     A Kafka source therefore commits nothing past a released offset.
 //
 // A source that loses ownership of a partition (Kafka rebalance) may drop
 // acks for it: the next owner is redelivered the messages and skips them as

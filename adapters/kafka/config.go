@@ -1,0 +1,241 @@
+package kafka
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
+)
+
+// Where a partition without a committed offset starts; see Config.StartOffset.
+const (
+	FirstOffset = kafkago.FirstOffset // the oldest retained message
+	LastOffset  = kafkago.LastOffset  // the next message produced
+)
+
+// Config configures a Source. Zero values take the documented defaults.
+type Config struct {
+	// Brokers are the seed brokers, "host:port". Required.
+	Brokers []string
+	// Topics are the topics the group consumes. Required.
+	Topics []string
+	// GroupID names the consumer group whose committed offsets are the
+	// consumer's progress. Required.
+	GroupID string
+
+	// StartOffset is where a partition without a committed offset starts:
+	// FirstOffset (the default) or LastOffset. A new group on LastOffset
+	// skips everything produced before it first committed.
+	StartOffset int64
+
+	// TLS, when set, encrypts every connection: group coordination, fetches
+	// and offset commits.
+	TLS *tls.Config
+	// SASL, when set, authenticates every connection, for example
+	// plain.Mechanism or scram.Mechanism from kafka-go's sasl packages.
+	SASL sasl.Mechanism
+	// ClientID is sent to the brokers; default "idem".
+	ClientID string
+	// DialTimeout bounds opening one connection, TLS and SASL included;
+	// default 10s.
+	DialTimeout time.Duration
+
+	// MaxBytes bounds one fetch response of one partition; default 1 MiB.
+	// A record batch larger than MaxBytes is still returned whole.
+	MaxBytes int
+	// MaxWait is how long the broker holds a fetch open when it has no new
+	// data; default 500ms.
+	MaxWait time.Duration
+	// RequestTimeout bounds a broker round trip (a fetch: beyond MaxWait)
+	// and every group coordinator request, offset commits included;
+	// default 10s. A fetch that does not answer in time counts as stalled:
+	// its connection is dropped and the partition's leader is looked up and
+	// dialled again.
+	RequestTimeout time.Duration
+	// ReconnectBackoff is the longest pause between two attempts to
+	// reconnect a partition; default 5s. Pauses start at 100ms and double.
+	ReconnectBackoff time.Duration
+
+	// CommitInterval spaces offset commits. Default 0: a commit starts as
+	// soon as an ack moves a partition's watermark, and the acks that arrive
+	// while it is in flight go into the next one. A positive value commits
+	// at most once per interval: fewer requests, more redelivery after a
+	// crash (which the dedup store absorbs).
+	CommitInterval time.Duration
+
+	// SessionTimeout is how long the group coordinator waits for a heartbeat
+	// before it evicts this member and rebalances; default 30s. The broker
+	// bounds it (group.min.session.timeout.ms, default 6s).
+	SessionTimeout time.Duration
+	// HeartbeatInterval is the time between heartbeats; default 3s. A
+	// rebalance is noticed at the next heartbeat.
+	HeartbeatInterval time.Duration
+	// RebalanceTimeout is how long the coordinator waits for all members to
+	// rejoin during a rebalance; default 30s.
+	RebalanceTimeout time.Duration
+	// JoinGroupBackoff is the pause after a failed attempt to join the
+	// group; default 2s.
+	JoinGroupBackoff time.Duration
+	// PartitionWatchInterval is how often the group looks for partitions
+	// added to its topics (and rebalances when it finds some); default 5s;
+	// negative turns the watch off.
+	PartitionWatchInterval time.Duration
+
+	// CloseTimeout bounds how long Run, once its context ended and the
+	// messages in flight are settled, waits to commit and leave the group;
+	// default 5s. Past it Run returns and leaving goes on in the background
+	// (bounded by RequestTimeout, DialTimeout and RebalanceTimeout). A
+	// consumer's Stop deadline should leave room for it.
+	CloseTimeout time.Duration
+
+	// Logger receives the source's logs; default slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf("kafka: Config."+format, args...)) }
+	if len(c.Brokers) == 0 {
+		add("Brokers is empty")
+	}
+	for i, b := range c.Brokers {
+		if _, _, err := net.SplitHostPort(b); err != nil {
+			add("Brokers[%d] %q: want host:port: %v", i, b, err)
+		}
+	}
+	if len(c.Topics) == 0 {
+		add("Topics is empty")
+	}
+	seen := make(map[string]bool, len(c.Topics))
+	for i, t := range c.Topics {
+		switch {
+		case t == "":
+			add("Topics[%d] is empty", i)
+		case strings.ContainsRune(t, '/'):
+			add("Topics[%d] %q contains '/', which separates the parts of a message ID", i, t)
+		case seen[t]:
+			add("Topics[%d] %q is listed twice", i, t)
+		}
+		seen[t] = true
+	}
+	if c.GroupID == "" {
+		add("GroupID is empty")
+	}
+	if c.StartOffset != 0 && c.StartOffset != FirstOffset && c.StartOffset != LastOffset {
+		add("StartOffset is %d, want FirstOffset (%d) or LastOffset (%d)", c.StartOffset, FirstOffset, LastOffset)
+	}
+	if c.MaxBytes < 0 {
+		add("MaxBytes is negative (%d)", c.MaxBytes)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"DialTimeout", c.DialTimeout}, {"MaxWait", c.MaxWait}, {"RequestTimeout", c.RequestTimeout},
+		{"ReconnectBackoff", c.ReconnectBackoff}, {"CommitInterval", c.CommitInterval},
+		{"SessionTimeout", c.SessionTimeout}, {"HeartbeatInterval", c.HeartbeatInterval},
+		{"RebalanceTimeout", c.RebalanceTimeout}, {"JoinGroupBackoff", c.JoinGroupBackoff},
+		{"CloseTimeout", c.CloseTimeout},
+	} {
+		if d.v < 0 {
+			add("%s is negative (%v)", d.name, d.v)
+		}
+	}
+	if session, hb := c.sessionTimeout(), c.HeartbeatInterval; hb >= session {
+		add("HeartbeatInterval (%v) must be shorter than SessionTimeout (%v)", hb, session)
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Config) setDefaults() {
+	if c.StartOffset == 0 {
+		c.StartOffset = FirstOffset
+	}
+	if c.ClientID == "" {
+		c.ClientID = "idem"
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = 10 * time.Second
+	}
+	if c.MaxBytes == 0 {
+		c.MaxBytes = 1 << 20
+	}
+	if c.MaxWait == 0 {
+		c.MaxWait = 500 * time.Millisecond
+	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = 10 * time.Second
+	}
+	if c.ReconnectBackoff == 0 {
+		c.ReconnectBackoff = 5 * time.Second
+	}
+	c.SessionTimeout = c.sessionTimeout()
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = min(3*time.Second, c.SessionTimeout/3)
+	}
+	if c.RebalanceTimeout == 0 {
+		c.RebalanceTimeout = 30 * time.Second
+	}
+	if c.JoinGroupBackoff == 0 {
+		c.JoinGroupBackoff = 2 * time.Second
+	}
+	if c.PartitionWatchInterval == 0 {
+		c.PartitionWatchInterval = 5 * time.Second
+	}
+	if c.CloseTimeout == 0 {
+		c.CloseTimeout = 5 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+func (c *Config) sessionTimeout() time.Duration {
+	if c.SessionTimeout == 0 {
+		return 30 * time.Second
+	}
+	return c.SessionTimeout
+}
+
+// dialer builds the kafka-go Dialer every connection of the source uses.
+func (c *Config) dialer() *kafkago.Dialer {
+	return &kafkago.Dialer{
+		ClientID:      c.ClientID,
+		Timeout:       c.DialTimeout,
+		DualStack:     true,
+		KeepAlive:     30 * time.Second,
+		TLS:           c.TLS,
+		SASLMechanism: c.SASL,
+	}
+}
+
+func (c *Config) groupConfig(d *kafkago.Dialer, log *slog.Logger) kafkago.ConsumerGroupConfig {
+	gc := kafkago.ConsumerGroupConfig{
+		ID:                c.GroupID,
+		Brokers:           c.Brokers,
+		Dialer:            d,
+		Topics:            c.Topics,
+		HeartbeatInterval: c.HeartbeatInterval,
+		SessionTimeout:    c.SessionTimeout,
+		RebalanceTimeout:  c.RebalanceTimeout,
+		JoinGroupBackoff:  c.JoinGroupBackoff,
+		// The source watches partitions itself (watchPartitions): kafka-go's
+		// watcher ends the generation when a topic is missing, and kafka-go
+		// then rejoins without pause, in a tight loop.
+		WatchPartitionChanges: false,
+		StartOffset:           c.StartOffset,
+		Timeout:               c.RequestTimeout,
+		// kafka-go's own account of joins, syncs and leaves; the source logs
+		// what matters (generations, errors) itself.
+		ErrorLogger: kafkago.LoggerFunc(func(format string, args ...any) {
+			log.Debug("kafka-go: " + fmt.Sprintf(format, args...))
+		}),
+	}
+	return gc
+}

@@ -1,0 +1,491 @@
+package kafka_test
+
+// Fast tests against kfake, franz-go's in-process Kafka. kfake accepts
+// protocol versions a real Kafka 4 rejects; integration_test.go runs the
+// same kind of checks against the real broker.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
+	"github.com/segmentio/kafka-go/sasl/plain"
+	"github.com/segmentio/kafka-go/sasl/scram"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/idemkit/idem/adapters/kafka"
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/consumertest"
+	"github.com/idemkit/idem/dedup/memstore"
+)
+
+func fake(t *testing.T, opts ...kfake.Opt) (*kfake.Cluster, []string) {
+	t.Helper()
+	opts = append([]kfake.Opt{kfake.GroupMinSessionTimeout(time.Second)}, opts...)
+	c, err := kfake.NewCluster(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c, c.ListenAddrs()
+}
+
+// memConfig is a consumer on memstore whose handler records one effect per
+// committed message, keyed by the record key.
+func memConfig(t testing.TB, src consumer.Source, eff *effects) consumer.Config[*memstore.Tx] {
+	return consumer.Config[*memstore.Tx]{
+		Name:   "kfake",
+		Source: src,
+		Store:  memstore.New(memstore.Config{}),
+		Handler: consumer.HandlerFunc[*memstore.Tx](func(_ context.Context, tx *memstore.Tx, m *consumer.Message) error {
+			k := string(m.Key)
+			tx.OnCommit(func() { eff.add(k) })
+			return nil
+		}),
+		Key:        consumer.ByRecordKey(),
+		DeadLetter: &consumertest.DeadLetters{},
+		BatchSize:  20,
+		Clock:      consumertest.NewClock(),
+		Logger:     testLogger(t),
+	}
+}
+
+// keyed builds n messages over partitions, keyed "k<i>", with every fifth
+// message repeating an earlier key (same payload). It returns the messages
+// and the set of distinct keys.
+func keyed(prefix string, n, partitions int) ([]kafkago.Message, map[string]bool) {
+	msgs := make([]kafkago.Message, n)
+	keys := make(map[string]bool)
+	for i := range msgs {
+		k := i
+		if i%5 == 4 {
+			k = i / 2 // a duplicate of an earlier message, most likely on another partition
+		}
+		key := fmt.Sprintf("%s%d", prefix, k)
+		keys[key] = true
+		msgs[i] = kafkago.Message{Partition: i % partitions, Key: []byte(key), Value: []byte(`{"n":` + strconv.Itoa(k) + `}`)}
+	}
+	return msgs, keys
+}
+
+func TestFakeConsumesOnceCommitsAndResumes(t *testing.T) {
+	_, brokers := fake(t, kfake.SeedTopics(3, "orders"))
+	a := newAdmin(t, brokers)
+	msgs, keys := keyed("k", 600, 3)
+	a.produce(t, "orders", msgs...)
+
+	eff := newEffects()
+	group := name(t, "g")
+	r := start(t, memConfig(t, newSource(t, sourceConfig(t, brokers, "orders", group)), eff))
+	waitUntil(t, time.Minute, "every key applied", func() bool { n, _ := eff.counts(); return n == len(keys) })
+	r.stop(t)
+	eff.requireOnce(t, keys)
+	if st := r.c.Stats(); st.Duplicates != int64(len(msgs)-len(keys)) {
+		t.Errorf("stats %+v: want %d duplicates", st, len(msgs)-len(keys))
+	}
+	a.requireNoLag(t, group, "orders", 3)
+
+	// A restart resumes after the committed offsets: only the new message
+	// is delivered.
+	eff2 := newEffects()
+	r2 := start(t, memConfig(t, newSource(t, sourceConfig(t, brokers, "orders", group)), eff2))
+	a.produce(t, "orders", kafkago.Message{Partition: 1, Key: []byte("late"), Value: []byte(`{}`)})
+	waitUntil(t, time.Minute, "the late message applied", func() bool { n, _ := eff2.counts(); return n == 1 })
+	r2.stop(t)
+	eff2.requireOnce(t, map[string]bool{"late": true})
+	if st := r2.c.Stats(); st.Delivered != 1 {
+		t.Errorf("after restart: %d deliveries, want 1 (the new message)", st.Delivered)
+	}
+	a.requireNoLag(t, group, "orders", 3)
+}
+
+func TestFakeMembersJoinAndLeave(t *testing.T) {
+	_, brokers := fake(t, kfake.SeedTopics(4, "orders"))
+	a := newAdmin(t, brokers)
+	group := name(t, "g")
+	samples := sampleOffsets(t, a, group, "orders", 4)
+	eff := newEffects()
+	store := memstore.New(memstore.Config{})
+	member := func() *running {
+		cfg := memConfig(t, newSource(t, sourceConfig(t, brokers, "orders", group)), eff)
+		cfg.Store = store // one store for the group, as one database would be
+		inner := cfg.Handler
+		cfg.Handler = consumer.HandlerFunc[*memstore.Tx](func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
+			time.Sleep(time.Millisecond) // pace: members change while messages are in flight
+			return inner.Handle(ctx, tx, m)
+		})
+		return start(t, cfg)
+	}
+	all := make(map[string]bool)
+	wave := func(i int) {
+		msgs, keys := keyed(fmt.Sprintf("w%d-", i), 400, 4)
+		for k := range keys {
+			all[k] = true
+		}
+		a.produce(t, "orders", msgs...)
+	}
+	m1, m2 := member(), member()
+	waitUntil(t, time.Minute, "two members", func() bool { return a.stableMembers(t, group) == 2 })
+	wave(0)
+	waitUntil(t, time.Minute, "wave 0 partly applied", func() bool { n, _ := eff.counts(); return n >= 100 })
+	m1.stop(t) // leaves while the group is busy
+	wave(1)
+	m3 := member()
+	waitUntil(t, time.Minute, "m3 joined", func() bool { return a.stableMembers(t, group) == 2 })
+	if n, _ := eff.counts(); n == len(all) {
+		t.Log("everything was applied before m3 joined; the test is too fast to overlap")
+	}
+	wave(2)
+	waitUntil(t, time.Minute, "every key applied", func() bool { n, _ := eff.counts(); return n == len(all) })
+	m2.stop(t)
+	m3.stop(t)
+	eff.requireOnce(t, all)
+	a.requireNoLag(t, group, "orders", 4)
+	samples.check(t)
+	if m3.c.Stats().Applied == 0 {
+		t.Error("m3 applied nothing")
+	}
+}
+
+func TestFakeDeadLetters(t *testing.T) {
+	_, brokers := fake(t, kfake.SeedTopics(2, "payments", "payments.dlq"))
+	a := newAdmin(t, brokers)
+	dlq, err := kafka.NewDeadLetterWriter(kafka.DeadLetterConfig{Brokers: brokers, MaxValueBytes: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dlq.Close()
+
+	eff := newEffects()
+	cfg := memConfig(t, newSource(t, sourceConfig(t, brokers, "payments", name(t, "g"))), eff)
+	cfg.DeadLetter = dlq
+	cfg.Key = consumer.ByJSONField("txn")
+	inner := cfg.Handler
+	cfg.Handler = consumer.HandlerFunc[*memstore.Tx](func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
+		if v, ok := m.Header("reject"); ok {
+			return consumer.Permanent(errors.New(string(v)))
+		}
+		return inner.Handle(ctx, tx, m)
+	})
+	big := `{"txn":"big","pad":"` + strings.Repeat("x", 100) + `"}`
+	a.produce(t, "payments",
+		kafkago.Message{Partition: 0, Key: []byte("a"), Value: []byte(`{"txn":"a"}`)},
+		kafkago.Message{Partition: 0, Key: []byte("bad"), Value: []byte(`not json`), Headers: []kafkago.Header{{Key: "trace", Value: []byte("t1")}}},
+		kafkago.Message{Partition: 0, Key: []byte("b"), Value: []byte(`{"txn":"b"}`)},
+		kafkago.Message{Partition: 1, Key: []byte("rej"), Value: []byte(`{"txn":"rej"}`), Headers: []kafkago.Header{{Key: "reject", Value: []byte("amount is negative")}}},
+		kafkago.Message{Partition: 1, Key: []byte("big"), Value: []byte(big), Headers: []kafkago.Header{{Key: "reject", Value: []byte("too big")}}},
+		kafkago.Message{Partition: 1, Key: []byte("c"), Value: []byte(`{"txn":"c"}`)},
+	)
+	r := start(t, cfg)
+	waitUntil(t, time.Minute, "good messages applied", func() bool { n, _ := eff.counts(); return n == 3 })
+	waitUntil(t, time.Minute, "three dead letters", func() bool { return r.c.Stats().DeadLettered == 3 })
+	r.stop(t)
+	eff.requireOnce(t, map[string]bool{"a": true, "b": true, "c": true})
+
+	letters := a.readAll(t, "payments.dlq", 2, 3)
+	byKey := map[string]kafkago.Message{}
+	for _, m := range letters {
+		byKey[string(m.Key)] = m
+	}
+	bad := byKey["bad"]
+	wantHeaders(t, bad, map[string]string{
+		"trace": "t1", kafka.HeaderTopic: "payments", kafka.HeaderPartition: "0", kafka.HeaderOffset: "1",
+		kafka.HeaderAttempts: "0",
+	})
+	if string(bad.Value) != "not json" || bad.Partition != 0 {
+		t.Errorf("bad letter: value %q partition %d", bad.Value, bad.Partition)
+	}
+	if reason := header(bad, kafka.HeaderReason); !containsAll(reason, "malformed payload") {
+		t.Errorf("bad letter reason %q", reason)
+	}
+	if _, ok := headerOK(bad, kafka.HeaderKey); ok {
+		t.Error("a letter without a key has a key header")
+	}
+	rej := byKey["rej"]
+	wantHeaders(t, rej, map[string]string{kafka.HeaderKey: "rej", kafka.HeaderKeyScope: "kfake", kafka.HeaderOffset: "0",
+		kafka.HeaderPartition: "1", kafka.HeaderAttempts: "1"})
+	if reason := header(rej, kafka.HeaderReason); !containsAll(reason, "amount is negative") {
+		t.Errorf("rejected letter reason %q", reason)
+	}
+	bigL := byKey["big"]
+	wantHeaders(t, bigL, map[string]string{kafka.HeaderAttempts: "1", kafka.HeaderReason: "permanent: too big"})
+	if len(bigL.Value) != 0 || header(bigL, kafka.HeaderValueSize) != strconv.Itoa(len(big)) || len(header(bigL, kafka.HeaderValueSHA256)) != 64 {
+		t.Errorf("oversized letter: value %d bytes, headers %v", len(bigL.Value), bigL.Headers)
+	}
+}
+
+func TestFakeLeaderMoves(t *testing.T) {
+	c, brokers := fake(t, kfake.NumBrokers(2), kfake.SeedTopics(2, "orders"))
+	a := newAdmin(t, brokers)
+	first, keys := keyed("a", 200, 2)
+	a.produce(t, "orders", first...)
+	eff := newEffects()
+	group := name(t, "g")
+	r := start(t, memConfig(t, newSource(t, sourceConfig(t, brokers, "orders", group)), eff))
+	waitUntil(t, time.Minute, "first half applied", func() bool { n, _ := eff.counts(); return n == len(keys) })
+	for p := int32(0); p < 2; p++ {
+		other := 1 - c.LeaderFor("orders", p)
+		if err := c.MoveTopicPartition("orders", p, other); err != nil {
+			t.Fatal(err)
+		}
+	}
+	second, keys2 := keyed("b", 200, 2)
+	a.produce(t, "orders", second...)
+	for k := range keys2 {
+		keys[k] = true
+	}
+	waitUntil(t, time.Minute, "second half applied", func() bool { n, _ := eff.counts(); return n == len(keys) })
+	r.stop(t)
+	eff.requireOnce(t, keys)
+	a.requireNoLag(t, group, "orders", 2)
+}
+
+func TestFakeStalledFetchIsRecreated(t *testing.T) {
+	c, brokers := fake(t, kfake.SeedTopics(1, "orders"))
+	a := newAdmin(t, brokers)
+	var swallowed atomic.Int32
+	c.ControlKey(int16(kmsg.Fetch), func(kmsg.Request) (kmsg.Response, error, bool) {
+		swallowed.Add(1)
+		return nil, nil, true // never answered: the client must time out
+	})
+	msgs, keys := keyed("k", 50, 1)
+	a.produce(t, "orders", msgs...)
+	eff := newEffects()
+	cfg := sourceConfig(t, brokers, "orders", name(t, "g"))
+	cfg.RequestTimeout = 500 * time.Millisecond
+	r := start(t, memConfig(t, newSource(t, cfg), eff))
+	waitUntil(t, time.Minute, "every key applied", func() bool { n, _ := eff.counts(); return n == len(keys) })
+	r.stop(t)
+	eff.requireOnce(t, keys)
+	if swallowed.Load() != 1 {
+		t.Fatalf("%d fetches swallowed, want 1", swallowed.Load())
+	}
+}
+
+// A broker that answers fetches with nothing although its high watermark
+// says there is more (kafka-go #1308 ends in that state) must not wedge the
+// partition: the fetcher reconnects.
+func TestFakeEmptyFetchesBelowWatermark(t *testing.T) {
+	c, brokers := fake(t, kfake.SeedTopics(1, "orders"))
+	a := newAdmin(t, brokers)
+	msgs, keys := keyed("k", 30, 1)
+	a.produce(t, "orders", msgs...)
+	var empties atomic.Int32
+	var redialled atomic.Bool
+	c.ControlKey(int16(kmsg.Metadata), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if empties.Load() > 0 {
+			redialled.Store(true) // a fetcher looks its leader up again
+		}
+		return nil, nil, false
+	})
+	c.ControlKey(int16(kmsg.Fetch), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		if redialled.Load() {
+			c.DropControl()
+			return nil, nil, false
+		}
+		c.KeepControl()
+		req := kreq.(*kmsg.FetchRequest)
+		resp := req.ResponseKind().(*kmsg.FetchResponse)
+		for _, rt := range req.Topics {
+			st := kmsg.NewFetchResponseTopic()
+			st.Topic, st.TopicID = rt.Topic, rt.TopicID
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewFetchResponseTopicPartition()
+				sp.Partition, sp.HighWatermark, sp.LastStableOffset = rp.Partition, 1000, 1000
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		empties.Add(1)
+		return resp, nil, true
+	})
+	eff := newEffects()
+	cfg := sourceConfig(t, brokers, "orders", name(t, "g"))
+	cfg.PartitionWatchInterval = -1 // its metadata requests would look like a redial
+	r := start(t, memConfig(t, newSource(t, cfg), eff))
+	waitUntil(t, time.Minute, "every key applied", func() bool { n, _ := eff.counts(); return n == len(keys) })
+	r.stop(t)
+	eff.requireOnce(t, keys)
+	if empties.Load() == 0 {
+		t.Fatal("no empty fetch was served")
+	}
+}
+
+// A group started before its topic exists picks the topic's partitions up
+// once it is created (kafka-go #585: a reader with an empty assignment never
+// recovers).
+func TestFakeTopicCreatedLater(t *testing.T) {
+	_, brokers := fake(t)
+	a := newAdmin(t, brokers)
+	eff := newEffects()
+	cfg := sourceConfig(t, brokers, "late-topic", name(t, "g"))
+	cfg.PartitionWatchInterval = 100 * time.Millisecond
+	r := start(t, memConfig(t, newSource(t, cfg), eff))
+	waitUntil(t, time.Minute, "the group is up", func() bool { return a.stableMembers(t, cfg.GroupID) == 1 })
+	a.createTopic(t, "late-topic", 2)
+	msgs, keys := keyed("k", 40, 2)
+	a.produce(t, "late-topic", msgs...)
+	waitUntil(t, time.Minute, "every key applied", func() bool { n, _ := eff.counts(); return n == len(keys) })
+	r.stop(t)
+	eff.requireOnce(t, keys)
+}
+
+func TestFakeStoppedLaneHoldsItsPartition(t *testing.T) {
+	_, brokers := fake(t, kfake.SeedTopics(2, "orders"))
+	a := newAdmin(t, brokers)
+	var msgs []kafkago.Message
+	for i := range 10 {
+		msgs = append(msgs,
+			kafkago.Message{Partition: 0, Key: []byte("p0-" + strconv.Itoa(i)), Value: []byte("x")},
+			kafkago.Message{Partition: 1, Key: []byte("p1-" + strconv.Itoa(i)), Value: []byte("x")})
+	}
+	a.produce(t, "orders", msgs...) // p0-4 sits at offset 4 of partition 0
+	eff := newEffects()
+	group := name(t, "g")
+	cfg := memConfig(t, newSource(t, sourceConfig(t, brokers, "orders", group)), eff)
+	cfg.OnExhausted = consumer.StopLaneOnExhausted
+	cfg.Retry.MaxAttempts = 2
+	var poisoned atomic.Int32
+	inner := cfg.Handler
+	cfg.Handler = consumer.HandlerFunc[*memstore.Tx](func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
+		if string(m.Key) == "p0-4" {
+			poisoned.Add(1)
+			return errors.New("downstream unavailable")
+		}
+		return inner.Handle(ctx, tx, m)
+	})
+	r := start(t, cfg)
+	waitUntil(t, time.Minute, "partition 1 and p0-0..3 applied, p0-4 tried twice", func() bool {
+		n, _ := eff.counts()
+		return n == 14 && poisoned.Load() == 2
+	})
+	r.stop(t)
+	if got := a.committed(t, group, "orders", 2); got[0] != 4 || got[1] != 10 {
+		t.Fatalf("committed %v, want [4 10]: partition 0 must resume at the poisoned message", got)
+	}
+}
+
+func TestFakeStopWithBrokerGone(t *testing.T) {
+	c, brokers := fake(t, kfake.SeedTopics(2, "orders"))
+	a := newAdmin(t, brokers)
+	msgs, keys := keyed("k", 100, 2)
+	a.produce(t, "orders", msgs...)
+	eff := newEffects()
+	r := start(t, memConfig(t, newSource(t, sourceConfig(t, brokers, "orders", name(t, "g"))), eff))
+	waitUntil(t, time.Minute, "every key applied", func() bool { n, _ := eff.counts(); return n == len(keys) })
+	a.tr.CloseIdleConnections()
+	c.Close()
+	r.stopWithin(t, 5*time.Second)
+}
+
+// A broker that accepts requests and never answers them: Stop still returns
+// within its deadline, leaving the group in the background (CloseTimeout).
+func TestFakeStopWithBrokerHung(t *testing.T) {
+	c, brokers := fake(t, kfake.SeedTopics(2, "orders"))
+	a := newAdmin(t, brokers)
+	msgs, keys := keyed("k", 100, 2)
+	a.produce(t, "orders", msgs...)
+	eff := newEffects()
+	cfg := sourceConfig(t, brokers, "orders", name(t, "g"))
+	cfg.CloseTimeout = time.Second
+	r := start(t, memConfig(t, newSource(t, cfg), eff))
+	waitUntil(t, time.Minute, "every key applied", func() bool { n, _ := eff.counts(); return n == len(keys) })
+	c.Control(func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		return nil, nil, true // swallowed
+	})
+	r.stopWithin(t, 10*time.Second)
+}
+
+func TestFakeSASL(t *testing.T) {
+	scram512, err := scram.Mechanism(scram.SHA512, "carol", "c-secret")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		mech sasl.Mechanism
+	}{
+		{"PLAIN", plain.Mechanism{Username: "alice", Password: "a-secret"}},
+		{"SCRAM-SHA-512", scram512},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, brokers := fake(t, kfake.EnableSASL(), kfake.Superuser("PLAIN", "alice", "a-secret"),
+				kfake.Superuser("SCRAM-SHA-512", "carol", "c-secret"), kfake.SeedTopics(1, "orders", "orders.dlq"))
+			tr := &kafkago.Transport{SASL: tc.mech}
+			defer tr.CloseIdleConnections()
+			w := &kafkago.Writer{Addr: kafkago.TCP(brokers...), Topic: "orders", Transport: tr, BatchTimeout: time.Millisecond}
+			if err := w.WriteMessages(ctxTimeout(t, 30*time.Second),
+				kafkago.Message{Key: []byte("ok"), Value: []byte(`{}`)},
+				kafkago.Message{Key: []byte("rej"), Value: []byte(`{}`)}); err != nil {
+				t.Fatal(err)
+			}
+			w.Close()
+
+			dlq, err := kafka.NewDeadLetterWriter(kafka.DeadLetterConfig{Brokers: brokers, SASL: tc.mech})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dlq.Close()
+			eff := newEffects()
+			scfg := sourceConfig(t, brokers, "orders", name(t, "g"))
+			scfg.SASL = tc.mech
+			cfg := memConfig(t, newSource(t, scfg), eff)
+			cfg.DeadLetter = dlq
+			inner := cfg.Handler
+			cfg.Handler = consumer.HandlerFunc[*memstore.Tx](func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
+				if string(m.Key) == "rej" {
+					return consumer.Permanent(errors.New("rejected"))
+				}
+				return inner.Handle(ctx, tx, m)
+			})
+			r := start(t, cfg)
+			waitUntil(t, time.Minute, "one applied, one dead-lettered", func() bool {
+				n, _ := eff.counts()
+				return n == 1 && r.c.Stats().DeadLettered == 1
+			})
+			r.stop(t)
+		})
+	}
+}
+
+func header(m kafkago.Message, k string) string {
+	v, _ := headerOK(m, k)
+	return v
+}
+
+func headerOK(m kafkago.Message, k string) (string, bool) {
+	for _, h := range m.Headers {
+		if h.Key == k {
+			return string(h.Value), true
+		}
+	}
+	return "", false
+}
+
+func wantHeaders(t *testing.T, m kafkago.Message, want map[string]string) {
+	t.Helper()
+	for k, v := range want {
+		if got, ok := headerOK(m, k); !ok || got != v {
+			t.Errorf("letter %s: header %s = %q (present %v), want %q", m.Key, k, got, ok, v)
+		}
+	}
+}
+
+func containsAll(s string, subs ...string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,192 @@
+package kafka
+
+import (
+	"sort"
+	"strconv"
+	"sync"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idem/consumer"
+)
+
+// partition is one assignment of one partition in one generation: its
+// fetcher delivers messages, the consumer's lane acks or releases them, and
+// the generation's committer commits the watermark, the offset after the
+// longest acked prefix of what was delivered.
+//
+// A message is matched to its assignment by pointer: acks of messages
+// delivered by an earlier assignment of the same partition (the lane may
+// still hold some after a rebalance) find no entry here and are dropped.
+type partition struct {
+	topic    string
+	id       int
+	lane     string // topic/partition, the message's Lane
+	idPrefix string // topic/partition/, the message ID without the offset
+	start    int64  // the group's offset at assignment; FirstOffset/LastOffset when none
+	gen      *generation
+
+	mu        sync.Mutex
+	pending   []entry // delivered and not below the watermark, offsets ascending
+	unsettled int     // pending entries neither acked nor released
+	next      int64   // watermark: the offset to commit; -1 when nothing was acked
+	committed int64   // highest offset committed (or found at assignment); -1 when none
+	ended     bool    // the generation ended: acks are dropped, nothing is committed
+}
+
+type entryState uint8
+
+const (
+	delivered entryState = iota
+	acked
+	released
+)
+
+type entry struct {
+	offset int64
+	msg    *consumer.Message
+	state  entryState
+}
+
+func newPartition(g *generation, topic string, a kafkago.PartitionAssignment) *partition {
+	lane := topic + "/" + strconv.Itoa(a.ID)
+	p := &partition{
+		topic:     topic,
+		id:        a.ID,
+		lane:      lane,
+		idPrefix:  lane + "/",
+		start:     a.Offset,
+		gen:       g,
+		next:      -1,
+		committed: -1,
+	}
+	if a.Offset >= 0 {
+		p.committed = a.Offset
+	}
+	return p
+}
+
+// record holds a delivered message and the kafka-go message it came from in
+// one allocation.
+type record struct {
+	msg consumer.Message
+	raw kafkago.Message
+}
+
+// message wraps a fetched kafka-go message for delivery.
+func (p *partition) message(km *kafkago.Message) *consumer.Message {
+	r := &record{raw: *km}
+	m := &r.msg
+	*m = consumer.Message{
+		Topic:     p.topic,
+		Partition: int32(p.id),
+		Offset:    km.Offset,
+		ID:        p.idPrefix + strconv.FormatInt(km.Offset, 10),
+		Key:       km.Key,
+		Value:     km.Value,
+		Time:      km.Time,
+		Attempt:   1,
+		Lane:      p.lane,
+		Raw:       &r.raw,
+	}
+	if len(km.Headers) > 0 {
+		m.Headers = make([]consumer.Header, len(km.Headers))
+		for i, h := range km.Headers {
+			m.Headers[i] = consumer.Header{Key: h.Key, Value: h.Value}
+		}
+	}
+	return m
+}
+
+// push records m as delivered. It is called before deliver, since the lane
+// may ack m before deliver returns.
+func (p *partition) push(m *consumer.Message) {
+	p.mu.Lock()
+	p.pending = append(p.pending, entry{offset: m.Offset, msg: m})
+	p.unsettled++
+	p.mu.Unlock()
+}
+
+// unpush forgets m, the last message pushed, which deliver refused. It
+// reports whether nothing is unsettled any more.
+func (p *partition) unpush(m *consumer.Message) (idle bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n := len(p.pending); n > 0 && p.pending[n-1].msg == m {
+		if p.pending[n-1].state == delivered {
+			p.unsettled--
+		}
+		p.pending[n-1] = entry{}
+		p.pending = p.pending[:n-1]
+	}
+	return p.unsettled == 0
+}
+
+// find returns the index of m's entry, or -1.
+func (p *partition) find(m *consumer.Message) int {
+	i := sort.Search(len(p.pending), func(i int) bool { return p.pending[i].offset >= m.Offset })
+	if i < len(p.pending) && p.pending[i].msg == m {
+		return i
+	}
+	return -1
+}
+
+// settle marks m acked or released. It reports whether the watermark moved
+// past the committed offset and whether nothing is unsettled any more.
+func (p *partition) settle(m *consumer.Message, to entryState) (commit, idle bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ended {
+		return false, false
+	}
+	i := p.find(m)
+	if i < 0 || p.pending[i].state != delivered {
+		return false, false
+	}
+	p.pending[i].state = to
+	p.unsettled--
+	if to == acked && i == 0 {
+		n := 0
+		for n < len(p.pending) && p.pending[n].state == acked {
+			p.next = p.pending[n].offset + 1
+			p.pending[n] = entry{} // let the message go
+			n++
+		}
+		p.pending = p.pending[n:]
+	}
+	return p.next > p.committed, p.unsettled == 0
+}
+
+// toCommit returns the offset to commit, if the watermark is past the
+// committed offset.
+func (p *partition) toCommit() (int64, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.next, p.next > p.committed
+}
+
+// committedTo records a successful commit of off. Offsets only grow.
+func (p *partition) committedTo(off int64) {
+	p.mu.Lock()
+	if off > p.committed {
+		p.committed = off
+	}
+	p.mu.Unlock()
+}
+
+// end stops the assignment: later acks are dropped.
+func (p *partition) end() {
+	p.mu.Lock()
+	p.ended = true
+	clear(p.pending)
+	p.pending = nil
+	p.unsettled = 0
+	p.mu.Unlock()
+}
+
+// busy reports whether delivered messages wait for an ack or a release.
+func (p *partition) busy() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.unsettled > 0
+}

@@ -1,0 +1,173 @@
+package kafka
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idem/consumer"
+)
+
+func testPartition(start int64) *partition {
+	return newPartition(&generation{wake: make(chan struct{}, 1)}, "orders", kafkago.PartitionAssignment{ID: 3, Offset: start})
+}
+
+func deliverN(p *partition, offsets ...int64) []*consumer.Message {
+	msgs := make([]*consumer.Message, len(offsets))
+	for i, off := range offsets {
+		msgs[i] = p.message(&kafkago.Message{Topic: "orders", Partition: 3, Offset: off, Key: []byte("k"), Value: []byte("v"),
+			Headers: []kafkago.Header{{Key: "h", Value: []byte("x")}}})
+		p.push(msgs[i])
+	}
+	return msgs
+}
+
+func wantCommit(t *testing.T, p *partition, want int64) {
+	t.Helper()
+	got, ok := p.toCommit()
+	if want < 0 {
+		if ok {
+			t.Fatalf("commit %d, want none", got)
+		}
+		return
+	}
+	if !ok || got != want {
+		t.Fatalf("commit (%d, %v), want %d", got, ok, want)
+	}
+}
+
+func TestMessageEnvelope(t *testing.T) {
+	p := testPartition(FirstOffset)
+	m := deliverN(p, 42)[0]
+	if m.ID != "orders/3/42" || m.Lane != "orders/3" || m.Coordinates() != m.ID {
+		t.Fatalf("ID %q, Lane %q", m.ID, m.Lane)
+	}
+	if m.Topic != "orders" || m.Partition != 3 || m.Offset != 42 || m.Attempt != 1 {
+		t.Fatalf("envelope %+v", m)
+	}
+	if v, ok := m.Header("h"); !ok || string(v) != "x" {
+		t.Fatalf("header h = %q, %v", v, ok)
+	}
+	raw, ok := m.Raw.(*kafkago.Message)
+	if !ok || raw.Offset != 42 || string(raw.Key) != "k" {
+		t.Fatalf("Raw = %#v", m.Raw)
+	}
+}
+
+func TestWatermarkIsContiguousAckedPrefix(t *testing.T) {
+	p := testPartition(10)              // the group had committed 10
+	msgs := deliverN(p, 10, 11, 13, 14) // 12 was compacted away
+	wantCommit(t, p, -1)
+
+	p.settle(msgs[2], acked) // 13 before 10 and 11
+	wantCommit(t, p, -1)
+	p.settle(msgs[1], acked)
+	wantCommit(t, p, -1)
+	if commit, _ := p.settle(msgs[0], acked); !commit {
+		t.Fatal("acking the head did not ask for a commit")
+	}
+	wantCommit(t, p, 14) // 10, 11 and 13 acked: resume at 14
+	p.committedTo(14)
+	wantCommit(t, p, -1)
+
+	_, idle := p.settle(msgs[3], acked)
+	if !idle {
+		t.Fatal("all acked, but the partition is not idle")
+	}
+	wantCommit(t, p, 15)
+}
+
+func TestReleaseHoldsTheWatermark(t *testing.T) {
+	p := testPartition(FirstOffset)
+	msgs := deliverN(p, 0, 1, 2, 3)
+	p.settle(msgs[0], acked)
+	p.settle(msgs[2], acked) // acked before the release of 1, as a batch's acks are
+	p.settle(msgs[1], released)
+	p.settle(msgs[3], acked)
+	wantCommit(t, p, 1)
+	if p.busy() {
+		t.Fatal("everything is settled, but the partition is busy")
+	}
+}
+
+func TestAcksOfOtherAssignmentsAreDropped(t *testing.T) {
+	old := testPartition(FirstOffset)
+	stale := deliverN(old, 0, 1)
+	old.end()
+	if commit, _ := old.settle(stale[0], acked); commit {
+		t.Fatal("an ended assignment asked for a commit")
+	}
+
+	// The partition is assigned again and redelivered from 0: the lane may
+	// still ack the first assignment's copies, which must not count here.
+	p := testPartition(FirstOffset)
+	fresh := deliverN(p, 0, 1)
+	p.settle(stale[0], acked)
+	p.settle(stale[1], acked)
+	wantCommit(t, p, -1)
+	if !p.busy() {
+		t.Fatal("stale acks settled fresh deliveries")
+	}
+	p.settle(fresh[0], acked)
+	p.settle(fresh[0], acked) // twice: no effect
+	wantCommit(t, p, 1)
+}
+
+func TestCommitNeverGoesBelowTheAssignedOffset(t *testing.T) {
+	p := testPartition(100) // committed 100, but the log was truncated to 50
+	msgs := deliverN(p, 50, 51)
+	p.settle(msgs[0], acked)
+	p.settle(msgs[1], acked)
+	wantCommit(t, p, -1)
+	p.committedTo(90) // a late, lower success changes nothing
+	if _, ok := p.toCommit(); ok {
+		t.Fatal("commit below 100")
+	}
+}
+
+func TestUnpushForgetsARefusedDelivery(t *testing.T) {
+	p := testPartition(FirstOffset)
+	msgs := deliverN(p, 0, 1)
+	p.unpush(msgs[1])
+	p.settle(msgs[0], acked)
+	wantCommit(t, p, 1)
+	if p.busy() {
+		t.Fatal("a refused delivery stays unsettled")
+	}
+}
+
+func TestConfigErrorsNameFields(t *testing.T) {
+	cases := []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{}, "Config.Brokers"},
+		{Config{Brokers: []string{"nohost"}, Topics: []string{"t"}, GroupID: "g"}, "Config.Brokers[0]"},
+		{Config{Brokers: []string{"h:1"}, GroupID: "g"}, "Config.Topics"},
+		{Config{Brokers: []string{"h:1"}, Topics: []string{"a/b"}, GroupID: "g"}, "Config.Topics[0]"},
+		{Config{Brokers: []string{"h:1"}, Topics: []string{"t", "t"}, GroupID: "g"}, "Config.Topics[1]"},
+		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}}, "Config.GroupID"},
+		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, GroupID: "g", StartOffset: 5}, "Config.StartOffset"},
+		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, GroupID: "g", MaxWait: -1}, "Config.MaxWait"},
+		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, GroupID: "g", SessionTimeout: 1, HeartbeatInterval: 2}, "Config.HeartbeatInterval"},
+		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, GroupID: "g", HeartbeatInterval: time.Minute}, "Config.HeartbeatInterval"},
+	}
+	for _, c := range cases {
+		_, err := New(c.cfg)
+		if err == nil {
+			t.Errorf("New(%+v) accepted", c.cfg)
+			continue
+		}
+		if !strings.Contains(err.Error(), c.want) {
+			t.Errorf("New(%+v): %v; want it to name %s", c.cfg, err, c.want)
+		}
+	}
+	if _, err := New(Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, GroupID: "g"}); err != nil {
+		t.Fatalf("minimal config: %v", err)
+	}
+	if _, err := NewDeadLetterWriter(DeadLetterConfig{}); err == nil || !strings.Contains(err.Error(), "DeadLetterConfig.Brokers") {
+		t.Fatalf("NewDeadLetterWriter({}) = %v", err)
+	}
+}

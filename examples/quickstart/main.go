@@ -1,0 +1,459 @@
+// Command quickstart shows idem at work in one command, with nothing to set
+// up: an in-process Kafka (franz-go's kfake) and an embedded SQLite store.
+//
+//	go run ./examples/quickstart            # a human summary
+//	go run ./examples/quickstart -json      # the last line is one JSON object
+//	go run ./examples/quickstart -kafka 127.0.0.1:9092 -postgres 'postgres://postgres@127.0.0.1:5432/idem_test'
+//
+// It produces a stream of payment callbacks with the duplicates real channels
+// make (gateway retries, a channel re-sending its callback three times), bad
+// messages, and a consumer crash mid-stream (redelivery after the restart),
+// consumes it through idem into four business tables, and reconciles them.
+// The exit status is 1 when reconciliation fails.
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/idemkit/idem/adapters/kafka"
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/dedup/pgstore"
+	"github.com/idemkit/idem/dedup/sqlitestore"
+	"github.com/idemkit/idem/examples/payments"
+)
+
+const (
+	topic      = "payments"
+	dlqTopic   = "payments.dlq"
+	partitions = 4
+	scope      = "quickstart"
+)
+
+// Summary is the -json line.
+type Summary struct {
+	Delivered         int64 `json:"delivered"`
+	Unique            int   `json:"unique"`
+	DuplicatesSkipped int64 `json:"duplicates_skipped"`
+	Applied           int64 `json:"applied"`
+	DoubleApplied     int64 `json:"double_applied"`
+	DeadLettered      int   `json:"dead_lettered"`
+	Reconciled        bool  `json:"reconciled"`
+}
+
+func main() {
+	kafkaAddr := flag.String("kafka", "", "Kafka broker host:port (default: an in-process Kafka)")
+	pgURL := flag.String("postgres", "", "Postgres URL (default: an embedded SQLite file in a temp dir)")
+	n := flag.Int("n", 2000, "payments to produce")
+	seed := flag.Uint64("seed", 1, "seed of the generated stream")
+	asJSON := flag.Bool("json", false, "print the summary as one JSON object on the last line")
+	verbose := flag.Bool("v", false, "log what idem does")
+	flag.Parse()
+
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if *verbose {
+		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	sum, report, err := run(context.Background(), *kafkaAddr, *pgURL, *n, *seed, logger, os.Stderr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "quickstart:", err)
+		os.Exit(2)
+	}
+	if *asJSON {
+		out, _ := json.Marshal(sum)
+		fmt.Println(string(out))
+	} else {
+		fmt.Printf(`
+%d callbacks delivered for %d payments (gateway retries, channel re-sends, a crash and redelivery).
+  applied once:        %d
+  duplicates skipped:  %d
+  dead-lettered:       %d (bad JSON, no transaction number, oversized, same number with another amount)
+  applied twice:       %d
+  %s
+`, sum.Delivered, sum.Unique, sum.Applied, sum.DuplicatesSkipped, sum.DeadLettered, sum.DoubleApplied, report)
+	}
+	if !sum.Reconciled {
+		os.Exit(1)
+	}
+}
+
+// backend is the store and the business tables, on SQLite or Postgres.
+type backend struct {
+	db      payments.DB
+	dedup   string
+	consume func(ctx context.Context, cfg kafka.Config, dl consumer.DeadLetter, logger *slog.Logger) (*runner, error)
+	close   func()
+}
+
+func run(ctx context.Context, kafkaAddr, pgURL string, n int, seed uint64, logger *slog.Logger, progress io.Writer) (Summary, payments.Report, error) {
+	var sum Summary
+	brokers := []string{kafkaAddr}
+	if kafkaAddr == "" {
+		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic, dlqTopic))
+		if err != nil {
+			return sum, payments.Report{}, fmt.Errorf("in-process kafka: %w", err)
+		}
+		defer c.Close()
+		brokers = c.ListenAddrs()
+	}
+	// A fresh topic name per run on a real broker, so reruns start clean.
+	runTopic, runDLQ, group := topic, dlqTopic, "quickstart"
+	if kafkaAddr != "" {
+		suffix := fmt.Sprint(time.Now().UnixNano())
+		runTopic, runDLQ, group = topic+"-"+suffix, dlqTopic+"-"+suffix, "quickstart-"+suffix
+		if err := createTopicsNamed(ctx, kafkaAddr, runTopic, runDLQ); err != nil {
+			return sum, payments.Report{}, err
+		}
+	}
+
+	b, err := openBackend(ctx, pgURL)
+	if err != nil {
+		return sum, payments.Report{}, err
+	}
+	defer b.close()
+
+	s := payments.Generate(n, seed)
+	sum.Unique = len(s.Expected)
+	if err := payments.Setup(ctx, b.db); err != nil {
+		return sum, payments.Report{}, err
+	}
+	if err := payments.CreateOrders(ctx, b.db, s.Orders); err != nil {
+		return sum, payments.Report{}, err
+	}
+	if err := produce(ctx, brokers, runTopic, s.Payloads); err != nil {
+		return sum, payments.Report{}, err
+	}
+
+	dlw, err := kafka.NewDeadLetterWriter(kafka.DeadLetterConfig{Brokers: brokers, Topic: runDLQ})
+	if err != nil {
+		return sum, payments.Report{}, err
+	}
+	defer dlw.Close()
+	dl := &countingDeadLetter{next: dlw, seen: map[string]bool{}}
+	cfg := kafka.Config{Brokers: brokers, Topics: []string{runTopic}, GroupID: group, Logger: logger,
+		SessionTimeout: 6 * time.Second, HeartbeatInterval: time.Second}
+
+	start := time.Now()
+	// First consumer: crashes halfway, and its last offset commits are lost
+	// with it: what it applied since is delivered again to the second one.
+	first, err := b.consume(ctx, cfg, dl, logger)
+	if err != nil {
+		return sum, payments.Report{}, err
+	}
+	waitFor(func() bool { return first.stats().Applied >= int64(n)/2 }, start, progress, first.stats, consumer.Stats{}, 60*time.Second)
+	_ = first.Stop(nil)
+	stats1 := first.stats()
+	if err := loseCommits(ctx, brokers, group, runTopic, 100); err != nil {
+		return sum, payments.Report{}, err
+	}
+	// Second consumer: same group, picks up from the last committed offsets;
+	// what the first one applied but did not commit is redelivered and skipped.
+	second, err := b.consume(ctx, cfg, dl, logger)
+	if err != nil {
+		return sum, payments.Report{}, err
+	}
+	lagDone := func() bool { lag, err := groupLag(ctx, brokers, group, runTopic); return err == nil && lag == 0 }
+	finished := waitFor(lagDone, start, progress, second.stats, stats1, 90*time.Second)
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := second.Stop(stopCtx); err != nil {
+		return sum, payments.Report{}, err
+	}
+	if !finished {
+		return sum, payments.Report{}, errors.New("the consumer did not finish within 90s")
+	}
+	stats2 := second.stats()
+
+	r, err := payments.Reconcile(ctx, b.db, b.dedup, scope, s.Expected)
+	if err != nil {
+		return sum, r, err
+	}
+	sum.Delivered = stats1.Delivered + stats2.Delivered
+	sum.DuplicatesSkipped = stats1.Duplicates + stats2.Duplicates
+	sum.Applied = r.Payments
+	sum.DoubleApplied = r.DoubleApplied + r.Unexpected
+	sum.DeadLettered = dl.count()
+	wantDead := s.Bad + s.Conflicting
+	sum.Reconciled = r.OK() && sum.DeadLettered == wantDead && sum.Applied == int64(sum.Unique)
+	if r.OK() && sum.DeadLettered != wantDead {
+		r.Problems = append(r.Problems, fmt.Sprintf("%d messages dead-lettered, want %d", sum.DeadLettered, wantDead))
+	}
+	return sum, r, nil
+}
+
+func openBackend(ctx context.Context, pgURL string) (*backend, error) {
+	if pgURL == "" {
+		dir, err := os.MkdirTemp("", "idem-quickstart-")
+		if err != nil {
+			return nil, err
+		}
+		db, err := sqlitestore.Open(filepath.Join(dir, "quickstart.db"), 0)
+		if err != nil {
+			return nil, err
+		}
+		st, err := sqlitestore.New(db, sqlitestore.Config{})
+		if err == nil {
+			err = st.Migrate(ctx)
+		}
+		if err != nil {
+			db.Close()
+			return nil, err
+		}
+		h := payments.Handler(func(tx *sql.Tx) payments.DB { return payments.SQL(tx) })
+		return &backend{
+			db: payments.SQL(db), dedup: `"idem_dedup"`,
+			consume: func(ctx context.Context, cfg kafka.Config, dl consumer.DeadLetter, logger *slog.Logger) (*runner, error) {
+				return start(ctx, cfg, dl, st, h, logger)
+			},
+			close: func() { db.Close(); os.RemoveAll(dir) },
+		}, nil
+	}
+	schema := fmt.Sprintf("quickstart_%d", time.Now().UnixNano())
+	admin, err := pgxpool.New(ctx, pgURL)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		admin.Close()
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	pcfg, err := pgxpool.ParseConfig(pgURL)
+	if err != nil {
+		admin.Close()
+		return nil, err
+	}
+	pcfg.ConnConfig.RuntimeParams["search_path"] = schema
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		admin.Close()
+		return nil, err
+	}
+	st, err := pgstore.New(pool, pgstore.Config{Schema: schema})
+	if err == nil {
+		err = st.Migrate(ctx)
+	}
+	if err != nil {
+		pool.Close()
+		admin.Close()
+		return nil, err
+	}
+	h := payments.Handler(func(tx pgx.Tx) payments.DB { return payments.Pgx(tx) })
+	return &backend{
+		db: payments.Pgx(pool), dedup: st.Table(),
+		consume: func(ctx context.Context, cfg kafka.Config, dl consumer.DeadLetter, logger *slog.Logger) (*runner, error) {
+			return start(ctx, cfg, dl, st, h, logger)
+		},
+		close: func() {
+			pool.Close()
+			_, _ = admin.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE")
+			admin.Close()
+		},
+	}, nil
+}
+
+// runner is one running consumer.
+type runner struct {
+	stats  func() consumer.Stats
+	cancel context.CancelFunc
+	stop   func(context.Context) error
+	done   chan error
+}
+
+// Stop stops the consumer: with a nil ctx as a crash would (nothing more is
+// committed), else gracefully.
+func (r *runner) Stop(ctx context.Context) error {
+	var err error
+	if ctx != nil {
+		err = r.stop(ctx)
+	}
+	r.cancel()
+	return errors.Join(err, <-r.done)
+}
+
+func start[TTx any](ctx context.Context, cfg kafka.Config, dl consumer.DeadLetter, st dedup.Store[TTx], h consumer.Handler[TTx], logger *slog.Logger) (*runner, error) {
+	src, err := kafka.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	c, err := consumer.New(consumer.Config[TTx]{
+		Name: scope, Source: src, Store: st, Handler: h, DeadLetter: dl,
+		Key: consumer.ByJSONField(payments.KeyField), MaxPayloadBytes: payments.MaxPayload,
+		Logger: logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	r := &runner{stats: c.Stats, cancel: cancel, stop: c.Stop, done: make(chan error, 1)}
+	go func() { r.done <- c.Run(runCtx) }()
+	return r, nil
+}
+
+// waitFor polls done, printing progress every second once the run takes
+// more than two seconds.
+func waitFor(done func() bool, start time.Time, progress io.Writer, stats func() consumer.Stats, before consumer.Stats, limit time.Duration) bool {
+	deadline := time.Now().Add(limit)
+	lastPrint := time.Now()
+	for time.Now().Before(deadline) {
+		if done() {
+			return true
+		}
+		time.Sleep(50 * time.Millisecond)
+		if time.Since(start) > 2*time.Second && time.Since(lastPrint) >= time.Second {
+			s := stats()
+			s.Delivered += before.Delivered
+			s.Applied += before.Applied
+			s.Duplicates += before.Duplicates
+			fmt.Fprintf(progress, "  %5.1fs  delivered %d, applied %d, duplicates skipped %d\n",
+				time.Since(start).Seconds(), s.Delivered, s.Applied, s.Duplicates)
+			lastPrint = time.Now()
+		}
+	}
+	return done()
+}
+
+func produce(ctx context.Context, brokers []string, topic string, payloads [][]byte) error {
+	w := &kafkago.Writer{Addr: kafkago.TCP(brokers...), Topic: topic, Balancer: &kafkago.Hash{},
+		BatchSize: 500, BatchTimeout: 10 * time.Millisecond, RequiredAcks: kafkago.RequireAll}
+	defer w.Close()
+	msgs := make([]kafkago.Message, len(payloads))
+	for i, p := range payloads {
+		msgs[i] = kafkago.Message{Key: []byte(payments.PartitionKey(p)), Value: p}
+	}
+	for len(msgs) > 0 {
+		k := min(len(msgs), 500)
+		if err := w.WriteMessages(ctx, msgs[:k]...); err != nil {
+			return fmt.Errorf("produce: %w", err)
+		}
+		msgs = msgs[k:]
+	}
+	return nil
+}
+
+// groupLag is the group's lag summed over the topic's partitions.
+func groupLag(ctx context.Context, brokers []string, group, topic string) (int64, error) {
+	cl := &kafkago.Client{Addr: kafkago.TCP(brokers...), Timeout: 5 * time.Second}
+	reqs := make([]kafkago.OffsetRequest, partitions)
+	parts := make([]int, partitions)
+	for p := range partitions {
+		reqs[p] = kafkago.LastOffsetOf(p)
+		parts[p] = p
+	}
+	ends, err := cl.ListOffsets(ctx, &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{topic: reqs}})
+	if err != nil {
+		return 0, err
+	}
+	committed, err := cl.OffsetFetch(ctx, &kafkago.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: parts}})
+	if err != nil {
+		return 0, err
+	}
+	done := map[int]int64{}
+	for _, p := range committed.Topics[topic] {
+		done[p.Partition] = p.CommittedOffset
+	}
+	var lag int64
+	for _, p := range ends.Topics[topic] {
+		c := done[p.Partition]
+		if c < 0 {
+			c = 0
+		}
+		lag += p.LastOffset - c
+	}
+	return lag, nil
+}
+
+// loseCommits moves the group's committed offsets back by up to k per
+// partition, as a crash before the last offset commits would have left them.
+func loseCommits(ctx context.Context, brokers []string, group, topic string, k int64) error {
+	cl := &kafkago.Client{Addr: kafkago.TCP(brokers...), Timeout: 5 * time.Second}
+	parts := make([]int, partitions)
+	for p := range parts {
+		parts[p] = p
+	}
+	committed, err := cl.OffsetFetch(ctx, &kafkago.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: parts}})
+	if err != nil {
+		return fmt.Errorf("offset fetch: %w", err)
+	}
+	var back []kafkago.OffsetCommit
+	for _, p := range committed.Topics[topic] {
+		if p.CommittedOffset > 0 {
+			back = append(back, kafkago.OffsetCommit{Partition: p.Partition, Offset: max(0, p.CommittedOffset-k)})
+		}
+	}
+	if len(back) == 0 {
+		return nil
+	}
+	res, err := cl.OffsetCommit(ctx, &kafkago.OffsetCommitRequest{GroupID: group, GenerationID: -1, Topics: map[string][]kafkago.OffsetCommit{topic: back}})
+	if err != nil {
+		return fmt.Errorf("offset commit: %w", err)
+	}
+	for _, p := range res.Topics[topic] {
+		if p.Error != nil {
+			return fmt.Errorf("offset commit: partition %d: %w", p.Partition, p.Error)
+		}
+	}
+	return nil
+}
+
+func createTopicsNamed(ctx context.Context, addr string, names ...string) error {
+	cl := &kafkago.Client{Addr: kafkago.TCP(addr), Timeout: 10 * time.Second}
+	var ts []kafkago.TopicConfig
+	for _, n := range names {
+		p := partitions
+		if strings.HasSuffix(n, ".dlq") || strings.Contains(n, ".dlq-") {
+			p = 1
+		}
+		ts = append(ts, kafkago.TopicConfig{Topic: n, NumPartitions: p, ReplicationFactor: 1})
+	}
+	res, err := cl.CreateTopics(ctx, &kafkago.CreateTopicsRequest{Topics: ts})
+	if err != nil {
+		return fmt.Errorf("create topics: %w", err)
+	}
+	for t, e := range res.Errors {
+		if e != nil && !errors.Is(e, kafkago.TopicAlreadyExists) {
+			return fmt.Errorf("create topic %s: %w", t, e)
+		}
+	}
+	return nil
+}
+
+// countingDeadLetter counts distinct dead-lettered messages (a redelivery
+// after the crash may dead-letter one twice: at-least-once).
+type countingDeadLetter struct {
+	next consumer.DeadLetter
+	mu   sync.Mutex
+	seen map[string]bool
+}
+
+func (d *countingDeadLetter) DeadLetter(ctx context.Context, l consumer.Letter) error {
+	if err := d.next.DeadLetter(ctx, l); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	d.seen[l.Message.ID] = true
+	d.mu.Unlock()
+	return nil
+}
+
+func (d *countingDeadLetter) count() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.seen)
+}
