@@ -461,9 +461,10 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	}
 }
 
-// blockingSource delivers msgs, then waits for ctx.
+// blockingSource delivers msgs, closes delivered, then waits for ctx.
 type blockingSource struct {
 	msgs            []*consumer.Message
+	delivered       chan struct{}
 	mu              sync.Mutex
 	acked, released []*consumer.Message
 }
@@ -474,6 +475,7 @@ func (s *blockingSource) Run(ctx context.Context, deliver consumer.DeliverFunc) 
 			return err
 		}
 	}
+	close(s.delivered)
 	<-ctx.Done()
 	return ctx.Err()
 }
@@ -516,7 +518,7 @@ func twoMessages() []*consumer.Message {
 
 func TestStopDrainsQueuedMessages(t *testing.T) {
 	block, started := make(chan struct{}), make(chan struct{}, 10)
-	src := &blockingSource{msgs: twoMessages()}
+	src := &blockingSource{msgs: twoMessages(), delivered: make(chan struct{})}
 	c, err := consumer.New(stuckConfig(src, block, started))
 	if err != nil {
 		t.Fatal(err)
@@ -524,6 +526,7 @@ func TestStopDrainsQueuedMessages(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- c.Run(context.Background()) }()
 	<-started
+	<-src.delivered // the second message waits in the lane
 	stopped := make(chan error, 1)
 	go func() { stopped <- c.Stop(context.Background()) }()
 	close(block)
@@ -541,7 +544,7 @@ func TestStopDrainsQueuedMessages(t *testing.T) {
 func TestStopPastDeadlineReleases(t *testing.T) {
 	block, started := make(chan struct{}), make(chan struct{}, 10)
 	defer close(block)
-	src := &blockingSource{msgs: twoMessages()}
+	src := &blockingSource{msgs: twoMessages(), delivered: make(chan struct{})}
 	c, err := consumer.New(stuckConfig(src, block, started))
 	if err != nil {
 		t.Fatal(err)
@@ -549,6 +552,7 @@ func TestStopPastDeadlineReleases(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- c.Run(context.Background()) }()
 	<-started
+	<-src.delivered // the second message waits in the lane
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	if err := c.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
