@@ -1,0 +1,99 @@
+// Package rocketmq is idem's RocketMQ adapter: a consumer.Source over the
+// push consumer of apache/rocketmq-client-go/v2 that is also the
+// consumer.DeadLetter for its messages.
+//
+//	src, err := rocketmq.New(rocketmq.Config{
+//		NameServers: []string{"127.0.0.1:9876"},
+//		Group:       "payments-ledger",
+//		Topics:      []string{"payments"},
+//	})
+//	c, err := consumer.New(consumer.Config[pgx.Tx]{
+//		Name: "payments-ledger", Source: src, DeadLetter: src, Store: store, Handler: h,
+//		Key: consumer.ByJSONField("txn_id"),
+//	})
+//	err = c.Run(ctx)
+//
+// # How it consumes
+//
+// The push consumer pulls from the queues the broker assigns to this member
+// and calls back with up to Config.BatchMaxSize messages of one queue; it
+// wants the result synchronously. The callback delivers the messages, in
+// order, to the consumer's lane for that queue, named "topic/broker/queueId"
+// (a redelivery through the group's retry topic arrives on a queue of
+// %RETRY%<group>, a lane of its own), and then blocks until the consumer has
+// acked or released every one of them. Lanes batch what several calls
+// delivered into one transaction. Concurrent mode (the default) runs up to
+// Config.ConsumeGoroutines calls per topic at once, their deliveries to one
+// lane serialised; orderly mode (Config.Orderly) runs one call per queue at
+// a time, with the queue locked on the broker, and keeps the queue's order.
+//
+// A message's ID is its unique message ID (the UNIQ_KEY property, which a
+// redelivery through the retry topic keeps; consumer.ByMessageID), its Key
+// the KEYS property (consumer.ByRecordKey), its Headers the user properties,
+// Attempt the reconsume times plus one, and Raw the *primitive.MessageExt.
+// Topic is the original topic also for redeliveries; Partition and Offset
+// are those of the queue the message was pulled from.
+//
+// # What is guaranteed
+//
+//   - A call returns ConsumeSuccess only when all of its messages were
+//     acked, that is after their transaction (or dead letter) committed. In
+//     this client ConsumeSuccess is the zero value of ConsumeResult and an
+//     error returned next to a result is ignored: every other outcome (a
+//     message released or not delivered, a panic in the callback, the source
+//     stopping) sets "retry later" explicitly — ConsumeRetryLater in
+//     concurrent mode (the client sends the messages to %RETRY%<group> with
+//     Config.RetryDelayLevel), SuspendCurrentQueueAMoment in orderly mode
+//     (the client hands them over again after Config.SuspendTime, which
+//     idem sets: the client's default is no pause at all).
+//   - A panic in a handler is recovered by the consumer and counts as a
+//     failed attempt; the queue is never pinned by it. (Left to the client, a
+//     panicking callback pins its queue's offset until ConsumeTimeout.)
+//   - When Run's context ends, Run stops delivering, waits until the
+//     consumer settled what it delivered, and shuts the push consumer down.
+//     Calls left unfinished are dropped with their process queues instead of
+//     being sent to the retry topic: the next owner of the queue starts at
+//     the committed offset, and the dedup store skips what was applied.
+//   - The name servers are always given explicitly (a passthrough
+//     resolver); each Source has its own instance name, so several Sources
+//     of one group can run in one process.
+//   - Dead letters (Source.DeadLetter): in DeadLetterTopic mode the letter
+//     is stored by the broker (SEND_OK) before the consumer acks the
+//     original; in DeadLetterBroker mode the original's queue offset does not
+//     pass it until the client's send-back to %DLQ%<group> succeeded.
+//   - The client's logs go to slog, errors only unless SetClientLogger says
+//     otherwise, with messages reduced to their IDs: no bodies in logs.
+//
+// # Dead letters and the engine's acks
+//
+// The consumer calls DeadLetter and then Ack for a message it gives up on.
+// In DeadLetterTopic mode DeadLetter produces the letter and the Ack is an
+// ordinary one. In DeadLetterBroker mode DeadLetter only marks the message
+// in its call's bookkeeping; the Ack then completes the call, and the call,
+// seeing the mark, returns "retry later" with delay level -1 (concurrent) or
+// "suspend" with the message's reconsume count past Config.MaxReconsumeTimes
+// (orderly): the client's own send-back then asks the broker to store the
+// original in %DLQ%<group>, and moves the offset on. A call's result covers
+// all of its messages and this client has no ackIndex, so the mode requires
+// Config.BatchMaxSize 1 (the lanes still batch the transactions of
+// concurrent calls).
+//
+// # What is not
+//
+//   - Exactly-once delivery: RocketMQ redelivers after crashes (offsets are
+//     committed with pulls and persisted every 5 s), rebalances and
+//     ConsumeTimeout; effects are once only because the dedup store says so.
+//   - Order in concurrent mode: calls of one queue run at once and deliver
+//     in the order they get their lane, not necessarily queue order.
+//   - consumer.StopLaneOnExhausted holds an orderly queue until Run ends; in
+//     concurrent mode it gives the messages back, so they come back through
+//     the retry topic (a new lane) until MaxReconsumeTimes sends them to
+//     %DLQ%<group>.
+//   - TLS: the client's TLS mode skips certificate verification; idem does
+//     not offer it.
+//   - Known client defects this adapter cannot fix: in orderly mode the
+//     client reads its process queue without a lock (a data race the race
+//     detector reports, rocketmq-client-go issue #1213); after Shutdown some
+//     of its goroutines linger until their sleeps end (up to ConsumeTimeout,
+//     and a month for its statistics printers).
+package rocketmq

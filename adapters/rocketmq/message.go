@@ -1,0 +1,86 @@
+package rocketmq
+
+import (
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+
+	"github.com/idemkit/idem/consumer"
+)
+
+// systemProperties are the property names RocketMQ (broker, Java and Go
+// clients, 5.3) reserves; every other property is a user property and
+// becomes a consumer.Header.
+var systemProperties = map[string]bool{
+	"KEYS": true, "TAGS": true, "WAIT": true, "DELAY": true, "RETRY_TOPIC": true,
+	"REAL_TOPIC": true, "REAL_QID": true, "TRAN_MSG": true, "PGROUP": true,
+	"MIN_OFFSET": true, "MAX_OFFSET": true, "BUYER_ID": true, "ORIGIN_MESSAGE_ID": true,
+	"TRANSFER_FLAG": true, "CORRECTION_FLAG": true, "MQ2_FLAG": true, "RECONSUME_TIME": true,
+	"MSG_REGION": true, "TRACE_ON": true, "UNIQ_KEY": true, "EXTEND_UNIQ_INFO": true,
+	"MAX_RECONSUME_TIMES": true, "CONSUME_START_TIME": true, "INNER_NUM": true,
+	"INNER_BASE": true, "CHECK_IMMUNITY_TIME_IN_SECONDS": true,
+	"TRAN_PREPARED_QUEUE_OFFSET": true, "__transactionId__": true,
+	"TRANSACTION_CHECK_TIMES": true, "INSTANCE_ID": true, "CORRELATION_ID": true,
+	"REPLY_TO_CLIENT": true, "TTL": true, "ARRIVE_TIME": true, "PUSH_REPLY_TIME": true,
+	"CLUSTER": true, "MSG_TYPE": true, "POP_CK": true, "POP_CK_OFFSET": true,
+	"1ST_POP_TIME": true, "__SHARDINGKEY": true, "SHARDING_KEY": true,
+	"PROPERTY_FORWARD_QUEUE_ID": true, "REDIRECT": true, "INNER_MULTI_DISPATCH": true,
+	"INNER_MULTI_QUEUE_OFFSET": true, "TRACE_CONTEXT": true, "TIMER_DELAY_SEC": true,
+	"TIMER_DELIVER_MS": true, "__BORNHOST": true, "BORN_TIMESTAMP": true,
+	"TIMER_ENQUEUE_MS": true, "TIMER_DEQUEUE_MS": true, "TIMER_ROLL_TIMES": true,
+	"TIMER_OUT_MS": true, "TIMER_DEL_UNIQKEY": true, "TIMER_DELAY_LEVEL": true,
+	"TIMER_DELAY_MS": true, "__CRC32#": true, "DLQ_ORIGIN_TOPIC": true,
+	"DLQ_ORIGIN_MESSAGE_ID": true, "bname": true,
+}
+
+func isSystemProperty(name string) bool {
+	return systemProperties[name] || strings.HasPrefix(name, "__RMQ.TRANSIENT.")
+}
+
+// laneOf names the ordered lane of a message queue: topic/broker/queue. A
+// message redelivered through the group's retry topic arrives on a queue of
+// %RETRY%<group>, a lane of its own.
+func laneOf(mq *primitive.MessageQueue) string {
+	if mq == nil {
+		return ""
+	}
+	return mq.Topic + "/" + mq.BrokerName + "/" + strconv.Itoa(mq.QueueId)
+}
+
+// toMessage converts what the client delivered into the consumer's envelope.
+// Topic is the original topic also for a redelivery through the retry topic
+// (the client restores it); Partition and Offset are those of the queue the
+// message was pulled from.
+func toMessage(mx *primitive.MessageExt, lane string) *consumer.Message {
+	props := mx.GetProperties()
+	var headers []consumer.Header
+	for k, v := range props {
+		if !isSystemProperty(k) {
+			headers = append(headers, consumer.Header{Key: k, Value: []byte(v)})
+		}
+	}
+	sort.Slice(headers, func(i, j int) bool { return headers[i].Key < headers[j].Key })
+	m := &consumer.Message{
+		Topic:   mx.Topic,
+		Offset:  mx.QueueOffset,
+		ID:      mx.MsgId,
+		Value:   mx.Body,
+		Headers: headers,
+		Attempt: int(mx.ReconsumeTimes) + 1,
+		Lane:    lane,
+		Raw:     mx,
+	}
+	if mx.Queue != nil {
+		m.Partition = int32(mx.Queue.QueueId)
+	}
+	if keys := props[primitive.PropertyKeys]; keys != "" {
+		m.Key = []byte(keys)
+	}
+	if mx.BornTimestamp > 0 {
+		m.Time = time.UnixMilli(mx.BornTimestamp)
+	}
+	return m
+}

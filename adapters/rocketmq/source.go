@@ -1,0 +1,191 @@
+package rocketmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	rmq "github.com/apache/rocketmq-client-go/v2/consumer"
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+
+	"github.com/idemkit/idem/consumer"
+)
+
+// Source is a consumer.Source over a RocketMQ push consumer, and a
+// consumer.DeadLetter (see Config.DeadLetter). Create it with New and give it
+// to consumer.Config as both Source and DeadLetter. Safe for concurrent use.
+// Run may be called again after it returned.
+type Source struct {
+	cfg Config
+	log *slog.Logger
+
+	running atomic.Bool
+	runs    atomic.Int64 // numbers the instance name of each Run
+
+	mu  sync.Mutex
+	cur *run   // the Run in progress, nil outside Run
+	dlq sender // DeadLetterTopic mode, during Run
+}
+
+// New validates cfg and returns a Source. The error names every field that
+// is wrong. New also routes the client library's logging into slog once per
+// process (see SetClientLogger).
+func New(cfg Config) (*Source, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	cfg.NameServers = append([]string(nil), cfg.NameServers...)
+	cfg.Topics = append([]string(nil), cfg.Topics...)
+	installClientLogger()
+	return &Source{
+		cfg: cfg,
+		log: cfg.Logger.With(slog.String("group", cfg.Group)),
+	}, nil
+}
+
+// Run starts a push consumer for Config.Group on Config.Topics and delivers
+// what it is handed until ctx ends. It fails at once when a topic does not
+// exist (create topics first) or the client cannot start.
+//
+// When ctx ends Run stops delivering, waits until every message it delivered
+// is acked or released (a graceful consumer Stop finishes them, a hard stop
+// releases them), shuts the push consumer down (orderly queues unlocked,
+// offsets persisted, the client unregistered; bounded by
+// Config.CloseTimeout) and returns nil. Consume calls that were not finished
+// are dropped with their process queues: their messages are redelivered to
+// the next owner from the committed offset, not sent to the retry topic.
+func (s *Source) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
+	if !s.running.CompareAndSwap(false, true) {
+		return errors.New("rocketmq: Source.Run is already running")
+	}
+	defer s.running.Store(false)
+	if ctx.Err() != nil {
+		return nil
+	}
+	instance := s.cfg.InstanceName
+	if n := s.runs.Add(1); n > 1 {
+		instance += "-" + strconv.FormatInt(n, 10)
+	}
+
+	var dlq sender
+	if s.cfg.DeadLetter == DeadLetterTopic {
+		p, err := s.startProducer(instance + "-dlq")
+		if err != nil {
+			return err
+		}
+		dlq = p
+		defer s.shutdownProducer(p)
+	}
+	r := newRun(&s.cfg, s.log, deliver)
+	s.mu.Lock()
+	s.cur, s.dlq = r, dlq
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.cur, s.dlq = nil, nil
+		s.mu.Unlock()
+	}()
+
+	pc, err := rmq.NewPushConsumer(s.consumerOptions(instance)...)
+	if err != nil {
+		return fmt.Errorf("rocketmq: push consumer: %w", err)
+	}
+	sel := rmq.MessageSelector{Type: rmq.TAG, Expression: s.cfg.Tags}
+	for _, topic := range s.cfg.Topics {
+		err := pc.Subscribe(topic, sel, func(cctx context.Context, msgs ...*primitive.MessageExt) (rmq.ConsumeResult, error) {
+			return r.consume(ctx, cctx, msgs), nil
+		})
+		if err != nil {
+			return fmt.Errorf("rocketmq: subscribe %s: %w", topic, err)
+		}
+	}
+	// On a missing topic Start shuts the consumer down itself. Its other
+	// failures (validation, instance taken) happen before anything started.
+	if err := pc.Start(); err != nil {
+		return fmt.Errorf("rocketmq: start consumer group %s: %w", s.cfg.Group, err)
+	}
+	s.log.Debug("rocketmq: consuming", slog.Any("topics", s.cfg.Topics), slog.String("instance", instance),
+		slog.Bool("orderly", s.cfg.Orderly))
+
+	<-ctx.Done()
+	r.stop()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := pc.Shutdown(); err != nil {
+			s.log.Warn("rocketmq: consumer shutdown", slog.Any("error", err))
+		}
+	}()
+	t := time.NewTimer(s.cfg.CloseTimeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		s.log.Warn("rocketmq: consumer shutdown still running after CloseTimeout; Run returns without it",
+			slog.Duration("close_timeout", s.cfg.CloseTimeout))
+	}
+	r.shutDown()
+	return nil
+}
+
+// Ack settles msgs as consumed: a consume call returns ConsumeSuccess once
+// all of its messages are acked.
+func (s *Source) Ack(_ context.Context, msgs []*consumer.Message) error {
+	if r := s.current(); r != nil {
+		r.settle(msgs, false, false)
+	}
+	return nil
+}
+
+// Release gives msgs back: their consume calls return "retry later"
+// (concurrent mode: to the retry topic with Config.RetryDelayLevel; orderly
+// mode: suspended and handed over again), or, while the source stops, are
+// dropped so that the next owner of the queue gets the messages from the
+// committed offset. In orderly mode a queue whose lane stopped
+// (consumer.ErrLaneStopped) is held until Run ends.
+func (s *Source) Release(msgs []*consumer.Message, reason error) {
+	if r := s.current(); r != nil {
+		r.settle(msgs, true, errors.Is(reason, consumer.ErrLaneStopped))
+	}
+}
+
+func (s *Source) current() *run {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur
+}
+
+func (s *Source) consumerOptions(instance string) []rmq.Option {
+	from := rmq.ConsumeFromFirstOffset
+	if s.cfg.StartFrom == LastOffset {
+		from = rmq.ConsumeFromLastOffset
+	}
+	opts := []rmq.Option{
+		rmq.WithNsResolver(primitive.NewPassthroughResolver(s.cfg.NameServers)),
+		rmq.WithGroupName(s.cfg.Group),
+		rmq.WithInstance(instance),
+		rmq.WithConsumerModel(rmq.Clustering),
+		rmq.WithConsumerOrder(s.cfg.Orderly),
+		rmq.WithConsumeFromWhere(from),
+		rmq.WithConsumeMessageBatchMaxSize(s.cfg.BatchMaxSize),
+		rmq.WithPullBatchSize(int32(s.cfg.PullBatchSize)),
+		rmq.WithConsumeGoroutineNums(s.cfg.ConsumeGoroutines),
+		rmq.WithMaxReconsumeTimes(int32(s.cfg.MaxReconsumeTimes)),
+		rmq.WithConsumeTimeout(s.cfg.ConsumeTimeout),
+		rmq.WithAutoCommit(true),
+	}
+	if s.cfg.AccessKey != "" {
+		opts = append(opts, rmq.WithCredentials(s.credentials()))
+	}
+	return opts
+}
+
+func (s *Source) credentials() primitive.Credentials {
+	return primitive.Credentials{AccessKey: s.cfg.AccessKey, SecretKey: s.cfg.SecretKey, SecurityToken: s.cfg.SecurityToken}
+}

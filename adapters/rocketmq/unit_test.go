@@ -1,0 +1,164 @@
+package rocketmq
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+	"github.com/apache/rocketmq-client-go/v2/rlog"
+
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/dedup"
+)
+
+func TestToMessage(t *testing.T) {
+	mx := &primitive.MessageExt{MsgId: "7F0000011F9018B4AAC2", QueueOffset: 42, ReconsumeTimes: 2, BornTimestamp: 1700000000123}
+	mx.Topic = "payments"
+	mx.Body = []byte(`{"txn_id":"T1"}`)
+	mx.Queue = &primitive.MessageQueue{Topic: "%RETRY%ledger", BrokerName: "broker-a", QueueId: 0}
+	mx.WithProperty(primitive.PropertyKeys, "T1")
+	mx.WithProperty(primitive.PropertyTags, "paid")
+	mx.WithProperty(primitive.PropertyUniqueClientMessageIdKeyIndex, mx.MsgId)
+	mx.WithProperty(primitive.PropertyRetryTopic, "payments")
+	mx.WithProperty(primitive.PropertyConsumeStartTime, "1")
+	mx.WithProperty("tenant", "acme")
+	mx.WithProperty("Idempotency-Key", "k-9")
+
+	m := toMessage(mx, laneOf(mx.Queue))
+	if m.ID != mx.MsgId || string(m.Key) != "T1" || m.Attempt != 3 || m.Topic != "payments" ||
+		m.Partition != 0 || m.Offset != 42 || m.Lane != "%RETRY%ledger/broker-a/0" || m.Raw != mx ||
+		m.Time.UnixMilli() != 1700000000123 || string(m.Value) != `{"txn_id":"T1"}` {
+		t.Fatalf("converted %+v", m)
+	}
+	if len(m.Headers) != 2 || m.Headers[0].Key != "Idempotency-Key" || m.Headers[1].Key != "tenant" {
+		t.Fatalf("headers %+v, want the two user properties, sorted", m.Headers)
+	}
+	if v, _ := m.Header("tenant"); string(v) != "acme" {
+		t.Fatalf("tenant header %q", v)
+	}
+	if k, err := consumer.ByMessageID()(m); err != nil || k != mx.MsgId {
+		t.Fatalf("ByMessageID = %q, %v", k, err)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	ok := Config{NameServers: []string{"127.0.0.1:9876"}, Group: "g", Topics: []string{"t"}}
+	if err := ok.validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		edit  func(*Config)
+		field string
+	}{
+		{"no name server", func(c *Config) { c.NameServers = nil }, "NameServers"},
+		{"bad name server", func(c *Config) { c.NameServers = []string{"localhost"} }, "NameServers[0]"},
+		{"no group", func(c *Config) { c.Group = "" }, "Group"},
+		{"bad group", func(c *Config) { c.Group = "a.b" }, "Group"},
+		{"no topics", func(c *Config) { c.Topics = nil }, "Topics"},
+		{"bad topic", func(c *Config) { c.Topics = []string{"a/b"} }, "Topics[0]"},
+		{"twice", func(c *Config) { c.Topics = []string{"a", "a"} }, "Topics[1]"},
+		{"batch", func(c *Config) { c.BatchMaxSize = 2000 }, "BatchMaxSize"},
+		{"broker DLQ batch", func(c *Config) { c.DeadLetter, c.BatchMaxSize = DeadLetterBroker, 8 }, "BatchMaxSize"},
+		{"broker DLQ topic", func(c *Config) { c.DeadLetter, c.DeadLetterTopic = DeadLetterBroker, "x" }, "DeadLetterTopic"},
+		{"delay level", func(c *Config) { c.RetryDelayLevel = 19 }, "RetryDelayLevel"},
+		{"mode", func(c *Config) { c.DeadLetter = 7 }, "DeadLetter"},
+		{"credentials", func(c *Config) { c.AccessKey = "ak" }, "AccessKey"},
+		{"suspend", func(c *Config) { c.SuspendTime = -1 }, "SuspendTime"},
+	} {
+		c := ok
+		tc.edit(&c)
+		err := c.validate()
+		if err == nil || !strings.Contains(err.Error(), "Config."+tc.field) {
+			t.Errorf("%s: error %v, want one naming Config.%s", tc.name, err, tc.field)
+		}
+	}
+	c := ok
+	c.DeadLetter = DeadLetterBroker
+	if err := c.validate(); err != nil {
+		t.Fatal(err)
+	}
+	c.setDefaults()
+	if c.BatchMaxSize != 1 {
+		t.Fatalf("BatchMaxSize defaults to %d with DeadLetterBroker, want 1", c.BatchMaxSize)
+	}
+	a, b := ok, ok
+	a.setDefaults()
+	b.setDefaults()
+	if a.InstanceName == b.InstanceName {
+		t.Fatalf("two sources share the instance name %q", a.InstanceName)
+	}
+}
+
+func TestLetter(t *testing.T) {
+	s := &Source{cfg: *testConfig(false, DeadLetterTopic)}
+	s.cfg.MaxDeadLetterBodyBytes = 8
+	mx := batch(1, 3)[0]
+	mx.WithProperty(primitive.PropertyKeys, "K1")
+	mx.WithProperty("tenant", "acme")
+	mx.WithProperty(PropReason, "stale reason of an earlier dead letter")
+	m := toMessage(mx, laneOf(mx.Queue))
+	m.Value = []byte("a body longer than eight bytes")
+	l := s.letter(consumer.Letter{Message: m, Key: dedup.Key{Scope: "ledger", ID: "K1"},
+		Reason: errors.New("bad\x01input\x02here"), Attempts: 3})
+	want := map[string]string{
+		PropReason: "bad input here", PropAttempts: "3", PropTopic: "t", PropQueue: "t/b/3",
+		PropOffset: "0", PropMessageID: "ida", PropKeyScope: "ledger", PropKey: "K1", PropAttempt: "1",
+		PropValueSize: "30", primitive.PropertyKeys: "K1", "tenant": "acme",
+	}
+	for k, v := range want {
+		if got := l.GetProperty(k); got != v {
+			t.Errorf("property %s = %q, want %q", k, got, v)
+		}
+	}
+	if l.Topic != "t_DLQ" || bytes.Contains(l.Body, []byte("eight")) || l.GetProperty(PropValueSHA256) == "" {
+		t.Fatalf("letter to %s with body %q", l.Topic, l.Body)
+	}
+}
+
+func TestClientLogBridge(t *testing.T) {
+	var buf bytes.Buffer
+	installClientLogger()
+	prev := bridgeDest.Load()
+	defer bridgeDest.Store(prev)
+	SetClientLogger(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})), slog.LevelWarn)
+
+	mx := batch(2, 0)
+	mx[0].Body = []byte("SECRET-CARD-NUMBER")
+	rlog.Info("info is below the level", map[string]any{"x": 1})
+	rlog.Warning("consumeMessageCurrently error", map[string]any{
+		rlog.LogKeyMessages: mx, "message": mx[0], rlog.LogKeyUnderlayError: errors.New("boom"),
+	})
+	rlog.Fatal("fatal does not exit", nil)
+	out := buf.String()
+	if strings.Contains(out, "SECRET") || strings.Contains(out, "below the level") {
+		t.Fatalf("bridge leaked a body or ignored the level:\n%s", out)
+	}
+	for _, want := range []string{"consumeMessageCurrently error", "2 messages: ida@t/0, idb@t/1", "boom", "fatal does not exit"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("bridge output lacks %q:\n%s", want, out)
+		}
+	}
+	buf.Reset()
+	rlog.SetLogLevel("debug")
+	rlog.Debug("now debug shows", nil)
+	if !strings.Contains(buf.String(), "now debug shows") {
+		t.Fatalf("SetLogLevel(debug) had no effect: %q", buf.String())
+	}
+}
+
+func TestDeadLetterOutsideRun(t *testing.T) {
+	s, err := New(Config{NameServers: []string{"127.0.0.1:9876"}, Group: "g", Topics: []string{"t"}, Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeadLetter(context.Background(), consumer.Letter{Message: &consumer.Message{}}); err == nil {
+		t.Fatal("DeadLetter outside Run succeeded")
+	}
+	s.Ack(context.Background(), []*consumer.Message{{}}) // no Run: a no-op
+	s.Release([]*consumer.Message{{}}, consumer.ErrStopped)
+}
