@@ -68,7 +68,9 @@ type Store[TTx any] interface {
 	// key appears twice in claims, the first occurrence decides and the later
 	// ones are duplicates (or mismatches). A claim that meets a concurrent
 	// uncommitted claim waits at most the store's lock timeout, then fails
-	// with an error wrapping ErrInFlight. After an error tx is unusable.
+	// with an error wrapping ErrInFlight. Keys are taken in one canonical
+	// order (scope, id), so concurrent claims never deadlock among
+	// themselves. After an error tx is unusable.
 	Claim(ctx context.Context, tx TTx, claims []Claim, results []Result) error
 
 	// RecordFailure records, in its own transaction, that the claim failed

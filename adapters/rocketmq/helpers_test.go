@@ -165,41 +165,8 @@ func name(t testing.TB, what string) string {
 	return fmt.Sprintf("idem_%s_%s_%d_%d", what, s, os.Getpid(), uniq.Add(1))
 }
 
-// testLogger logs at warn level (IDEM_TEST_LOG=debug|info for more) to the
-// test log, and drops what comes after the test ended.
-func testLogger(t testing.TB) *slog.Logger {
-	level := slog.LevelWarn
-	switch os.Getenv("IDEM_TEST_LOG") {
-	case "debug":
-		level = slog.LevelDebug
-	case "info":
-		level = slog.LevelInfo
-	}
-	w := &testWriter{t: t}
-	t.Cleanup(w.close)
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
-}
-
-type testWriter struct {
-	mu   sync.Mutex
-	t    testing.TB
-	done bool
-}
-
-func (w *testWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.done {
-		w.t.Log(strings.TrimRight(string(p), "\n"))
-	}
-	return len(p), nil
-}
-
-func (w *testWriter) close() {
-	w.mu.Lock()
-	w.done = true
-	w.mu.Unlock()
-}
+// testLogger is testenv.Logger.
+func testLogger(t testing.TB) *slog.Logger { return testenv.Logger(t) }
 
 // rmqEnv is the RocketMQ of the test environment.
 type rmqEnv struct {

@@ -54,6 +54,7 @@ type settings struct {
 	DupRate      float64 `json:"duplicate_rate"`
 	Rows         string  `json:"rows"`
 	Rounds       int     `json:"rounds"`
+	CeilingConns int     `json:"ceiling_connections"`
 }
 
 // Row is one measured configuration.
@@ -63,6 +64,7 @@ type Row struct {
 	Seconds    float64 `json:"seconds"`
 	PerSecond  float64 `json:"messages_per_second"`
 	CPUPer100k float64 `json:"cpu_seconds_per_100k"`
+	DBCPU100k  float64 `json:"postgres_cpu_seconds_per_100k"`
 	P50Ms      float64 `json:"p50_ms"`
 	P99Ms      float64 `json:"p99_ms"`
 	Effects    int64   `json:"effects"`
@@ -79,6 +81,7 @@ func main() {
 	flag.Float64Var(&s.DupRate, "dup", 0.10, "share of messages that repeat an earlier business key")
 	flag.StringVar(&s.Rows, "rows", "raw,naive,idem-b1,idem-b100,pg-ceiling", "rows to run, in this order")
 	flag.IntVar(&s.Rounds, "rounds", 1, "run the rows this many times, alternating, and keep each row's best")
+	flag.IntVar(&s.CeilingConns, "ceiling-conns", 2, "connections of the pg-ceiling row")
 	asJSON := flag.Bool("json", false, "print one JSON object with every row and ratio")
 	flag.Parse()
 	if *pgURL == "" {
@@ -137,7 +140,7 @@ func bench(ctx context.Context, s settings, pgURL string, log io.Writer) ([]Row,
 				n = min(n, s.SlowMessages)
 			}
 			fmt.Fprintf(log, "round %d: %s over %d messages...\n", round+1, name, n)
-			r, err := runRow(ctx, name, n, brokers, topic, pool, payloads)
+			r, err := runRow(ctx, name, n, brokers, topic, pool, payloads, s.CeilingConns)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", name, err)
 			}
@@ -223,6 +226,34 @@ func (l *latencies) pct(p float64) float64 {
 	return float64(l.d[int(float64(len(l.d)-1)*p)]) / float64(time.Millisecond)
 }
 
+// postgresCPU sums the CPU time of the machine's postgres processes (a
+// local server), from /proc; 0 elsewhere.
+func postgresCPU() time.Duration {
+	dirs, _ := os.ReadDir("/proc")
+	var ticks int64
+	for _, d := range dirs {
+		if d.Name()[0] < '0' || d.Name()[0] > '9' {
+			continue
+		}
+		comm, err := os.ReadFile("/proc/" + d.Name() + "/comm")
+		if err != nil || strings.TrimSpace(string(comm)) != "postgres" {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + d.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+2:]))
+		if len(f) > 12 {
+			var u, s int64
+			fmt.Sscan(f[11], &u)
+			fmt.Sscan(f[12], &s)
+			ticks += u + s
+		}
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond // USER_HZ = 100
+}
+
 func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
@@ -236,7 +267,7 @@ func schema(ctx context.Context, pool *pgxpool.Pool, name string) (string, error
 	return sc, err
 }
 
-func runRow(ctx context.Context, name string, n int, brokers []string, topic string, pool *pgxpool.Pool, payloads [][]byte) (Row, error) {
+func runRow(ctx context.Context, name string, n int, brokers []string, topic string, pool *pgxpool.Pool, payloads [][]byte, conns int) (Row, error) {
 	r := Row{Name: name, Messages: n}
 	lat := &latencies{}
 	var sc string
@@ -248,7 +279,7 @@ func runRow(ctx context.Context, name string, n int, brokers []string, topic str
 		defer pool.Exec(context.Background(), "DROP SCHEMA "+sc+" CASCADE")
 	}
 	group := fmt.Sprintf("%s-%s-%d", topic, name, time.Now().UnixNano())
-	cpu0, t0 := cpuTime(), time.Now()
+	cpu0, db0, t0 := cpuTime(), postgresCPU(), time.Now()
 	var err error
 	switch name {
 	case "raw":
@@ -260,17 +291,18 @@ func runRow(ctx context.Context, name string, n int, brokers []string, topic str
 	case "idem-b100":
 		err = runIdem(ctx, brokers, topic, group, n, pool, sc, 100, lat)
 	case "pg-ceiling":
-		err = runCeiling(ctx, pool, sc, payloads[:n], lat)
+		err = runCeiling(ctx, pool, sc, payloads[:n], conns, lat)
 	default:
 		err = fmt.Errorf("unknown row %q", name)
 	}
 	if err != nil {
 		return r, err
 	}
-	elapsed, cpu := time.Since(t0), cpuTime()-cpu0
+	elapsed, cpu, db := time.Since(t0), cpuTime()-cpu0, postgresCPU()-db0
 	r.Seconds = elapsed.Seconds()
 	r.PerSecond = float64(n) / r.Seconds
 	r.CPUPer100k = cpu.Seconds() * 100000 / float64(n)
+	r.DBCPU100k = db.Seconds() * 100000 / float64(n)
 	r.P50Ms, r.P99Ms = lat.pct(0.50), lat.pct(0.99)
 	if sc != "" {
 		_ = pool.QueryRow(ctx, "SELECT count(*) FROM "+sc+".effects").Scan(&r.Effects)
@@ -424,8 +456,8 @@ func runIdem(ctx context.Context, brokers []string, topic, group string, n int, 
 }
 
 // runCeiling is the database alone: the same claim and insert in batches of
-// 100 from two connections.
-func runCeiling(ctx context.Context, pool *pgxpool.Pool, sc string, payloads [][]byte, lat *latencies) error {
+// 100 from conns connections.
+func runCeiling(ctx context.Context, pool *pgxpool.Pool, sc string, payloads [][]byte, conns int, lat *latencies) error {
 	st, err := pgstore.New(pool, pgstore.Config{Schema: sc})
 	if err != nil {
 		return err
@@ -435,14 +467,14 @@ func runCeiling(ctx context.Context, pool *pgxpool.Pool, sc string, payloads [][
 	}
 	effects := insertEffects(sc)
 	var wg sync.WaitGroup
-	errs := make(chan error, 2)
-	for w := range 2 {
+	errs := make(chan error, conns)
+	for w := range conns {
 		wg.Go(func() {
 			claims := make([]dedup.Claim, 0, 100)
 			results := make([]dedup.Result, 100)
 			msgs := make([]*consumer.Message, 0, 100)
 			fresh := make([]*consumer.Message, 0, 100)
-			for start := w * 100; start < len(payloads); start += 200 {
+			for start := w * 100; start < len(payloads); start += 100 * conns {
 				t := time.Now()
 				claims, msgs = claims[:0], msgs[:0]
 				for _, p := range payloads[start:min(start+100, len(payloads))] {
@@ -510,11 +542,11 @@ func ratiosOf(rows []Row) []ratio {
 }
 
 func printTable(w io.Writer, s settings, rows []Row, ratios []ratio) {
-	fmt.Fprintf(w, "\n%d messages of %d bytes, %d partitions, %.0f%% duplicate keys; per-message rows on %d messages; best of %d round(s)\n\n",
-		s.Messages, s.Size, s.Partitions, s.DupRate*100, s.SlowMessages, s.Rounds)
-	fmt.Fprintf(w, "| row | messages | msg/s | CPU s/100k | p50 ms | p99 ms | effects |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(w, "\n%d messages of %d bytes, %d partitions, %.0f%% duplicate keys; per-message rows on %d messages; pg-ceiling on %d connections; best of %d round(s)\n\n",
+		s.Messages, s.Size, s.Partitions, s.DupRate*100, s.SlowMessages, s.CeilingConns, s.Rounds)
+	fmt.Fprintf(w, "| row | messages | msg/s | CPU s/100k | Postgres CPU s/100k | p50 ms | p99 ms | effects |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rows {
-		fmt.Fprintf(w, "| %s | %d | %.0f | %.2f | %.2f | %.2f | %d |\n", r.Name, r.Messages, r.PerSecond, r.CPUPer100k, r.P50Ms, r.P99Ms, r.Effects)
+		fmt.Fprintf(w, "| %s | %d | %.0f | %.2f | %.2f | %.2f | %.2f | %d |\n", r.Name, r.Messages, r.PerSecond, r.CPUPer100k, r.DBCPU100k, r.P50Ms, r.P99Ms, r.Effects)
 	}
 	fmt.Fprintf(w, "\n| ratio | value | target |\n|---|---:|---|\n")
 	for _, r := range ratios {

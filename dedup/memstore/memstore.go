@@ -8,9 +8,11 @@
 package memstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -124,11 +126,20 @@ func (s *Store) Claim(ctx context.Context, tx *Tx, claims []dedup.Claim, results
 	if tx.finished {
 		return errors.New("memstore: transaction is finished")
 	}
-	for i, c := range claims {
+	// Take the keys in (scope, id) order, first occurrences first: one lock
+	// order for every transaction, as the SQL stores do.
+	order := make([]int, len(claims))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		return cmp.Or(cmp.Compare(claims[a].Key.Scope, claims[b].Key.Scope), cmp.Compare(claims[a].Key.ID, claims[b].Key.ID))
+	})
+	for _, i := range order {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		r, err := s.claim(ctx, tx, c)
+		r, err := s.claim(ctx, tx, claims[i])
 		if err != nil {
 			return err
 		}

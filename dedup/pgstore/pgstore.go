@@ -108,7 +108,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 ins AS (
     INSERT INTO ` + t + ` (scope, key, fingerprint, source, expires_at)
     SELECT s, k, f, src, CASE WHEN r IS NULL THEN NULL ELSE now() + r * interval '1 millisecond' END
-    FROM input ORDER BY i
+    FROM input ORDER BY s, k, i -- one lock order for every transaction: no claim deadlocks
     ON CONFLICT (scope, key) DO NOTHING
     RETURNING scope, key)
 SELECT min(input.i)::int4 FROM input JOIN ins ON ins.scope = input.s AND ins.key = input.k

@@ -1,0 +1,45 @@
+package testenv
+
+import (
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// Logger logs at warn level (IDEM_TEST_LOG=debug|info for more) to the test
+// log, and drops what comes after the test ended.
+func Logger(t testing.TB) *slog.Logger {
+	level := slog.LevelWarn
+	switch os.Getenv("IDEM_TEST_LOG") {
+	case "debug":
+		level = slog.LevelDebug
+	case "info":
+		level = slog.LevelInfo
+	}
+	w := &testWriter{t: t}
+	t.Cleanup(w.close)
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+}
+
+type testWriter struct {
+	mu   sync.Mutex
+	t    testing.TB
+	done bool
+}
+
+func (w *testWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.done {
+		w.t.Log(strings.TrimRight(string(p), "\n"))
+	}
+	return len(p), nil
+}
+
+func (w *testWriter) close() {
+	w.mu.Lock()
+	w.done = true
+	w.mu.Unlock()
+}
