@@ -285,6 +285,7 @@ func TestBadInputIsDeadLetteredAndTheRestApplied(t *testing.T) {
 		{`{"txn_id":null}`, consumer.ErrNoKey, "is null"},
 		{`{"txn_id":{"a":1}}`, consumer.ErrNoKey, "is object, not a string or number"},
 		{`{"txn_id":"T1"`, consumer.ErrBadPayload, "not valid JSON"},
+		{`{"txn_id":"A","amount":1,"txn_id":"B"}`, consumer.ErrBadPayload, `"txn_id" appears twice`},
 		{`{"txn_id":"T1","pad":"` + strings.Repeat("p", 2000) + `"}`, consumer.ErrPayloadTooLarge, "2024 bytes, the limit is 1024"},
 		{`{"txn_id":"` + strings.Repeat("x", 300) + `"}`, dedup.ErrInvalidKey, "300 bytes, the limit is 256"},
 		{`{"txn_id":"a\u0000b"}`, dedup.ErrInvalidKey, "control character"},

@@ -78,7 +78,10 @@ func jsonLookup(payload []byte, path string, segs []string) (string, error) {
 	}
 	kind, v, err := jsonx.Lookup(payload, segs)
 	var notObj *jsonx.NotObjectError
+	var dup *jsonx.DuplicateKeyError
 	switch {
+	case errors.As(err, &dup):
+		return "", fmt.Errorf("%w: key path %q: %q appears twice in one object, so decoders disagree on its value", ErrBadPayload, path, dup.Key)
 	case errors.As(err, &notObj) && notObj.Depth == 0:
 		return "", fmt.Errorf("%w: key path %q: payload is a JSON %s, not an object", ErrBadPayload, path, notObj.Kind)
 	case errors.As(err, &notObj):

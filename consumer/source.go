@@ -34,6 +34,9 @@ type DeliverFunc func(ctx context.Context, m *Message) error
 //     stopped). The source must not acknowledge it; the broker redelivers it.
 //     A Kafka source therefore commits nothing past a released offset.
 //
+// The slices passed to Ack and Release are reused for the next batch: they
+// are valid only during the call (the messages themselves stay valid).
+//
 // A source that loses ownership of a partition (Kafka rebalance) may drop
 // acks for it: the next owner is redelivered the messages and skips them as
 // duplicates.

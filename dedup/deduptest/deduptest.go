@@ -134,6 +134,16 @@ func (s suite[TTx]) sameKeyTwiceInBatch(t *testing.T) {
 	mustStatus(t, res, err, dedup.StatusNew, dedup.StatusDuplicate, dedup.StatusMismatch, dedup.StatusNew)
 	res, err = claimTx(ctx, st, Claim("orders", "k1", "p"), Claim("orders", "k2", "p"))
 	mustStatus(t, res, err, dedup.StatusDuplicate, dedup.StatusDuplicate)
+	// Repeats of a key committed before compare with the stored row, each.
+	res, err = claimTx(ctx, st, Claim("orders", "k1", "other"), Claim("orders", "k1", "p"))
+	mustStatus(t, res, err, dedup.StatusMismatch, dedup.StatusDuplicate)
+	res, err = claimTx(ctx, st, Claim("orders", "k1", "other"), Claim("orders", "k1", "other"))
+	mustStatus(t, res, err, dedup.StatusMismatch, dedup.StatusMismatch)
+	if err := st.RecordFailure(ctx, Claim("orders", "f1", "p"), "bad"); err != nil {
+		t.Fatal(err)
+	}
+	res, err = claimTx(ctx, st, Claim("orders", "f1", "other"), Claim("orders", "f1", "p"))
+	mustStatus(t, res, err, dedup.StatusMismatch, dedup.StatusFailed)
 }
 
 func (s suite[TTx]) fingerprintMismatch(t *testing.T) {
@@ -348,7 +358,9 @@ func (s suite[TTx]) purge(t *testing.T) {
 
 func (s suite[TTx]) largeBatch(t *testing.T) {
 	st, ctx := s.store(t, Config{}), ctxFor(t)
-	cs := make([]dedup.Claim, 1000)
+	// 10,000 is the consumer's largest BatchSize: a store must take it in one
+	// Claim (SQLite, for one, splits it under its variable limit).
+	cs := make([]dedup.Claim, 10000)
 	for i := range cs {
 		cs[i] = Claim("bulk", fmt.Sprint("k", i), fmt.Sprint(i))
 	}
@@ -362,8 +374,8 @@ func (s suite[TTx]) largeBatch(t *testing.T) {
 		}
 	}
 	// Half old, half new, interleaved.
-	mixed := make([]dedup.Claim, 0, 1000)
-	for i := 0; i < 1000; i += 2 {
+	mixed := make([]dedup.Claim, 0, len(cs))
+	for i := 0; i < len(cs); i += 2 {
 		mixed = append(mixed, cs[i], Claim("bulk", fmt.Sprint("new", i), "x"))
 	}
 	res, err = claimTx(ctx, st, mixed...)

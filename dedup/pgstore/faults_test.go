@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/url"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -193,5 +195,32 @@ func TestCommitOutcomeUnknown(t *testing.T) {
 	}
 	if res.Stats.Duplicates == 0 {
 		t.Fatal("no retry found its own committed row: the committed-but-unknown path was not exercised")
+	}
+}
+
+// TestHandlerNetworkErrorsAreBounded: a handler whose downstream HTTP call
+// fails (a net.Error, io.EOF) is retried within Retry.MaxAttempts and then
+// dead-lettered; only the store's own lost connection is waited out.
+func TestHandlerNetworkErrorsAreBounded(t *testing.T) {
+	rig := newFaultRig(t, "idem-fault-handler-net")
+	effect := insertEffect(rig.table)
+	var calls atomic.Int64
+	h := consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if id, _ := consumer.ByJSONField("txn_id")(m); id == "T00001" {
+			calls.Add(1)
+			return &url.Error{Op: "Post", URL: "http://127.0.0.1:1/notify", Err: io.ErrUnexpectedEOF}
+		}
+		return effect(ctx, tx, m)
+	})
+	res := consumertest.Run(t, consumer.Config[pgx.Tx]{
+		Name: "payments", Store: rig.st, Handler: h, Key: consumer.ByJSONField("txn_id"),
+		Retry: consumer.RetryPolicy{MaxAttempts: 3}, Logger: quiet,
+	}, consumertest.Script{}, rig.messages(3)...)
+	if calls.Load() != 3 || len(res.DeadLetters) != 1 || res.DeadLetters[0].Key.ID != "T00001" {
+		t.Fatalf("handler ran %d times, dead letters %+v; want 3 runs and T00001 dead-lettered", calls.Load(), res.DeadLetters)
+	}
+	var n int64
+	if err := rig.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+rig.table).Scan(&n); err != nil || n != 2 {
+		t.Fatalf("effects %d (%v), want the other 2", n, err)
 	}
 }

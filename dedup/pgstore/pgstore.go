@@ -37,7 +37,9 @@ type Config struct {
 	// Table must match [a-z_][a-z0-9_]* and be at most 48 bytes.
 	Table string
 	// LockTimeout bounds the wait on a key another transaction holds
-	// uncommitted; default 5s.
+	// uncommitted; default 5s. It is set with SET LOCAL, so it also bounds
+	// the handler's own lock waits in the same transaction (55P03,
+	// retryable).
 	LockTimeout time.Duration
 	// Retention is how long a row is kept; default 0: forever. Payments want
 	// forever or months; a queue's redelivery window is minutes.
@@ -131,14 +133,46 @@ SELECT ctid FROM ` + t + ` WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOC
 func (s *Store) Table() string { return s.table }
 
 // InTx runs fn in a READ COMMITTED transaction; see dedup.Store.
-func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
-		if err := fn(ctx, tx); err != nil {
+//
+// When the transaction fails because its connection died (or no connection
+// could be had), the error is wrapped in a *ConnLostError, which Classify
+// reports as dedup.ClassUnavailable: the consumer waits the database out
+// instead of blaming the message. Other errors, the handler's included, are
+// returned as they are.
+func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) (err error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
 			return err
 		}
-		return ctx.Err() // never commit work whose caller gave up
-	})
+		return &ConnLostError{Err: err}
+	}
+	defer func() {
+		if err == nil {
+			return
+		}
+		lost := tx.Conn().IsClosed()
+		_ = tx.Rollback(ctx) // a no-op after a failed COMMIT; closes a broken connection
+		if lost && ctx.Err() == nil {
+			err = &ConnLostError{Err: err}
+		}
+	}()
+	if err = fn(ctx, tx); err != nil {
+		return err
+	}
+	if err = ctx.Err(); err != nil {
+		return err // never commit work whose caller gave up
+	}
+	return tx.Commit(ctx)
 }
+
+// ConnLostError is a transaction that failed because its connection to
+// Postgres was lost or could not be had. When it happened during COMMIT the
+// outcome is unknown: the retry's claim finds out.
+type ConnLostError struct{ Err error }
+
+func (e *ConnLostError) Error() string { return "pgstore: connection lost: " + e.Err.Error() }
+func (e *ConnLostError) Unwrap() error { return e.Err }
 
 // retentionMillis returns the retention of scope in ms, -1 for forever.
 func (s *Store) retentionMillis(scope string) int64 {
@@ -343,8 +377,10 @@ func (s *Store) ClassifyError(err error) dedup.ErrorClass { return Classify(err)
 //   - 40001 serialization failure, 40P01 deadlock, 55P03 lock not available,
 //     57014 statement timeout: retryable;
 //   - 57P01..57P03 (shutdown, cannot connect now), 53300 too many
-//     connections, class 08 (connection exceptions), a lost or refused
-//     connection: unavailable (waited out, never dead-lettered);
+//     connections, class 08 (connection exceptions), a *ConnLostError (InTx
+//     saw its connection die) or a failed connect: unavailable (waited out,
+//     never dead-lettered). An EOF or network error a handler got from
+//     somewhere else is not: it counts against the message's retries;
 //   - class 23 (integrity constraint violation), class 22 (data exception),
 //     and pgx.ErrTxCommitRollback (a COMMIT that became ROLLBACK because a
 //     statement failed and the error was swallowed): permanent.
@@ -367,11 +403,9 @@ func Classify(err error) dedup.ErrorClass {
 		}
 		return dedup.ClassUnknown
 	}
+	var lost *ConnLostError
 	var connErr *pgconn.ConnectError
-	if errors.As(err, &connErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
-		return dedup.ClassUnavailable
-	}
-	if errors.Is(err, pgx.ErrTxClosed) || isConnLoss(err) {
+	if errors.As(err, &lost) || errors.As(err, &connErr) {
 		return dedup.ClassUnavailable
 	}
 	return dedup.ClassUnknown

@@ -3,6 +3,10 @@ package pgstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -122,7 +126,14 @@ func TestClassify(t *testing.T) {
 		{&pgconn.PgError{Code: "08006"}, dedup.ClassUnavailable},
 		{&pgconn.PgError{Code: "42P01"}, dedup.ClassUnknown},
 		{pgx.ErrTxCommitRollback, dedup.ClassPermanent},
-		{pgconn.ErrConnClosed, dedup.ClassUnavailable},
+		{&pgstore.ConnLostError{Err: io.ErrUnexpectedEOF}, dedup.ClassUnavailable},
+		{fmt.Errorf("wrapped: %w", &pgstore.ConnLostError{Err: pgconn.ErrConnClosed}), dedup.ClassUnavailable},
+		// Errors a handler gets from elsewhere are not the database going away.
+		{io.EOF, dedup.ClassUnknown},
+		{io.ErrUnexpectedEOF, dedup.ClassUnknown},
+		{context.DeadlineExceeded, dedup.ClassUnknown},
+		{&url.Error{Op: "Post", URL: "http://127.0.0.1:1", Err: &net.OpError{Op: "dial", Err: errors.New("connection refused")}}, dedup.ClassUnknown},
+		{pgx.ErrTxClosed, dedup.ClassUnknown},
 		{errors.New("something else"), dedup.ClassUnknown},
 	}
 	for _, c := range cases {

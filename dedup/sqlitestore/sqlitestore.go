@@ -144,8 +144,14 @@ func (s *Store) retentionMillis(scope string) any {
 	return d.Milliseconds()
 }
 
-// Claim claims keys in tx with one INSERT … ON CONFLICT DO NOTHING
-// RETURNING; see dedup.Store.
+// claimChunk bounds the claims of one statement: five variables each,
+// under SQLite's limit of 32766 variables per statement.
+const claimChunk = 5000
+
+// Claim claims keys in tx with INSERT … ON CONFLICT DO NOTHING RETURNING,
+// one statement per 5,000 claims; see dedup.Store. Every claim not inserted
+// is compared with the stored row (which, for a key first claimed earlier in
+// the same batch, is that claim's), as the Postgres store does.
 func (s *Store) Claim(ctx context.Context, tx *sql.Tx, claims []dedup.Claim, results []dedup.Result) error {
 	n := len(claims)
 	if len(results) < n {
@@ -155,81 +161,98 @@ func (s *Store) Claim(ctx context.Context, tx *sql.Tx, claims []dedup.Claim, res
 		return nil
 	}
 	clear(results[:n]) // a result left from an earlier batch must not stand
-	var q strings.Builder
-	q.WriteString(`INSERT INTO ` + s.table + ` (scope, key, fingerprint, source, expires_at) VALUES `)
-	args := make([]any, 0, 5*n)
-	for i := range claims {
-		c := &claims[i]
-		if i > 0 {
-			q.WriteByte(',')
-		}
-		q.WriteString(`(?, ?, ?, ?, ? + ` + nowMillis + `)`)
-		args = append(args, c.Key.Scope, c.Key.ID, c.Fingerprint[:], c.Source, s.retentionMillis(c.Key.Scope))
-	}
-	q.WriteString(` ON CONFLICT (scope, key) DO NOTHING RETURNING scope, key`)
 	first := make(map[dedup.Key]int, n)
 	for i := n - 1; i >= 0; i-- {
 		first[claims[i].Key] = i
 	}
-	rows, err := tx.QueryContext(ctx, q.String(), args...)
-	if err != nil {
-		return s.wrap("claim", err)
-	}
+	var q strings.Builder
+	args := make([]any, 0, 5*min(n, claimChunk))
 	inserted := 0
-	for rows.Next() {
-		var k dedup.Key
-		if err := rows.Scan(&k.Scope, &k.ID); err != nil {
-			rows.Close()
-			return s.wrap("claim", err)
+	for start := 0; start < n; start += claimChunk {
+		chunk := claims[start:min(n, start+claimChunk)]
+		q.Reset()
+		args = args[:0]
+		// The clock is read once per statement: an expression per row would
+		// make SQLite's code generator compare every pair of them.
+		q.WriteString(`INSERT INTO ` + s.table + ` (scope, key, fingerprint, source, expires_at)
+SELECT v.column1, v.column2, v.column3, v.column4, v.column5 + n.now FROM (VALUES `)
+		for i := range chunk {
+			c := &chunk[i]
+			if i > 0 {
+				q.WriteByte(',')
+			}
+			q.WriteString(`(?, ?, ?, ?, ?)`)
+			args = append(args, c.Key.Scope, c.Key.ID, c.Fingerprint[:], c.Source, s.retentionMillis(c.Key.Scope))
 		}
-		results[first[k]] = dedup.Result{Status: dedup.StatusNew}
-		inserted++
-	}
-	if err := rows.Close(); err != nil {
-		return s.wrap("claim", err)
-	}
-	if err := rows.Err(); err != nil {
-		return s.wrap("claim", err)
-	}
-	if inserted == n {
-		return nil
-	}
-	q.Reset()
-	args = args[:0]
-	q.WriteString(`SELECT scope, key, fingerprint, outcome, coalesce(reason, '') FROM ` + s.table + ` WHERE (scope, key) IN (VALUES `)
-	for i := range claims {
-		if results[i].Status != 0 || first[claims[i].Key] != i {
-			continue
-		}
-		if len(args) > 0 {
-			q.WriteByte(',')
-		}
-		q.WriteString(`(?, ?)`)
-		args = append(args, claims[i].Key.Scope, claims[i].Key.ID)
-	}
-	q.WriteByte(')')
-	if len(args) > 0 {
+		// WHERE true: SQLite's parser needs it before an upsert clause.
+		q.WriteString(`) AS v, (SELECT ` + nowMillis + ` AS now) AS n WHERE true ON CONFLICT (scope, key) DO NOTHING RETURNING scope, key`)
 		rows, err := tx.QueryContext(ctx, q.String(), args...)
 		if err != nil {
 			return s.wrap("claim", err)
 		}
 		for rows.Next() {
 			var k dedup.Key
-			var fp []byte
-			var outcome, reason string
-			if err := rows.Scan(&k.Scope, &k.ID, &fp, &outcome, &reason); err != nil {
+			if err := rows.Scan(&k.Scope, &k.ID); err != nil {
 				rows.Close()
 				return s.wrap("claim", err)
 			}
-			i := first[k]
-			switch {
-			case string(fp) != string(claims[i].Fingerprint[:]):
-				results[i] = dedup.Result{Status: dedup.StatusMismatch}
-			case outcome == "failed":
-				results[i] = dedup.Result{Status: dedup.StatusFailed, Reason: reason}
-			default:
-				results[i] = dedup.Result{Status: dedup.StatusDuplicate}
+			results[first[k]] = dedup.Result{Status: dedup.StatusNew}
+			inserted++
+		}
+		if err := rows.Close(); err != nil {
+			return s.wrap("claim", err)
+		}
+		if err := rows.Err(); err != nil {
+			return s.wrap("claim", err)
+		}
+	}
+	if inserted == n {
+		return nil
+	}
+
+	type row struct {
+		fp      []byte
+		failed  bool
+		reason  string
+		present bool
+	}
+	var look []dedup.Key
+	seen := make(map[dedup.Key]bool)
+	for i := range claims {
+		if results[i].Status == 0 && !seen[claims[i].Key] {
+			seen[claims[i].Key] = true
+			look = append(look, claims[i].Key)
+		}
+	}
+	stored := make(map[dedup.Key]row, len(look))
+	for start := 0; start < len(look); start += 2 * claimChunk {
+		chunk := look[start:min(len(look), start+2*claimChunk)]
+		q.Reset()
+		args = args[:0]
+		q.WriteString(`WITH v(s, k) AS (VALUES `)
+		for i, k := range chunk {
+			if i > 0 {
+				q.WriteByte(',')
 			}
+			q.WriteString(`(?, ?)`)
+			args = append(args, k.Scope, k.ID)
+		}
+		// A join on the primary key: one index lookup per key.
+		q.WriteString(`) SELECT t.scope, t.key, t.fingerprint, t.outcome, coalesce(t.reason, '') FROM v JOIN ` + s.table + ` t ON t.scope = v.s AND t.key = v.k`)
+		rows, err := tx.QueryContext(ctx, q.String(), args...)
+		if err != nil {
+			return s.wrap("claim", err)
+		}
+		for rows.Next() {
+			var k dedup.Key
+			var r row
+			var outcome string
+			if err := rows.Scan(&k.Scope, &k.ID, &r.fp, &outcome, &r.reason); err != nil {
+				rows.Close()
+				return s.wrap("claim", err)
+			}
+			r.failed, r.present = outcome == "failed", true
+			stored[k] = r
 		}
 		if err := rows.Close(); err != nil {
 			return s.wrap("claim", err)
@@ -242,14 +265,14 @@ func (s *Store) Claim(ctx context.Context, tx *sql.Tx, claims []dedup.Claim, res
 		if results[i].Status != 0 {
 			continue
 		}
-		j := first[claims[i].Key]
+		r := stored[claims[i].Key]
 		switch {
-		case j == i:
+		case !r.present:
 			return fmt.Errorf("%w: key %s vanished during the claim (purged?)", dedup.ErrInFlight, claims[i].Key)
-		case claims[j].Fingerprint != claims[i].Fingerprint:
+		case string(r.fp) != string(claims[i].Fingerprint[:]):
 			results[i] = dedup.Result{Status: dedup.StatusMismatch}
-		case results[j].Status == dedup.StatusFailed:
-			results[i] = results[j]
+		case r.failed:
+			results[i] = dedup.Result{Status: dedup.StatusFailed, Reason: r.reason}
 		default:
 			results[i] = dedup.Result{Status: dedup.StatusDuplicate}
 		}

@@ -54,6 +54,16 @@ func (e *NotObjectError) Error() string {
 	return fmt.Sprintf("jsonx: value at depth %d is %s, not an object", e.Depth, e.Kind)
 }
 
+// DuplicateKeyError: an object on the path has the key twice.
+type DuplicateKeyError struct {
+	Depth int
+	Key   string
+}
+
+func (e *DuplicateKeyError) Error() string {
+	return fmt.Sprintf("jsonx: key %q appears twice in one object", e.Key)
+}
+
 type scanner struct {
 	data []byte
 	pos  int
@@ -320,11 +330,13 @@ func Lookup(data []byte, path []string) (Kind, string, error) {
 		}
 		s.pos++
 		s.ws()
-		found := false
 		if s.pos < len(s.data) && s.data[s.pos] == '}' {
 			return Invalid, "", ErrNotFound
 		}
-		for !found {
+		// Scan the whole object: a key that appears twice is refused, since
+		// decoders disagree on which one counts (encoding/json: the last).
+		at := -1
+		for {
 			s.ws()
 			if s.peek() != String {
 				return Invalid, "", s.errf("object key is not a string")
@@ -336,13 +348,18 @@ func Lookup(data []byte, path []string) (Kind, string, error) {
 			if err := s.colon(); err != nil {
 				return Invalid, "", err
 			}
+			var match bool
 			if esc {
-				found = unescape(nil, raw) == seg
+				match = unescape(nil, raw) == seg
 			} else {
-				found = string(raw) == seg
+				match = string(raw) == seg
 			}
-			if found {
-				break
+			if match {
+				if at >= 0 {
+					return Invalid, "", &DuplicateKeyError{Depth: depth, Key: seg}
+				}
+				s.ws()
+				at = s.pos
 			}
 			if err := s.skip(depth + 1); err != nil {
 				return Invalid, "", err
@@ -352,9 +369,13 @@ func Lookup(data []byte, path []string) (Kind, string, error) {
 				return Invalid, "", err
 			}
 			if done {
-				return Invalid, "", ErrNotFound
+				break
 			}
 		}
+		if at < 0 {
+			return Invalid, "", ErrNotFound
+		}
+		s.pos = at
 	}
 	k := s.peek()
 	switch k {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestCanonical(t *testing.T) {
@@ -58,6 +59,13 @@ func TestLookup(t *testing.T) {
 		if k != c.kind || v != c.val || !errors.Is(err, c.err) {
 			t.Errorf("Lookup(%v) = %v %q %v, want %v %q %v", c.path, k, v, err, c.kind, c.val, c.err)
 		}
+	}
+	var dup *DuplicateKeyError
+	if _, _, err := Lookup([]byte(`{"a":{"b":1,"b":2}}`), []string{"a", "b"}); !errors.As(err, &dup) || dup.Key != "b" {
+		t.Errorf("duplicate key on the path: %v", err)
+	}
+	if k, v, err := Lookup([]byte(`{"a":1,"x":{"b":1,"b":2},"a2":3}`), []string{"a"}); err != nil || k != Number || v != "1" {
+		t.Errorf("duplicates off the path are not the path's business: %v %q %v", k, v, err)
 	}
 	var no *NotObjectError
 	if _, _, err := Lookup(doc, []string{"id", "x"}); !errors.As(err, &no) || no.Depth != 1 || no.Kind != String {
@@ -121,16 +129,18 @@ func FuzzLookup(f *testing.F) {
 				t.Fatalf("Lookup found %v %q for a missing key", k, v)
 			}
 		}
-		// Kinds agree (values may not: with duplicate keys encoding/json keeps
-		// the last, Lookup the first).
-		switch cur.(type) {
+		// Lookup refuses duplicate keys on the path, so it must agree with
+		// encoding/json on kind and value.
+		switch want := cur.(type) {
 		case string:
-			if k != String {
-				t.Fatalf("kind %v, want string", k)
+			// encoding/json turns invalid UTF-8 into U+FFFD; Lookup keeps the
+			// bytes (and dedup.Key refuses them).
+			if k != String || utf8.ValidString(v) && v != want {
+				t.Fatalf("Lookup = %v %q, encoding/json has string %q", k, v, want)
 			}
 		case json.Number:
-			if k != Number {
-				t.Fatalf("kind %v, want number", k)
+			if k != Number || v != string(want) {
+				t.Fatalf("Lookup = %v %q, encoding/json has number %s", k, v, want)
 			}
 		}
 	})

@@ -29,18 +29,24 @@ type Policy struct {
 
 // Backoff hands out the delays of one retry sequence. Not safe for concurrent use.
 type Backoff struct {
-	clock Clock
-	b     backoff.BackOff
+	clock      Clock
+	b          backoff.BackOff
+	maxElapsed time.Duration
+	slept      time.Duration
 }
 
-// New starts a retry sequence; the elapsed-time bound counts from now.
+// New starts a retry sequence.
+//
+// MaxElapsed bounds the time this sequence itself waited, not the wall
+// clock: a caller that also waits for other reasons (the database is down)
+// does not use up the message's budget meanwhile.
 func (p Policy) New() *Backoff {
 	eb := &backoff.ExponentialBackOff{
 		InitialInterval:     p.Initial,
 		RandomizationFactor: p.Jitter,
 		Multiplier:          p.Multiplier,
 		MaxInterval:         p.Max,
-		MaxElapsedTime:      p.MaxElapsed,
+		MaxElapsedTime:      0, // enforced on slept time below
 		Stop:                backoff.Stop,
 		Clock:               p.Clock,
 	}
@@ -49,16 +55,17 @@ func (p Policy) New() *Backoff {
 	if p.MaxAttempts > 0 {
 		b = backoff.WithMaxRetries(eb, uint64(p.MaxAttempts-1))
 	}
-	return &Backoff{clock: p.Clock, b: b}
+	return &Backoff{clock: p.Clock, b: b, maxElapsed: p.MaxElapsed}
 }
 
 // Wait sleeps for the next delay. It returns false when the policy is used
 // up (no sleep happened) and ctx.Err() when ctx ends while waiting.
 func (b *Backoff) Wait(ctx context.Context) (bool, error) {
 	d := b.b.NextBackOff()
-	if d == backoff.Stop {
+	if d == backoff.Stop || b.maxElapsed > 0 && b.slept+d > b.maxElapsed {
 		return false, nil
 	}
+	b.slept += d
 	if err := b.clock.Sleep(ctx, d); err != nil {
 		return true, err
 	}
