@@ -33,6 +33,14 @@ type backend struct {
 	rawCredit func(t *testing.T, account string, amount int64) // an effect outside idem
 }
 
+// exec runs a statement outside idem, to corrupt the tables on purpose.
+func (b backend) exec(t *testing.T, sql string, args ...any) {
+	t.Helper()
+	if _, err := b.db.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
 func config[TTx any](st dedup.Store[TTx], h consumer.Handler[TTx]) consumer.Config[TTx] {
 	return consumer.Config[TTx]{
 		Name: "payments", Store: st, Handler: h, Key: consumer.ByJSONField(payments.KeyField),
@@ -267,4 +275,49 @@ func TestDecode(t *testing.T) {
 			t.Errorf("Decode(%s): %v", p, err)
 		}
 	}
+}
+
+// TestReconcileCatchesEachCorruption breaks the tables one way at a time and
+// checks that the matching check fires: every check can fail.
+func TestReconcileCatchesEachCorruption(t *testing.T) {
+	cases := []struct {
+		name    string
+		corrupt func(t *testing.T, b backend, s payments.Stream)
+		counter func(r payments.Report) int64
+	}{
+		{"ledger row without dedup row", func(t *testing.T, b backend, s payments.Stream) {
+			b.exec(t, `DELETE FROM `+b.dedup+` WHERE key = $1`, s.Expected[0].TxnID)
+		}, func(r payments.Report) int64 { return r.LedgerNoDedup }},
+		{"dedup row without ledger row", func(t *testing.T, b backend, s payments.Stream) {
+			b.exec(t, `DELETE FROM ledger WHERE txn_id = $1`, s.Expected[1].TxnID)
+		}, func(r payments.Report) int64 { return r.DedupNoLedger }},
+		{"paid order without ledger row", func(t *testing.T, b backend, s payments.Stream) {
+			b.exec(t, `DELETE FROM ledger WHERE txn_id = $1`, s.Expected[2].TxnID)
+		}, func(r payments.Report) int64 { return r.PaidNoLedger }},
+		{"ledger row of an unpaid order", func(t *testing.T, b backend, s payments.Stream) {
+			b.exec(t, `UPDATE orders SET status = 'UNPAID', paid_txn = NULL WHERE paid_txn = $1`, s.Expected[3].TxnID)
+		}, func(r payments.Report) int64 { return r.LedgerNotPaid }},
+		{"unexpected ledger row", func(t *testing.T, b backend, s payments.Stream) {
+			o := s.Orders[0]
+			b.exec(t, `INSERT INTO ledger (txn_id, order_id, account_id, amount, channel) VALUES ('forged', $1, $2, 1, 'card')`, o.ID, o.Account)
+		}, func(r payments.Report) int64 { return r.Unexpected }},
+		{"sales disagree with paid orders", func(t *testing.T, b backend, s payments.Stream) {
+			b.exec(t, `UPDATE inventory SET sold = sold + 1 WHERE sku = $1`, s.Orders[0].SKU)
+		}, func(r payments.Report) int64 { return r.DoubleApplied }},
+	}
+	eachBackend(t, func(t *testing.T, b backend) {
+		s := payments.Generate(20, 11)
+		setup(t, b, s.Orders)
+		b.drive(t, consumertest.Script{}, messages(s.Payloads))
+		if r := reconcile(t, b, s.Expected); !r.OK() {
+			t.Fatalf("before corruption: %v", r)
+		}
+		for _, c := range cases {
+			c.corrupt(t, b, s)
+			r := reconcile(t, b, s.Expected)
+			if r.OK() || c.counter(r) == 0 {
+				t.Errorf("%s went unnoticed: %v", c.name, r)
+			}
+		}
+	})
 }

@@ -55,7 +55,12 @@ func Reconcile(ctx context.Context, db DB, dedupTable, scope string, expected []
 	if err := q(&r.Credited, `SELECT coalesce(sum(balance), 0) FROM accounts`); err != nil {
 		return r, err
 	}
+	seen := make(map[string]bool, len(expected))
 	for _, e := range expected {
+		if seen[e.TxnID] {
+			return r, fmt.Errorf("payments: reconcile: %s is expected twice", e.TxnID)
+		}
+		seen[e.TxnID] = true
 		var n int64
 		if err := q(&n, `SELECT count(*) FROM ledger l JOIN orders o ON o.id = l.order_id
 WHERE l.txn_id = $1 AND l.amount = $2 AND o.status = 'PAID' AND o.paid_txn = l.txn_id`, e.TxnID, e.Amount); err != nil {
