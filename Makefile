@@ -34,5 +34,12 @@ vet: ## go vet and a gofmt check
 	go vet ./...
 
 bench-e2e: ## idem vs raw kafka-go, hand-written dedup and the database ceiling (real Kafka, durable Postgres)
-	@set -e; out=$$(scripts/testenv.sh up kafka postgres-durable); eval "$$out"; \
+	@set -e; out=$$(scripts/testenv.sh up kafka rocketmq postgres-durable); eval "$$out"; \
 	go run ./cmd/idem-bench $(BENCH_FLAGS)
+
+.PHONY: test-faults
+test-faults: ## the fault-injection suite alone (child consumers, SIGKILLs, restarts), with its summary table
+	@set -e; out=$$(scripts/testenv.sh up $(SERVICES)); eval "$$out"; \
+	summary=$$(mktemp); trap 'rm -f $$summary' EXIT; \
+	IDEM_FAULTS_SUMMARY=$$summary go test -race -count=1 -timeout 20m ./internal/faults; \
+	cat $$summary

@@ -566,3 +566,38 @@ func TestStopPastDeadlineReleases(t *testing.T) {
 		t.Fatalf("hard stop: acked %d, released %d; want 0 and 2", len(src.acked), len(src.released))
 	}
 }
+
+// conflictStore classifies errDeadlock as the SQL stores classify 40P01.
+type conflictStore struct{ *memstore.Store }
+
+var errDeadlock = errors.New("deadlock detected")
+
+func (c conflictStore) ClassifyError(err error) dedup.ErrorClass {
+	if errors.Is(err, errDeadlock) {
+		return dedup.ClassConflict
+	}
+	return dedup.ClassUnknown
+}
+
+// TestConflictsDoNotUseUpTheRetryBudget: a deadlock with another lane, met
+// by the handler's own UPDATE, is not the message's fault; twenty in a row
+// (MaxAttempts is 4) still end in the message applied, not dead-lettered.
+func TestConflictsDoNotUseUpTheRetryBudget(t *testing.T) {
+	eff := newEffects()
+	var left atomic.Int64
+	left.Store(20)
+	cfg := baseConfig(func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
+		if left.Add(-1) >= 0 {
+			return fmt.Errorf("update accounts: %w", errDeadlock)
+		}
+		id, _ := consumer.ByJSONField("txn_id")(m)
+		eff.add(tx, id)
+		return nil
+	})
+	cfg.Store = conflictStore{memstore.New(memstore.Config{})}
+	res := consumertest.Run(t, cfg, consumertest.Script{}, consumertest.Message("pay", 0, 0, "", payment(0)))
+	eff.check(t, []string{"T00000"})
+	if len(res.DeadLetters) != 0 || res.Stats.Retries < 20 {
+		t.Fatalf("dead letters %+v, retries %d", res.DeadLetters, res.Stats.Retries)
+	}
+}

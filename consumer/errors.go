@@ -67,7 +67,7 @@ func classify(err error, store func(error) dedup.ErrorClass) dedup.ErrorClass {
 	case errors.As(err, &r):
 		return dedup.ClassRetryable
 	case errors.Is(err, dedup.ErrInFlight):
-		return dedup.ClassRetryable
+		return dedup.ClassConflict
 	case errors.Is(err, dedup.ErrInvalidKey), errors.Is(err, dedup.ErrFingerprintMismatch),
 		errors.Is(err, ErrNoKey), errors.Is(err, ErrBadPayload), errors.Is(err, ErrPayloadTooLarge):
 		return dedup.ClassPermanent

@@ -215,8 +215,8 @@ func (c *Consumer[TTx]) settle(ctx context.Context, l *lane[TTx], its []*item) e
 			return ctx.Err()
 		}
 		class := classify(err, c.cfg.Store.ClassifyError)
-		if class == dedup.ClassUnavailable {
-			failIdx = -1 // the database failed under the handler, not the message
+		if class.NotTheMessage() {
+			failIdx = -1 // the database or a concurrent transaction failed under the handler, not the message
 		}
 		switch {
 		case failIdx == handlerFailedSomewhere && len(its) > 1:
@@ -273,7 +273,7 @@ func (c *Consumer[TTx]) settle(ctx context.Context, l *lane[TTx], its []*item) e
 // against the policy; a database failure is waited out.
 func (c *Consumer[TTx]) settleOne(ctx context.Context, l *lane[TTx], it *item, err error, class dedup.ErrorClass) error {
 	bounded, infra := c.newWait(c.policy), c.newWait(c.infra)
-	handlerFailed := class != dedup.ClassUnavailable
+	handlerFailed := !class.NotTheMessage()
 	one := []*item{it}
 	for {
 		switch {
@@ -306,7 +306,7 @@ func (c *Consumer[TTx]) settleOne(ctx context.Context, l *lane[TTx], it *item, e
 			return ctx.Err()
 		}
 		class = classify(err, c.cfg.Store.ClassifyError)
-		handlerFailed = (failIdx == 0 || failIdx == handlerFailedSomewhere) && class != dedup.ClassUnavailable
+		handlerFailed = (failIdx == 0 || failIdx == handlerFailedSomewhere) && !class.NotTheMessage()
 	}
 }
 

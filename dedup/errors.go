@@ -23,8 +23,9 @@ const (
 	// ClassUnknown: the classifier has no opinion; the consumer retries with
 	// backoff, bounded by its retry policy.
 	ClassUnknown ErrorClass = iota
-	// ClassRetryable: transient (serialization failure, deadlock, lock
-	// timeout, lost connection). Roll back and retry with backoff.
+	// ClassRetryable: transient, possibly the message's doing (a downstream
+	// timeout, Retryable(err)). Roll back and retry with backoff, bounded by
+	// the consumer's retry policy.
 	ClassRetryable
 	// ClassPermanent: retrying cannot help (constraint violation, bad data).
 	// Roll back, record the failure and dead-letter the message.
@@ -33,7 +34,18 @@ const (
 	// connection, admin shutdown, too many connections). Not the message's
 	// fault: the consumer waits it out and never dead-letters over it.
 	ClassUnavailable
+	// ClassConflict: the transaction collided with a concurrent one
+	// (deadlock, serialization failure, lock timeout, a key in flight
+	// elsewhere). Not the message's fault either: the batch is retried whole
+	// with jittered backoff, which breaks the cycle, without using up the
+	// message's retry budget.
+	ClassConflict
 )
+
+// NotTheMessage reports whether c is a failure of the database or of
+// concurrency rather than of the message: such failures are retried for as
+// long as they last and never dead-letter a message.
+func (c ErrorClass) NotTheMessage() bool { return c == ClassUnavailable || c == ClassConflict }
 
 func (c ErrorClass) String() string {
 	switch c {
@@ -43,6 +55,8 @@ func (c ErrorClass) String() string {
 		return "permanent"
 	case ClassUnavailable:
 		return "unavailable"
+	case ClassConflict:
+		return "conflict"
 	default:
 		return "unknown"
 	}

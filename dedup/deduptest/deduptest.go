@@ -211,7 +211,7 @@ func (s suite[TTx]) concurrentClaims(t *testing.T) {
 					}
 					return
 				}
-				if st.ClassifyError(err) != dedup.ClassRetryable && !errors.Is(err, dedup.ErrInFlight) || attempt > 50 {
+				if !st.ClassifyError(err).NotTheMessage() && st.ClassifyError(err) != dedup.ClassRetryable && !errors.Is(err, dedup.ErrInFlight) || attempt > 50 {
 					errs <- err
 					return
 				}

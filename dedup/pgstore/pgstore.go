@@ -148,11 +148,10 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx
 		return &ConnLostError{Err: err}
 	}
 	defer func() {
-		if err == nil {
-			return
-		}
-		lost := tx.Conn().IsClosed()
-		_ = tx.Rollback(ctx) // a no-op after a failed COMMIT; closes a broken connection
+		// Always: also when fn panicked or called runtime.Goexit (t.Fatal);
+		// a no-op after COMMIT; closes a broken connection.
+		lost := err != nil && tx.Conn().IsClosed()
+		_ = tx.Rollback(ctx)
 		if lost && ctx.Err() == nil {
 			err = &ConnLostError{Err: err}
 		}
@@ -253,7 +252,13 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, claims []dedup.Claim, resu
 			rest = strconv.AppendInt(rest, int64(i+1), 10)
 		}
 	}
-	lrows, err := tx.Query(ctx, s.lookupSQL, append(buf.args[:], rest)...)
+	// Planned afresh each time (an unnamed statement): a prepared statement
+	// gets a generic plan cached after five runs, built on the table's size
+	// back then — a hash join over a full scan of what has become a large
+	// table (found by idem-bench). Exec mode infers parameter types from Go
+	// types, so the text parameters go as strings here.
+	lrows, err := tx.Query(ctx, s.lookupSQL, pgx.QueryExecModeExec,
+		string(buf.scopes), string(buf.keys), string(buf.fps), string(buf.srcs), string(buf.rets), string(rest))
 	if err != nil {
 		return s.claimErr(err)
 	}
@@ -374,8 +379,9 @@ func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 func (s *Store) ClassifyError(err error) dedup.ErrorClass { return Classify(err) }
 
 // Classify sorts a Postgres error:
-//   - 40001 serialization failure, 40P01 deadlock, 55P03 lock not available,
-//     57014 statement timeout: retryable;
+//   - 40001 serialization failure, 40P01 deadlock, 55P03 lock not available:
+//     conflict (retried whole, not counted against the message);
+//   - 57014 statement timeout: retryable (bounded);
 //   - 57P01..57P03 (shutdown, cannot connect now), 53300 too many
 //     connections, class 08 (connection exceptions), a *ConnLostError (InTx
 //     saw its connection die) or a failed connect: unavailable (waited out,
@@ -394,7 +400,9 @@ func Classify(err error) dedup.ErrorClass {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch code := pgErr.Code; {
-		case code == "40001", code == "40P01", code == "55P03", code == "57014":
+		case code == "40001", code == "40P01", code == "55P03":
+			return dedup.ClassConflict
+		case code == "57014":
 			return dedup.ClassRetryable
 		case code == "57P01", code == "57P02", code == "57P03", code == "53300", code[:2] == "08":
 			return dedup.ClassUnavailable

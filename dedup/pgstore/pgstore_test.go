@@ -116,9 +116,10 @@ func TestClassify(t *testing.T) {
 		err  error
 		want dedup.ErrorClass
 	}{
-		{&pgconn.PgError{Code: "40001"}, dedup.ClassRetryable},
-		{&pgconn.PgError{Code: "40P01"}, dedup.ClassRetryable},
-		{&pgconn.PgError{Code: "55P03"}, dedup.ClassRetryable},
+		{&pgconn.PgError{Code: "40001"}, dedup.ClassConflict},
+		{&pgconn.PgError{Code: "40P01"}, dedup.ClassConflict},
+		{&pgconn.PgError{Code: "55P03"}, dedup.ClassConflict},
+		{&pgconn.PgError{Code: "57014"}, dedup.ClassRetryable},
 		{&pgconn.PgError{Code: "23505"}, dedup.ClassPermanent},
 		{&pgconn.PgError{Code: "23503"}, dedup.ClassPermanent},
 		{&pgconn.PgError{Code: "22P02"}, dedup.ClassPermanent},

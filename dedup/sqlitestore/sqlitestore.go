@@ -308,7 +308,7 @@ func (s *Store) wrap(op string, err error) error {
 	if err == nil {
 		return nil
 	}
-	if Classify(err) == dedup.ClassRetryable {
+	if Classify(err) == dedup.ClassConflict {
 		return fmt.Errorf("%w: sqlitestore: %s: %w", dedup.ErrInFlight, op, err)
 	}
 	return fmt.Errorf("sqlitestore: %s: %w", op, err)
@@ -318,7 +318,7 @@ func (s *Store) wrap(op string, err error) error {
 func (s *Store) ClassifyError(err error) dedup.ErrorClass { return Classify(err) }
 
 // Classify sorts an SQLite error: SQLITE_BUSY and SQLITE_LOCKED are
-// retryable, SQLITE_CONSTRAINT is permanent.
+// conflicts, SQLITE_CONSTRAINT is permanent.
 func Classify(err error) dedup.ErrorClass {
 	var se *sqlite.Error
 	if !errors.As(err, &se) {
@@ -326,7 +326,7 @@ func Classify(err error) dedup.ErrorClass {
 	}
 	switch se.Code() & 0xff {
 	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
-		return dedup.ClassRetryable
+		return dedup.ClassConflict
 	case sqlite3.SQLITE_CONSTRAINT:
 		return dedup.ClassPermanent
 	}
