@@ -1,21 +1,29 @@
 // Command idem-bench measures idem side by side with what people write
-// instead, against a real Kafka broker and a durable Postgres, in one run.
+// instead, against a real Kafka broker, a real RocketMQ and a durable
+// Postgres, in one run.
 //
 //	make bench-e2e
-//	go run ./cmd/idem-bench -brokers 127.0.0.1:9092 -postgres "$IDEM_BENCH_PG_URL" [-json]
+//	go run ./cmd/idem-bench -brokers 127.0.0.1:9092 -namesrv 127.0.0.1:9876 -postgres "$IDEM_BENCH_PG_URL" [-json]
 //
-// It prefills a topic, then drains it under a fresh consumer group per row:
+// It prefills a Kafka topic and a RocketMQ topic with the same payloads
+// (prefill time is reported apart, it is no row's), then drains them under a
+// fresh consumer group per row:
 //
-//	raw         kafka-go consumer group: fetch, commit; no database (the broker ceiling)
-//	naive       per message: BEGIN; INSERT dedup ON CONFLICT DO NOTHING; business
-//	            INSERT; COMMIT; CommitMessages (what people hand-write)
-//	idem-b1     idem, batch size 1
-//	idem-b100   idem, batch size 100
-//	pg-ceiling  the same claim and business insert in batches of 100 from two
-//	            connections, no broker (the database ceiling)
+//	raw            kafka-go consumer group: fetch, commit; no database (the broker ceiling)
+//	naive          per message: BEGIN; INSERT dedup ON CONFLICT DO NOTHING; business
+//	               INSERT; COMMIT; CommitMessages (what people hand-write)
+//	idem-b1        idem, batch size 1
+//	idem-b100      idem, batch size 100
+//	pg-ceiling     the same claim and business insert in batches of 100 from two
+//	               connections, no broker (the database ceiling)
+//	rmq-raw        rocketmq-client-go push consumer (concurrent mode) returning
+//	               ConsumeSuccess for every message; no database (the RocketMQ ceiling)
+//	rmq-idem-b100  idem over adapters/rocketmq, batch size 100
 //
 // and prints messages/s, CPU seconds of this process per 100k messages, p50
 // and p99 latency from fetch to acknowledgement, and the ratios between rows.
+// The RocketMQ rows run only with a name server (-namesrv, default
+// $IDEM_TEST_ROCKETMQ_NAMESRV); without one the default row list skips them.
 package main
 
 import (
@@ -28,11 +36,11 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -47,6 +55,7 @@ import (
 
 type settings struct {
 	Brokers      string  `json:"brokers"`
+	NameServers  string  `json:"rocketmq_namesrv,omitempty"`
 	Messages     int     `json:"messages"`
 	SlowMessages int     `json:"slow_messages"`
 	Partitions   int     `json:"partitions"`
@@ -55,7 +64,21 @@ type settings struct {
 	Rows         string  `json:"rows"`
 	Rounds       int     `json:"rounds"`
 	CeilingConns int     `json:"ceiling_connections"`
+
+	// The RocketMQ rows' client settings (both rows use the same).
+	RMQBroker     string `json:"rocketmq_broker,omitempty"`
+	RMQPullBatch  int    `json:"rocketmq_pull_batch"`
+	RMQCallBatch  int    `json:"rocketmq_consume_batch"`
+	RMQGoroutines int    `json:"rocketmq_consume_goroutines"`
+	RMQClientLog  string `json:"-"`
 }
+
+// The rows, in their default order, and the broker each needs.
+var (
+	kafkaRows = []string{"raw", "naive", "idem-b1", "idem-b100"}
+	rmqRows   = []string{"rmq-raw", "rmq-idem-b100"}
+	allRows   = []string{"raw", "naive", "idem-b1", "idem-b100", "pg-ceiling", "rmq-raw", "rmq-idem-b100"}
+)
 
 // Row is one measured configuration.
 type Row struct {
@@ -74,32 +97,56 @@ func main() {
 	var s settings
 	pgURL := flag.String("postgres", os.Getenv("IDEM_BENCH_PG_URL"), "durable Postgres URL (fsync on); default $IDEM_BENCH_PG_URL")
 	flag.StringVar(&s.Brokers, "brokers", envOr("IDEM_TEST_KAFKA_BROKERS", "127.0.0.1:9092"), "Kafka brokers")
+	flag.StringVar(&s.NameServers, "namesrv", os.Getenv("IDEM_TEST_ROCKETMQ_NAMESRV"), "RocketMQ name servers, host:port separated by commas; default $IDEM_TEST_ROCKETMQ_NAMESRV (none: the default rows skip RocketMQ)")
 	flag.IntVar(&s.Messages, "messages", 200000, "messages to prefill and drain")
 	flag.IntVar(&s.SlowMessages, "slow-messages", 20000, "messages the per-message rows (naive, idem-b1) drain; their rate is measured on these")
-	flag.IntVar(&s.Partitions, "partitions", 8, "topic partitions")
+	flag.IntVar(&s.Partitions, "partitions", 8, "topic partitions (Kafka) and queues (RocketMQ)")
 	flag.IntVar(&s.Size, "size", 256, "message size in bytes")
 	flag.Float64Var(&s.DupRate, "dup", 0.10, "share of messages that repeat an earlier business key")
-	flag.StringVar(&s.Rows, "rows", "raw,naive,idem-b1,idem-b100,pg-ceiling", "rows to run, in this order")
+	flag.StringVar(&s.Rows, "rows", strings.Join(allRows, ","), "rows to run, in this order")
 	flag.IntVar(&s.Rounds, "rounds", 1, "run the rows this many times, alternating, and keep each row's best")
 	flag.IntVar(&s.CeilingConns, "ceiling-conns", 2, "connections of the pg-ceiling row")
+	flag.StringVar(&s.RMQBroker, "rmq-broker", "", "RocketMQ broker address to create the topic on; default: asked from mqadmin clusterList (scripts/testenv/rocketmq.sh)")
+	flag.IntVar(&s.RMQPullBatch, "rmq-pull-batch", 32, "RocketMQ rows: messages pulled from a queue at once (PullBatchSize; the broker caps a pull at maxTransferCountOnMessageInMemory, 32 by default)")
+	flag.IntVar(&s.RMQCallBatch, "rmq-consume-batch", 32, "RocketMQ rows: most messages per consume call (ConsumeMessageBatchMaxSize; a call never spans two pulls)")
+	flag.IntVar(&s.RMQGoroutines, "rmq-goroutines", 20, "RocketMQ rows: consume calls in flight per topic (ConsumeGoroutineNums)")
+	flag.StringVar(&s.RMQClientLog, "rmq-client-log", "off", "RocketMQ client library logs to stderr at this level and above: off, debug, info, warn, error")
 	asJSON := flag.Bool("json", false, "print one JSON object with every row and ratio")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of this process, prefill and rows, to this file")
 	flag.Parse()
 	if *pgURL == "" {
 		fmt.Fprintln(os.Stderr, "idem-bench: -postgres (or IDEM_BENCH_PG_URL) is required: a durable Postgres, see scripts/testenv/postgres-durable.sh")
 		os.Exit(2)
 	}
-	rows, err := bench(context.Background(), s, *pgURL, os.Stderr)
+	rowsSet := false
+	flag.Visit(func(f *flag.Flag) { rowsSet = rowsSet || f.Name == "rows" })
+	if !rowsSet && s.NameServers == "" {
+		fmt.Fprintln(os.Stderr, "idem-bench: no RocketMQ name server (-namesrv, $IDEM_TEST_ROCKETMQ_NAMESRV): skipping the rows", strings.Join(rmqRows, ", "))
+		s.Rows = strings.Join(slices.DeleteFunc(strings.Split(s.Rows, ","), func(r string) bool { return slices.Contains(rmqRows, r) }), ",")
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "idem-bench: -cpuprofile:", err)
+			os.Exit(2)
+		}
+	}
+	res, err := bench(context.Background(), s, *pgURL, os.Stderr)
+	pprof.StopCPUProfile() // no-op without -cpuprofile
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "idem-bench:", err)
 		os.Exit(1)
 	}
-	ratios := ratiosOf(rows)
+	ratios := ratiosOf(res.rows)
 	if *asJSON {
-		out, _ := json.Marshal(map[string]any{"settings": s, "rows": rows, "ratios": ratios})
+		out, _ := json.Marshal(map[string]any{"settings": s, "rows": res.rows, "ratios": ratios, "prefill_seconds": res.prefill})
 		fmt.Println(string(out))
 		return
 	}
-	printTable(os.Stdout, s, rows, ratios)
+	printTable(os.Stdout, s, res, ratios)
 }
 
 func envOr(k, def string) string {
@@ -109,26 +156,81 @@ func envOr(k, def string) string {
 	return def
 }
 
-func bench(ctx context.Context, s settings, pgURL string, log io.Writer) ([]Row, error) {
+// result is what bench measured.
+type result struct {
+	rows    []Row
+	prefill map[string]float64 // seconds per broker ("kafka", "rocketmq"), not part of any row
+}
+
+// env is what the rows run against.
+type env struct {
+	s        settings
+	brokers  []string // Kafka
+	topic    string   // Kafka topic
+	rmq      *rmqEnv  // nil without RocketMQ rows
+	pool     *pgxpool.Pool
+	pgServer int // pid of the Postgres server (postmaster) when it runs on this machine, else 0
+	payloads [][]byte
+	log      io.Writer
+}
+
+func bench(ctx context.Context, s settings, pgURL string, log io.Writer) (result, error) {
+	res := result{prefill: map[string]float64{}}
+	names := strings.Split(s.Rows, ",")
+	for _, name := range names {
+		if !slices.Contains(allRows, name) {
+			return res, fmt.Errorf("unknown row %q (rows: %s)", name, strings.Join(allRows, ", "))
+		}
+	}
+	uses := func(rows []string) bool {
+		return slices.ContainsFunc(names, func(n string) bool { return slices.Contains(rows, n) })
+	}
 	pool, err := pgxpool.New(ctx, pgURL)
 	if err != nil {
-		return nil, err
+		return res, err
 	}
 	defer pool.Close()
 	var fsync, sync string
 	if err := pool.QueryRow(ctx, "SELECT current_setting('fsync'), current_setting('synchronous_commit')").Scan(&fsync, &sync); err != nil {
-		return nil, err
+		return res, err
 	}
 	fmt.Fprintf(log, "postgres: fsync=%s synchronous_commit=%s\n", fsync, sync)
-	brokers := strings.Split(s.Brokers, ",")
-	topic := fmt.Sprintf("idem-bench-%d", time.Now().UnixNano())
+	e := &env{s: s, brokers: strings.Split(s.Brokers, ","), topic: fmt.Sprintf("idem-bench-%d", time.Now().UnixNano()), pool: pool, log: log}
+	var backend int
+	if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err == nil {
+		e.pgServer = serverOf(backend)
+	}
 	payloads, unique := generate(s)
-	fmt.Fprintf(log, "prefilling %s: %d messages, %d unique keys, %d partitions\n", topic, len(payloads), unique, s.Partitions)
-	if err := prefill(ctx, brokers, topic, s.Partitions, payloads); err != nil {
-		return nil, err
+	e.payloads = payloads
+	if uses(kafkaRows) {
+		fmt.Fprintf(log, "prefilling Kafka topic %s: %d messages, %d unique keys, %d partitions\n", e.topic, len(payloads), unique, s.Partitions)
+		t0 := time.Now()
+		if err := prefill(ctx, e.brokers, e.topic, s.Partitions, payloads); err != nil {
+			return res, err
+		}
+		res.prefill["kafka"] = time.Since(t0).Seconds()
+		fmt.Fprintf(log, "  prefilled in %.1f s\n", res.prefill["kafka"])
+	}
+	if uses(rmqRows) {
+		if s.NameServers == "" {
+			return res, errors.New("the RocketMQ rows need a name server: -namesrv or $IDEM_TEST_ROCKETMQ_NAMESRV")
+		}
+		if err := setClientLog(s.RMQClientLog); err != nil {
+			return res, err
+		}
+		fmt.Fprintf(log, "prefilling RocketMQ topic %s: %d messages, %d unique keys, %d queues\n", e.topic, len(payloads), unique, s.Partitions)
+		r, took, err := setupRocketMQ(ctx, s, e.topic, payloads, log)
+		if r != nil {
+			defer r.close()
+		}
+		if err != nil {
+			return res, fmt.Errorf("rocketmq: %w", err)
+		}
+		e.rmq = r
+		res.prefill["rocketmq"] = took.Seconds()
+		fmt.Fprintf(log, "  prefilled in %.1f s\n", took.Seconds())
 	}
 	best := map[string]Row{}
-	names := strings.Split(s.Rows, ",")
 	for round := range s.Rounds {
 		order := slices.Clone(names)
 		if round%2 == 1 {
@@ -140,9 +242,9 @@ func bench(ctx context.Context, s settings, pgURL string, log io.Writer) ([]Row,
 				n = min(n, s.SlowMessages)
 			}
 			fmt.Fprintf(log, "round %d: %s over %d messages...\n", round+1, name, n)
-			r, err := runRow(ctx, name, n, brokers, topic, pool, payloads, s.CeilingConns)
+			r, err := runRow(ctx, e, name, n)
 			if err != nil {
-				return nil, fmt.Errorf("%s: %w", name, err)
+				return res, fmt.Errorf("%s: %w", name, err)
 			}
 			fmt.Fprintf(log, "  %.0f msg/s\n", r.PerSecond)
 			if b, ok := best[name]; !ok || r.PerSecond > b.PerSecond {
@@ -150,11 +252,10 @@ func bench(ctx context.Context, s settings, pgURL string, log io.Writer) ([]Row,
 			}
 		}
 	}
-	var rows []Row
 	for _, name := range names {
-		rows = append(rows, best[name])
+		res.rows = append(res.rows, best[name])
 	}
-	return rows, nil
+	return res, nil
 }
 
 // generate makes the payloads: JSON of about size bytes, a share of them
@@ -226,40 +327,6 @@ func (l *latencies) pct(p float64) float64 {
 	return float64(l.d[int(float64(len(l.d)-1)*p)]) / float64(time.Millisecond)
 }
 
-// postgresCPU sums the CPU time of the machine's postgres processes (a
-// local server), from /proc; 0 elsewhere.
-func postgresCPU() time.Duration {
-	dirs, _ := os.ReadDir("/proc")
-	var ticks int64
-	for _, d := range dirs {
-		if d.Name()[0] < '0' || d.Name()[0] > '9' {
-			continue
-		}
-		comm, err := os.ReadFile("/proc/" + d.Name() + "/comm")
-		if err != nil || strings.TrimSpace(string(comm)) != "postgres" {
-			continue
-		}
-		stat, err := os.ReadFile("/proc/" + d.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+2:]))
-		if len(f) > 12 {
-			var u, s int64
-			fmt.Sscan(f[11], &u)
-			fmt.Sscan(f[12], &s)
-			ticks += u + s
-		}
-	}
-	return time.Duration(ticks) * 10 * time.Millisecond // USER_HZ = 100
-}
-
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
 // schema makes a fresh schema with the business table.
 func schema(ctx context.Context, pool *pgxpool.Pool, name string) (string, error) {
 	sc := fmt.Sprintf("bench_%s_%d", strings.ReplaceAll(name, "-", "_"), time.Now().UnixNano())
@@ -267,45 +334,57 @@ func schema(ctx context.Context, pool *pgxpool.Pool, name string) (string, error
 	return sc, err
 }
 
-func runRow(ctx context.Context, name string, n int, brokers []string, topic string, pool *pgxpool.Pool, payloads [][]byte, conns int) (Row, error) {
+func runRow(ctx context.Context, e *env, name string, n int) (Row, error) {
 	r := Row{Name: name, Messages: n}
 	lat := &latencies{}
+	pool := e.pool
 	var sc string
-	if name != "raw" {
+	if name != "raw" && name != "rmq-raw" {
 		var err error
 		if sc, err = schema(ctx, pool, name); err != nil {
 			return r, err
 		}
 		defer pool.Exec(context.Background(), "DROP SCHEMA "+sc+" CASCADE")
 	}
-	group := fmt.Sprintf("%s-%s-%d", topic, name, time.Now().UnixNano())
-	cpu0, db0, t0 := cpuTime(), postgresCPU(), time.Now()
+	group := fmt.Sprintf("%s-%s-%d", e.topic, name, time.Now().UnixNano())
+	c0, t0 := snapCPU(e.pgServer), time.Now()
 	var err error
 	switch name {
 	case "raw":
-		err = runRaw(ctx, brokers, topic, group, n, lat)
+		err = runRaw(ctx, e.brokers, e.topic, group, n, lat)
 	case "naive":
-		err = runNaive(ctx, brokers, topic, group, n, pool, sc, lat)
+		err = runNaive(ctx, e.brokers, e.topic, group, n, pool, sc, lat)
 	case "idem-b1":
-		err = runIdem(ctx, brokers, topic, group, n, pool, sc, 1, lat)
+		err = runIdem(ctx, e, group, n, sc, 1, lat)
 	case "idem-b100":
-		err = runIdem(ctx, brokers, topic, group, n, pool, sc, 100, lat)
+		err = runIdem(ctx, e, group, n, sc, 100, lat)
 	case "pg-ceiling":
-		err = runCeiling(ctx, pool, sc, payloads[:n], conns, lat)
+		err = runCeiling(ctx, pool, sc, e.payloads[:n], e.s.CeilingConns, lat)
+	case "rmq-raw":
+		err = runRMQRaw(ctx, e, group, n, lat)
+	case "rmq-idem-b100":
+		err = runRMQIdem(ctx, e, group, n, sc, 100, lat)
 	default:
 		err = fmt.Errorf("unknown row %q", name)
 	}
 	if err != nil {
 		return r, err
 	}
-	elapsed, cpu, db := time.Since(t0), cpuTime()-cpu0, postgresCPU()-db0
+	elapsed, c1 := time.Since(t0), snapCPU(e.pgServer)
+	used := c1.since(c0)
+	per100k := func(d time.Duration) float64 { return d.Seconds() * 100000 / float64(n) }
 	r.Seconds = elapsed.Seconds()
 	r.PerSecond = float64(n) / r.Seconds
-	r.CPUPer100k = cpu.Seconds() * 100000 / float64(n)
-	r.DBCPU100k = db.Seconds() * 100000 / float64(n)
+	r.CPUPer100k = per100k(used.self)
+	r.DBCPU100k = per100k(used.postgres)
 	r.P50Ms, r.P99Ms = lat.pct(0.50), lat.pct(0.99)
 	if sc != "" {
 		_ = pool.QueryRow(ctx, "SELECT count(*) FROM "+sc+".effects").Scan(&r.Effects)
+	}
+	if used.total > 0 {
+		fmt.Fprintf(e.log, "  CPU s/100k: this %.2f, postgres %.2f, kafka %.2f, rocketmq %.2f, everything else %.2f; machine %.0f%% busy over %.1f s\n",
+			r.CPUPer100k, r.DBCPU100k, per100k(used.kafka), per100k(used.rocketmq), per100k(used.other()),
+			100*used.busy.Seconds()/used.total.Seconds(), r.Seconds)
 	}
 	return r, nil
 }
@@ -392,11 +471,13 @@ func insertEffects(sc string) consumer.BatchHandlerFunc[pgx.Tx] {
 }
 
 // timedSource stamps each message on delivery and records its latency on ack.
+// The engine acks once per batch, so acks counts the batches settled.
 type timedSource struct {
 	consumer.Source
 	lat   *latencies
 	stamp sync.Map // *consumer.Message -> time.Time
 	acked atomic.Int64
+	acks  atomic.Int64
 }
 
 func (t *timedSource) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
@@ -414,20 +495,29 @@ func (t *timedSource) Ack(ctx context.Context, msgs []*consumer.Message) error {
 		}
 	}
 	t.acked.Add(int64(len(msgs)))
+	t.acks.Add(1)
 	return t.Source.Ack(ctx, msgs)
 }
 
-func runIdem(ctx context.Context, brokers []string, topic, group string, n int, pool *pgxpool.Pool, sc string, batch int, lat *latencies) error {
-	st, err := pgstore.New(pool, pgstore.Config{Schema: sc})
+var quiet = slog.New(slog.DiscardHandler)
+
+func runIdem(ctx context.Context, e *env, group string, n int, sc string, batch int, lat *latencies) error {
+	src, err := kafka.New(kafka.Config{Brokers: e.brokers, Topics: []string{e.topic}, GroupID: group, MaxBytes: 4 << 20, Logger: quiet})
+	if err != nil {
+		return err
+	}
+	return runEngine(ctx, e, src, n, sc, batch, lat, 0)
+}
+
+// runEngine runs idem over src with the business insert of sc until n
+// messages were acked, then stops it gracefully. stall > 0 fails the row
+// when no message was acked for that long.
+func runEngine(ctx context.Context, e *env, src consumer.Source, n int, sc string, batch int, lat *latencies, stall time.Duration) error {
+	st, err := pgstore.New(e.pool, pgstore.Config{Schema: sc})
 	if err != nil {
 		return err
 	}
 	if err := st.Migrate(ctx); err != nil {
-		return err
-	}
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	src, err := kafka.New(kafka.Config{Brokers: brokers, Topics: []string{topic}, GroupID: group, MaxBytes: 4 << 20, Logger: quiet})
-	if err != nil {
 		return err
 	}
 	ts := &timedSource{Source: src, lat: lat}
@@ -443,16 +533,28 @@ func runIdem(ctx context.Context, brokers []string, topic, group string, n int, 
 	}
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
+	last, progress := int64(0), time.Now()
 	for ts.acked.Load() < int64(n) {
 		select {
 		case err := <-done:
 			return errors.Join(errors.New("consumer stopped early"), err)
 		case <-time.After(5 * time.Millisecond):
 		}
+		if a := ts.acked.Load(); a != last {
+			last, progress = a, time.Now()
+		} else if stall > 0 && time.Since(progress) > stall {
+			stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			return errors.Join(fmt.Errorf("stalled: %d of %d messages acked, none for %v", a, n, stall), c.Stop(stopCtx), <-done)
+		}
 	}
 	stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	return errors.Join(c.Stop(stopCtx), <-done)
+	err = errors.Join(c.Stop(stopCtx), <-done)
+	if a := ts.acks.Load(); a > 0 {
+		fmt.Fprintf(e.log, "  idem: %d transactions, %.1f messages each on average\n", a, float64(ts.acked.Load())/float64(a))
+	}
+	return err
 }
 
 // runCeiling is the database alone: the same claim and insert in batches of
@@ -516,8 +618,8 @@ func runCeiling(ctx context.Context, pool *pgxpool.Pool, sc string, payloads [][
 type ratio struct {
 	Name   string  `json:"name"`
 	Value  float64 `json:"value"`
-	Target string  `json:"target"`
-	Met    bool    `json:"met"`
+	Target string  `json:"target"`        // empty: informational
+	Met    *bool   `json:"met,omitempty"` // nil: informational
 }
 
 func ratiosOf(rows []Row) []ratio {
@@ -531,27 +633,53 @@ func ratiosOf(rows []Row) []ratio {
 			return
 		}
 		v := rate[a] / rate[b]
-		out = append(out, ratio{Name: a + "/" + b, Value: v, Target: fmt.Sprintf("%s %.2f", op, target), Met: v >= target})
+		r := ratio{Name: a + "/" + b, Value: v}
+		if op != "" {
+			met := v >= target
+			r.Target, r.Met = fmt.Sprintf("%s %.2f", op, target), &met
+		}
+		out = append(out, r)
 	}
 	add("idem-b100", "raw", 0.5, ">=")
 	add("idem-b100", "naive", 10, ">=")
 	add("idem-b100", "idem-b1", 20, ">=")
 	add("idem-b100", "pg-ceiling", 0.7, ">=")
 	add("idem-b1", "naive", 0.8, ">=")
+	add("rmq-idem-b100", "rmq-raw", 0, "")
+	add("rmq-idem-b100", "idem-b100", 0, "")
 	return out
 }
 
-func printTable(w io.Writer, s settings, rows []Row, ratios []ratio) {
-	fmt.Fprintf(w, "\n%d messages of %d bytes, %d partitions, %.0f%% duplicate keys; per-message rows on %d messages; pg-ceiling on %d connections; best of %d round(s)\n\n",
+func printTable(w io.Writer, s settings, res result, ratios []ratio) {
+	rows := res.rows
+	fmt.Fprintf(w, "\n%d messages of %d bytes, %d partitions, %.0f%% duplicate keys; per-message rows on %d messages; pg-ceiling on %d connections; best of %d round(s)\n",
 		s.Messages, s.Size, s.Partitions, s.DupRate*100, s.SlowMessages, s.CeilingConns, s.Rounds)
+	if slices.ContainsFunc(rows, func(r Row) bool { return slices.Contains(rmqRows, r.Name) }) {
+		fmt.Fprintf(w, "RocketMQ rows: %d queues, PullBatchSize %d, ConsumeMessageBatchMaxSize %d, ConsumeGoroutineNums %d, concurrent mode\n",
+			s.Partitions, s.RMQPullBatch, s.RMQCallBatch, s.RMQGoroutines)
+	}
+	var pre []string
+	for _, b := range []string{"kafka", "rocketmq"} {
+		if v, ok := res.prefill[b]; ok {
+			pre = append(pre, fmt.Sprintf("%s %.1f s (%.0f msg/s)", b, v, float64(s.Messages)/v))
+		}
+	}
+	if len(pre) > 0 {
+		fmt.Fprintf(w, "prefill (not part of any row): %s\n", strings.Join(pre, ", "))
+	}
+	fmt.Fprintln(w)
 	fmt.Fprintf(w, "| row | messages | msg/s | CPU s/100k | Postgres CPU s/100k | p50 ms | p99 ms | effects |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rows {
 		fmt.Fprintf(w, "| %s | %d | %.0f | %.2f | %.2f | %.2f | %.2f | %d |\n", r.Name, r.Messages, r.PerSecond, r.CPUPer100k, r.DBCPU100k, r.P50Ms, r.P99Ms, r.Effects)
 	}
 	fmt.Fprintf(w, "\n| ratio | value | target |\n|---|---:|---|\n")
 	for _, r := range ratios {
+		if r.Met == nil {
+			fmt.Fprintf(w, "| %s | %.2f | none (informational) |\n", r.Name, r.Value)
+			continue
+		}
 		met := "met"
-		if !r.Met {
+		if !*r.Met {
 			met = "NOT met"
 		}
 		fmt.Fprintf(w, "| %s | %.2f | %s (%s) |\n", r.Name, r.Value, r.Target, met)

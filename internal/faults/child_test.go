@@ -1,0 +1,442 @@
+package faults_test
+
+// The child process: this test binary, re-executed with childEnv set to a
+// JSON childSpec, runs the payments consumer instead of the tests. Its
+// failpoints wrap the Source, the Store and the handler; the engine has
+// none.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/adapters/kafka"
+	"github.com/idemkit/idem/adapters/rocketmq"
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/dedup/pgstore"
+	"github.com/idemkit/idem/examples/payments"
+)
+
+const childEnv = "IDEM_FAULTS_CHILD"
+
+// childSpec is what one child consumes and how it misbehaves.
+type childSpec struct {
+	Broker  string   // "kafka" or "rocketmq"
+	Brokers []string // Kafka brokers or RocketMQ name servers
+	Topic   string
+	Group   string
+
+	PgURL  string
+	Schema string // holds the payments tables, the audit table and idem's dedup table
+	App    string // application_name of the consumer's connections
+
+	Tenants    bool // the tenant header is part of the key's scope; tenant tables in Schema_<tenant>
+	BatchSize  int
+	Attempts   int           // Retry.MaxAttempts; default 10, the consumer's default
+	Grace      time.Duration // SIGTERM: how long Stop may take
+	StatsFile  string        // where the child writes its counters
+	Fail       failpoints
+	KafkaClose time.Duration // kafka.Config.CloseTimeout
+}
+
+// failpoints are the faults a child injects into itself. Keys are txn_ids.
+type failpoints struct {
+	// KillInAck: SIGKILL inside Source.Ack once this many messages were
+	// acked — after their database commit, before the offset commit.
+	KillInAck int
+	// KillWithKey: SIGKILL before COMMIT of the transaction whose handler
+	// applied this key (with SlowKeys, a transaction open for longer than
+	// RocketMQ's 5-second offset persistence).
+	KillWithKey string
+	// CommitLostEvery: every n-th transaction commits for real, then reports
+	// a lost connection (the outcome is unknown to the consumer).
+	CommitLostEvery int
+	// RollbackLostEvery: every n-th transaction (not one of CommitLostEvery)
+	// loses its connection before COMMIT reaches the server: rolled back,
+	// and a real pgx connection error.
+	RollbackLostEvery int
+
+	PanicOnce   []string // panic on the first attempt only
+	PanicAlways []string
+	Transient   []string // always a Retryable error: retries are used up
+	Constraint  []string // a CHECK violation after the effects, returned
+	Swallowed   []string // a CHECK violation after the effects, swallowed: COMMIT becomes ROLLBACK
+
+	Slow     time.Duration // every handler call sleeps this long
+	SlowKeys []string      // only these keys sleep SlowFor
+	SlowFor  time.Duration
+}
+
+// childStats is what a child reports in its stats file.
+type childStats struct {
+	Pid          int
+	Stats        consumer.Stats
+	Acked        int64
+	Txs          int64
+	CommitLost   int64 // transactions that committed and reported a lost connection
+	RollbackLost int64 // transactions that lost their connection before COMMIT
+	Panics       int64
+	StopErr      string
+	StopTook     time.Duration
+	Stopped      bool
+}
+
+func runChild() int {
+	var spec childSpec
+	if err := json.Unmarshal([]byte(os.Getenv(childEnv)), &spec); err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		return 2
+	}
+	if err := spec.run(); err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		return 1
+	}
+	return 0
+}
+
+// childState is the child's counters, written to the stats file.
+type childState struct {
+	spec  *childSpec
+	c     *consumer.Consumer[pgx.Tx]
+	mu    sync.Mutex
+	acked atomic.Int64
+	txs   atomic.Int64
+	lost  atomic.Int64
+	rlost atomic.Int64
+	pan   atomic.Int64
+	stop  struct {
+		err     string
+		took    time.Duration
+		stopped bool
+	}
+}
+
+// write writes the counters atomically (temp file and rename), so that the
+// parent never reads half a file, even after a SIGKILL.
+func (s *childState) write() {
+	if s.spec.StatsFile == "" {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := childStats{Pid: os.Getpid(), Acked: s.acked.Load(), Txs: s.txs.Load(), CommitLost: s.lost.Load(),
+		RollbackLost: s.rlost.Load(), Panics: s.pan.Load(),
+		StopErr: s.stop.err, StopTook: s.stop.took, Stopped: s.stop.stopped}
+	if s.c != nil {
+		st.Stats = s.c.Stats()
+	}
+	b, _ := json.Marshal(st)
+	tmp := s.spec.StatsFile + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err == nil {
+		_ = os.Rename(tmp, s.spec.StatsFile)
+	}
+}
+
+func die() {
+	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {} // SIGKILL cannot be caught; wait for it
+}
+
+func (spec *childSpec) run() error {
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	st := &childState{spec: spec}
+	ctx := context.Background()
+
+	cfg, err := pgxpool.ParseConfig(spec.PgURL)
+	if err != nil {
+		return err
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = spec.App
+	cfg.ConnConfig.RuntimeParams["search_path"] = spec.Schema
+	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	cfg.MaxConns = 10
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	ps, err := pgstore.New(pool, pgstore.Config{Schema: spec.Schema})
+	if err != nil {
+		return err
+	}
+	store := &faultStore{Store: ps, fp: &spec.Fail, st: st}
+
+	var src consumer.Source
+	var dl consumer.DeadLetter
+	switch spec.Broker {
+	case "kafka":
+		closeTimeout := spec.KafkaClose
+		if closeTimeout == 0 {
+			closeTimeout = 3 * time.Second
+		}
+		s, err := kafka.New(kafka.Config{
+			Brokers: spec.Brokers, Topics: []string{spec.Topic}, GroupID: spec.Group,
+			MaxWait: 100 * time.Millisecond, RequestTimeout: 3 * time.Second, ReconnectBackoff: 500 * time.Millisecond,
+			SessionTimeout: 3 * time.Second, HeartbeatInterval: 200 * time.Millisecond,
+			RebalanceTimeout: 10 * time.Second, JoinGroupBackoff: 200 * time.Millisecond,
+			CloseTimeout: closeTimeout, Logger: log,
+		})
+		if err != nil {
+			return err
+		}
+		w, err := kafka.NewDeadLetterWriter(kafka.DeadLetterConfig{Brokers: spec.Brokers, WriteTimeout: 5 * time.Second})
+		if err != nil {
+			return err
+		}
+		defer w.Close()
+		src, dl = s, w
+	case "rocketmq":
+		rocketmq.SetClientLogger(slog.New(slog.NewTextHandler(io.Discard, nil)), slog.LevelError)
+		s, err := rocketmq.New(rocketmq.Config{NameServers: spec.Brokers, Group: spec.Group, Topics: []string{spec.Topic},
+			CloseTimeout: 5 * time.Second, Logger: log})
+		if err != nil {
+			return err
+		}
+		src, dl = s, s
+	default:
+		return fmt.Errorf("unknown broker %q", spec.Broker)
+	}
+
+	attempts := spec.Attempts
+	if attempts == 0 {
+		attempts = 10 // the default
+	}
+	ccfg := consumer.Config[pgx.Tx]{
+		Name:            "payments",
+		Source:          &faultSource{Source: src, fp: &spec.Fail, st: st},
+		Store:           store,
+		Handler:         spec.handler(st),
+		DeadLetter:      dl,
+		Key:             consumer.ByJSONField(payments.KeyField),
+		MaxPayloadBytes: payments.MaxPayload,
+		BatchSize:       spec.BatchSize,
+		Retry:           consumer.RetryPolicy{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond, MaxAttempts: attempts},
+		Logger:          log,
+	}
+	if spec.Tenants {
+		ccfg.Tenant = consumer.ByHeader(tenantHeader)
+	}
+	c, err := consumer.New(ccfg)
+	if err != nil {
+		return err
+	}
+	st.mu.Lock()
+	st.c = c
+	st.mu.Unlock()
+
+	// SIGTERM: a graceful stop within the grace period.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM)
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		if _, ok := <-sigs; !ok {
+			return
+		}
+		grace := spec.Grace
+		if grace == 0 {
+			grace = 20 * time.Second
+		}
+		sctx, cancel := context.WithTimeout(ctx, grace)
+		defer cancel()
+		began := time.Now()
+		err := c.Stop(sctx)
+		st.mu.Lock()
+		st.stop.took, st.stop.stopped = time.Since(began), true
+		if err != nil {
+			st.stop.err = err.Error()
+		}
+		st.mu.Unlock()
+	}()
+	err = c.Run(ctx)
+	signal.Stop(sigs)
+	close(sigs)
+	<-stopped // a SIGTERM's Stop records how it went
+	st.write()
+	if err != nil {
+		return fmt.Errorf("consumer: %w", err)
+	}
+	return nil
+}
+
+// tenantHeader carries the tenant (a header the platform sets).
+const tenantHeader = "tenant"
+
+// tenantSchema is where a tenant's payments tables live.
+func tenantSchema(base, tenant string) string { return base + "_" + tenant }
+
+// handler is the payments handler with the handler failpoints around it,
+// and an append-only audit row per applied effect (no unique constraint: a
+// double effect would show as a second row).
+func (spec *childSpec) handler(st *childState) consumer.Handler[pgx.Tx] {
+	inner := payments.Handler(func(tx pgx.Tx) payments.DB { return payments.Pgx(tx) })
+	key := consumer.ByJSONField(payments.KeyField)
+	set := func(keys []string) map[string]bool {
+		m := map[string]bool{}
+		for _, k := range keys {
+			m[k] = true
+		}
+		return m
+	}
+	fp := &spec.Fail
+	panicOnce, panicAlways := set(fp.PanicOnce), set(fp.PanicAlways)
+	transient, constraint, swallowed, slow := set(fp.Transient), set(fp.Constraint), set(fp.Swallowed), set(fp.SlowKeys)
+	var mu sync.Mutex
+	panicked := map[string]bool{}
+	audit := pgx.Identifier{spec.Schema, "effects_audit"}.Sanitize()
+	pid := os.Getpid()
+
+	return consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		txn, _ := key(m)
+		tenant := ""
+		if spec.Tenants {
+			v, _ := m.Header(tenantHeader)
+			tenant = string(v)
+			if _, err := tx.Exec(ctx, `SELECT set_config('search_path', $1, true)`, tenantSchema(spec.Schema, tenant)); err != nil {
+				return err
+			}
+		}
+		if fp.Slow > 0 {
+			time.Sleep(fp.Slow)
+		}
+		if slow[txn] {
+			time.Sleep(fp.SlowFor)
+		}
+		mu.Lock()
+		first := !panicked[txn]
+		panicked[txn] = true
+		mu.Unlock()
+		if panicAlways[txn] || panicOnce[txn] && first {
+			st.pan.Add(1)
+			panic("faults: handler panic for " + txn)
+		}
+		if transient[txn] {
+			return consumer.Retryable(errors.New("faults: payment channel API timed out"))
+		}
+		if err := inner.Handle(ctx, tx, m); err != nil {
+			return err
+		}
+		if mark, ok := ctx.Value(killMark{}).(*atomic.Bool); ok && txn == fp.KillWithKey {
+			mark.Store(true)
+		}
+		if constraint[txn] || swallowed[txn] {
+			cb, _ := payments.Decode(m.Value)
+			_, err := tx.Exec(ctx, `UPDATE orders SET amount = -1 WHERE id = $1`, cb.OrderID) // CHECK (amount > 0)
+			if constraint[txn] {
+				return err
+			}
+			// Swallowed: the transaction is aborted, the handler says nothing.
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO `+audit+` (tenant, txn_id, lane, part, off, pid) VALUES ($1, $2, $3, $4, $5, $6)`,
+			tenant, txn, m.Lane, m.Partition, m.Offset, pid)
+		if swallowed[txn] {
+			return nil
+		}
+		return err
+	})
+}
+
+// faultSource wraps the broker's Source: Ack is where the database commit
+// is done and the offset commit is not.
+type faultSource struct {
+	consumer.Source
+	fp *failpoints
+	st *childState
+}
+
+func (s *faultSource) Ack(ctx context.Context, msgs []*consumer.Message) error {
+	n := s.st.acked.Add(int64(len(msgs)))
+	if k := s.fp.KillInAck; k > 0 && n >= int64(k) {
+		s.st.acked.Add(-int64(len(msgs))) // not acknowledged to the broker
+		s.st.write()
+		die()
+	}
+	err := s.Source.Ack(ctx, msgs)
+	s.st.write()
+	return err
+}
+
+// killMark is the context key under which faultStore tells the handler
+// which transaction to mark for KillWithKey.
+type killMark struct{}
+
+// faultStore wraps pgstore: COMMIT is where its failpoints are.
+type faultStore struct {
+	*pgstore.Store
+	fp *failpoints
+	st *childState
+}
+
+// errCommitLost is what a COMMIT that went through looks like when the
+// connection broke before its answer came back (Temporal's
+// ExecuteAndTimeout): io.ErrUnexpectedEOF, as pgx reports a broken read.
+var errCommitLost = fmt.Errorf("faults: connection lost waiting for COMMIT's answer: %w", io.ErrUnexpectedEOF)
+
+func (s *faultStore) InTx(ctx context.Context, fn func(context.Context, pgx.Tx) error) error {
+	n := s.st.txs.Add(1)
+	fp := s.fp
+	switch {
+	case fp.KillWithKey != "":
+		mark := new(atomic.Bool)
+		return s.Store.InTx(context.WithValue(ctx, killMark{}, mark), func(ctx context.Context, tx pgx.Tx) error {
+			if err := fn(ctx, tx); err != nil {
+				return err
+			}
+			if mark.Load() {
+				s.st.write()
+				die()
+			}
+			return nil
+		})
+	case fp.CommitLostEvery > 0 && n%int64(fp.CommitLostEvery) == 0:
+		if err := s.Store.InTx(ctx, fn); err != nil {
+			return err
+		}
+		s.st.lost.Add(1)
+		return errCommitLost
+	case fp.RollbackLostEvery > 0 && n%int64(fp.RollbackLostEvery) == 0:
+		wrote := false
+		err := s.Store.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			if err := fn(ctx, tx); err != nil {
+				return err
+			}
+			wrote = true
+			// The connection dies before COMMIT reaches the server: Postgres
+			// rolls back, pgx's COMMIT fails on the closed connection.
+			cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			_ = tx.Conn().PgConn().Close(cctx)
+			return nil
+		})
+		if wrote {
+			s.st.rlost.Add(1)
+		}
+		return err
+	}
+	return s.Store.InTx(ctx, fn)
+}
+
+var _ dedup.Store[pgx.Tx] = (*faultStore)(nil)
+
+// readStats reads a child's stats file; zero when there is none.
+func readStats(path string) childStats {
+	var st childStats
+	b, err := os.ReadFile(path)
+	if err == nil {
+		_ = json.Unmarshal(b, &st)
+	}
+	return st
+}

@@ -1,0 +1,616 @@
+package faults_test
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/examples/payments"
+)
+
+// scenario is one fault, run for each broker it names.
+type scenario struct {
+	num     int
+	name    string
+	brokers []string
+	run     func(t *testing.T, broker, title string)
+}
+
+var scenarios = []scenario{
+	{1, "concurrent-duplicates", []string{"kafka"}, concurrentDuplicates},
+	{2, "sigkill-after-commit", []string{"kafka", "rocketmq"}, sigkillAfterCommit},
+	{3, "sigkill-before-commit", []string{"kafka", "rocketmq"}, sigkillBeforeCommit},
+	{4, "commit-outcome-unknown", []string{"kafka", "rocketmq"}, commitOutcomeUnknown},
+	{5, "postgres-restart", []string{"kafka"}, postgresRestart},
+	{6, "broker-restart", []string{"kafka", "rocketmq"}, brokerRestart},
+	{7, "rebalance", []string{"kafka"}, rebalance},
+	{8, "retries-exhausted", []string{"kafka", "rocketmq"}, retriesExhausted},
+	{9, "poison-interleaved", []string{"kafka", "rocketmq"}, poisonInterleaved},
+	{10, "tenants-and-mismatch", []string{"kafka", "rocketmq"}, tenantsAndMismatch},
+	{11, "panics", []string{"kafka", "rocketmq"}, panics},
+	{12, "constraint-violations", []string{"kafka", "rocketmq"}, constraintViolations},
+	{13, "sigterm-mid-batch", []string{"kafka", "rocketmq"}, sigtermMidBatch},
+}
+
+// TestFaults runs every scenario for every broker it applies to; each
+// scenario's checks are in rig.finish. Run one alone with
+// go test ./internal/faults -run 'TestFaults/kafka/sigkill-after-commit'.
+func TestFaults(t *testing.T) {
+	for _, b := range []string{"kafka", "rocketmq"} {
+		t.Run(b, func(t *testing.T) {
+			t.Parallel()
+			for _, sc := range scenarios {
+				for _, on := range sc.brokers {
+					if on != b {
+						continue
+					}
+					t.Run(sc.name, func(t *testing.T) {
+						t.Parallel()
+						sc.run(t, b, fmt.Sprintf("%d %s", sc.num, sc.name))
+					})
+				}
+			}
+		})
+	}
+}
+
+// env returns the shared broker named b.
+func env(t *testing.T, b string) broker {
+	if b == "kafka" {
+		return newKafka(t, false)
+	}
+	return newRocket(t)
+}
+
+// 1. 100 concurrent deliveries of one business key, on 8 partitions and 4
+// consumer processes, while the first claimer holds its transaction open:
+// one effect, 99 duplicates.
+func concurrentDuplicates(t *testing.T, b, title string) {
+	k := newKafka(t, false)
+	r := newRig(t, k, title, 8)
+	s := r.newStream("", 200, 1)
+	hot := payments.Order{ID: "HOT-ORDER", Account: "merchant-hot", SKU: "sku-hot", Amount: 4242}
+	if err := payments.CreateOrders(ctxTimeout(t, time.Minute), payments.Pgx(r.pool), []payments.Order{hot}); err != nil {
+		t.Fatal(err)
+	}
+	r.expected[""] = append(r.expected[""], payments.Expected{TxnID: "HOT-TXN", Amount: hot.Amount})
+	const copies = 100
+	var msgs []outMsg
+	for i, m := range s.first {
+		msgs = append(msgs, m)
+		if i%2 == 0 && len(msgs) < 2*copies {
+			h := r.msg("", callback("HOT-TXN", hot))
+			h.Part = i % r.parts // spread over every partition, whatever the order
+			msgs = append(msgs, h)
+		}
+	}
+	for len(msgs) < len(s.first)+copies {
+		h := r.msg("", callback("HOT-TXN", hot))
+		h.Part = len(msgs) % r.parts
+		msgs = append(msgs, h)
+	}
+	fp := failpoints{SlowKeys: []string{"HOT-TXN"}, SlowFor: 300 * time.Millisecond}
+	for range 4 {
+		r.start(fp)
+	}
+	waitUntil(t, time.Minute, "4 consumers in the group", func() (bool, string) {
+		n := k.stableMembers(r.group)
+		return n == 4, fmt.Sprintf("%d stable members", n)
+	})
+	r.sampler = k.sample(t, r.group, r.topic)
+	r.produce(msgs)
+	r.waitApplied(int64(r.wantPayments()))
+	r.produce(s.conflicts)
+	r.finish()
+	if d := r.duplicates(); d < copies-1+int64(s.dups) {
+		t.Errorf("%d duplicates skipped, want at least %d (hot key) + %d (generated)", d, copies-1, s.dups)
+	}
+	var hotRows int
+	if err := r.pool.QueryRow(context.Background(), `SELECT count(*) FROM effects_audit WHERE txn_id = 'HOT-TXN'`).Scan(&hotRows); err != nil || hotRows != 1 {
+		t.Errorf("HOT-TXN applied %d times (%v), want once", hotRows, err)
+	}
+}
+
+// 2. SIGKILL in Source.Ack: the batch's transaction committed, its offsets
+// did not. The next consumer is redelivered what the killed one applied
+// past the committed offsets and skips it.
+func sigkillAfterCommit(t *testing.T, b, title string) {
+	r := newRig(t, env(t, b), title, 4)
+	r.maybeSample()
+	s := r.newStream("", 300, 2)
+	r.produce(s.first)
+	c1 := r.start(failpoints{KillInAck: 120})
+	c1.waitExit(t, 2*time.Minute, "its SIGKILL in Ack")
+	if !killed(c1) {
+		t.Fatalf("child 1 was not killed by its failpoint: %v\n%s", c1.err, tail(c1.out.String(), 2048))
+	}
+	r.midReconcile("after the kill")
+	past := r.appliedPastCommitted(c1)
+	t.Logf("applied by the killed consumer past the committed offsets: %d", past)
+	if past == 0 {
+		t.Fatal("the kill did not land between the database commit and the offset commit")
+	}
+	c2 := r.start(failpoints{})
+	r.waitApplied(int64(r.wantPayments()), c2)
+	r.produce(s.conflicts)
+	r.finish()
+	if d := c2.stats().Stats.Duplicates; d < int64(past) {
+		t.Errorf("the second consumer skipped %d duplicates, want at least the %d redelivered", d, past)
+	}
+}
+
+// killed reports whether a child died of SIGKILL.
+func killed(c *child) bool {
+	return c.err != nil && strings.Contains(c.err.Error(), "killed")
+}
+
+// appliedPastCommitted counts the payments c applied whose messages are at
+// or past the group's committed offsets: committed in the database, not on
+// the broker.
+func (r *rig) appliedPastCommitted(c *child) int {
+	r.t.Helper()
+	committed := r.b.committedOffsets(r.t, r.topic, r.group)
+	rows, err := r.pool.Query(context.Background(), `SELECT lane, part, off FROM effects_audit WHERE pid = $1`, c.stats().Pid)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		var lane string
+		var part int
+		var off int64
+		if err := rows.Scan(&lane, &part, &off); err != nil {
+			r.t.Fatal(err)
+		}
+		if strings.Contains(lane, "%RETRY%") {
+			continue
+		}
+		if c, ok := committed[part]; !ok || off >= c {
+			n++
+		}
+	}
+	if err := rows.Err(); err != nil {
+		r.t.Fatal(err)
+	}
+	return n
+}
+
+// maybeSample samples Kafka's committed offsets for the rest of the test.
+func (r *rig) maybeSample() {
+	if k, ok := r.b.(*kafkaBroker); ok {
+		r.sampler = k.sample(r.t, r.group, r.topic)
+	}
+}
+
+// 3. SIGKILL inside a transaction, after the handlers wrote and before
+// COMMIT — a transaction that stayed open for 6 s, past RocketMQ's 5-second
+// offset persistence: Postgres rolls back, no transaction stays open, the
+// redelivery applies the batch once.
+func sigkillBeforeCommit(t *testing.T, b, title string) {
+	r := newRig(t, env(t, b), title, 4)
+	r.maybeSample()
+	s := r.newStream("", 300, 3)
+	r.produce(s.first)
+	victim := r.expected[""][120].TxnID
+	c1 := r.start(failpoints{KillWithKey: victim, SlowKeys: []string{victim}, SlowFor: 6 * time.Second}, batch(20))
+	c1.waitExit(t, 2*time.Minute, "its SIGKILL before COMMIT")
+	if !killed(c1) {
+		t.Fatalf("child 1 was not killed by its failpoint: %v\n%s", c1.err, tail(c1.out.String(), 2048))
+	}
+	r.checkNoOpenTx(t)
+	r.midReconcile("after the kill")
+	var n int
+	if err := r.pool.QueryRow(context.Background(), `SELECT count(*) FROM ledger WHERE txn_id = $1`, victim).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("the killed transaction's payment is in the ledger (%d, %v)", n, err)
+	}
+	c2 := r.start(failpoints{})
+	r.waitApplied(int64(r.wantPayments()), c2)
+	r.produce(s.conflicts)
+	r.finish()
+}
+
+func batch(n int) func(*childSpec) { return func(s *childSpec) { s.BatchSize = n } }
+
+// 4. COMMIT's outcome unknown both ways: every third transaction commits and
+// reports a lost connection, every fifth loses its connection before COMMIT
+// (rolled back). No ack on either; the retry's claim finds the rows (skip)
+// or not (apply).
+func commitOutcomeUnknown(t *testing.T, b, title string) {
+	r := newRig(t, env(t, b), title, 4)
+	r.maybeSample()
+	s := r.newStream("", 300, 4)
+	r.produce(s.first)
+	c := r.start(failpoints{CommitLostEvery: 3, RollbackLostEvery: 5}, batch(10))
+	r.waitApplied(int64(r.wantPayments()), c)
+	r.produce(s.conflicts)
+	r.finish()
+	st := c.stats()
+	t.Logf("committed, outcome lost: %d; rolled back, connection lost: %d; duplicates %d", st.CommitLost, st.RollbackLost, st.Stats.Duplicates)
+	if st.CommitLost == 0 || st.RollbackLost == 0 {
+		t.Fatalf("the fault did not fire both ways: %+v", st)
+	}
+	if st.Stats.Duplicates < st.CommitLost {
+		t.Errorf("%d duplicates skipped, want at least one per committed-but-unknown transaction (%d)", st.Stats.Duplicates, st.CommitLost)
+	}
+}
+
+// 7. Rebalance during processing: members join and leave (SIGTERM and
+// SIGKILL in turn) every few seconds while a slow handler works. Committed
+// offsets never go down; nothing is applied twice or lost.
+func rebalance(t *testing.T, b, title string) {
+	k := newKafka(t, false)
+	r := newRig(t, k, title, 6)
+	r.sampler = k.sample(t, r.group, r.topic)
+	s := r.newStream("", 1200, 7)
+	r.produce(s.first)
+	fp := failpoints{Slow: 4 * time.Millisecond}
+	members := []*child{r.start(fp), r.start(fp)}
+	r.waitApplied(100)
+	for i := range 4 {
+		members = append(members, r.start(fp))
+		time.Sleep(2500 * time.Millisecond) // pacing, not an assertion
+		old := members[0]
+		members = members[1:]
+		if i%2 == 0 {
+			old.stop(t)
+		} else {
+			old.kill()
+		}
+		t.Logf("member change %d: %d payments applied", i+1, r.ledgerRows())
+	}
+	if n := r.ledgerRows(); n >= int64(r.wantPayments()) {
+		t.Logf("the stream was done before the last member change (%d applied)", n)
+	}
+	r.waitApplied(int64(r.wantPayments()), members...)
+	r.produce(s.conflicts)
+	r.finish()
+}
+
+// 8. A handler that always fails with a transient error: retried up to
+// the policy's bound, then dead-lettered; the partition goes on.
+func retriesExhausted(t *testing.T, b, title string) {
+	r := newRig(t, env(t, b), title, 4)
+	r.maybeSample()
+	s := r.newStream("", 300, 8)
+	var failing []string
+	for _, i := range []int{5, 77, 151} {
+		txn := r.expected[""][i].TxnID
+		failing = append(failing, txn)
+		r.unexpect("", txn)
+		r.wantLetter(s.first, txn, "gave up after 10 attempts")
+	}
+	r.produce(s.first)
+	c := r.start(failpoints{Transient: failing})
+	r.waitApplied(int64(r.wantPayments()), c)
+	r.produce(s.conflicts)
+	r.finish()
+	r.requireAttempts(failing, "10")
+}
+
+// requireAttempts checks the attempts the dead letters of txns carry.
+func (r *rig) requireAttempts(txns []string, want string) {
+	r.t.Helper()
+	letters := r.b.deadLetters(r.t, r.topic, len(r.wantDLQ))
+	for _, txn := range txns {
+		found := false
+		for _, l := range letters {
+			if l.Key == txn {
+				found = true
+				if l.Attempts != want {
+					r.t.Errorf("%s dead-lettered after %s attempts, want %s", txn, l.Attempts, want)
+				}
+			}
+		}
+		if !found {
+			r.t.Errorf("no dead letter names key %s", txn)
+		}
+	}
+}
+
+// 9. Poison, oversized and key-less messages interleaved with good ones:
+// each dead-lettered with its reason, the good ones applied.
+func poisonInterleaved(t *testing.T, b, title string) {
+	r := newRig(t, env(t, b), title, 4)
+	r.maybeSample()
+	s := r.newStream("", 400, 9)
+	poison := []struct {
+		payload, reason string
+	}{
+		{` `, reasonBadJSON}, // RocketMQ refuses an empty body
+		{"\x00\x01binary\xff", reasonBadJSON},
+		{`[1,2,3]`, reasonBadJSON},
+		{`{"txn_id":null,"order_id":"O-000001","amount":5,"status":"SUCCESS"}`, reasonNoKey},
+		{`{"order_id":"O-000002","amount":5,"status":"SUCCESS"}`, reasonNoKey},
+		{`{"txn_id":"bad\u0001key","order_id":"O-000003","amount":5,"status":"SUCCESS"}`, "invalid key"},
+		{`{"txn_id":"NEG-1","order_id":"O-000004","amount":-5,"status":"SUCCESS"}`, "bad callback"},
+		{`{"txn_id":"big","pad":"` + strings.Repeat("x", payments.MaxPayload) + `"}`, reasonTooLarge},
+	}
+	var msgs []outMsg
+	step := len(s.first) / len(poison)
+	for i, m := range s.first {
+		msgs = append(msgs, m)
+		if i%step == step/2 && i/step < len(poison) {
+			p := poison[i/step]
+			pm := r.msg("", []byte(p.payload))
+			pm.Part = i % r.parts
+			r.wantDLQ[pm.ID] = p.reason
+			msgs = append(msgs, pm)
+		}
+	}
+	r.produce(msgs)
+	c := r.start(failpoints{})
+	r.waitApplied(int64(r.wantPayments()), c)
+	r.produce(s.conflicts)
+	r.finish()
+}
+
+// 10. The same txn_ids in two tenants: two effects each, in each tenant's
+// tables; a txn_id re-used with another amount: no effect, dead-lettered.
+func tenantsAndMismatch(t *testing.T, b, title string) {
+	r := newRig(t, env(t, b), title, 4, "acme", "globex")
+	r.maybeSample()
+	a := r.newStream("acme", 150, 10)
+	g := r.newStream("globex", 150, 10) // the same payments, txn_ids and bodies
+	r.produce(append(a.first, g.first...))
+	c := r.start(failpoints{})
+	r.waitApplied(int64(r.wantPayments()), c)
+	r.produce(append(a.conflicts, g.conflicts...))
+	r.finish()
+	var both int
+	if err := r.pool.QueryRow(context.Background(), `SELECT count(*) FROM (SELECT txn_id FROM effects_audit
+		GROUP BY txn_id HAVING count(DISTINCT tenant) = 2) x`).Scan(&both); err != nil {
+		t.Fatal(err)
+	}
+	if both != len(r.expected["acme"]) {
+		t.Errorf("%d txn_ids applied in both tenants, want %d", both, len(r.expected["acme"]))
+	}
+}
+
+// 11. A handler that panics once, then succeeds, and one that always
+// panics: the first applied once, the second dead-lettered after the
+// policy's 10 attempts; the process stays up.
+func panics(t *testing.T, b, title string) {
+	r := newRig(t, env(t, b), title, 4)
+	r.maybeSample()
+	s := r.newStream("", 300, 11)
+	once, always := r.expected[""][10].TxnID, r.expected[""][200].TxnID
+	r.unexpect("", always)
+	r.wantLetter(s.first, always, "handler panicked")
+	r.produce(s.first)
+	c := r.start(failpoints{PanicOnce: []string{once}, PanicAlways: []string{always}})
+	r.waitApplied(int64(r.wantPayments()), c)
+	r.produce(s.conflicts)
+	c.requireAlive(t)
+	r.finish()
+	r.requireAttempts([]string{always}, "10")
+	if p := c.stats().Panics; p < 11 {
+		t.Errorf("%d panics, want at least 11 (1 once + 10 always)", p)
+	}
+}
+
+// 12. A CHECK violation after the handler's effects, returned; and one the
+// handler swallows, so that COMMIT turns into ROLLBACK: no partial effect,
+// both dead-lettered and recorded as failed, the rest of their batches
+// applied.
+func constraintViolations(t *testing.T, b, title string) {
+	r := newRig(t, env(t, b), title, 4)
+	r.maybeSample()
+	s := r.newStream("", 300, 12)
+	returned, swallowed := r.expected[""][20].TxnID, r.expected[""][150].TxnID
+	for _, txn := range []string{returned, swallowed} {
+		r.unexpect("", txn)
+	}
+	r.wantLetter(s.first, returned, "orders_amount_check")
+	r.wantLetter(s.first, swallowed, "commit unexpectedly resulted in rollback")
+	r.produce(s.first)
+	c := r.start(failpoints{Constraint: []string{returned}, Swallowed: []string{swallowed}})
+	r.waitApplied(int64(r.wantPayments()), c)
+	r.produce(s.conflicts)
+	r.finish()
+	var failed int
+	if err := r.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+pgx.Identifier{r.schema, "idem_dedup"}.Sanitize()+
+		` WHERE outcome = 'failed' AND key = ANY($1)`, []string{returned, swallowed}).Scan(&failed); err != nil {
+		t.Fatal(err)
+	}
+	if failed != 2 {
+		t.Errorf("%d of the two violations recorded as failed", failed)
+	}
+}
+
+// 13. SIGTERM in the middle of slow batches: the child exits within its
+// grace period, and every message below the committed offsets was settled
+// (its key is in the dedup table or it was dead-lettered).
+func sigtermMidBatch(t *testing.T, b, title string) {
+	r := newRig(t, env(t, b), title, 4)
+	r.maybeSample()
+	s := r.newStream("", 500, 13)
+	r.produce(s.first)
+	const grace = 5 * time.Second
+	c1 := r.start(failpoints{Slow: 8 * time.Millisecond}, func(s *childSpec) { s.Grace = grace; s.KafkaClose = 2 * time.Second })
+	r.waitApplied(60, c1)
+	c1.term()
+	c1.waitExit(t, grace+15*time.Second, "SIGTERM with a grace period of "+grace.String())
+	if c1.err != nil {
+		t.Fatalf("child exited with %v after SIGTERM", c1.err)
+	}
+	st := c1.stats()
+	t.Logf("Stop took %v (err %q), %d applied, %d acked", st.StopTook, st.StopErr, st.Stats.Applied, st.Acked)
+	if !st.Stopped {
+		t.Fatal("the child did not go through Stop")
+	}
+	r.checkNoOpenTx(t)
+	r.midReconcile("after SIGTERM")
+	if n := r.ledgerRows(); n >= int64(r.wantPayments()) {
+		t.Fatalf("the child applied everything (%d) before SIGTERM: nothing was in flight", n)
+	}
+	r.requireSettledBelowCommitted()
+	c2 := r.start(failpoints{})
+	r.waitApplied(int64(r.wantPayments()), c2)
+	r.produce(s.conflicts)
+	r.finish()
+}
+
+// requireSettledBelowCommitted fails unless every message below the
+// group's committed offsets is settled: its key has a dedup row (applied,
+// skipped or failed) or it is one to dead-letter.
+func (r *rig) requireSettledBelowCommitted() {
+	r.t.Helper()
+	committed := r.b.committedOffsets(r.t, r.topic, r.group)
+	positions := r.b.positions(r.t, r.topic)
+	keys := map[string]bool{}
+	rows, err := r.pool.Query(context.Background(), `SELECT key FROM `+pgx.Identifier{r.schema, "idem_dedup"}.Sanitize())
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			r.t.Fatal(err)
+		}
+		keys[k] = true
+	}
+	rows.Close()
+	values := r.sentValues()
+	below, bad := 0, 0
+	for id, p := range positions {
+		c, ok := committed[p.Part]
+		if !ok || p.Off >= c {
+			continue
+		}
+		below++
+		if _, dlq := r.wantDLQ[id]; dlq {
+			continue
+		}
+		txn := txnOf(values[id])
+		if !keys[txn] {
+			if bad++; bad <= 5 {
+				r.t.Errorf("message %s (partition %d offset %d, txn %s) is below the committed offset %d but was not processed", id, p.Part, p.Off, txn, c)
+			}
+		}
+	}
+	r.t.Logf("%d messages below the committed offsets %v, all settled: %v", below, committed, bad == 0)
+	if below == 0 {
+		r.t.Error("nothing was committed before SIGTERM: the check proved nothing")
+	}
+}
+
+// 5. Postgres restarted mid-stream, with a fast and then an immediate
+// shutdown, then the consumer's backends terminated every 200ms while the
+// proxy between consumer and Postgres adds latency and resets connections:
+// everything applied once, nothing dead-lettered over it, and the retries
+// back off (no hot loop). A private cluster: other packages' tests share
+// the test environment's.
+func postgresRestart(t *testing.T, b, title string) {
+	pg := startPrivatePG(t)
+	px := newProxy(t, pg.addr())
+	cfg, err := pgxpool.ParseConfig(pg.url(pg.addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(base.Close)
+	r := newRigOn(t, newKafka(t, false), title, 4, base, pg.url(px.addr()))
+	r.maybeSample()
+	s := r.newStream("", 1000, 5)
+	r.produce(s.first)
+	c := r.start(failpoints{Slow: 3 * time.Millisecond})
+	outage := func(at int64, what string, fault func()) {
+		r.waitApplied(at, c)
+		before := px.accepted.Load()
+		began := time.Now()
+		fault()
+		for _, p := range []*pgxpool.Pool{r.base, r.pool} {
+			p.Reset() // the checks' own connections died too
+		}
+		t.Logf("%s at %d applied: %v, %d connection attempts meanwhile", what, at, time.Since(began).Round(time.Millisecond), px.accepted.Load()-before)
+	}
+	outage(150, "fast shutdown and restart", func() {
+		pg.stop("fast")
+		time.Sleep(time.Second) // down for a while: the consumer must wait it out
+		pg.start()
+	})
+	outage(350, "immediate shutdown and restart", func() {
+		pg.stop("immediate")
+		time.Sleep(time.Second)
+		pg.start()
+	})
+	outage(550, "backends terminated and connections reset", func() {
+		px.setLatency(5 * time.Millisecond)
+		killer := schemaPool(t, pg.url(pg.addr()), "public")
+		for i := range 15 {
+			time.Sleep(200 * time.Millisecond)
+			var n int
+			_ = killer.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`, r.app).Scan(&n)
+			if i%3 == 2 {
+				n += px.reset()
+			}
+		}
+		px.setLatency(0)
+	})
+	if n := r.ledgerRows(); n >= int64(r.wantPayments()) {
+		t.Errorf("the stream was done before the last fault (%d applied): lower the count or slow the handler", n)
+	}
+	r.waitApplied(int64(r.wantPayments()), c)
+	r.produce(s.conflicts)
+	r.finish()
+	st := c.stats().Stats
+	t.Logf("retries %d, connection attempts %d, stats %+v", st.Retries, px.accepted.Load(), st)
+	// A hot loop retries thousands of times a second; jittered backoff a
+	// few times per lane and second of outage.
+	if st.Retries > 400 || px.accepted.Load() > 600 {
+		t.Errorf("%d retries and %d connection attempts over three outages of a few seconds: a hot loop", st.Retries, px.accepted.Load())
+	}
+}
+
+// 6. The broker killed (SIGKILL) and started again while the consumer
+// works; half of the stream is produced after the restart. The consumer
+// resumes by itself. Kafka: the shared broker under testenv.KafkaExclusive;
+// RocketMQ: a private name server and broker (the shared one has no lock
+// other packages take).
+func brokerRestart(t *testing.T, b, title string) {
+	var br broker
+	var kill, restart func()
+	switch b {
+	case "kafka":
+		k := newKafka(t, true)
+		if out, err := exec.Command(scriptPath("kafka.sh"), "status").CombinedOutput(); err != nil {
+			t.Fatalf("the broker at %v is not managed by scripts/testenv/kafka.sh: %s", k.brokers, out)
+		}
+		t.Cleanup(func() { kafkaScript(t, "start") }) // whatever happened, leave a broker running
+		br = k
+		kill = func() { kafkaScript(t, "kill") }
+		restart = func() {
+			kafkaScript(t, "start")
+			k.tr.CloseIdleConnections()
+		}
+	default:
+		p := startPrivateRocket(t)
+		br, kill, restart = p.rocketBroker, p.killBroker, p.startBroker
+	}
+	r := newRig(t, br, title, 4)
+	r.maybeSample()
+	s := r.newStream("", 600, 6)
+	half := len(s.first) / 2
+	r.produce(s.first[:half])
+	c := r.start(failpoints{Slow: 5 * time.Millisecond})
+	r.waitApplied(100, c)
+	kill()
+	at := r.ledgerRows()
+	time.Sleep(2 * time.Second) // down for a while
+	restart()
+	t.Logf("%d payments applied when the broker was killed", at)
+	r.produce(s.first[half:])
+	r.waitApplied(int64(r.wantPayments()), c)
+	r.produce(s.conflicts)
+	r.finish()
+}
