@@ -15,7 +15,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -36,8 +35,8 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
 		os.Exit(runChild())
 	}
-	if raceEnabled && os.Getenv(suppressedEnv) == "" {
-		os.Exit(withRaceSuppressions())
+	if code, rerun := testenv.RerunWithRocketMQRaceSuppressions(); rerun {
+		os.Exit(code)
 	}
 	level := slog.LevelError
 	switch os.Getenv("IDEM_TEST_LOG") {
@@ -61,82 +60,7 @@ func TestMain(m *testing.M) {
 // leakOptions ignore the goroutines the RocketMQ client leaves behind after
 // Shutdown. Each ends by itself, but later than a test run, because it
 // sleeps or waits before it looks at the client's done channel:
-var leakOptions = []goleak.Option{
-	// push consumer: the expired-message cleaner sleeps ConsumeTimeout (15
-	// min) first.
-	goleak.IgnoreAnyFunction("github.com/apache/rocketmq-client-go/v2/consumer.(*pushConsumer).Start.func1.2"),
-	// statistics: samplers sleep until the next minute, hour and month.
-	goleak.IgnoreAnyFunction("github.com/apache/rocketmq-client-go/v2/consumer.(*statsItemSet).init.func4"),
-	goleak.IgnoreAnyFunction("github.com/apache/rocketmq-client-go/v2/consumer.(*statsItemSet).init.func5"),
-	goleak.IgnoreAnyFunction("github.com/apache/rocketmq-client-go/v2/consumer.(*statsItemSet).init.func6"),
-	// client: the name server updater (10s), the heartbeat (1s) and the
-	// offset persister (10s) sleep first.
-	goleak.IgnoreAnyFunction("github.com/apache/rocketmq-client-go/v2/internal.(*rmqClient).Start.func1.1"),
-	goleak.IgnoreAnyFunction("github.com/apache/rocketmq-client-go/v2/internal.(*rmqClient).Start.func1.3"),
-	goleak.IgnoreAnyFunction("github.com/apache/rocketmq-client-go/v2/internal.(*rmqClient).Start.func1.4"),
-	// The per-queue consume loop ends at its next look at the done channel,
-	// after the step it is in: waiting up to 5s for messages
-	// (processQueue.takeMessages, orderly), an orderly queue's suspend
-	// (Config.SuspendTime) or lock retry (up to 3s).
-	goleak.IgnoreAnyFunction("github.com/apache/rocketmq-client-go/v2/consumer.(*pushConsumer).pullMessage.func1"),
-	// A pull in flight at Shutdown waits for its 30s timeout: Shutdown
-	// closes the connections but does not fail the requests waiting on them.
-	goleak.IgnoreTopFunction("github.com/apache/rocketmq-client-go/v2/internal/remote.(*ResponseFuture).waitResponse"),
-	// Those stragglers (pulls, heartbeats) reconnect after Shutdown, and the
-	// new connection's reader waits for the 120s read timeout.
-	goleak.IgnoreAnyFunction("github.com/apache/rocketmq-client-go/v2/internal/remote.(*remotingClient).receiveResponse"),
-	// The client's request cache has a process-wide janitor (package var).
-	goleak.IgnoreTopFunction("github.com/patrickmn/go-cache.(*janitor).Run"),
-}
-
-// clientRaces are data races inside rocketmq-client-go, as race detector
-// suppressions. race_top matches only the frame that made the racing access,
-// so a race in idem's own code is never hidden: idem neither uses gods nor
-// runs inside these functions.
-const clientRaces = `
-# processQueue.takeMessages and Min/Max read the message cache (a gods
-# tree) without the lock putMessage writes it under (orderly mode;
-# rocketmq-client-go issue #1213, unfixed).
-race_top:^github.com/emirpasic/gods/
-# rmqClient.Shutdown sets c.close without synchronisation while InvokeSync
-# reads it (a rebalance or offset fetch running during Shutdown).
-race_top:^github.com/apache/rocketmq-client-go/v2/internal.(*rmqClient).Shutdown.func1$
-# The flow-control counters queueFlowControlTimes and
-# queueMaxSpanFlowControlTimes are plain ints shared by all pull goroutines.
-race_top:^github.com/apache/rocketmq-client-go/v2/consumer.(*pushConsumer).pullMessage$
-`
-
-const suppressedEnv = "IDEM_ROCKETMQ_RACE_SUPPRESSED"
-
-// withRaceSuppressions runs this test binary again with the client's known
-// races suppressed (GORACE is read when a process starts, so the binary
-// cannot suppress them in itself) and returns its exit code.
-func withRaceSuppressions() int {
-	f, err := os.CreateTemp("", "idem-rocketmq-race-*.supp")
-	if err == nil {
-		_, err = f.WriteString(clientRaces)
-		err = errors.Join(err, f.Close())
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "race suppressions:", err)
-		return 2
-	}
-	defer os.Remove(f.Name())
-	cmd := exec.Command(os.Args[0], os.Args[1:]...)
-	cmd.Env = append(os.Environ(), suppressedEnv+"=1",
-		"GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" suppressions="+f.Name()))
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // dies with go test's timeout kill
-	if err := cmd.Run(); err != nil {
-		var exit *exec.ExitError
-		if errors.As(err, &exit) {
-			return exit.ExitCode()
-		}
-		fmt.Fprintln(os.Stderr, "run tests:", err)
-		return 2
-	}
-	return 0
-}
+var leakOptions = testenv.RocketMQClientLeaks
 
 // clientLog is where the RocketMQ client's logs go in tests: nowhere, or
 // stderr with IDEM_TEST_LOG set (the client logs errors while it shuts down,

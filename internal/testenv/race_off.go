@@ -1,5 +1,5 @@
 //go:build !race
 
-package rocketmq_test
+package testenv
 
 const raceEnabled = false

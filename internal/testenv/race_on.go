@@ -1,5 +1,5 @@
 //go:build race
 
-package faults_test
+package testenv
 
 const raceEnabled = true

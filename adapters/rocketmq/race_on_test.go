@@ -1,5 +1,0 @@
-//go:build race
-
-package rocketmq_test
-
-const raceEnabled = true
