@@ -31,9 +31,21 @@ func effectsTable(t *testing.T, pool *pgxpool.Pool, schema string) string {
 	return table
 }
 
-type paymentMsg struct {
-	TxnID  string `json:"txn_id"`
-	Amount int64  `json:"amount"`
+// effectsRig is a migrated store and an effects table in a fresh schema;
+// cfg.Schema is set here.
+func effectsRig(t *testing.T, cfg pgstore.Config) (pool *pgxpool.Pool, schema string, st *pgstore.Store, table string) {
+	t.Helper()
+	pool = testenv.Pool(t)
+	schema = testenv.Schema(t, pool)
+	cfg.Schema = schema
+	st, err := pgstore.New(pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return pool, schema, st, effectsTable(t, pool, schema)
 }
 
 func insertEffect(table string) consumer.HandlerFunc[pgx.Tx] {
@@ -56,17 +68,8 @@ func insertEffect(table string) consumer.HandlerFunc[pgx.Tx] {
 // (crash between the database commit and the broker ack), through the fake
 // source into real Postgres, and counts rows.
 func TestThousandMessagesDeliveredManyTimesApplyOnce(t *testing.T) {
-	pool := testenv.Pool(t)
-	schema := testenv.Schema(t, pool)
-	st, err := pgstore.New(pool, pgstore.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool, _, st, table := effectsRig(t, pgstore.Config{})
 	ctx := context.Background()
-	if err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	table := effectsTable(t, pool, schema)
 
 	const n = 1000
 	var msgs []*consumer.Message
@@ -110,17 +113,8 @@ func TestThousandMessagesDeliveredManyTimesApplyOnce(t *testing.T) {
 // through four consumers (as four processes would) with 25 lanes each, so
 // that up to 100 transactions claim the key at once.
 func TestHundredConcurrentDeliveriesOfOneKey(t *testing.T) {
-	pool := testenv.Pool(t)
-	schema := testenv.Schema(t, pool)
-	st, err := pgstore.New(pool, pgstore.Config{Schema: schema, LockTimeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool, _, st, table := effectsRig(t, pgstore.Config{LockTimeout: time.Second})
 	ctx := context.Background()
-	if err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	table := effectsTable(t, pool, schema)
 	slow := func(next consumer.Handler[pgx.Tx]) consumer.Handler[pgx.Tx] {
 		return consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			// Hold the claim a moment so that the others pile up on it.
@@ -169,17 +163,8 @@ func TestHundredConcurrentDeliveriesOfOneKey(t *testing.T) {
 // transaction, so COMMIT becomes ROLLBACK (pgx.ErrTxCommitRollback): no
 // partial effect, the message is dead-lettered, its batch neighbours apply.
 func TestConstraintViolationSwallowedByHandler(t *testing.T) {
-	pool := testenv.Pool(t)
-	schema := testenv.Schema(t, pool)
-	st, err := pgstore.New(pool, pgstore.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool, schema, st, table := effectsRig(t, pgstore.Config{})
 	ctx := context.Background()
-	if err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	table := effectsTable(t, pool, schema)
 	ledger := pgx.Identifier{schema, "ledger"}.Sanitize()
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+ledger+` (account text PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
