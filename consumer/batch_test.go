@@ -116,3 +116,43 @@ func TestBatchHandlerConfig(t *testing.T) {
 		t.Fatalf("Handler and BatchHandler together: %v", err)
 	}
 }
+
+// TestRepeatedConflictsShrinkTheBatch: a transaction of more than four
+// messages always deadlocks (two lanes locking the same accounts in
+// different orders, say). Retrying the same batch whole would never end;
+// halving it after the second conflict in a row gets everything through in
+// smaller transactions, none dead-lettered.
+func TestRepeatedConflictsShrinkTheBatch(t *testing.T) {
+	eff := newEffects()
+	var deadlocks, biggest atomic.Int64
+	const valve = 5000 // after this many the handler stops failing, so that a broken engine ends the test
+	cfg := batchConfig(func(ctx context.Context, tx *memstore.Tx, msgs []*consumer.Message) error {
+		if len(msgs) > 4 && deadlocks.Add(1) < valve {
+			return fmt.Errorf("update accounts: %w", errDeadlock)
+		}
+		if n := int64(len(msgs)); n > biggest.Load() {
+			biggest.Store(n)
+		}
+		for _, m := range msgs {
+			id, _ := consumer.ByJSONField("txn_id")(m)
+			eff.add(tx, id)
+		}
+		return nil
+	})
+	cfg.Store = conflictStore{memstore.New(memstore.Config{})}
+	var msgs []*consumer.Message
+	var keys []string
+	for i := range 200 {
+		msgs = append(msgs, consumertest.Message("pay", 0, int64(i), "", payment(i)))
+		keys = append(keys, fmt.Sprintf("T%05d", i))
+	}
+	res := consumertest.Run(t, cfg, consumertest.Script{}, msgs...)
+	eff.check(t, keys)
+	if len(res.DeadLetters) != 0 {
+		t.Fatalf("%d dead letters: %+v", len(res.DeadLetters), res.DeadLetters[0])
+	}
+	if d := deadlocks.Load(); d >= 1000 || biggest.Load() > 4 {
+		t.Fatalf("%d deadlocks, biggest committed batch %d: the batch was not made smaller", d, biggest.Load())
+	}
+	t.Logf("%d deadlocks, %d commits", deadlocks.Load(), res.Stats.Commits)
+}

@@ -202,10 +202,15 @@ func (c *Consumer[TTx]) key(it *item) error {
 // settle commits its in as few transactions as it can. A handler failure at
 // position i commits its[:i] first, then settles the failing message alone
 // with its retries. A failure no message is named for (claim, COMMIT) is
-// retried as a whole when transient and split in halves when permanent.
+// retried as a whole when transient and split in halves when permanent. A
+// batch that meets a conflict (deadlock, serialization failure) twice in a
+// row is split in halves too: a smaller transaction holds fewer locks, and
+// two lanes retrying the same large batches can deadlock each other again
+// and again.
 // It returns nil when every item is settled.
 func (c *Consumer[TTx]) settle(ctx context.Context, l *lane[TTx], its []*item) error {
 	var infra *retryWait
+	conflicted := false
 	for len(its) > 0 {
 		failIdx, err := c.try(ctx, l, its)
 		if err == nil {
@@ -253,7 +258,15 @@ func (c *Consumer[TTx]) settle(ctx context.Context, l *lane[TTx], its []*item) e
 			infra = nil
 		case class == dedup.ClassPermanent:
 			return c.fail(ctx, its[0], err, true)
+		case class == dedup.ClassConflict && conflicted && len(its) > 1:
+			half := len(its) / 2
+			if err := c.settle(ctx, l, its[:half]); err != nil {
+				return err
+			}
+			its = its[half:]
+			infra, conflicted = nil, false
 		default:
+			conflicted = class == dedup.ClassConflict
 			// The database, not a message: wait and try the same batch again,
 			// for as long as it takes. Dead-lettering healthy messages because
 			// Postgres restarted would be wrong.
