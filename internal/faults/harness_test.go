@@ -41,9 +41,9 @@ type broker interface {
 	deadLetters(t *testing.T, topic string, want int) []letter
 	// waitNoLag waits until group has consumed topic to its end.
 	waitNoLag(t *testing.T, topic, group string)
-	// committedOffsets returns group's committed offset of each partition
-	// (queue) of topic; a partition without one is missing.
-	committedOffsets(t *testing.T, topic, group string) map[int]int64
+	// offsets returns group's committed offset of each partition (queue)
+	// of topic; a partition without one is missing.
+	offsets(ctx context.Context, topic, group string) (map[int]int64, error)
 	// positions returns where each message produced to topic landed.
 	positions(t *testing.T, topic string) map[string]pos
 }
@@ -763,5 +763,73 @@ func (r *rig) diagnose() {
 			t.Logf("missing %q txn %s: ledger rows %d, dedup row: %q %q %q (%v), messages %v", tn, e.TxnID, n, outcome, reason, source, err, where)
 		}
 	}
-	t.Logf("committed offsets: %v", r.b.committedOffsets(t, r.topic, r.group))
+	got, err := r.b.offsets(ctx, r.topic, r.group)
+	t.Logf("committed offsets: %v (%v)", got, err)
+}
+
+// --- committed offsets ----------------------------------------------------
+
+// offsetSampler samples a group's committed offsets every 100ms and
+// records any that went down.
+type offsetSampler struct {
+	stop, done chan struct{}
+	once       sync.Once
+	mu         sync.Mutex
+	errs       []string
+	n          int
+}
+
+// sampleOffsets samples the group's committed offsets for the rest of the
+// test; rig.check fails the test if one ever went down.
+func (r *rig) sampleOffsets() {
+	s := &offsetSampler{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		last := map[int]int64{}
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-s.stop:
+				return
+			case <-tick.C:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			got, err := r.b.offsets(ctx, r.topic, r.group)
+			cancel()
+			if err != nil {
+				continue // the broker may be down
+			}
+			s.mu.Lock()
+			s.n++
+			for p, off := range got {
+				if prev, ok := last[p]; ok && off < prev {
+					s.errs = append(s.errs, fmt.Sprintf("partition %d: committed offset went from %d to %d", p, prev, off))
+				}
+				last[p] = off
+			}
+			s.mu.Unlock()
+		}
+	}()
+	r.t.Cleanup(s.finish)
+	r.sampler = s
+}
+
+func (s *offsetSampler) finish() {
+	s.once.Do(func() { close(s.stop) })
+	<-s.done
+}
+
+// check stops sampling and fails the test if an offset went down.
+func (s *offsetSampler) check(t *testing.T) {
+	t.Helper()
+	s.finish()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range s.errs {
+		t.Error(e)
+	}
+	if s.n == 0 {
+		t.Error("no committed offset was sampled")
+	}
 }

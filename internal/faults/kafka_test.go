@@ -273,75 +273,6 @@ func (k *kafkaBroker) stableMembers(group string) int {
 	return -1
 }
 
-// offsetSampler samples a group's committed offsets every 100ms and
-// records any that went down.
-type offsetSampler struct {
-	stop, done chan struct{}
-	once       sync.Once
-	mu         sync.Mutex
-	errs       []string
-	n          int
-}
-
-func (k *kafkaBroker) sample(t *testing.T, group, topic string) *offsetSampler {
-	s := &offsetSampler{stop: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(s.done)
-		last := make([]int64, k.partitions(topic))
-		for i := range last {
-			last[i] = -1
-		}
-		tick := time.NewTicker(100 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-s.stop:
-				return
-			case <-tick.C:
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			got, err := k.committed(ctx, group, topic)
-			cancel()
-			if err != nil {
-				continue // the broker may be down
-			}
-			s.mu.Lock()
-			s.n++
-			for p, off := range got {
-				if off < 0 {
-					continue
-				}
-				if off < last[p] {
-					s.errs = append(s.errs, fmt.Sprintf("partition %d: committed offset went from %d to %d", p, last[p], off))
-				}
-				last[p] = off
-			}
-			s.mu.Unlock()
-		}
-	}()
-	t.Cleanup(s.finish)
-	return s
-}
-
-func (s *offsetSampler) finish() {
-	s.once.Do(func() { close(s.stop) })
-	<-s.done
-}
-
-// check stops sampling and fails the test if an offset went down.
-func (s *offsetSampler) check(t *testing.T) {
-	t.Helper()
-	s.finish()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, e := range s.errs {
-		t.Error(e)
-	}
-	if s.n == 0 {
-		t.Error("no committed offset was sampled")
-	}
-}
-
 // kafkaScript runs scripts/testenv/kafka.sh.
 func kafkaScript(t *testing.T, args ...string) {
 	t.Helper()
@@ -356,11 +287,10 @@ func scriptPath(name string) string {
 	return filepath.Join(filepath.Dir(file), "..", "..", "scripts", "testenv", name)
 }
 
-func (k *kafkaBroker) committedOffsets(t *testing.T, topic, group string) map[int]int64 {
-	t.Helper()
-	got, err := k.committed(ctxTimeout(t, 10*time.Second), group, topic)
+func (k *kafkaBroker) offsets(ctx context.Context, topic, group string) (map[int]int64, error) {
+	got, err := k.committed(ctx, group, topic)
 	if err != nil {
-		t.Fatalf("committed offsets of %s: %v", group, err)
+		return nil, err
 	}
 	out := map[int]int64{}
 	for p, off := range got {
@@ -368,7 +298,7 @@ func (k *kafkaBroker) committedOffsets(t *testing.T, topic, group string) map[in
 			out[p] = off
 		}
 	}
-	return out
+	return out, nil
 }
 
 func (k *kafkaBroker) positions(t *testing.T, topic string) map[string]pos {

@@ -29,7 +29,7 @@ var scenarios = []scenario{
 	{4, "commit-outcome-unknown", []string{"kafka", "rocketmq"}, commitOutcomeUnknown},
 	{5, "postgres-restart", []string{"kafka", "rocketmq"}, postgresRestart},
 	{6, "broker-restart", []string{"kafka", "rocketmq"}, brokerRestart},
-	{7, "rebalance", []string{"kafka"}, rebalance},
+	{7, "rebalance", []string{"kafka", "rocketmq"}, rebalance},
 	{8, "retries-exhausted", []string{"kafka", "rocketmq"}, retriesExhausted},
 	{9, "poison-interleaved", []string{"kafka", "rocketmq"}, poisonInterleaved},
 	{10, "tenants-and-mismatch", []string{"kafka", "rocketmq"}, tenantsAndMismatch},
@@ -74,6 +74,7 @@ func env(t *testing.T, b string) broker {
 func concurrentDuplicates(t *testing.T, b, title string) {
 	br := env(t, b)
 	r := newRig(t, br, title, 8)
+	r.sampleOffsets()
 	s := r.newStream("", 200, 1)
 	hot := payments.Order{ID: "HOT-ORDER", Account: "merchant-hot", SKU: "sku-hot", Amount: 4242}
 	if err := payments.CreateOrders(ctxTimeout(t, time.Minute), payments.Pgx(r.pool), []payments.Order{hot}); err != nil {
@@ -104,7 +105,6 @@ func concurrentDuplicates(t *testing.T, b, title string) {
 			n := k.stableMembers(r.group)
 			return n == 4, fmt.Sprintf("%d stable members", n)
 		})
-		r.sampler = k.sample(t, r.group, r.topic)
 	} // RocketMQ: the four share the queues as its 20 s rebalance gets to them
 
 	r.produce(msgs)
@@ -125,7 +125,7 @@ func concurrentDuplicates(t *testing.T, b, title string) {
 // past the committed offsets and skips it.
 func sigkillAfterCommit(t *testing.T, b, title string) {
 	r := newRig(t, env(t, b), title, 4)
-	r.maybeSample()
+	r.sampleOffsets()
 	s := r.newStream("", 300, 2)
 	r.produce(s.first)
 	c1 := r.start(failpoints{KillInAck: 120})
@@ -158,7 +158,7 @@ func killed(c *child) bool {
 // the broker.
 func (r *rig) appliedPastCommitted(c *child) int {
 	r.t.Helper()
-	committed := r.b.committedOffsets(r.t, r.topic, r.group)
+	committed := r.committed()
 	rows, err := r.pool.Query(context.Background(), `SELECT lane, part, off FROM effects_audit WHERE pid = $1`, c.stats().Pid)
 	if err != nil {
 		r.t.Fatal(err)
@@ -185,11 +185,15 @@ func (r *rig) appliedPastCommitted(c *child) int {
 	return n
 }
 
-// maybeSample samples Kafka's committed offsets for the rest of the test.
-func (r *rig) maybeSample() {
-	if k, ok := r.b.(*kafkaBroker); ok {
-		r.sampler = k.sample(r.t, r.group, r.topic)
+// committed returns the group's committed offsets, failing the test when
+// they cannot be read.
+func (r *rig) committed() map[int]int64 {
+	r.t.Helper()
+	got, err := r.b.offsets(ctxTimeout(r.t, 10*time.Second), r.topic, r.group)
+	if err != nil {
+		r.t.Fatalf("committed offsets of %s: %v", r.group, err)
 	}
+	return got
 }
 
 // 3. SIGKILL inside a transaction, after the handlers wrote and before
@@ -198,7 +202,7 @@ func (r *rig) maybeSample() {
 // redelivery applies the batch once.
 func sigkillBeforeCommit(t *testing.T, b, title string) {
 	r := newRig(t, env(t, b), title, 4)
-	r.maybeSample()
+	r.sampleOffsets()
 	s := r.newStream("", 300, 3)
 	r.produce(s.first)
 	victim := r.expected[""][120].TxnID
@@ -227,7 +231,7 @@ func batch(n int) func(*childSpec) { return func(s *childSpec) { s.BatchSize = n
 // or not (apply).
 func commitOutcomeUnknown(t *testing.T, b, title string) {
 	r := newRig(t, env(t, b), title, 4)
-	r.maybeSample()
+	r.sampleOffsets()
 	s := r.newStream("", 300, 4)
 	r.produce(s.first)
 	c := r.start(failpoints{CommitLostEvery: 3, RollbackLostEvery: 5}, batch(10))
@@ -246,16 +250,23 @@ func commitOutcomeUnknown(t *testing.T, b, title string) {
 
 // 7. Rebalance during processing: members join and leave (SIGTERM and
 // SIGKILL in turn) every few seconds while a slow handler works. Committed
-// offsets never go down; nothing is applied twice or lost.
+// offsets never go down; nothing is applied twice or lost; and partitions
+// (queues) did change hands mid-stream, which the audit shows as one
+// partition's effects applied by more than one process.
+//
+// On RocketMQ the broker tells the group's members of every join and leave
+// (a closed connection included) and they rebalance at once; its 20 s
+// periodic rebalance is only the fallback.
 func rebalance(t *testing.T, b, title string) {
-	k := newKafka(t, false)
-	r := newRig(t, k, title, 6)
-	r.sampler = k.sample(t, r.group, r.topic)
+	r := newRig(t, env(t, b), title, 6)
+	r.sampleOffsets()
 	s := r.newStream("", 1200, 7)
 	r.produce(s.first)
 	fp := failpoints{Slow: 4 * time.Millisecond}
 	members := []*child{r.start(fp), r.start(fp)}
 	r.waitApplied(100)
+	want := int64(r.wantPayments())
+	midStream := 0
 	for i := range 4 {
 		members = append(members, r.start(fp))
 		time.Sleep(2500 * time.Millisecond) // pacing, not an assertion
@@ -266,21 +277,34 @@ func rebalance(t *testing.T, b, title string) {
 		} else {
 			old.kill()
 		}
-		t.Logf("member change %d: %d payments applied", i+1, r.ledgerRows())
+		n := r.ledgerRows()
+		if n < want {
+			midStream++
+		}
+		t.Logf("member change %d: %d of %d payments applied", i+1, n, want)
 	}
-	if n := r.ledgerRows(); n >= int64(r.wantPayments()) {
-		t.Logf("the stream was done before the last member change (%d applied)", n)
-	}
-	r.waitApplied(int64(r.wantPayments()), members...)
+	r.waitApplied(want, members...)
 	r.produce(s.conflicts)
 	r.finish()
+	if midStream < 2 {
+		t.Errorf("only %d member changes happened before the stream was applied: the scenario proved little", midStream)
+	}
+	var moved int
+	if err := r.pool.QueryRow(context.Background(), `SELECT count(*) FROM (SELECT part FROM effects_audit
+		GROUP BY part HAVING count(DISTINCT pid) > 1) m`).Scan(&moved); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d of %d partitions were applied by more than one process", moved, r.parts)
+	if moved == 0 {
+		t.Error("no partition changed hands mid-stream")
+	}
 }
 
 // 8. A handler that always fails with a transient error: retried up to
 // the policy's bound, then dead-lettered; the partition goes on.
 func retriesExhausted(t *testing.T, b, title string) {
 	r := newRig(t, env(t, b), title, 4)
-	r.maybeSample()
+	r.sampleOffsets()
 	s := r.newStream("", 300, 8)
 	var failing []string
 	for _, i := range []int{5, 77, 151} {
@@ -321,7 +345,7 @@ func (r *rig) requireAttempts(txns []string, want string) {
 // each dead-lettered with its reason, the good ones applied.
 func poisonInterleaved(t *testing.T, b, title string) {
 	r := newRig(t, env(t, b), title, 4)
-	r.maybeSample()
+	r.sampleOffsets()
 	s := r.newStream("", 400, 9)
 	poison := []struct {
 		payload, reason string
@@ -358,7 +382,7 @@ func poisonInterleaved(t *testing.T, b, title string) {
 // tables; a txn_id re-used with another amount: no effect, dead-lettered.
 func tenantsAndMismatch(t *testing.T, b, title string) {
 	r := newRig(t, env(t, b), title, 4, "acme", "globex")
-	r.maybeSample()
+	r.sampleOffsets()
 	a := r.newStream("acme", 150, 10)
 	g := r.newStream("globex", 150, 10) // the same payments, txn_ids and bodies
 	r.produce(append(a.first, g.first...))
@@ -381,7 +405,7 @@ func tenantsAndMismatch(t *testing.T, b, title string) {
 // policy's 10 attempts; the process stays up.
 func panics(t *testing.T, b, title string) {
 	r := newRig(t, env(t, b), title, 4)
-	r.maybeSample()
+	r.sampleOffsets()
 	s := r.newStream("", 300, 11)
 	once, always := r.expected[""][10].TxnID, r.expected[""][200].TxnID
 	r.unexpect("", always)
@@ -404,7 +428,7 @@ func panics(t *testing.T, b, title string) {
 // applied.
 func constraintViolations(t *testing.T, b, title string) {
 	r := newRig(t, env(t, b), title, 4)
-	r.maybeSample()
+	r.sampleOffsets()
 	s := r.newStream("", 300, 12)
 	returned, swallowed := r.expected[""][20].TxnID, r.expected[""][150].TxnID
 	for _, txn := range []string{returned, swallowed} {
@@ -432,7 +456,7 @@ func constraintViolations(t *testing.T, b, title string) {
 // (its key is in the dedup table or it was dead-lettered).
 func sigtermMidBatch(t *testing.T, b, title string) {
 	r := newRig(t, env(t, b), title, 4)
-	r.maybeSample()
+	r.sampleOffsets()
 	s := r.newStream("", 500, 13)
 	r.produce(s.first)
 	const grace = 5 * time.Second
@@ -465,7 +489,7 @@ func sigtermMidBatch(t *testing.T, b, title string) {
 // skipped or failed) or it is one to dead-letter.
 func (r *rig) requireSettledBelowCommitted() {
 	r.t.Helper()
-	committed := r.b.committedOffsets(r.t, r.topic, r.group)
+	committed := r.committed()
 	positions := r.b.positions(r.t, r.topic)
 	keys := map[string]bool{}
 	rows, err := r.pool.Query(context.Background(), `SELECT key FROM `+pgx.Identifier{r.schema, "idem_dedup"}.Sanitize())
@@ -523,7 +547,7 @@ func postgresRestart(t *testing.T, b, title string) {
 	}
 	t.Cleanup(base.Close)
 	r := newRigOn(t, env(t, b), title, 4, base, pg.url(px.addr()))
-	r.maybeSample()
+	r.sampleOffsets()
 	s := r.newStream("", 1000, 5)
 	r.produce(s.first)
 	c := r.start(failpoints{Slow: 3 * time.Millisecond})
@@ -601,7 +625,7 @@ func brokerRestart(t *testing.T, b, title string) {
 		br, kill, restart = p.rocketBroker, p.killBroker, p.startBroker
 	}
 	r := newRig(t, br, title, 4)
-	r.maybeSample()
+	r.sampleOffsets()
 	s := r.newStream("", 600, 6)
 	half := len(s.first) / 2
 	r.produce(s.first[:half])
