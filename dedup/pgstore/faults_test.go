@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -223,5 +224,82 @@ func TestHandlerNetworkErrorsAreBounded(t *testing.T) {
 	var n int64
 	if err := rig.check.QueryRow(context.Background(), `SELECT count(*) FROM `+rig.table).Scan(&n); err != nil || n != 2 {
 		t.Fatalf("effects %d (%v), want the other 2", n, err)
+	}
+}
+
+// classSpy records how the store classified each error the consumer saw.
+type classSpy struct {
+	*pgstore.Store
+	mu   sync.Mutex
+	seen []string
+}
+
+func (s *classSpy) ClassifyError(err error) dedup.ErrorClass {
+	c := s.Store.ClassifyError(err)
+	s.mu.Lock()
+	s.seen = append(s.seen, fmt.Sprintf("%v: %v", c, err))
+	s.mu.Unlock()
+	return c
+}
+
+func (s *classSpy) log() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.seen...)
+}
+
+// TestHandlerTimeoutIsBounded: a handler under consumer.Timeout whose SQL
+// statement overruns the deadline loses its connection (pgx's default context
+// watcher interrupts a statement by setting a deadline on the socket, which
+// closes it). That is the handler's doing, not the database going away: the
+// message is retried within Retry.MaxAttempts and dead-lettered, and the
+// message behind it in its partition is applied.
+func TestHandlerTimeoutIsBounded(t *testing.T) {
+	rig := newFaultRig(t, "idem-fault-handler-timeout")
+	st := &classSpy{Store: rig.st}
+	effect := insertEffect(rig.table)
+	const maxAttempts = 3
+	var calls, closed atomic.Int64
+	h := consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if id, _ := consumer.ByJSONField("txn_id")(m); id != "T00001" {
+			return effect(ctx, tx, m)
+		}
+		if calls.Add(1) > 3*maxAttempts {
+			return consumer.Permanent(errors.New("retried without bound")) // end the run; the checks below fail
+		}
+		_, err := tx.Exec(ctx, `SELECT pg_sleep(5)`)
+		if tx.Conn().IsClosed() {
+			closed.Add(1)
+		}
+		return err
+	})
+	// T00001 and T00005 share partition 1.
+	res := consumertest.Run(t, consumer.Config[pgx.Tx]{
+		Name: "payments", Store: st, Handler: h, Key: consumer.ByJSONField("txn_id"),
+		Middleware: []consumer.Middleware[pgx.Tx]{consumer.Timeout[pgx.Tx](200 * time.Millisecond)},
+		Retry:      consumer.RetryPolicy{MaxAttempts: maxAttempts}, Logger: quiet,
+	}, consumertest.Script{}, rig.messages(8)...)
+	t.Log(res, "handler runs:", calls.Load())
+	seen := st.log()
+	for _, s := range seen {
+		t.Log("classified", s)
+	}
+	if closed.Load() == 0 {
+		t.Fatal("the timeout did not close the connection: the test proved nothing")
+	}
+	for _, s := range seen {
+		if strings.HasPrefix(s, dedup.ClassUnavailable.String()) {
+			t.Errorf("a handler's timeout was classified as the database being unavailable: %s", s)
+		}
+	}
+	if calls.Load() != maxAttempts || len(res.DeadLetters) != 1 || res.DeadLetters[0].Key.ID != "T00001" || res.DeadLetters[0].Attempts != maxAttempts {
+		t.Fatalf("handler ran %d times, dead letters %+v; want %d runs and T00001 dead-lettered", calls.Load(), res.DeadLetters, maxAttempts)
+	}
+	if !errors.Is(res.DeadLetters[0].Reason, context.DeadlineExceeded) {
+		t.Errorf("dead letter reason %v, want the deadline", res.DeadLetters[0].Reason)
+	}
+	var n int64
+	if err := rig.check.QueryRow(context.Background(), `SELECT count(*) FROM `+rig.table+` WHERE txn_id <> 'T00001'`).Scan(&n); err != nil || n != 7 {
+		t.Fatalf("effects %d (%v), want the other 7", n, err)
 	}
 }

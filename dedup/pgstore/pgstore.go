@@ -138,7 +138,10 @@ func (s *Store) Table() string { return s.table }
 // could be had), the error is wrapped in a *ConnLostError, which Classify
 // reports as dedup.ClassUnavailable: the consumer waits the database out
 // instead of blaming the message. Other errors, the handler's included, are
-// returned as they are.
+// returned as they are. So is a context error while ctx itself is live: a
+// deadline or cancellation fn derived (consumer.Timeout), which pgx enforces
+// by closing the connection — the handler overran, the database is fine, and
+// the retries count against the message.
 func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) (err error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
@@ -150,7 +153,7 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx
 	defer func() {
 		// Always: also when fn panicked or called runtime.Goexit (t.Fatal);
 		// a no-op after COMMIT; closes a broken connection.
-		lost := err != nil && tx.Conn().IsClosed()
+		lost := err != nil && tx.Conn().IsClosed() && !isContextErr(err)
 		_ = tx.Rollback(ctx)
 		if lost && ctx.Err() == nil {
 			err = &ConnLostError{Err: err}
@@ -163,6 +166,17 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx
 		return err // never commit work whose caller gave up
 	}
 	return tx.Commit(ctx)
+}
+
+// isContextErr reports a context's deadline or cancellation. pgx's default
+// context watcher interrupts a statement by setting a deadline on the socket,
+// which closes the connection, and reports ctx's error (DeadlineExceeded
+// wrapped in a timeout error, or Canceled). pgconn.Timeout would not do here:
+// it is also true of a read that failed with ETIMEDOUT (TCP keepalive or
+// tcp_user_timeout giving up on an unreachable server), which is a lost
+// connection.
+func isContextErr(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }
 
 // ConnLostError is a transaction that failed because its connection to

@@ -143,3 +143,57 @@ func TestClassify(t *testing.T) {
 		}
 	}
 }
+
+// TestInTxContextErrorIsNotConnLost: pgx interrupts a statement whose context
+// ends by closing the connection. When that context is fn's own (a handler's
+// timeout), InTx does not report a lost connection; when the backend really
+// goes away, it does.
+func TestInTxContextErrorIsNotConnLost(t *testing.T) {
+	st := newStore(t, pgstore.Config{})
+	cases := []struct {
+		name     string
+		fn       func(ctx context.Context, tx pgx.Tx) error
+		lost     bool
+		ctxError error
+	}{
+		{"deadline", func(ctx context.Context, tx pgx.Tx) error {
+			ctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+			defer cancel()
+			_, err := tx.Exec(ctx, `SELECT pg_sleep(5)`)
+			return err
+		}, false, context.DeadlineExceeded},
+		{"canceled", func(ctx context.Context, tx pgx.Tx) error {
+			ctx, cancel := context.WithCancel(ctx)
+			time.AfterFunc(100*time.Millisecond, cancel)
+			_, err := tx.Exec(ctx, `SELECT pg_sleep(5)`)
+			return err
+		}, false, context.Canceled},
+		{"backend terminated", func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `SELECT pg_terminate_backend(pg_backend_pid())`)
+			return err
+		}, true, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var closed bool
+			err := st.InTx(context.Background(), func(ctx context.Context, tx pgx.Tx) error {
+				err := c.fn(ctx, tx)
+				closed = tx.Conn().IsClosed()
+				return err
+			})
+			if !closed {
+				t.Fatalf("the connection survived (%v): the case proves nothing", err)
+			}
+			var lost *pgstore.ConnLostError
+			if errors.As(err, &lost) != c.lost {
+				t.Fatalf("InTx: %v; want ConnLostError %v", err, c.lost)
+			}
+			if c.ctxError != nil && !errors.Is(err, c.ctxError) {
+				t.Fatalf("InTx: %v; want %v", err, c.ctxError)
+			}
+			if got := pgstore.Classify(err); (got == dedup.ClassUnavailable) != c.lost {
+				t.Fatalf("Classify(%v) = %v", err, got)
+			}
+		})
+	}
+}
