@@ -105,7 +105,7 @@ func concurrentDuplicates(t *testing.T, b, title string) {
 			n := k.stableMembers(r.group)
 			return n == 4, fmt.Sprintf("%d stable members", n)
 		})
-	} // RocketMQ: the four share the queues as its 20 s rebalance gets to them
+	} // RocketMQ: the broker notifies the members of each join and they rebalance at once
 
 	r.produce(msgs)
 	r.waitApplied(int64(r.wantPayments()))
