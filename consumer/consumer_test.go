@@ -446,6 +446,75 @@ func TestStopLaneOnExhausted(t *testing.T) {
 	}
 }
 
+// TestStoppedLaneDoesNotPassBadInput: bad input behind the message that
+// stopped its lane, in the same batch, is neither dead-lettered nor acked;
+// bad input before it is.
+func TestStoppedLaneDoesNotPassBadInput(t *testing.T) {
+	eff := newEffects()
+	src := consumertest.NewSource(consumertest.Script{})
+	cfg := baseConfig(func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
+		id, _ := consumer.ByJSONField("txn_id")(m)
+		switch id {
+		case "T00000":
+			// Hold the lane until the rest is delivered: the next batch
+			// holds the bad input on both sides of T00001.
+			for end := time.Now().Add(5 * time.Second); src.Stats().Deliveries < 5 && time.Now().Before(end); {
+				time.Sleep(time.Millisecond)
+			}
+		case "T00001":
+			return errors.New("always down")
+		}
+		eff.add(tx, id)
+		return nil
+	})
+	cfg.OnExhausted = consumer.StopLaneOnExhausted
+	cfg.BatchSize = 10
+	cfg.Clock = consumertest.NewClock()
+	dl := &consumertest.DeadLetters{}
+	cfg.DeadLetter = dl
+	cfg.Source = src
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.Push(
+		consumertest.Message("pay", 0, 0, "", payment(0)),
+		consumertest.Message("pay", 0, 1, "", `{"bad": `),
+		consumertest.Message("pay", 0, 2, "", payment(1)),
+		consumertest.Message("pay", 0, 3, "", `{"amount": 5}`),
+		consumertest.Message("pay", 0, 4, "", payment(2)),
+	)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(context.Background()) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Stats().Released == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if st := c.Stats(); st.Delivered < 5 || st.Released == 0 {
+		t.Fatalf("the batch was not delivered whole, or the lane did not stop: %+v", st)
+	}
+	if eff.count("T00000") != 1 || eff.count("T00001") != 0 || eff.count("T00002") != 0 {
+		t.Errorf("effects: %v", eff.n)
+	}
+	letters := dl.Letters()
+	if len(letters) != 1 || letters[0].Message.Offset != 1 {
+		t.Fatalf("dead letters %+v; want only the bad input before the stop (offset 1)", letters)
+	}
+	for _, id := range []string{"pay/0/2", "pay/0/3", "pay/0/4"} {
+		if src.Acked(id) != 0 {
+			t.Errorf("%s, at or behind the stop, was acked", id)
+		}
+	}
+}
+
 func TestConfigErrorsNameTheField(t *testing.T) {
 	_, err := consumer.New(consumer.Config[*memstore.Tx]{Name: "a/b", BatchSize: -1, Retry: consumer.RetryPolicy{Jitter: 2}})
 	if err == nil {

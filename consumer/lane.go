@@ -115,9 +115,10 @@ func (c *Consumer[TTx]) releaseAll(msgs []*Message, reason error) {
 	c.cfg.Source.Release(msgs, reason)
 }
 
-// process settles one batch: bad input is dead-lettered, the rest is claimed
-// and handled in one transaction (split on failure), then the settled
-// messages are acknowledged and the others released.
+// process settles one batch in order: bad input is dead-lettered, the
+// messages between are claimed and handled in one transaction (split on
+// failure), then the settled messages are acknowledged and the others
+// released.
 func (c *Consumer[TTx]) process(ctx context.Context, l *lane[TTx], batch []*Message) {
 	items := l.items[:0]
 	for _, m := range batch {
@@ -126,19 +127,29 @@ func (c *Consumer[TTx]) process(ctx context.Context, l *lane[TTx], batch []*Mess
 	l.items = items
 	goods := l.goods[:0]
 	var err error
+	from := 0 // goods[from:] are not settled yet
 	for i := range items {
 		it := &items[i]
-		if kerr := c.key(it); kerr != nil {
-			if err = c.deadLetter(ctx, it, kerr); err != nil {
-				break
-			}
+		kerr := c.key(it)
+		if kerr == nil {
+			goods = append(goods, it)
 			continue
 		}
-		goods = append(goods, it)
+		// Bad input is dead-lettered in its place: what came before it is
+		// settled first, so a lane stopped ahead of it never passes it.
+		if from < len(goods) {
+			if err = c.settle(ctx, l, goods[from:]); err != nil {
+				break
+			}
+			from = len(goods)
+		}
+		if err = c.deadLetter(ctx, it, kerr); err != nil {
+			break
+		}
 	}
 	l.goods = goods
-	if err == nil {
-		err = c.settle(ctx, l, goods)
+	if err == nil && from < len(goods) {
+		err = c.settle(ctx, l, goods[from:])
 	}
 	if err != nil && !errors.Is(err, ErrLaneStopped) && ctx.Err() == nil {
 		c.cfg.Logger.Error("idem: batch not settled", slog.String("lane", l.name), slog.Any("error", err))
