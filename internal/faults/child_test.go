@@ -50,6 +50,9 @@ type childSpec struct {
 	StatsFile  string        // where the child writes its counters
 	Fail       failpoints
 	KafkaClose time.Duration // kafka.Config.CloseTimeout
+	StopLane   bool          // consumer.StopLaneOnExhausted instead of dead-lettering
+	Orderly    bool          // RocketMQ orderly mode
+	Reconsume  int           // rocketmq.Config.MaxReconsumeTimes; default the adapter's
 }
 
 // failpoints are the faults a child injects into itself. Keys are txn_ids.
@@ -201,7 +204,7 @@ func (spec *childSpec) run() error {
 	case "rocketmq":
 		rocketmq.SetClientLogger(slog.New(slog.NewTextHandler(io.Discard, nil)), slog.LevelError)
 		s, err := rocketmq.New(rocketmq.Config{NameServers: spec.Brokers, Group: spec.Group, Topics: []string{spec.Topic},
-			CloseTimeout: 5 * time.Second, Logger: log})
+			Orderly: spec.Orderly, MaxReconsumeTimes: spec.Reconsume, CloseTimeout: 5 * time.Second, Logger: log})
 		if err != nil {
 			return err
 		}
@@ -228,6 +231,9 @@ func (spec *childSpec) run() error {
 	}
 	if spec.Tenants {
 		ccfg.Tenant = consumer.ByHeader(tenantHeader)
+	}
+	if spec.StopLane {
+		ccfg.OnExhausted = consumer.StopLaneOnExhausted
 	}
 	c, err := consumer.New(ccfg)
 	if err != nil {

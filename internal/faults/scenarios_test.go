@@ -36,6 +36,7 @@ var scenarios = []scenario{
 	{11, "panics", []string{"kafka", "rocketmq"}, panics},
 	{12, "constraint-violations", []string{"kafka", "rocketmq"}, constraintViolations},
 	{13, "sigterm-mid-batch", []string{"kafka", "rocketmq"}, sigtermMidBatch},
+	{14, "ordered-poison", []string{"kafka", "rocketmq"}, orderedPoison},
 }
 
 // TestFaults runs every scenario for every broker it applies to; each
@@ -640,4 +641,133 @@ func brokerRestart(t *testing.T, b, title string) {
 	r.waitApplied(int64(r.wantPayments()), c)
 	r.produce(s.conflicts)
 	r.finish()
+}
+
+// 14. An ordered stream with a poison message under StopLaneOnExhausted
+// (block and alert; RocketMQ in orderly mode, its queue locked on the
+// broker, with a reconsume limit of 2 that the client would use to skip the
+// message if the adapter merely suspended the queue): the poison's
+// partition stops at it — nothing behind it is applied, dead-lettered or
+// committed past, nothing is skipped silently — while the other partitions
+// finish. Once the cause is fixed, a restarted consumer applies the poison
+// and the rest of its partition.
+func orderedPoison(t *testing.T, b, title string) {
+	r := newRig(t, env(t, b), title, 4)
+	r.sampleOffsets()
+	s := r.newStream("", 300, 14)
+	poison := r.expected[""][60].TxnID
+	var at *outMsg
+	for i, m := range s.first {
+		if txnOf(m.Value) == poison {
+			at = &s.first[i]
+			break
+		}
+	}
+	if at == nil {
+		t.Fatalf("no message carries %s", poison)
+	}
+	// What the poison holds back: the messages behind it in its partition.
+	behind, notBehind := map[string]bool{}, map[string]bool{}
+	past := false
+	for _, m := range s.first {
+		switch {
+		case m.ID == at.ID:
+			past = true
+		case past && m.Part == at.Part:
+			behind[m.ID] = true
+		default:
+			notBehind[txnOf(m.Value)] = true
+		}
+	}
+	wantApplied := map[string]bool{}
+	for _, e := range r.expected[""] {
+		if e.TxnID != poison && notBehind[e.TxnID] {
+			wantApplied[e.TxnID] = true
+		}
+	}
+	wantLetters := 0 // of the first wave (the conflicts are sent at the end)
+	for _, m := range s.first {
+		if _, bad := r.wantDLQ[m.ID]; bad && !behind[m.ID] {
+			wantLetters++
+		}
+	}
+	if len(wantApplied) == len(r.expected[""])-1 {
+		t.Fatal("nothing valid behind the poison in its partition: the scenario proves nothing")
+	}
+	r.produce(s.first)
+	blocking := func(sp *childSpec) { sp.StopLane, sp.Orderly, sp.Attempts, sp.Reconsume = true, true, 3, 2 }
+	c := r.start(failpoints{Transient: []string{poison}}, blocking)
+	waitUntil(t, 2*time.Minute, "the poison's lane stopped", func() (bool, string) {
+		c.requireAlive(t)
+		return strings.Contains(c.out.String(), "idem: lane stopped"), ""
+	})
+	r.waitApplied(int64(len(wantApplied)), c)
+	ends, positions := map[int]int64{}, r.b.positions(t, r.topic)
+	for _, p := range positions {
+		ends[p.Part] = max(ends[p.Part], p.Off+1)
+	}
+	poisonOff := positions[at.ID].Off
+	waitUntil(t, time.Minute, "the other partitions committed to their ends", func() (bool, string) {
+		got, err := r.b.offsets(context.Background(), r.topic, r.group)
+		if err != nil {
+			return false, err.Error()
+		}
+		for p, end := range ends {
+			if p != at.Part && got[p] != end {
+				return false, fmt.Sprintf("committed %v, ends %v", got, ends)
+			}
+		}
+		return true, ""
+	})
+	// Past the client's reconsume limit (2 × the 1 s suspend on RocketMQ):
+	// the block must still hold.
+	time.Sleep(5 * time.Second)
+	c.requireAlive(t)
+	if got := r.committed(); got[at.Part] > poisonOff {
+		t.Errorf("partition %d committed to %d, past the poison at %d", at.Part, got[at.Part], poisonOff)
+	}
+	applied := r.ledgerTxns()
+	for txn := range wantApplied {
+		if !applied[txn] {
+			t.Errorf("%s (not behind the poison) was not applied", txn)
+		}
+	}
+	for txn := range applied {
+		if !wantApplied[txn] {
+			t.Errorf("%s was applied while its partition was stopped at the poison", txn)
+		}
+	}
+	for _, l := range r.b.deadLetters(t, r.topic, wantLetters) {
+		if l.ID == at.ID || behind[l.ID] {
+			t.Errorf("message %s (the poison or behind it) was dead-lettered while its lane was stopped: %q", l.ID, l.Reason)
+		}
+	}
+	t.Logf("partition %d stopped at offset %d with %d messages behind it; %d payments applied elsewhere", at.Part, poisonOff, len(behind), len(applied))
+	if t.Failed() {
+		return
+	}
+
+	c.stop(t)
+	c = r.start(failpoints{}, blocking) // the cause is fixed
+	r.waitApplied(int64(r.wantPayments()), c)
+	r.produce(s.conflicts)
+	r.finish()
+}
+
+// ledgerTxns returns the txn_ids in the (tenant-less) ledger.
+func (r *rig) ledgerTxns() map[string]bool {
+	r.t.Helper()
+	rows, err := r.pool.Query(context.Background(), `SELECT txn_id FROM ledger`)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	txns, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	out := make(map[string]bool, len(txns))
+	for _, txn := range txns {
+		out[txn] = true
+	}
+	return out
 }
