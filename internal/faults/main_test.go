@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -47,5 +48,6 @@ func TestMain(m *testing.M) {
 
 // leakOptions ignore the goroutines the RocketMQ client (the parent's
 // producer and dead-letter reader) leaves behind after Shutdown; each ends by
-// itself, later than a test run. The list is adapters/rocketmq's.
-var leakOptions = testenv.RocketMQClientLeaks
+// itself, later than a test run. The list is adapters/rocketmq's. And those
+// Toxiproxy leaves blocked (toxiproxyLeaks, proxy_test.go).
+var leakOptions = append(slices.Clip(testenv.RocketMQClientLeaks), toxiproxyLeaks...)
