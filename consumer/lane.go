@@ -242,13 +242,13 @@ func (c *Consumer[TTx]) settle(ctx context.Context, l *lane[TTx], its []*item) e
 				return err
 			}
 			its = its[half:]
-			infra = nil
+			infra, conflicted = nil, false
 		case failIdx == handlerFailedSomewhere:
 			if err := c.settleOne(ctx, l, its[0], err, class); err != nil {
 				return err
 			}
 			its = its[1:]
-			infra = nil
+			infra, conflicted = nil, false
 		case failIdx >= 0:
 			if failIdx > 0 {
 				if err := c.settle(ctx, l, its[:failIdx]); err != nil {
@@ -259,14 +259,14 @@ func (c *Consumer[TTx]) settle(ctx context.Context, l *lane[TTx], its []*item) e
 				return err
 			}
 			its = its[failIdx+1:]
-			infra = nil
+			infra, conflicted = nil, false
 		case class == dedup.ClassPermanent && len(its) > 1:
 			half := len(its) / 2
 			if err := c.settle(ctx, l, its[:half]); err != nil {
 				return err
 			}
 			its = its[half:]
-			infra = nil
+			infra, conflicted = nil, false
 		case class == dedup.ClassPermanent:
 			return c.fail(ctx, its[0], err, true)
 		case class == dedup.ClassConflict && conflicted && len(its) > 1:
