@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,10 +26,11 @@ import (
 
 // faultRig is a consumer on real Postgres with an append-only effects table.
 type faultRig struct {
-	pool  *pgxpool.Pool // the consumer's: its backends may be killed
-	check *pgxpool.Pool // the test's own, for counting
-	st    *pgstore.Store
-	table string
+	pool   *pgxpool.Pool // the consumer's: its backends may be killed
+	check  *pgxpool.Pool // the test's own, for counting
+	st     *pgstore.Store
+	schema string
+	table  string
 }
 
 func newFaultRig(t *testing.T, appName string) faultRig {
@@ -52,7 +55,7 @@ func newFaultRig(t *testing.T, appName string) faultRig {
 	if err := st.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	return faultRig{pool: pool, check: base, st: st, table: effectsTable(t, base, schema)}
+	return faultRig{pool: pool, check: base, st: st, schema: schema, table: effectsTable(t, base, schema)}
 }
 
 func (r faultRig) messages(n int) []*consumer.Message {
@@ -302,4 +305,115 @@ func TestHandlerTimeoutIsBounded(t *testing.T) {
 	if err := rig.check.QueryRow(context.Background(), `SELECT count(*) FROM `+rig.table+` WHERE txn_id <> 'T00001'`).Scan(&n); err != nil || n != 7 {
 		t.Fatalf("effects %d (%v), want the other 7", n, err)
 	}
+}
+
+// TestHandlerTimeoutDuringOutageIsWaitedOut: a handler's statement that hangs
+// because the database went away ends at the handler's deadline, which
+// looks like the handler overrunning. The store pings before it blames the
+// message: the database does not answer, so it is a lost connection, waited
+// out, and the message is applied once the database is back — with
+// Retry.MaxAttempts 1, where any attempt counted against it dead-letters it.
+func TestHandlerTimeoutDuringOutageIsWaitedOut(t *testing.T) {
+	rig := newFaultRig(t, "idem-fault-timeout-outage")
+	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The database goes away without a reset while the handler's statement
+	// waits for its answer.
+	var down atomic.Bool
+	dial := cfg.ConnConfig.DialFunc
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if down.Load() {
+			return nil, errors.New("dial: connection refused (the database is gone)")
+		}
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &gatedConn{Conn: c, down: &down}, nil
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	st, err := pgstore.New(pool, pgstore.Config{Schema: rig.schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spy := &classSpy{Store: st}
+	effect := insertEffect(rig.table)
+	var hung atomic.Bool
+	h := consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if id, _ := consumer.ByJSONField("txn_id")(m); id == "T00001" && hung.CompareAndSwap(false, true) {
+			gc, ok := tx.Conn().PgConn().Conn().(*gatedConn)
+			if !ok {
+				return consumer.Permanent(fmt.Errorf("the connection is a %T, not the test's", tx.Conn().PgConn().Conn()))
+			}
+			gc.hang.Store(true) // this statement gets no answer
+			down.Store(true)
+			time.AfterFunc(2*time.Second, func() { down.Store(false); gc.hang.Store(false) })
+			if _, err := tx.Exec(ctx, `SELECT 1`); err != nil {
+				return err
+			}
+		}
+		return effect(ctx, tx, m)
+	})
+	res := consumertest.Run(t, consumer.Config[pgx.Tx]{
+		Name: "payments", Store: spy, Handler: h, Key: consumer.ByJSONField("txn_id"),
+		Middleware: []consumer.Middleware[pgx.Tx]{consumer.Timeout[pgx.Tx](100 * time.Millisecond)},
+		Retry:      consumer.RetryPolicy{MaxAttempts: 1}, Logger: quiet,
+	}, consumertest.Script{}, rig.messages(8)...)
+	if !hung.Load() {
+		t.Fatal("the handler never hung: the test proved nothing")
+	}
+	seen := spy.log()
+	if len(seen) == 0 || !strings.HasPrefix(seen[0], dedup.ClassUnavailable.String()) {
+		t.Errorf("the hung statement was classified %q, want unavailable", seen)
+	}
+	if len(res.DeadLetters) != 0 {
+		t.Fatalf("dead-lettered over an outage: %+v", res.DeadLetters)
+	}
+	rig.checkOnce(t, 8)
+}
+
+// gatedConn is a connection to a database that may be gone. While down is
+// set, writes fail and no dial succeeds; a connection with hang set gets no
+// answer: its reads hang until the deadline pgx sets when the statement's
+// context ends.
+type gatedConn struct {
+	net.Conn
+	down     *atomic.Bool
+	hang     atomic.Bool
+	deadline atomic.Pointer[time.Time] // the read deadline pgx last set
+}
+
+var errGone = errors.New("connection reset (the database is gone)")
+
+func (c *gatedConn) Read(b []byte) (int, error) {
+	for c.hang.Load() {
+		if d := c.deadline.Load(); d != nil && !d.IsZero() && time.Now().After(*d) {
+			return 0, os.ErrDeadlineExceeded
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return c.Conn.Read(b)
+}
+
+func (c *gatedConn) Write(b []byte) (int, error) {
+	if c.down.Load() && !c.hang.Load() {
+		return 0, errGone
+	}
+	return c.Conn.Write(b)
+}
+
+func (c *gatedConn) SetDeadline(t time.Time) error {
+	c.deadline.Store(&t)
+	return c.Conn.SetDeadline(t)
+}
+
+func (c *gatedConn) SetReadDeadline(t time.Time) error {
+	c.deadline.Store(&t)
+	return c.Conn.SetReadDeadline(t)
 }

@@ -138,10 +138,12 @@ func (s *Store) Table() string { return s.table }
 // could be had), the error is wrapped in a *ConnLostError, which Classify
 // reports as dedup.ClassUnavailable: the consumer waits the database out
 // instead of blaming the message. Other errors, the handler's included, are
-// returned as they are. So is a context error while ctx itself is live: a
+// returned as they are. So is a context error while ctx itself is live — a
 // deadline or cancellation fn derived (consumer.Timeout), which pgx enforces
-// by closing the connection — the handler overran, the database is fine, and
-// the retries count against the message.
+// by closing the connection — as long as the database still answers a ping
+// within pingTimeout: the handler overran, the database is fine, and the
+// retries count against the message. When it does not answer (a statement
+// that hung because the database vanished), the error is a lost connection.
 func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) (err error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
@@ -153,9 +155,9 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx
 	defer func() {
 		// Always: also when fn panicked or called runtime.Goexit (t.Fatal);
 		// a no-op after COMMIT; closes a broken connection.
-		lost := err != nil && tx.Conn().IsClosed() && !isContextErr(err)
+		closed := err != nil && tx.Conn().IsClosed()
 		_ = tx.Rollback(ctx)
-		if lost && ctx.Err() == nil {
+		if closed && ctx.Err() == nil && (!isContextErr(err) || !s.answers(ctx)) {
 			err = &ConnLostError{Err: err}
 		}
 	}()
@@ -166,6 +168,17 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx
 		return err // never commit work whose caller gave up
 	}
 	return tx.Commit(ctx)
+}
+
+// pingTimeout bounds the ping that tells a handler's overrun deadline from a
+// database that stopped answering.
+const pingTimeout = 5 * time.Second
+
+// answers reports whether the database answers a ping within pingTimeout.
+func (s *Store) answers(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, pingTimeout)
+	defer cancel()
+	return s.pool.Ping(ctx) == nil
 }
 
 // isContextErr reports a context's deadline or cancellation. pgx's default
