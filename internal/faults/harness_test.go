@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -770,11 +771,13 @@ func (r *rig) diagnose() {
 // --- committed offsets ----------------------------------------------------
 
 // offsetSampler samples a group's committed offsets every 100ms and
-// records any that went down.
+// records any that went down or disappeared.
 type offsetSampler struct {
 	stop, done chan struct{}
 	once       sync.Once
 	mu         sync.Mutex
+	last       map[int]int64 // partition -> last committed offset seen
+	gen        int           // bumped by rebase: samples taken across it are dropped
 	errs       []string
 	n          int
 }
@@ -782,10 +785,9 @@ type offsetSampler struct {
 // sampleOffsets samples the group's committed offsets for the rest of the
 // test; rig.check fails the test if one ever went down.
 func (r *rig) sampleOffsets() {
-	s := &offsetSampler{stop: make(chan struct{}), done: make(chan struct{})}
+	s := &offsetSampler{stop: make(chan struct{}), done: make(chan struct{}), last: map[int]int64{}}
 	go func() {
 		defer close(s.done)
-		last := map[int]int64{}
 		tick := time.NewTicker(100 * time.Millisecond)
 		defer tick.Stop()
 		for {
@@ -794,6 +796,9 @@ func (r *rig) sampleOffsets() {
 				return
 			case <-tick.C:
 			}
+			s.mu.Lock()
+			gen := s.gen
+			s.mu.Unlock()
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			got, err := r.b.offsets(ctx, r.topic, r.group)
 			cancel()
@@ -801,18 +806,34 @@ func (r *rig) sampleOffsets() {
 				continue // the broker may be down
 			}
 			s.mu.Lock()
-			s.n++
-			for p, off := range got {
-				if prev, ok := last[p]; ok && off < prev {
-					s.errs = append(s.errs, fmt.Sprintf("partition %d: committed offset went from %d to %d", p, prev, off))
+			if gen == s.gen {
+				s.n++
+				for p, prev := range s.last {
+					off, ok := got[p]
+					switch {
+					case !ok:
+						s.errs = append(s.errs, fmt.Sprintf("partition %d: committed offset %d disappeared", p, prev))
+					case off < prev:
+						s.errs = append(s.errs, fmt.Sprintf("partition %d: committed offset went from %d to %d", p, prev, off))
+					}
 				}
-				last[p] = off
+				maps.Copy(s.last, got)
 			}
 			s.mu.Unlock()
 		}
 	}()
 	r.t.Cleanup(s.finish)
 	r.sampler = s
+}
+
+// rebase forgets the offsets seen so far: what the broker reports next is
+// the new baseline. For a broker that loses recent offset commits when it
+// is killed (RocketMQ keeps them in memory and flushes them every 5 s).
+func (s *offsetSampler) rebase() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.gen++
+	clear(s.last)
 }
 
 func (s *offsetSampler) finish() {
