@@ -7,7 +7,6 @@ package kafka_test
 // the other: TestKafkaBrokerRestart kills the shared broker.
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -19,7 +18,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -507,14 +505,14 @@ const childEnv = "IDEM_KAFKA_TEST_CHILD"
 
 type childProc struct {
 	cmd *exec.Cmd
-	out *syncBuffer
+	out *testenv.SyncBuffer
 }
 
 func startChild(t *testing.T, topic, group, schema string) *childProc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"=1", "CHILD_TOPIC="+topic, "CHILD_GROUP="+group, "CHILD_SCHEMA="+schema)
-	out := &syncBuffer{}
+	out := &testenv.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -539,23 +537,6 @@ func (c *childProc) kill(t testing.TB) {
 
 func slogStderr() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func runChild() int {

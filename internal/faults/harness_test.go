@@ -1,7 +1,6 @@
 package faults_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -320,7 +319,7 @@ type child struct {
 	n     int
 	spec  childSpec
 	cmd   *exec.Cmd
-	out   *syncBuffer
+	out   *testenv.SyncBuffer
 	done  chan struct{}
 	err   error // after done
 	dir   string
@@ -353,7 +352,7 @@ func (r *rig) start(fp failpoints, mods ...func(*childSpec)) *child {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"="+string(b),
 		"GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" exitcode=0 log_path="+filepath.Join(dir, "race")))
-	out := &syncBuffer{}
+	out := &testenv.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -462,23 +461,6 @@ func (c *child) checkRaces(t *testing.T) {
 			t.Errorf("data race in child %d:\n%s", c.n, b)
 		}
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // --- waiting and checking -------------------------------------------------

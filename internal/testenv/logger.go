@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"bytes"
 	"log/slog"
 	"os"
 	"strings"
@@ -42,4 +43,23 @@ func (w *testWriter) close() {
 	w.mu.Lock()
 	w.done = true
 	w.mu.Unlock()
+}
+
+// SyncBuffer is a bytes.Buffer that a child process's stdout and stderr,
+// and a test reading it, may use at once.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
