@@ -353,7 +353,16 @@ func TestHandlerTimeoutDuringOutageIsWaitedOut(t *testing.T) {
 			}
 			gc.hang.Store(true) // this statement gets no answer
 			down.Store(true)
-			time.AfterFunc(2*time.Second, func() { down.Store(false); gc.hang.Store(false) })
+			go func() {
+				// Back once the consumer has judged the failure, however long
+				// the hung connection takes to close.
+				for end := time.Now().Add(30 * time.Second); len(spy.log()) == 0 && time.Now().Before(end); {
+					time.Sleep(10 * time.Millisecond)
+				}
+				time.Sleep(200 * time.Millisecond)
+				down.Store(false)
+				gc.hang.Store(false)
+			}()
 			if _, err := tx.Exec(ctx, `SELECT 1`); err != nil {
 				return err
 			}
