@@ -42,16 +42,59 @@ type Config struct {
 
 // Open opens (creating it when missing) the SQLite database at path with
 // the settings a Store needs: WAL journal, IMMEDIATE transactions, a busy
-// timeout of lockTimeout.
+// timeout of lockTimeout, and synchronous=FULL, so that a transaction that
+// returned from COMMIT survives a power loss or an OS crash. The consumer
+// acknowledges the broker right after COMMIT: with anything less durable a
+// crash of the machine can lose both the effect and the message. OpenWith
+// chooses otherwise.
 func Open(path string, lockTimeout time.Duration) (*sql.DB, error) {
+	return OpenWith(path, OpenOptions{LockTimeout: lockTimeout})
+}
+
+// Synchronous is SQLite's synchronous setting for a WAL database.
+type Synchronous uint8
+
+const (
+	// SynchronousFull (the default) syncs the WAL on every COMMIT: a
+	// committed transaction survives a power loss or an OS crash.
+	SynchronousFull Synchronous = iota
+	// SynchronousNormal syncs the WAL only at checkpoints. Faster, and a
+	// committed transaction survives a crash of the process, but SQLite
+	// documents that after a power loss or an OS crash the most recent
+	// transactions can roll back. The broker was acknowledged after those
+	// commits, so their messages are lost for good: choose it only where the
+	// messages can be replayed from elsewhere (tests, demos, a stream whose
+	// producer can re-send from a known point).
+	SynchronousNormal
+)
+
+// OpenOptions are Open's settings; the zero value is Open's defaults.
+type OpenOptions struct {
+	// LockTimeout is SQLite's busy_timeout; default 5s.
+	LockTimeout time.Duration
+	// Synchronous trades durability for speed; default SynchronousFull.
+	Synchronous Synchronous
+}
+
+// OpenWith is Open with a choice of settings.
+func OpenWith(path string, opts OpenOptions) (*sql.DB, error) {
+	lockTimeout := opts.LockTimeout
 	if lockTimeout <= 0 {
 		lockTimeout = 5 * time.Second
+	}
+	sync := "FULL"
+	switch opts.Synchronous {
+	case SynchronousFull:
+	case SynchronousNormal:
+		sync = "NORMAL"
+	default:
+		return nil, fmt.Errorf("sqlitestore: OpenOptions.Synchronous %d is not SynchronousFull or SynchronousNormal", opts.Synchronous)
 	}
 	q := url.Values{}
 	q.Set("_txlock", "immediate")
 	q.Add("_pragma", "busy_timeout("+strconv.FormatInt(lockTimeout.Milliseconds(), 10)+")")
 	q.Add("_pragma", "journal_mode(WAL)")
-	q.Add("_pragma", "synchronous(NORMAL)")
+	q.Add("_pragma", "synchronous("+sync+")")
 	q.Add("_pragma", "foreign_keys(ON)")
 	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
 	if err != nil {
