@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -29,6 +30,7 @@ type Consumer[TTx any] struct {
 	stopped  bool
 	stopSrc  context.CancelFunc
 	stopWork context.CancelFunc
+	fatalErr error // guarded by runMu: why the consumer stopped itself
 	done     chan struct{}
 }
 
@@ -62,7 +64,10 @@ func New[TTx any](cfg Config[TTx]) (*Consumer[TTx], error) {
 	}, nil
 }
 
-// Run consumes until ctx ends, Stop is called or the Source fails. Cancelling
+// Run consumes until ctx ends, Stop is called, the Source fails or the
+// deployment turns out broken (an error the store classifies as
+// dedup.ClassFatal: a table never migrated, a missing privilege, a store
+// breaking its contract), which Run returns wrapped. Cancelling
 // ctx is a hard stop: transactions in flight roll back and their messages are
 // released unacknowledged. Stop is the graceful way. Run returns the Source's
 // error, or nil when it was stopped. A Consumer runs once.
@@ -96,6 +101,12 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 	c.lanesMu.Unlock()
 	c.lanesWG.Wait()
 
+	c.runMu.Lock()
+	fatal := c.fatalErr
+	c.runMu.Unlock()
+	if fatal != nil {
+		return fmt.Errorf("consumer: stopped: %w", fatal)
+	}
 	if err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}

@@ -221,7 +221,8 @@ func (c *Consumer[TTx]) key(it *item) error {
 // It returns nil when every item is settled.
 func (c *Consumer[TTx]) settle(ctx context.Context, l *lane[TTx], its []*item) error {
 	var infra *retryWait
-	conflicted := false
+	conflicted := false // the last try met a conflict
+	unnamed := false    // the last try failed for no named message, not the database's doing
 	for len(its) > 0 {
 		failIdx, err := c.try(ctx, l, its)
 		if err == nil {
@@ -231,6 +232,9 @@ func (c *Consumer[TTx]) settle(ctx context.Context, l *lane[TTx], its []*item) e
 			return ctx.Err()
 		}
 		class := classify(err, c.cfg.Store.ClassifyError)
+		if class == dedup.ClassFatal {
+			return c.fatal(l, err)
+		}
 		if class.NotTheMessage() {
 			failIdx = -1 // the database or a concurrent transaction failed under the handler, not the message
 		}
@@ -276,7 +280,26 @@ func (c *Consumer[TTx]) settle(ctx context.Context, l *lane[TTx], its []*item) e
 			}
 			its = its[half:]
 			infra, conflicted = nil, false
+		case !class.NotTheMessage() && len(its) == 1:
+			// A failure no handler is named for (a deferred constraint
+			// raising at COMMIT, say) on a healthy connection: it may well
+			// repeat, so it counts against the message's retry budget.
+			its[0].attempts++
+			if err := c.settleOne(ctx, l, its[0], err, class); err != nil {
+				return err
+			}
+			its = its[1:]
+			infra, conflicted, unnamed = nil, false, false
+		case !class.NotTheMessage() && unnamed:
+			// Twice in a row: isolate the message that causes it.
+			half := len(its) / 2
+			if err := c.settle(ctx, l, its[:half]); err != nil {
+				return err
+			}
+			its = its[half:]
+			infra, conflicted, unnamed = nil, false, false
 		default:
+			unnamed = !class.NotTheMessage()
 			conflicted = class == dedup.ClassConflict
 			// The database, not a message: wait and try the same batch again,
 			// for as long as it takes. Dead-lettering healthy messages because
@@ -330,7 +353,16 @@ func (c *Consumer[TTx]) settleOne(ctx context.Context, l *lane[TTx], it *item, e
 			return ctx.Err()
 		}
 		class = classify(err, c.cfg.Store.ClassifyError)
-		handlerFailed = (failIdx == 0 || failIdx == handlerFailedSomewhere) && !class.NotTheMessage()
+		if class == dedup.ClassFatal {
+			return c.fatal(l, err)
+		}
+		// Alone in its transaction, the message answers for every failure
+		// that is not the database's or a conflict: its handler's, or one
+		// raised at COMMIT by what its handler wrote.
+		handlerFailed = !class.NotTheMessage()
+		if handlerFailed && failIdx < 0 {
+			it.attempts++
+		}
 	}
 }
 
@@ -359,6 +391,11 @@ func (c *Consumer[TTx]) try(ctx context.Context, l *lane[TTx], its []*item) (fai
 			return err
 		}
 		for i, it := range its {
+			if !results[i].Status.Valid() {
+				// Fail closed: acknowledging a message no handler ran for
+				// loses its effect for good.
+				return fmt.Errorf("%w: Claim left the result of key %q unset (status %d)", dedup.ErrContract, it.claim.Key, results[i].Status)
+			}
 			it.status, it.reason = results[i].Status, results[i].Reason
 		}
 		if c.batch != nil {
@@ -497,4 +534,26 @@ func (c *Consumer[TTx]) halt(l *lane[TTx], it *item, err error) {
 	c.cfg.Logger.Error("idem: lane stopped: a message used up its retries",
 		slog.String("lane", l.name), slog.String("message", it.msg.Coordinates()),
 		slog.String("key", it.claim.Key.String()), slog.Any("error", err))
+}
+
+// fatal stops the consumer over a broken deployment: the lane stops where it
+// is (its messages are released, none acknowledged), the source stops
+// fetching, the other lanes finish what they hold, and Run returns err.
+func (c *Consumer[TTx]) fatal(l *lane[TTx], err error) error {
+	l.haltOnce.Do(func() { close(l.halted) })
+	c.runMu.Lock()
+	first := c.fatalErr == nil
+	if first {
+		c.fatalErr = err
+		c.stopped = true
+		if c.stopSrc != nil {
+			c.stopSrc()
+		}
+	}
+	c.runMu.Unlock()
+	if first {
+		c.cfg.Logger.Error("idem: consumer stopping: the deployment is broken, not the message",
+			slog.String("lane", l.name), slog.Any("error", err))
+	}
+	return ErrLaneStopped
 }

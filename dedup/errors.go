@@ -14,6 +14,11 @@ var (
 	// ErrInFlight: another transaction holds an uncommitted claim of the key and
 	// did not finish within the store's lock timeout. Retry later.
 	ErrInFlight = errors.New("dedup: key is being processed by another transaction")
+
+	// ErrContract: a store broke the Store contract (a claim result left
+	// unset, say). Nothing of the transaction is committed and nothing is
+	// acknowledged: the consumer stops with this error.
+	ErrContract = errors.New("dedup: store broke its contract")
 )
 
 // ErrorClass tells the consumer what to do with an error.
@@ -40,6 +45,12 @@ const (
 	// with jittered backoff, which breaks the cycle, without using up the
 	// message's retry budget.
 	ClassConflict
+	// ClassFatal: the deployment is broken, not the message nor the
+	// database's availability — a table that was never migrated, a missing
+	// privilege, a store that breaks its contract. Retrying cannot help and
+	// dead-lettering would throw away healthy messages: the consumer stops,
+	// acknowledges nothing more, and Run returns the error.
+	ClassFatal
 )
 
 // NotTheMessage reports whether c is a failure of the database or of
@@ -57,6 +68,8 @@ func (c ErrorClass) String() string {
 		return "unavailable"
 	case ClassConflict:
 		return "conflict"
+	case ClassFatal:
+		return "fatal"
 	default:
 		return "unknown"
 	}

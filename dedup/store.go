@@ -29,6 +29,11 @@ const (
 	StatusFailed
 )
 
+// Valid reports whether s is one of the statuses above. A claim result left
+// at the zero value is not: the consumer refuses it rather than acknowledge a
+// message no handler ran for.
+func (s Status) Valid() bool { return s >= StatusNew && s <= StatusFailed }
+
 func (s Status) String() string {
 	switch s {
 	case StatusNew:
@@ -64,7 +69,10 @@ type Store[TTx any] interface {
 	InTx(ctx context.Context, fn func(ctx context.Context, tx TTx) error) error
 
 	// Claim records claims in tx, set-based, and writes one result per claim
-	// into results (len(results) must be at least len(claims)). When the same
+	// into results (len(results) must be at least len(claims)); every one of
+	// the first len(claims) results is set to a valid Status, whatever it
+	// held before (the consumer refuses a result left unset, with
+	// ErrContract, and stops). When the same
 	// key appears twice in claims, the first occurrence decides and the later
 	// ones are duplicates (or mismatches). A claim that meets a concurrent
 	// uncommitted claim waits at most the store's lock timeout, then fails

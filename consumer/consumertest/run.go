@@ -18,7 +18,8 @@ type Result struct {
 }
 
 // Drive runs a consumer built from cfg over msgs until every delivery is
-// settled (or ctx ends), then stops it gracefully. Missing pieces are filled
+// settled (or ctx ends, or the consumer stops by itself and Run returns its
+// error), then stops it gracefully. Missing pieces are filled
 // in: Source (a Source following script), DeadLetter (a DeadLetters), Clock
 // (a Clock that never sleeps).
 func Drive[TTx any](ctx context.Context, cfg consumer.Config[TTx], script Script, msgs ...*consumer.Message) (Result, error) {
@@ -45,7 +46,20 @@ func Drive[TTx any](ctx context.Context, cfg consumer.Config[TTx], script Script
 	src.Push(msgs...)
 	runErr := make(chan error, 1)
 	go func() { runErr <- c.Run(context.Background()) }()
-	idleErr := src.WaitIdle(ctx)
+	idleCtx, stopWaiting := context.WithCancel(ctx)
+	idle := make(chan error, 1)
+	go func() { idle <- src.WaitIdle(idleCtx) }()
+	var idleErr, rerr error
+	select {
+	case idleErr = <-idle:
+	case rerr = <-runErr:
+		// The consumer stopped by itself (a broken deployment): what it did
+		// not settle stays unsettled.
+		stopWaiting()
+		<-idle
+		runErr <- rerr
+	}
+	stopWaiting()
 	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	stopErr := c.Stop(stopCtx)

@@ -78,7 +78,20 @@ func claimTx[TTx any](ctx context.Context, st dedup.Store[TTx], cs ...dedup.Clai
 	err := st.InTx(ctx, func(ctx context.Context, tx TTx) error {
 		return st.Claim(ctx, tx, cs, res)
 	})
+	if err == nil {
+		err = checkSet(res)
+	}
 	return res, err
+}
+
+// checkSet fails a claim that left a result without a valid status.
+func checkSet(res []dedup.Result) error {
+	for i, r := range res {
+		if !r.Status.Valid() {
+			return fmt.Errorf("claim %d of %d: result left unset (status %d): every result must be set", i, len(res), r.Status)
+		}
+	}
+	return nil
 }
 
 func mustStatus(t *testing.T, res []dedup.Result, err error, want ...dedup.Status) {
@@ -404,6 +417,9 @@ func (s suite[TTx]) resultsReused(t *testing.T) {
 	err := st.InTx(ctx, func(ctx context.Context, tx TTx) error {
 		return st.Claim(ctx, tx, []dedup.Claim{Claim("orders", "old", "p"), Claim("orders", "fresh", "p"), Claim("orders", "old", "other")}, res)
 	})
+	if err == nil {
+		err = checkSet(res)
+	}
 	mustStatus(t, res, err, dedup.StatusDuplicate, dedup.StatusNew, dedup.StatusMismatch)
 }
 
