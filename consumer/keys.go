@@ -55,7 +55,12 @@ func ByHeader(name string) KeyFunc {
 }
 
 // ByJSONField keys by a field of a JSON payload, named by a dotted path such as
-// "payment.txn_id". The field must be a string or a number.
+// "payment.txn_id". The field must be a string or a number. A number is keyed
+// by its value, not its spelling, as the fingerprint does: 1000, 1e3 and
+// 1000.0 are the key "1000", 1.50 is "1.5" (exact decimal digits, no float
+// rounding; a number needing more than 64 digits is refused). A number and
+// the string of its digits are the same key: "1000" and 1000 are one
+// payment.
 func ByJSONField(path string) KeyFunc {
 	segs := strings.Split(path, ".")
 	return func(m *Message) (string, error) {
@@ -98,7 +103,14 @@ func jsonLookup(payload []byte, path string, segs []string) (string, error) {
 		}
 		return v, nil
 	case jsonx.Number:
-		return v, nil
+		// The fingerprint treats 1000, 1e3 and 1000.0 as one value; so
+		// must the key, or one payment spelled three ways applies three
+		// times.
+		d, ok := jsonx.Decimal(v)
+		if !ok {
+			return "", fmt.Errorf("%w: key path %q: the number %s needs more than %d digits", ErrBadPayload, path, v, jsonx.MaxDecimalDigits)
+		}
+		return d, nil
 	case jsonx.Null:
 		return "", fmt.Errorf("%w: key path %q is null", ErrNoKey, path)
 	default:

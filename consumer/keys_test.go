@@ -1,10 +1,13 @@
 package consumer_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/consumertest"
+	"github.com/idemkit/idem/dedup/memstore"
 )
 
 func TestBuiltInKeys(t *testing.T) {
@@ -50,4 +53,36 @@ func FuzzByJSONField(f *testing.F) {
 			t.Fatal("empty key without error")
 		}
 	})
+}
+
+// TestJSONNumberKeysAreValues: one payment spelled three ways has one
+// fingerprint; it must have one key too, or it is applied three times.
+func TestJSONNumberKeysAreValues(t *testing.T) {
+	key := consumer.ByJSONField("txn_id")
+	for in, want := range map[string]string{
+		`{"txn_id":1000}`: "1000", `{"txn_id":1e3}`: "1000", `{"txn_id":1000.0}`: "1000",
+		`{"txn_id":"1000"}`: "1000", `{"txn_id":1.50}`: "1.5", `{"txn_id":-0}`: "0",
+	} {
+		if got, err := key(&consumer.Message{Value: []byte(in)}); err != nil || got != want {
+			t.Errorf("%s: key %q, %v; want %q", in, got, err, want)
+		}
+	}
+	if _, err := key(&consumer.Message{Value: []byte(`{"txn_id":1e400}`)}); !errors.Is(err, consumer.ErrBadPayload) {
+		t.Errorf("1e400: %v, want ErrBadPayload", err)
+	}
+
+	eff := newEffects()
+	cfg := baseConfig(func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
+		id, _ := consumer.ByJSONField("txn_id")(m)
+		eff.add(tx, id)
+		return nil
+	})
+	res := consumertest.Run(t, cfg, consumertest.Script{},
+		consumertest.Message("pay", 0, 0, "", `{"txn_id":1000,"amount":5}`),
+		consumertest.Message("pay", 1, 0, "", `{"txn_id":1e3,"amount":5}`),
+		consumertest.Message("pay", 2, 0, "", `{"amount":5.0,"txn_id":1000.0}`))
+	eff.check(t, []string{"1000"})
+	if res.Stats.Applied != 1 || res.Stats.Duplicates != 2 || len(res.DeadLetters) != 0 {
+		t.Errorf("applied %d, duplicates %d, dead letters %v; want 1, 2, none", res.Stats.Applied, res.Stats.Duplicates, res.DeadLetters)
+	}
 }

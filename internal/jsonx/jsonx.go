@@ -632,13 +632,16 @@ func appendString(dst, raw []byte, escaped bool) []byte {
 	return append(dst, '"')
 }
 
-// appendNumber writes a valid JSON number in canonical form.
-func appendNumber(dst, n []byte) []byte {
-	neg := n[0] == '-'
+// splitNumber takes a valid JSON number apart into its sign, its significant
+// digits (no leading or trailing zeros; empty for zero) and a decimal
+// exponent: n == ±(int+frac digits) × 10^exp. The digits are int and frac
+// side by side; either may be empty.
+func splitNumber(n []byte) (neg bool, intPart, frac []byte, exp int) {
+	neg = n[0] == '-'
 	if neg {
 		n = n[1:]
 	}
-	mant, exp := n, 0
+	mant := n
 	if i := bytes.IndexAny(n, "eE"); i >= 0 {
 		mant = n[:i]
 		e := n[i+1:]
@@ -655,7 +658,7 @@ func appendNumber(dst, n []byte) []byte {
 			exp = -exp
 		}
 	}
-	intPart, frac := mant, []byte(nil)
+	intPart = mant
 	if i := bytes.IndexByte(mant, '.'); i >= 0 {
 		intPart, frac = mant[:i], mant[i+1:]
 	}
@@ -674,7 +677,7 @@ func appendNumber(dst, n []byte) []byte {
 		frac = frac[lead:]
 	}
 	if len(intPart) == 0 && len(frac) == 0 {
-		return append(dst, '0')
+		return false, nil, nil, 0
 	}
 	// Trailing zeros: from frac first, then intPart when frac is empty.
 	for len(frac) > 0 && frac[len(frac)-1] == '0' {
@@ -687,6 +690,15 @@ func appendNumber(dst, n []byte) []byte {
 			exp++
 		}
 	}
+	return neg, intPart, frac, exp
+}
+
+// appendNumber writes a valid JSON number in canonical form.
+func appendNumber(dst, n []byte) []byte {
+	neg, intPart, frac, exp := splitNumber(n)
+	if len(intPart) == 0 && len(frac) == 0 {
+		return append(dst, '0')
+	}
 	if neg {
 		dst = append(dst, '-')
 	}
@@ -697,6 +709,54 @@ func appendNumber(dst, n []byte) []byte {
 		dst = strconv.AppendInt(dst, int64(exp), 10)
 	}
 	return dst
+}
+
+// MaxDecimalDigits bounds Decimal's output: a number whose plain decimal
+// form needs more digits is refused.
+const MaxDecimalDigits = 64
+
+// Decimal returns the plain decimal spelling of the valid JSON number n,
+// the one every spelling of the same value shares: 1000, 1e3, 1000.0 and
+// 10000e-1 are all "1000"; 1.50 and 15e-1 are "1.5"; -0 is "0". Exact: no
+// float conversion. ok is false when the decimal form would need more than
+// MaxDecimalDigits digits (1e400, say).
+func Decimal(n string) (s string, ok bool) {
+	neg, intPart, frac, exp := splitNumber([]byte(n))
+	nd := len(intPart) + len(frac)
+	if nd == 0 {
+		return "0", true
+	}
+	width := nd + max(exp, 0) // digits before the point, or all of them
+	if exp < 0 {
+		width = max(nd, -exp) + 1
+	}
+	if width > MaxDecimalDigits {
+		return "", false
+	}
+	digits := make([]byte, 0, nd)
+	digits = append(append(digits, intPart...), frac...)
+	b := make([]byte, 0, width+3)
+	if neg {
+		b = append(b, '-')
+	}
+	switch {
+	case exp >= 0:
+		b = append(b, digits...)
+		for range exp {
+			b = append(b, '0')
+		}
+	case nd > -exp:
+		b = append(b, digits[:nd+exp]...)
+		b = append(b, '.')
+		b = append(b, digits[nd+exp:]...)
+	default:
+		b = append(b, '0', '.')
+		for range -exp - nd {
+			b = append(b, '0')
+		}
+		b = append(b, digits...)
+	}
+	return string(b), true
 }
 
 // Canonicalizer reuses its buffers across calls. Not safe for concurrent use.

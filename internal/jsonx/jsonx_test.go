@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math/big"
+	"strings"
 	"testing"
 	"unicode/utf8"
 )
@@ -142,6 +144,59 @@ func FuzzLookup(f *testing.F) {
 			if k != Number || v != string(want) {
 				t.Fatalf("Lookup = %v %q, encoding/json has number %s", k, v, want)
 			}
+		}
+	})
+}
+
+func TestDecimal(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"1000", "1000"}, {"1e3", "1000"}, {"1E+3", "1000"}, {"1000.0", "1000"}, {"10000e-1", "1000"},
+		{"1.50", "1.5"}, {"15e-1", "1.5"}, {"0.015e2", "1.5"}, {"-0", "0"}, {"-0.0e5", "0"}, {"0", "0"},
+		{"-42", "-42"}, {"0.001", "0.001"}, {"1e-3", "0.001"}, {"123.456", "123.456"}, {"4200000000000421", "4200000000000421"},
+	} {
+		got, ok := Decimal(tc.in)
+		if !ok || got != tc.want {
+			t.Errorf("Decimal(%s) = %q, %v; want %q", tc.in, got, ok, tc.want)
+		}
+	}
+	for _, in := range []string{"1e400", "1e-400", "1e64"} {
+		if got, ok := Decimal(in); ok {
+			t.Errorf("Decimal(%s) = %q, want refused (more than %d digits)", in, got, MaxDecimalDigits)
+		}
+	}
+}
+
+// FuzzDecimal: Decimal keeps the exact value, and every spelling of a value
+// (here: its canonical one) gets the same decimal.
+func FuzzDecimal(f *testing.F) {
+	for _, s := range []string{"1000", "1e3", "1000.0", "-0.5e-2", "0", "12.0e+7"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, n string) {
+		if Valid([]byte(n)) != nil || strings.ContainsAny(n, " \t\r\n") {
+			return
+		}
+		if kind, _, err := Lookup([]byte(`{"n":`+n+`}`), []string{"n"}); err != nil || kind != Number {
+			return
+		}
+		dec, ok := Decimal(n)
+		if !ok {
+			return
+		}
+		want, ok1 := new(big.Rat).SetString(n)
+		if !ok1 {
+			return // an exponent too large for big.Rat
+		}
+		got, ok2 := new(big.Rat).SetString(dec)
+		if !ok2 || want.Cmp(got) != 0 {
+			t.Fatalf("Decimal(%s) = %s: value changed", n, dec)
+		}
+		canon, err := Canonical(nil, []byte(n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again, _ := Decimal(string(canon)); again != dec {
+			t.Fatalf("Decimal(%s) = %s but Decimal(%s) = %s", n, dec, canon, again)
 		}
 	})
 }
