@@ -37,6 +37,10 @@ bench-e2e: ## idem vs raw kafka-go, hand-written dedup and the database ceiling 
 	@set -e; out=$$(scripts/testenv.sh up kafka rocketmq postgres-durable); eval "$$out"; \
 	go run ./cmd/idem-bench $(BENCH_FLAGS)
 
+.PHONY: stress
+stress: ## run packages again and again under -race, with extra CPU load: make stress PKGS=./dedup/pgstore/ RUNS=20 LOAD=1
+	scripts/stress.sh -n $(or $(RUNS),10) -load $(or $(LOAD),0) $(if $(RUN),-run '$(RUN)') $(PKGS)
+
 .PHONY: test-faults
 test-faults: ## the fault-injection suite alone (child consumers, SIGKILLs, restarts), with its summary table
 	@set -e; out=$$(scripts/testenv.sh up $(SERVICES)); eval "$$out"; \

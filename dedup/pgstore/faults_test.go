@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -313,37 +314,92 @@ func TestHandlerTimeoutIsBounded(t *testing.T) {
 // message: the database does not answer, so it is a lost connection, waited
 // out, and the message is applied once the database is back — with
 // Retry.MaxAttempts 1, where any attempt counted against it dead-letters it.
+// The outage lasts until the hung statement has been judged, however long
+// closing the hung connection takes on a loaded machine.
 func TestHandlerTimeoutDuringOutageIsWaitedOut(t *testing.T) {
-	rig := newFaultRig(t, "idem-fault-timeout-outage")
+	o := newOutageRig(t, "idem-fault-timeout-outage")
+	o.run(t, func(gc *gatedConn) {
+		go func() {
+			o.waitJudged(t)
+			o.down.Store(false)
+			gc.hang.Store(false)
+		}()
+	})
+}
+
+// TestHandlerTimeoutAfterShortOutageIsWaitedOut: the outage is over before
+// the handler's deadline, so the ping after it finds the database back. The
+// hung statement's connection was still broken by the outage, and so was
+// another transaction's: the store judges by that evidence, not by when its
+// ping happens to run. (Before, this dead-lettered the message: the verdict
+// depended on the timing.)
+func TestHandlerTimeoutAfterShortOutageIsWaitedOut(t *testing.T) {
+	o := newOutageRig(t, "idem-fault-short-outage")
+	o.run(t, func(gc *gatedConn) {
+		// Another transaction meets the outage and loses its connection...
+		err := o.spy.InTx(context.Background(), func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `SELECT 1`)
+			return err
+		})
+		if pgstore.Classify(err) != dedup.ClassUnavailable {
+			panic(fmt.Sprintf("a transaction during the outage: %v, want a lost connection", err))
+		}
+		// ...and the database is back before the hung statement's deadline;
+		// its answer never comes.
+		o.down.Store(false)
+		go func() {
+			o.waitJudged(t)
+			gc.hang.Store(false)
+		}()
+	})
+}
+
+// outageRig is a consumer whose store's connections go through gatedConns:
+// the test takes the database away without a reset.
+type outageRig struct {
+	faultRig
+	down atomic.Bool
+	spy  *classSpy
+}
+
+func newOutageRig(t *testing.T, app string) *outageRig {
+	o := &outageRig{faultRig: newFaultRig(t, app)}
 	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The database goes away without a reset while the handler's statement
-	// waits for its answer.
-	var down atomic.Bool
 	dial := cfg.ConnConfig.DialFunc
 	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		if down.Load() {
+		if o.down.Load() {
 			return nil, errors.New("dial: connection refused (the database is gone)")
 		}
 		c, err := dial(ctx, network, addr)
 		if err != nil {
 			return nil, err
 		}
-		return &gatedConn{Conn: c, down: &down}, nil
+		return &gatedConn{Conn: c, down: &o.down}, nil
 	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	st, err := pgstore.New(pool, pgstore.Config{Schema: rig.schema})
+	st, err := pgstore.New(pool, pgstore.Config{Schema: o.schema})
 	if err != nil {
 		t.Fatal(err)
 	}
-	spy := &classSpy{Store: st}
-	effect := insertEffect(rig.table)
+	o.spy = &classSpy{Store: st}
+	return o
+}
+
+// run consumes 8 payments; the first run of T00001's handler hangs its own
+// statement, takes the database away and calls outage to plan the way back.
+// The handler's deadline (consumer.Timeout) applies to that run only: the
+// others get a generous one, so that a slow statement on a loaded machine
+// is not taken for the fault.
+func (o *outageRig) run(t *testing.T, outage func(gc *gatedConn)) {
+	t.Helper()
+	effect := insertEffect(o.table)
 	var hung atomic.Bool
 	h := consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		if id, _ := consumer.ByJSONField("txn_id")(m); id == "T00001" && hung.CompareAndSwap(false, true) {
@@ -352,17 +408,10 @@ func TestHandlerTimeoutDuringOutageIsWaitedOut(t *testing.T) {
 				return consumer.Permanent(fmt.Errorf("the connection is a %T, not the test's", tx.Conn().PgConn().Conn()))
 			}
 			gc.hang.Store(true) // this statement gets no answer
-			down.Store(true)
-			go func() {
-				// Back once the consumer has judged the failure, however long
-				// the hung connection takes to close.
-				for end := time.Now().Add(30 * time.Second); len(spy.log()) == 0 && time.Now().Before(end); {
-					time.Sleep(10 * time.Millisecond)
-				}
-				time.Sleep(200 * time.Millisecond)
-				down.Store(false)
-				gc.hang.Store(false)
-			}()
+			o.down.Store(true)
+			outage(gc)
+			ctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+			defer cancel()
 			if _, err := tx.Exec(ctx, `SELECT 1`); err != nil {
 				return err
 			}
@@ -370,21 +419,36 @@ func TestHandlerTimeoutDuringOutageIsWaitedOut(t *testing.T) {
 		return effect(ctx, tx, m)
 	})
 	res := consumertest.Run(t, consumer.Config[pgx.Tx]{
-		Name: "payments", Store: spy, Handler: h, Key: consumer.ByJSONField("txn_id"),
-		Middleware: []consumer.Middleware[pgx.Tx]{consumer.Timeout[pgx.Tx](100 * time.Millisecond)},
+		Name: "payments", Store: o.spy, Handler: h, Key: consumer.ByJSONField("txn_id"),
+		Middleware: []consumer.Middleware[pgx.Tx]{consumer.Timeout[pgx.Tx](30 * time.Second)},
 		Retry:      consumer.RetryPolicy{MaxAttempts: 1}, Logger: quiet,
-	}, consumertest.Script{}, rig.messages(8)...)
+	}, consumertest.Script{}, o.messages(8)...)
 	if !hung.Load() {
 		t.Fatal("the handler never hung: the test proved nothing")
 	}
-	seen := spy.log()
-	if len(seen) == 0 || !strings.HasPrefix(seen[0], dedup.ClassUnavailable.String()) {
-		t.Errorf("the hung statement was classified %q, want unavailable", seen)
+	seen := o.spy.log()
+	judged := slices.IndexFunc(seen, isDeadlineVerdict)
+	if judged < 0 || !strings.HasPrefix(seen[judged], dedup.ClassUnavailable.String()) {
+		t.Errorf("the hung statement was not judged unavailable: %q", seen)
 	}
 	if len(res.DeadLetters) != 0 {
-		t.Fatalf("dead-lettered over an outage: %+v", res.DeadLetters)
+		t.Fatalf("dead-lettered over an outage: %+v; classified: %q", res.DeadLetters, seen)
 	}
-	rig.checkOnce(t, 8)
+	o.checkOnce(t, 8)
+}
+
+// isDeadlineVerdict: the classification of the hung statement.
+func isDeadlineVerdict(s string) bool { return strings.Contains(s, context.DeadlineExceeded.Error()) }
+
+// waitJudged waits until the consumer classified the hung statement's error.
+func (o *outageRig) waitJudged(t *testing.T) {
+	for end := time.Now().Add(time.Minute); !slices.ContainsFunc(o.spy.log(), isDeadlineVerdict); {
+		if time.Now().After(end) {
+			t.Error("the hung statement was not judged within a minute")
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // gatedConn is a connection to a database that may be gone. While down is

@@ -20,6 +20,7 @@ import (
 	"regexp"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -61,6 +62,11 @@ type Store struct {
 	bufs        sync.Pool
 	failSQL     string
 	purgeSQL    string
+
+	// lostAt is when a transaction of this store last lost its connection
+	// or could not get one (monotonic nanoseconds since epoch), 0 when never.
+	lostAt atomic.Int64
+	epoch  time.Time
 }
 
 // inputSQL unpacks a claim batch: five text parameters, fields separated by
@@ -126,6 +132,7 @@ ON CONFLICT (scope, key) DO NOTHING`,
 SELECT ctid FROM ` + t + ` WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED)`,
 	}
 	st.bufs.New = func() any { return new(claimBuf) }
+	st.epoch = time.Now()
 	return st, nil
 }
 
@@ -138,18 +145,25 @@ func (s *Store) Table() string { return s.table }
 // could be had), the error is wrapped in a *ConnLostError, which Classify
 // reports as dedup.ClassUnavailable: the consumer waits the database out
 // instead of blaming the message. Other errors, the handler's included, are
-// returned as they are. So is a context error while ctx itself is live — a
-// deadline or cancellation fn derived (consumer.Timeout), which pgx enforces
-// by closing the connection — as long as the database still answers a ping
-// within pingTimeout: the handler overran, the database is fine, and the
-// retries count against the message. When it does not answer (a statement
-// that hung because the database vanished), the error is a lost connection.
+// returned as they are.
+//
+// A context error while ctx itself is live — a deadline or cancellation fn
+// derived (consumer.Timeout), which pgx enforces by closing the connection —
+// is ambiguous: the handler overran, or its statement hung because the
+// database went away. It is the database's failure (a lost connection) when
+// another transaction of this store lost its connection while this one ran,
+// or when the database does not answer a ping within pingTimeout. Only when
+// neither holds is it returned as the handler's own error, counted against
+// the message. The first rule keeps the verdict from depending on timing: an
+// outage that ended before the ping still shows in the connections it broke.
 func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) (err error) {
+	began := s.now()
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
 			return err
 		}
+		s.markLost()
 		return &ConnLostError{Err: err}
 	}
 	defer func() {
@@ -157,7 +171,11 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx
 		// a no-op after COMMIT; closes a broken connection.
 		closed := err != nil && tx.Conn().IsClosed()
 		_ = tx.Rollback(ctx)
-		if closed && ctx.Err() == nil && (!isContextErr(err) || !s.answers(ctx)) {
+		if !closed || ctx.Err() != nil {
+			return
+		}
+		if !isContextErr(err) || s.lostSince(began) || !s.answers(ctx) {
+			s.markLost()
 			err = &ConnLostError{Err: err}
 		}
 	}()
@@ -170,6 +188,13 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx
 	return tx.Commit(ctx)
 }
 
+func (s *Store) now() int64 { return int64(time.Since(s.epoch)) + 1 }
+
+func (s *Store) markLost() { s.lostAt.Store(s.now()) }
+
+// lostSince reports whether a transaction lost its connection at or after t.
+func (s *Store) lostSince(t int64) bool { return s.lostAt.Load() >= t }
+
 // pingTimeout bounds the ping that tells a handler's overrun deadline from a
 // database that stopped answering.
 const pingTimeout = 5 * time.Second
@@ -178,7 +203,11 @@ const pingTimeout = 5 * time.Second
 func (s *Store) answers(ctx context.Context) bool {
 	ctx, cancel := context.WithTimeout(ctx, pingTimeout)
 	defer cancel()
-	return s.pool.Ping(ctx) == nil
+	if s.pool.Ping(ctx) != nil {
+		s.markLost()
+		return false
+	}
+	return true
 }
 
 // isContextErr reports a context's deadline or cancellation. pgx's default
