@@ -9,9 +9,16 @@ PKGS ?= ./...
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-test: vet ## gofmt and vet, start the test environment, then go test -race over everything
-	@set -e; out=$$(scripts/testenv.sh up $(SERVICES)); eval "$$out"; \
-	go test -race -count=1 -timeout 20m $(PKGS)
+test: vet ## gofmt and vet, start the test environment, then go test -race over everything, with each package's time
+	@set -e; start=$$SECONDS; out=$$(scripts/testenv.sh up $(SERVICES)); eval "$$out"; \
+	echo "test environment up in $$((SECONDS - start)) s"; \
+	log=$$(mktemp); trap 'rm -f $$log' EXIT; \
+	go test -race -count=1 -timeout 20m $(PKGS) 2>&1 | tee $$log; rc=$${PIPESTATUS[0]}; \
+	echo; echo "package times, slowest first:"; \
+	awk '$$1 == "ok" || ($$1 == "FAIL" && NF >= 2) {printf "  %8s  %-4s %s\n", $$3, $$1, $$2}' $$log | sort -k1,1 -rn; \
+	echo "make test took $$((SECONDS - start)) s"; \
+	awk '$$1 == "ok" {ok++} $$1 == "FAIL" && NF >= 2 {bad++} END {printf "packages: %d passed, %d failed\n", ok, bad}' $$log; \
+	exit $$rc
 
 test-short: ## unit tests only: no services needed
 	go test -race -count=1 -short ./consumer/... ./dedup/ ./dedup/memstore/ ./internal/...
