@@ -88,6 +88,11 @@ type Config[TTx any] struct {
 	// OnExhausted says what happens when Retry is used up; default
 	// DeadLetterOnExhausted.
 	OnExhausted ExhaustedPolicy
+	// PanicsArePermanent dead-letters a message whose handler panicked at
+	// once (recording the failure) instead of retrying it; default false:
+	// a panic is a failed attempt like a returned error. Either way the
+	// panic's stack is logged at ERROR.
+	PanicsArePermanent bool
 
 	// Logger receives the consumer's logs; default slog.Default().
 	Logger *slog.Logger

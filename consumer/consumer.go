@@ -153,10 +153,10 @@ func (c *Consumer[TTx]) deliver(ctx, workCtx context.Context, m *Message) error 
 	}
 	l, ok := c.lanes[m.Lane]
 	if !ok {
-		l = newLane[TTx](m.Lane, c.cfg.LaneBuffer, c.cfg.BatchSize)
+		l = newLane(c, m.Lane)
 		c.lanes[m.Lane] = l
 		c.lanesWG.Add(1)
-		go c.runLane(workCtx, l)
+		go l.run(workCtx, c)
 	}
 	// Sending under lanesMu would block other lanes; the channel is closed only
 	// after Source.Run returned, when no deliver is in flight any more.

@@ -68,7 +68,7 @@ func classify(err error, store func(error) dedup.ErrorClass) dedup.ErrorClass {
 		return dedup.ClassRetryable
 	case errors.Is(err, dedup.ErrInFlight):
 		return dedup.ClassConflict
-	case errors.Is(err, dedup.ErrContract):
+	case errors.Is(err, dedup.ErrContract), errors.Is(err, dedup.ErrTxEnded):
 		return dedup.ClassFatal
 	case errors.Is(err, dedup.ErrInvalidKey), errors.Is(err, dedup.ErrFingerprintMismatch),
 		errors.Is(err, ErrNoKey), errors.Is(err, ErrBadPayload), errors.Is(err, ErrPayloadTooLarge):

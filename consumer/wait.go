@@ -49,5 +49,3 @@ func (w *retryWait) wait(ctx context.Context, l interface{ laneName() string }, 
 	_, werr := w.next(ctx, l, err)
 	return werr
 }
-
-func (l *lane[TTx]) laneName() string { return l.name }

@@ -15,6 +15,18 @@ var (
 	// did not finish within the store's lock timeout. Retry later.
 	ErrInFlight = errors.New("dedup: key is being processed by another transaction")
 
+	// ErrFailedBefore: the key was recorded as failed by an earlier
+	// delivery (Store.RecordFailure), which was dead-lettered then; this one
+	// is dead-lettered too, without running the handler. The error carries
+	// the recorded reason. Release the key (delete its row) to run it again.
+	ErrFailedBefore = errors.New("dedup: key failed before")
+
+	// ErrTxEnded: the handler committed or rolled back the store's
+	// transaction itself. The consumer owns the transaction — its effects
+	// must commit together with the dedup row — so this is a programming
+	// error: the consumer stops.
+	ErrTxEnded = errors.New("dedup: the handler ended the transaction itself")
+
 	// ErrContract: a store broke the Store contract (a claim result left
 	// unset, say). Nothing of the transaction is committed and nothing is
 	// acknowledged: the consumer stops with this error.

@@ -1,0 +1,151 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/idemkit/idem/dedup"
+)
+
+// blame says whose doing a failed attempt was.
+type blame uint8
+
+const (
+	// blameNone: no message is named — the claim or COMMIT failed, or the
+	// database or a concurrent transaction failed under a handler.
+	blameNone blame = iota
+	// blameMessage: the handler of the item at failure.at failed.
+	blameMessage
+	// blameBatch: a BatchHandler failed without naming the message.
+	blameBatch
+)
+
+// failure is the outcome of a failed attempt.
+type failure struct {
+	err   error
+	class dedup.ErrorClass
+	blame blame
+	at    int // with blameMessage: the failing item's index
+}
+
+// charged reports whether the failure counts against a message's retry
+// budget: it is neither the database's nor a conflict's doing, and the
+// deployment is not broken.
+func (f *failure) charged() bool {
+	return !f.class.NotTheMessage() && f.class != dedup.ClassFatal
+}
+
+// attempt runs one transaction over a lane's items: one claim of every key,
+// the handler for the new ones, one COMMIT. Its buffers are reused.
+type attempt[TTx any] struct {
+	c       *Consumer[TTx]
+	claims  []dedup.Claim
+	results []dedup.Result
+	fresh   []*Message // a BatchHandler's messages
+	freshAt []int      // their positions in the items
+}
+
+// run runs the transaction. It returns nil when it committed, with each
+// item's claim status set, and otherwise what failed, classified, with the
+// failure charged to the message it names.
+func (a *attempt[TTx]) run(ctx context.Context, its []*item) *failure {
+	c := a.c
+	claims := a.claims[:0]
+	for _, it := range its {
+		claims = append(claims, it.claim)
+	}
+	a.claims = claims
+	if cap(a.results) < len(its) {
+		a.results = make([]dedup.Result, len(its), cap(claims))
+	}
+	results := a.results[:len(its)]
+	f := failure{blame: blameNone}
+	err := c.cfg.Store.InTx(ctx, func(ctx context.Context, tx TTx) error {
+		clear(results)
+		if err := c.cfg.Store.Claim(ctx, tx, claims, results); err != nil {
+			return err
+		}
+		for i, it := range its {
+			if !results[i].Status.Valid() {
+				// Fail closed: acknowledging a message no handler ran for
+				// loses its effect for good.
+				return fmt.Errorf("%w: Claim left the result of key %q unset (status %d)", dedup.ErrContract, it.claim.Key, results[i].Status)
+			}
+			it.status, it.reason = results[i].Status, results[i].Reason
+		}
+		if c.batch != nil {
+			return a.handleBatch(ctx, tx, its, &f)
+		}
+		for i, it := range its {
+			if it.status != dedup.StatusNew {
+				continue
+			}
+			if err := c.handler.Handle(ctx, tx, it.msg); err != nil {
+				f.blame, f.at = blameMessage, i
+				return err
+			}
+		}
+		return nil
+	})
+	if err == nil {
+		c.stats.commits.Add(1)
+		return nil
+	}
+	f.err = err
+	f.class = classify(err, c.cfg.Store.ClassifyError)
+	var p *PanicError
+	if errors.As(err, &p) {
+		c.cfg.Logger.Error("idem: handler panicked", slog.Any("panic", p.Value), slog.String("stack", string(p.Stack)))
+		if c.cfg.PanicsArePermanent && f.class != dedup.ClassFatal {
+			f.class = dedup.ClassPermanent
+		}
+	}
+	if f.class.NotTheMessage() {
+		f.blame = blameNone // the database or a concurrent transaction failed under the handler
+	}
+	if f.charged() {
+		switch {
+		case f.blame == blameMessage:
+			its[f.at].attempts++
+		case f.blame == blameBatch:
+			for _, i := range a.freshAt {
+				its[i].attempts++
+			}
+		case len(its) == 1:
+			// Alone in its transaction, the message answers for a failure
+			// no one is named for: a deferred constraint raising at COMMIT
+			// repeats on a healthy connection.
+			its[0].attempts++
+		}
+	}
+	return &f
+}
+
+// handleBatch calls the BatchHandler with the new messages of its and
+// records on f which message failed, when it says.
+func (a *attempt[TTx]) handleBatch(ctx context.Context, tx TTx, its []*item, f *failure) error {
+	fresh, at := a.fresh[:0], a.freshAt[:0]
+	for i, it := range its {
+		if it.status == dedup.StatusNew {
+			fresh, at = append(fresh, it.msg), append(at, i)
+		}
+	}
+	a.fresh, a.freshAt = fresh, at
+	defer clear(fresh)
+	if len(fresh) == 0 {
+		return nil
+	}
+	err := protect(func() error { return a.c.batch.HandleBatch(ctx, tx, fresh) })
+	if err == nil {
+		return nil
+	}
+	var me *MessageError
+	if errors.As(err, &me) && me.Index >= 0 && me.Index < len(at) {
+		f.blame, f.at = blameMessage, at[me.Index]
+	} else {
+		f.blame = blameBatch
+	}
+	return err
+}

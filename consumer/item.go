@@ -1,0 +1,48 @@
+package consumer
+
+import (
+	"fmt"
+
+	"github.com/idemkit/idem/dedup"
+)
+
+// item is one message's state within a batch.
+type item struct {
+	msg      *Message
+	claim    dedup.Claim
+	status   dedup.Status
+	reason   string // recorded failure reason, for StatusFailed
+	attempts int    // failures charged to the message (see Letter.Attempts)
+	settled  bool   // committed, skipped or dead-lettered: may be acknowledged
+}
+
+// keyItem derives the item's dedup key and fingerprint. An error is bad
+// input: the message is dead-lettered with it.
+func (c *Consumer[TTx]) keyItem(it *item) error {
+	m := it.msg
+	if max := c.cfg.MaxPayloadBytes; max > 0 && len(m.Value) > max {
+		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrPayloadTooLarge, len(m.Value), max)
+	}
+	id, err := c.cfg.Key(m)
+	if err != nil {
+		return fmt.Errorf("key: %w", err)
+	}
+	scope := c.cfg.Name
+	if c.cfg.Tenant != nil {
+		t, err := c.cfg.Tenant(m)
+		if err != nil {
+			return fmt.Errorf("tenant: %w", err)
+		}
+		scope += "/" + t
+	}
+	k := dedup.Key{Scope: scope, ID: id}
+	if err := k.Validate(); err != nil {
+		return err
+	}
+	src := m.ID // Kafka: topic/partition/offset already
+	if src == "" {
+		src = m.Coordinates()
+	}
+	it.claim = dedup.Claim{Key: k, Fingerprint: dedup.FingerprintOf(m.Value), Source: src}
+	return nil
+}

@@ -1,0 +1,167 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/idemkit/idem/dedup"
+)
+
+// settler commits a lane's keyed items in as few transactions as it can and
+// decides, after each failed attempt, what the failure means.
+type settler[TTx any] struct {
+	c       *Consumer[TTx]
+	l       *lane[TTx]
+	attempt attempt[TTx]
+	one     [1]*item
+}
+
+// action is what the settle policy does after a failed attempt.
+type action uint8
+
+const (
+	retryWhole action = iota // wait, then attempt the same items again
+	halve                    // settle each half on its own
+	isolate                  // commit the items before the culprit, then settle it alone
+	giveUp                   // record the failure and dead-letter the only item
+	stop                     // the deployment is broken: stop the consumer
+)
+
+// decide is the settle policy: what to do with n items after failure f.
+// last is the previous failure of the same n items, nil after progress.
+//
+//   - A broken deployment stops the consumer.
+//   - A handler that failed is isolated: the items before it commit without
+//     it, and it is retried alone under its retry budget. A BatchHandler
+//     that failed without naming the message is split in halves down to it.
+//   - A permanent failure no message is named for (a constraint at COMMIT)
+//     is split in halves down to the message that causes it, which is then
+//     given up at once.
+//   - The database being away is waited out, the same items again, for as
+//     long as it takes: dead-lettering healthy messages because Postgres
+//     restarted would be wrong.
+//   - A conflict (deadlock, serialization failure) is retried whole, outside
+//     any message's budget; twice in a row, the items are halved, because
+//     two lanes retrying the same large batches can deadlock each other again
+//     and again, and a smaller transaction holds fewer locks.
+//   - Any other failure no message is named for, on a healthy connection, is
+//     retried whole once, then halved down to the message that causes it,
+//     which answers for it under its retry budget.
+func decide(f, last *failure, n int) (action, int) {
+	switch {
+	case f.class == dedup.ClassFatal:
+		return stop, 0
+	case f.blame == blameMessage:
+		return isolate, f.at
+	case f.blame == blameBatch && n > 1:
+		return halve, 0
+	case f.blame == blameBatch:
+		return isolate, 0
+	case f.class == dedup.ClassPermanent && n > 1:
+		return halve, 0
+	case f.class == dedup.ClassPermanent:
+		return giveUp, 0
+	case f.class == dedup.ClassConflict && last != nil && last.class == dedup.ClassConflict && n > 1:
+		return halve, 0
+	case f.class.NotTheMessage():
+		return retryWhole, 0
+	case n == 1:
+		return isolate, 0
+	case last != nil && last.charged():
+		return halve, 0
+	default:
+		return retryWhole, 0
+	}
+}
+
+// settle commits its, splitting and retrying as decide says. It returns nil
+// when every item is settled (committed, skipped or dead-lettered).
+func (s *settler[TTx]) settle(ctx context.Context, its []*item) error {
+	var wait *retryWait
+	var last *failure
+	for len(its) > 0 {
+		f := s.attempt.run(ctx, its)
+		if f == nil {
+			return s.c.committed(ctx, its)
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		act, at := decide(f, last, len(its))
+		switch act {
+		case stop:
+			return s.c.fatal(s.l, f.err)
+		case giveUp:
+			return s.c.fail(ctx, its[0], f.err, true)
+		case retryWhole:
+			if wait == nil {
+				wait = s.c.newWait(s.c.infra)
+			}
+			if err := wait.wait(ctx, s.l, f.err); err != nil {
+				return err
+			}
+			last = f
+			continue
+		case halve:
+			half := len(its) / 2
+			if err := s.settle(ctx, its[:half]); err != nil {
+				return err
+			}
+			its = its[half:]
+		case isolate:
+			if at > 0 {
+				if err := s.settle(ctx, its[:at]); err != nil {
+					return err
+				}
+			}
+			if err := s.alone(ctx, its[at], f); err != nil {
+				return err
+			}
+			its = its[at+1:]
+		}
+		wait, last = nil, nil
+	}
+	return nil
+}
+
+// alone retries one failing item in transactions of its own until it
+// commits, fails for good, or uses up the retry policy. Failures charged to
+// the message count against the policy; the database's and conflicts are
+// waited out.
+func (s *settler[TTx]) alone(ctx context.Context, it *item, f *failure) error {
+	bounded, infra := s.c.newWait(s.c.policy), s.c.newWait(s.c.infra)
+	s.one[0] = it
+	defer func() { s.one[0] = nil }()
+	one := s.one[:]
+	for {
+		switch {
+		case f.class == dedup.ClassFatal:
+			return s.c.fatal(s.l, f.err)
+		case f.class == dedup.ClassPermanent:
+			return s.c.fail(ctx, it, f.err, true)
+		case !f.charged():
+			if err := infra.wait(ctx, s.l, f.err); err != nil {
+				return err
+			}
+		default:
+			ok, err := bounded.next(ctx, s.l, f.err)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				err := fmt.Errorf("gave up after %d attempts: %w", it.attempts, f.err)
+				if s.c.cfg.OnExhausted == StopLaneOnExhausted {
+					s.c.halt(s.l, it, err)
+					return ErrLaneStopped
+				}
+				return s.c.fail(ctx, it, err, false)
+			}
+		}
+		if f = s.attempt.run(ctx, one); f == nil {
+			return s.c.committed(ctx, one)
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+}
