@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,9 +11,13 @@ import (
 	"github.com/idemkit/idem/internal/retry"
 )
 
-// Clock tells the time and waits; inject a fake one in tests so that retries
-// never sleep.
-type Clock = retry.Clock
+// Clock tells the time and waits; inject a fake one in tests (such as
+// consumertest.Clock) so that retries never sleep.
+type Clock interface {
+	Now() time.Time
+	// Sleep waits d, or until ctx ends and returns its error.
+	Sleep(ctx context.Context, d time.Duration) error
+}
 
 // ExhaustedPolicy says what happens to a message whose transient failures
 // used up the retry policy.
@@ -32,7 +37,7 @@ const (
 // defaults.
 type RetryPolicy struct {
 	Initial     time.Duration // first delay; default 100ms
-	Max         time.Duration // largest delay; default 10s
+	Max         time.Duration // largest delay before jitter (a delay reaches Max×(1+Jitter) at most); default 10s
 	Multiplier  float64       // growth per attempt; default 2
 	Jitter      float64       // randomization factor in (0,1]; default 0.5 (delay ± 50%)
 	MaxAttempts int           // attempts in all, the first included; default 10
@@ -62,7 +67,11 @@ type Config[TTx any] struct {
 	// message must not vanish.
 	DeadLetter DeadLetter
 
-	// Key derives the dedup key's ID; default ByMessageID.
+	// Key derives the dedup key's ID, and so decides which duplicates are
+	// caught (see KeyFunc). Required: ByMessageID catches broker redeliveries
+	// only, a business key (ByJSONField, ByHeader, ByRecordKey) also a
+	// producer's or a payment channel's re-sends — a choice too important to
+	// default.
 	Key KeyFunc
 	// Tenant, when set, derives a tenant that becomes part of the key's scope
 	// (Name + "/" + tenant), so equal IDs of two tenants never collide. Take
@@ -122,6 +131,10 @@ func (c *Config[TTx]) validate() error {
 	if c.Source == nil {
 		add("Source is nil")
 	}
+	if c.Key == nil {
+		add("Key is nil: choose how a duplicate is recognised — ByMessageID() (broker redeliveries only), " +
+			"ByRecordKey(), ByHeader(name) or ByJSONField(path) (a business key: also producer retries and re-sends), or your own KeyFunc")
+	}
 	if c.Store == nil {
 		add("Store is nil")
 	}
@@ -165,9 +178,6 @@ func (c *Config[TTx]) validate() error {
 }
 
 func (c *Config[TTx]) setDefaults() {
-	if c.Key == nil {
-		c.Key = ByMessageID()
-	}
 	if c.BatchSize == 0 {
 		c.BatchSize = 100
 	}

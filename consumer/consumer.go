@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 
+	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/internal/retry"
 )
 
@@ -64,7 +66,10 @@ func New[TTx any](cfg Config[TTx]) (*Consumer[TTx], error) {
 	}, nil
 }
 
-// Run consumes until ctx ends, Stop is called, the Source fails or the
+// Run checks the store (dedup.Store.Check: waiting while the database does
+// not answer, returning at once an error wrapping dedup.ErrNotMigrated when
+// its table is missing), then consumes until ctx ends, Stop is called, the
+// Source fails or the
 // deployment turns out broken (an error the store classifies as
 // dedup.ClassFatal: a table never migrated, a missing privilege, a store
 // breaking its contract), which Run returns wrapped. Cancelling
@@ -89,6 +94,9 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 	defer stopWork()
 	defer stopSrc()
 
+	if err := c.checkStore(srcCtx); err != nil {
+		return err
+	}
 	err := c.cfg.Source.Run(srcCtx, func(ctx context.Context, m *Message) error {
 		return c.deliver(ctx, workCtx, m)
 	})
@@ -111,6 +119,28 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 		return err
 	}
 	return nil
+}
+
+// checkStore waits until the store answers and refuses to start on one that
+// is not ready: a table never migrated would fail every message.
+func (c *Consumer[TTx]) checkStore(ctx context.Context) error {
+	w := c.newWait(c.infra)
+	for {
+		err := c.cfg.Store.Check(ctx)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return nil // stopped before it started
+		}
+		if !classify(err, c.cfg.Store.ClassifyError).NotTheMessage() || errors.Is(err, dedup.ErrNotMigrated) {
+			c.cfg.Logger.Error("idem: store not ready", slog.Any("error", err))
+			return fmt.Errorf("consumer: store not ready: %w", err)
+		}
+		if err := w.wait(ctx, nil, fmt.Errorf("store check: %w", err)); err != nil {
+			return nil
+		}
+	}
 }
 
 // Stop stops fetching, finishes the batches in flight and the messages

@@ -49,10 +49,17 @@ func Retryable(err error) error {
 	return &retryableError{err}
 }
 
-// IsPermanent reports whether err was marked with Permanent.
+// IsPermanent reports whether err was marked with Permanent; for middleware
+// and handler tests.
 func IsPermanent(err error) bool {
 	var p *permanentError
 	return errors.As(err, &p)
+}
+
+// IsRetryable reports whether err was marked with Retryable.
+func IsRetryable(err error) bool {
+	var r *retryableError
+	return errors.As(err, &r)
 }
 
 // classify decides between retry and dead letter. Explicit marks win, then

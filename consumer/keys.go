@@ -68,12 +68,6 @@ func ByJSONField(path string) KeyFunc {
 	}
 }
 
-// ByConstant returns a constant key: every message is a duplicate of the first.
-// Meant for tests.
-func ByConstant(key string) KeyFunc {
-	return func(*Message) (string, error) { return key, nil }
-}
-
 // jsonLookup scans payload to the field at segs without decoding the rest.
 // A truncated or otherwise malformed payload is refused even when the field
 // itself is readable.

@@ -27,6 +27,10 @@ var (
 	// error: the consumer stops.
 	ErrTxEnded = errors.New("dedup: the handler ended the transaction itself")
 
+	// ErrNotMigrated: the store's table does not exist or its migrations
+	// are behind: call the store's Migrate (or apply its migrations) first.
+	ErrNotMigrated = errors.New("dedup: store not migrated")
+
 	// ErrContract: a store broke the Store contract (a claim result left
 	// unset, say). Nothing of the transaction is committed and nothing is
 	// acknowledged: the consumer stops with this error.

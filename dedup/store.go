@@ -86,12 +86,24 @@ type Store[TTx any] interface {
 	// the key get StatusFailed. A key already recorded is left as it is.
 	RecordFailure(ctx context.Context, c Claim, reason string) error
 
-	// Purge deletes at most limit expired rows and returns how many it
-	// deleted. Callers loop until it returns fewer than limit.
-	Purge(ctx context.Context, limit int) (int, error)
+	// Check reports whether the store can serve claims: the database
+	// answers and the store's table is migrated. The consumer calls it when
+	// Run starts. A store that was never migrated returns an error wrapping
+	// ErrNotMigrated that says what to call; a database that does not answer
+	// returns an error ClassifyError reports as ClassUnavailable, which the
+	// consumer waits out.
+	Check(ctx context.Context) error
 
 	// ClassifyError classifies the store's own errors (SQLSTATE and the like).
 	ClassifyError(err error) ErrorClass
+}
+
+// Purger is a Store with retention: expired rows can be deleted in bounded
+// batches. The consumer does not call it; operators and scheduled jobs do.
+type Purger interface {
+	// Purge deletes at most limit expired rows and returns how many it
+	// deleted. Callers loop until it returns fewer than limit.
+	Purge(ctx context.Context, limit int) (int, error)
 }
 
 // MaxReasonLen bounds a recorded failure reason; longer reasons are cut.

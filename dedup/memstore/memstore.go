@@ -243,4 +243,7 @@ func (s *Store) Len() int {
 	return len(s.rows)
 }
 
+// Check reports nil: a memstore needs no migration.
+func (s *Store) Check(context.Context) error { return nil }
+
 var _ dedup.Store[*Tx] = (*Store)(nil)

@@ -180,12 +180,48 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx
 		}
 	}()
 	if err = fn(ctx, tx); err != nil {
-		return err
+		return txEnded(err)
 	}
 	if err = ctx.Err(); err != nil {
 		return err // never commit work whose caller gave up
 	}
-	return tx.Commit(ctx)
+	return txEnded(tx.Commit(ctx))
+}
+
+// txEnded names the mistake behind pgx.ErrTxClosed: the handler committed
+// or rolled back the transaction the consumer owns.
+func txEnded(err error) error {
+	if errors.Is(err, pgx.ErrTxClosed) {
+		return fmt.Errorf("%w (commit and rollback are the consumer's): %w", dedup.ErrTxEnded, err)
+	}
+	return err
+}
+
+// Check reports whether the table is migrated to this version of the store;
+// see dedup.Store.
+func (s *Store) Check(ctx context.Context) error {
+	ms, err := s.migrations()
+	if err != nil {
+		return err
+	}
+	versions := pgx.Identifier{s.cfg.Schema, "idem_schema_migrations"}.Sanitize()
+	var have int32
+	var table *string
+	err = s.pool.QueryRow(ctx, `SELECT coalesce((SELECT max(version) FROM `+versions+` WHERE table_name = $1), 0), to_regclass($2)::text`,
+		s.cfg.Table, s.table).Scan(&have, &table)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "42P01":
+		return fmt.Errorf("%w: pgstore: %s does not exist: call Store.Migrate before Run", dedup.ErrNotMigrated, versions)
+	case err != nil:
+		if ctx.Err() == nil && Classify(err) == dedup.ClassUnknown {
+			return fmt.Errorf("pgstore: check: %w", err)
+		}
+		return &ConnLostError{Err: err}
+	case table == nil || int(have) < ms[len(ms)-1].version:
+		return fmt.Errorf("%w: pgstore: table %s is at migration %d of %d: call Store.Migrate before Run", dedup.ErrNotMigrated, s.table, have, ms[len(ms)-1].version)
+	}
+	return nil
 }
 
 func (s *Store) now() int64 { return int64(time.Since(s.epoch)) + 1 }
@@ -445,7 +481,11 @@ func (s *Store) ClassifyError(err error) dedup.ErrorClass { return Classify(err)
 //     somewhere else is not: it counts against the message's retries;
 //   - class 23 (integrity constraint violation), class 22 (data exception),
 //     and pgx.ErrTxCommitRollback (a COMMIT that became ROLLBACK because a
-//     statement failed and the error was swallowed): permanent.
+//     statement failed and the error was swallowed): permanent;
+//   - class 42 (undefined table or column, syntax error, 42501 insufficient
+//     privilege), 3F000 (no such schema), 0A000 (feature not supported):
+//     fatal — a broken deployment stops the consumer, nothing dead-lettered;
+//   - anything else: unknown, retried within the message's budget.
 func Classify(err error) dedup.ErrorClass {
 	if err == nil {
 		return dedup.ClassUnknown
@@ -464,6 +504,11 @@ func Classify(err error) dedup.ErrorClass {
 			return dedup.ClassUnavailable
 		case code[:2] == "23", code[:2] == "22":
 			return dedup.ClassPermanent
+		case code[:2] == "42", code == "3F000", code == "0A000":
+			// Undefined table or column, syntax, insufficient privilege,
+			// no such schema, unsupported feature: the deployment is
+			// broken, and every message would fail the same way.
+			return dedup.ClassFatal
 		}
 		return dedup.ClassUnknown
 	}

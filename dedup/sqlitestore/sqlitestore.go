@@ -165,13 +165,35 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *sql.T
 		}
 	}()
 	if err := fn(ctx, tx); err != nil {
-		return err
+		return txEnded(err)
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
-		return s.wrap("commit", err)
+		return txEnded(s.wrap("commit", err))
+	}
+	return nil
+}
+
+// txEnded names the mistake behind sql.ErrTxDone: the handler committed or
+// rolled back the transaction the consumer owns.
+func txEnded(err error) error {
+	if errors.Is(err, sql.ErrTxDone) {
+		return fmt.Errorf("%w (commit and rollback are the consumer's): %w", dedup.ErrTxEnded, err)
+	}
+	return err
+}
+
+// Check reports whether Migrate created the table; see dedup.Store.
+func (s *Store) Check(ctx context.Context) error {
+	var n int
+	err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?`, s.cfg.Table).Scan(&n)
+	switch {
+	case err != nil:
+		return fmt.Errorf("sqlitestore: check: %w", err)
+	case n == 0:
+		return fmt.Errorf("%w: sqlitestore: table %s does not exist: call Store.Migrate before Run", dedup.ErrNotMigrated, s.table)
 	}
 	return nil
 }
@@ -361,7 +383,9 @@ func (s *Store) wrap(op string, err error) error {
 func (s *Store) ClassifyError(err error) dedup.ErrorClass { return Classify(err) }
 
 // Classify sorts an SQLite error: SQLITE_BUSY and SQLITE_LOCKED are
-// conflicts, SQLITE_CONSTRAINT is permanent.
+// conflicts, SQLITE_CONSTRAINT is permanent; a missing table or column, a
+// syntax error, a read-only or refused database are fatal (a broken
+// deployment stops the consumer).
 func Classify(err error) dedup.ErrorClass {
 	var se *sqlite.Error
 	if !errors.As(err, &se) {
@@ -372,6 +396,16 @@ func Classify(err error) dedup.ErrorClass {
 		return dedup.ClassConflict
 	case sqlite3.SQLITE_CONSTRAINT:
 		return dedup.ClassPermanent
+	case sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM, sqlite3.SQLITE_AUTH:
+		return dedup.ClassFatal
+	case sqlite3.SQLITE_ERROR:
+		// SQLite reports a missing table or column only in the message
+		// (SQLITE_ERROR is also a syntax error): all of them are a broken
+		// deployment, which every message would meet the same way.
+		msg := se.Error()
+		if strings.Contains(msg, "no such table") || strings.Contains(msg, "no such column") || strings.Contains(msg, "syntax error") {
+			return dedup.ClassFatal
+		}
 	}
 	return dedup.ClassUnknown
 }

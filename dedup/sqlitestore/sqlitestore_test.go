@@ -3,9 +3,15 @@ package sqlitestore_test
 import (
 	"context"
 	"database/sql"
+	"errors"
+	"log/slog"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/consumertest"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/deduptest"
 	"github.com/idemkit/idem/dedup/sqlitestore"
@@ -79,5 +85,61 @@ func TestOpenIsDurable(t *testing.T) {
 	}
 	if _, err := sqlitestore.OpenWith(filepath.Join(t.TempDir(), "x.db"), sqlitestore.OpenOptions{Synchronous: 7}); err == nil {
 		t.Error("an unknown Synchronous was accepted")
+	}
+}
+
+// TestRunRefusesAStoreThatWasNeverMigrated: "no such table" used to be
+// retried for ever; consumertest.Drive with a 4 s context returned after
+// 34 s.
+func TestRunRefusesAStoreThatWasNeverMigrated(t *testing.T) {
+	db, err := sqlitestore.Open(filepath.Join(t.TempDir(), "idem.db"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	st, err := sqlitestore.New(db, sqlitestore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = consumertest.Drive(ctx, consumer.Config[*sql.Tx]{
+		Name: "payments", Store: st, Key: consumer.ByMessageID(), Logger: slog.New(slog.DiscardHandler),
+		Handler: consumer.HandlerFunc[*sql.Tx](func(context.Context, *sql.Tx, *consumer.Message) error { return nil }),
+	}, consumertest.Script{}, consumertest.Message("payments", 0, 0, "", `{}`))
+	if !errors.Is(err, dedup.ErrNotMigrated) || !strings.Contains(err.Error(), "Migrate") {
+		t.Fatalf("Drive: %v, want dedup.ErrNotMigrated naming Migrate", err)
+	}
+}
+
+// TestMissingBusinessTableStopsTheConsumer: a handler's missing table is a
+// broken deployment, not a bad message: nothing dead-lettered or acked.
+func TestMissingBusinessTableStopsTheConsumer(t *testing.T) {
+	db, err := sqlitestore.Open(filepath.Join(t.TempDir(), "idem.db"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	st, err := sqlitestore.New(db, sqlitestore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	src := consumertest.NewSource(consumertest.Script{})
+	m := consumertest.Message("payments", 0, 0, "", `{}`)
+	res, err := consumertest.Drive(context.Background(), consumer.Config[*sql.Tx]{
+		Name: "payments", Source: src, Store: st, Key: consumer.ByMessageID(), Logger: slog.New(slog.DiscardHandler),
+		Handler: consumer.HandlerFunc[*sql.Tx](func(ctx context.Context, tx *sql.Tx, _ *consumer.Message) error {
+			_, err := tx.ExecContext(ctx, `INSERT INTO ledger VALUES (1)`)
+			return err
+		}),
+	}, consumertest.Script{}, m)
+	if err == nil || !strings.Contains(err.Error(), "no such table") {
+		t.Fatalf("Drive: %v, want Run to stop with the missing table", err)
+	}
+	if src.Acked(m.ID) != 0 || len(res.DeadLetters) != 0 {
+		t.Errorf("acked %d, dead letters %v", src.Acked(m.ID), res.DeadLetters)
 	}
 }
