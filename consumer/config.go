@@ -103,6 +103,14 @@ type Config[TTx any] struct {
 	// panic's stack is logged at ERROR.
 	PanicsArePermanent bool
 
+	// DrainTimeout is how long Run drains when its context ends: it stops
+	// fetching, finishes the batches in flight and the messages queued, and
+	// acknowledges them, then cancels what is left. Default 0: cancelling
+	// the context is a hard stop (in-flight transactions roll back, their
+	// messages are released, and delivered again later). Set it, and
+	// signal.NotifyContext is all a graceful shutdown needs.
+	DrainTimeout time.Duration
+
 	// Logger receives the consumer's logs; default slog.Default().
 	Logger *slog.Logger
 	// Clock is used for retry delays; default the system clock.
@@ -157,6 +165,9 @@ func (c *Config[TTx]) validate() error {
 	}
 	if c.BatchWait < 0 {
 		add("BatchWait is negative (%v)", c.BatchWait)
+	}
+	if c.DrainTimeout < 0 {
+		add("DrainTimeout is negative (%v)", c.DrainTimeout)
 	}
 	if c.LaneBuffer < 0 {
 		add("LaneBuffer is negative (%d)", c.LaneBuffer)

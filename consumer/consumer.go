@@ -69,13 +69,17 @@ func New[TTx any](cfg Config[TTx]) (*Consumer[TTx], error) {
 // Run checks the store (dedup.Store.Check: waiting while the database does
 // not answer, returning at once an error wrapping dedup.ErrNotMigrated when
 // its table is missing), then consumes until ctx ends, Stop is called, the
-// Source fails or the
-// deployment turns out broken (an error the store classifies as
-// dedup.ClassFatal: a table never migrated, a missing privilege, a store
-// breaking its contract), which Run returns wrapped. Cancelling
-// ctx is a hard stop: transactions in flight roll back and their messages are
-// released unacknowledged. Stop is the graceful way. Run returns the Source's
-// error, or nil when it was stopped. A Consumer runs once.
+// Source fails or the deployment turns out broken (an error the store
+// classifies as dedup.ClassFatal: a missing table or privilege, a store
+// breaking its contract), which Run returns wrapped.
+//
+// When ctx ends, Run drains as Stop does for up to Config.DrainTimeout —
+// stops fetching, finishes and acknowledges what it holds — then cancels
+// what is still in flight (rolled back, released unacknowledged) and
+// returns. With DrainTimeout zero (the default) that is at once: a hard
+// stop. Either way nothing is lost; a message not acknowledged is delivered
+// again. Run returns the Source's error, or nil when it was stopped. A
+// Consumer runs once.
 func (c *Consumer[TTx]) Run(ctx context.Context) error {
 	c.runMu.Lock()
 	if c.started {
@@ -83,8 +87,12 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 		return errors.New("consumer: Run called twice")
 	}
 	c.started = true
-	srcCtx, stopSrc := context.WithCancel(ctx)
-	workCtx, stopWork := context.WithCancel(ctx)
+	parent := ctx
+	if c.cfg.DrainTimeout > 0 {
+		parent = context.WithoutCancel(ctx) // ctx's end drains: see drainOnCancel
+	}
+	srcCtx, stopSrc := context.WithCancel(parent)
+	workCtx, stopWork := context.WithCancel(parent)
 	c.stopSrc, c.stopWork = stopSrc, stopWork
 	if c.stopped {
 		stopSrc()
@@ -93,6 +101,9 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 	defer close(c.done)
 	defer stopWork()
 	defer stopSrc()
+	if c.cfg.DrainTimeout > 0 {
+		go c.drainOnCancel(ctx)
+	}
 
 	if err := c.checkStore(srcCtx); err != nil {
 		return err
@@ -119,6 +130,20 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 		return err
 	}
 	return nil
+}
+
+// drainOnCancel stops the consumer gracefully when ctx ends, within
+// Config.DrainTimeout.
+func (c *Consumer[TTx]) drainOnCancel(ctx context.Context) {
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		stopCtx, cancel := context.WithTimeout(context.Background(), c.cfg.DrainTimeout)
+		defer cancel()
+		if err := c.Stop(stopCtx); err != nil {
+			c.cfg.Logger.Warn("idem: drain cut short: in-flight work rolled back and released", slog.Duration("drain_timeout", c.cfg.DrainTimeout))
+		}
+	}
 }
 
 // checkStore waits until the store answers and refuses to start on one that

@@ -116,3 +116,56 @@ func TestStopPastDeadlineReleases(t *testing.T) {
 		t.Fatalf("hard stop: acked %d, released %d; want 0 and 2", len(src.acked), len(src.released))
 	}
 }
+
+// TestCancelDrainsWithinDrainTimeout: with DrainTimeout set, cancelling
+// Run's context is a graceful stop — the batch in flight and the message
+// queued behind it are finished and acknowledged — with no Stop call.
+func TestCancelDrainsWithinDrainTimeout(t *testing.T) {
+	block, started := make(chan struct{}), make(chan struct{}, 10)
+	src := &blockingSource{msgs: twoMessages(), delivered: make(chan struct{})}
+	cfg := stuckConfig(src, block, started)
+	cfg.DrainTimeout = time.Minute
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	<-started
+	<-src.delivered // the second message waits in the lane
+	cancel()
+	close(block) // the handler finishes after the cancel: a hard stop would have rolled it back
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if len(src.acked) != 2 || len(src.released) != 0 {
+		t.Fatalf("drain: acked %d, released %d; want 2 and 0", len(src.acked), len(src.released))
+	}
+}
+
+// TestCancelPastDrainTimeoutReleases: a drain that does not finish in time
+// is cut short: the work in flight rolls back and is released.
+func TestCancelPastDrainTimeoutReleases(t *testing.T) {
+	block, started := make(chan struct{}), make(chan struct{}, 10)
+	defer close(block)
+	src := &blockingSource{msgs: twoMessages(), delivered: make(chan struct{})}
+	cfg := stuckConfig(src, block, started)
+	cfg.DrainTimeout = 50 * time.Millisecond
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	<-started
+	<-src.delivered
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if len(src.acked) != 0 || len(src.released) != 2 {
+		t.Fatalf("drain cut short: acked %d, released %d; want 0 and 2", len(src.acked), len(src.released))
+	}
+}

@@ -101,27 +101,19 @@ func run(brokerList, pgURL, topic, group string, demo bool, log *slog.Logger) er
 		DeadLetter:      dlq,
 		Key:             consumer.ByJSONField(payments.KeyField),
 		MaxPayloadBytes: payments.MaxPayload,
+		DrainTimeout:    30 * time.Second,
 		Logger:          log,
 	})
 	if err != nil {
 		return err
 	}
 
-	done := make(chan error, 1)
-	go func() { done <- c.Run(context.Background()) }()
 	log.Info("consuming; Ctrl-C to stop", slog.String("topic", topic), slog.String("group", group))
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-	}
-	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	err = c.Stop(stopCtx)
+	err = c.Run(ctx) // Ctrl-C drains: what is in flight is finished and acknowledged
 	st := c.Stats()
 	log.Info("stopped", slog.Int64("applied", st.Applied), slog.Int64("duplicates", st.Duplicates),
 		slog.Int64("dead_lettered", st.DeadLettered))
-	return errors.Join(err, <-done)
+	return err
 }
 
 // publishDemo creates three orders and sends each one's callback three
