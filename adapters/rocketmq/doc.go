@@ -27,12 +27,25 @@
 // lane serialised; orderly mode (Config.Orderly) runs one call per queue at
 // a time, with the queue locked on the broker, and keeps the queue's order.
 //
-// A message's ID is its unique message ID (the UNIQ_KEY property, which a
-// redelivery through the retry topic keeps; consumer.ByMessageID), its Key
-// the KEYS property (consumer.ByRecordKey), its Headers the user properties,
-// Attempt the reconsume times plus one, and Raw the *primitive.MessageExt.
-// Topic is the original topic also for redeliveries; Partition and Offset
-// are those of the queue the message was pulled from.
+// A message's ID (consumer.ByMessageID) is one that its copies from the
+// retry topic share: the UNIQ_KEY property, else ORIGIN_MESSAGE_ID, else
+// the OffsetMsgId. Producers set UNIQ_KEY (the 5.x broker adds one to a
+// single message sent without it) and copies keep it. A message can still
+// come without one: rocketmq-client-go's batch send sets none on the
+// messages of the batch. The client's MsgId is then the OffsetMsgId, which
+// names the stored copy (broker address and commit-log offset) and so
+// changes when the message is sent back and stored in %RETRY%<group>; the
+// broker's send-back sets ORIGIN_MESSAGE_ID on the copy to the original's
+// OffsetMsgId, so a first delivery and its copies agree. Such a message
+// gets its ID as UNIQ_KEY in the copy the client holds, because the client,
+// when the broker refuses its send-back, sends that copy as an ordinary
+// message, and the broker would give it a new UNIQ_KEY. A message without
+// any of the three has no ID; ByMessageID refuses it and it is
+// dead-lettered. Its Key is the KEYS property (consumer.ByRecordKey), its
+// Headers the user properties, Attempt the reconsume times plus one, and
+// Raw the *primitive.MessageExt. Topic is the original topic also for
+// redeliveries; Partition and Offset are those of the queue the message was
+// pulled from.
 //
 // # What is guaranteed
 //
