@@ -96,6 +96,18 @@
 //   - Exactly-once delivery: RocketMQ redelivers after crashes (offsets are
 //     committed with pulls and persisted every 5 s), rebalances and
 //     ConsumeTimeout; effects are once only because the dedup store says so.
+//   - Committed offsets that only grow: RocketMQ does not fence offset
+//     commits. The client keeps a queue's offset in memory, sends it with
+//     its pulls and persists it every 5 s and when a rebalance takes the
+//     queue away; the queue's next owner starts from the offset the broker
+//     has, which can be older than what the previous owner had settled, and
+//     its commits can take the broker's offset below what the previous
+//     owner committed on its way out (the broker takes any offset). The
+//     messages in between are redelivered and skipped as duplicates. What
+//     holds is that no committed offset is ahead of the settled messages:
+//     the client moves a queue's offset past a message only once its call
+//     returned, that is after the message was acked, or to give it back
+//     through the retry topic.
 //   - Order in concurrent mode: calls of one queue run at once and deliver
 //     in the order they get their lane, not necessarily queue order.
 //   - consumer.StopLaneOnExhausted holds an orderly queue until Run ends; in
