@@ -879,7 +879,9 @@ func (s *offsetSampler) sample() {
 	}
 	maps.Copy(s.last, got)
 	if err := s.acks.update(s.ackLogs(), s.topic); err != nil {
-		s.errs = append(s.errs, err.Error())
+		if !slices.Contains(s.errs, err.Error()) {
+			s.errs = append(s.errs, err.Error())
+		}
 		return
 	}
 	for id, why := range unackedBelow(got, s.b.positions(s.t, s.topic), s.acks.acked) {
@@ -937,18 +939,17 @@ func (a *ackLog) update(files []string, topic string) error {
 			if line == "" {
 				continue
 			}
-			// lane partition offset
-			f := strings.Fields(line)
+			fields := strings.Fields(line) // lane partition offset
 			var p pos
 			var err1, err2 error
-			if len(f) == 3 {
-				p.Part, err1 = strconv.Atoi(f[1])
-				p.Off, err2 = strconv.ParseInt(f[2], 10, 64)
+			if len(fields) == 3 {
+				p.Part, err1 = strconv.Atoi(fields[1])
+				p.Off, err2 = strconv.ParseInt(fields[2], 10, 64)
 			}
-			if len(f) != 3 || err1 != nil || err2 != nil {
+			if len(fields) != 3 || err1 != nil || err2 != nil {
 				return fmt.Errorf("ack log %s: bad line %q", name, line)
 			}
-			if strings.HasPrefix(f[0], topic+"/") {
+			if strings.HasPrefix(fields[0], topic+"/") {
 				a.acked[p] = true
 			}
 		}
