@@ -28,7 +28,7 @@ const (
 	PropTopic     = "idem-original-topic"   // the message's topic
 	PropQueue     = "idem-original-queue"   // the queue it was consumed from: topic/broker/queueId
 	PropOffset    = "idem-original-offset"  // its offset in that queue, decimal
-	PropMessageID = "idem-original-msg-id"  // its unique message ID (UNIQ_KEY)
+	PropMessageID = "idem-original-msg-id"  // its message ID (consumer.Message.ID)
 	PropKeyScope  = "idem-key-scope"        // the dedup key's scope; absent when no key was derived
 	PropKey       = "idem-key"              // the dedup key's ID; absent when no key was derived
 	PropAttempt   = "idem-original-attempt" // the broker's delivery attempt (reconsume times + 1)

@@ -27,12 +27,25 @@
 // lane serialised; orderly mode (Config.Orderly) runs one call per queue at
 // a time, with the queue locked on the broker, and keeps the queue's order.
 //
-// A message's ID is its unique message ID (the UNIQ_KEY property, which a
-// redelivery through the retry topic keeps; consumer.ByMessageID), its Key
-// the KEYS property (consumer.ByRecordKey), its Headers the user properties,
-// Attempt the reconsume times plus one, and Raw the *primitive.MessageExt.
-// Topic is the original topic also for redeliveries; Partition and Offset
-// are those of the queue the message was pulled from.
+// A message's ID (consumer.ByMessageID) is one that its copies from the
+// retry topic share: the UNIQ_KEY property, else ORIGIN_MESSAGE_ID, else
+// the OffsetMsgId. Producers set UNIQ_KEY (the 5.x broker adds one to a
+// single message sent without it) and copies keep it. A message can still
+// come without one: rocketmq-client-go's batch send sets none on the
+// messages of the batch. The client's MsgId is then the OffsetMsgId, which
+// names the stored copy (broker address and commit-log offset) and so
+// changes when the message is sent back and stored in %RETRY%<group>; the
+// broker's send-back sets ORIGIN_MESSAGE_ID on the copy to the original's
+// OffsetMsgId, so a first delivery and its copies agree. Such a message
+// gets its ID as UNIQ_KEY in the copy the client holds, because the client,
+// when the broker refuses its send-back, sends that copy as an ordinary
+// message, and the broker would give it a new UNIQ_KEY. A message without
+// any of the three has no ID; ByMessageID refuses it and it is
+// dead-lettered. Its Key is the KEYS property (consumer.ByRecordKey), its
+// Headers the user properties, Attempt the reconsume times plus one, and
+// Raw the *primitive.MessageExt. Topic is the original topic also for
+// redeliveries; Partition and Offset are those of the queue the message was
+// pulled from.
 //
 // # What is guaranteed
 //
@@ -83,6 +96,18 @@
 //   - Exactly-once delivery: RocketMQ redelivers after crashes (offsets are
 //     committed with pulls and persisted every 5 s), rebalances and
 //     ConsumeTimeout; effects are once only because the dedup store says so.
+//   - Committed offsets that only grow: RocketMQ does not fence offset
+//     commits. The client keeps a queue's offset in memory, sends it with
+//     its pulls and persists it every 5 s and when a rebalance takes the
+//     queue away; the queue's next owner starts from the offset the broker
+//     has, which can be older than what the previous owner had settled, and
+//     its commits can take the broker's offset below what the previous
+//     owner committed on its way out (the broker takes any offset). The
+//     messages in between are redelivered and skipped as duplicates. What
+//     holds is that no committed offset is ahead of the settled messages:
+//     the client moves a queue's offset past a message only once its call
+//     returned, that is after the message was acked, or to give it back
+//     through the retry topic.
 //   - Order in concurrent mode: calls of one queue run at once and deliver
 //     in the order they get their lane, not necessarily queue order.
 //   - consumer.StopLaneOnExhausted holds an orderly queue until Run ends; in

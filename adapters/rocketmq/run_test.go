@@ -34,7 +34,10 @@ func batch(n int, queue int) []*primitive.MessageExt {
 	mq := &primitive.MessageQueue{Topic: "t", BrokerName: "b", QueueId: queue}
 	msgs := make([]*primitive.MessageExt, n)
 	for i := range msgs {
-		mx := &primitive.MessageExt{MsgId: "id" + string(rune('a'+i)), QueueOffset: int64(i)}
+		// As the client decodes a message without UNIQ_KEY: MsgId is the
+		// OffsetMsgId.
+		id := "id" + string(rune('a'+i))
+		mx := &primitive.MessageExt{MsgId: id, OffsetMsgId: id, QueueOffset: int64(i)}
 		mx.Topic = "t"
 		mx.Body = []byte("body")
 		mx.Queue = mq

@@ -45,6 +45,48 @@ func TestToMessage(t *testing.T) {
 	}
 }
 
+// TestMessageID: the ID is the UNIQ_KEY, else ORIGIN_MESSAGE_ID (a copy
+// from the retry topic of a message without UNIQ_KEY), else the OffsetMsgId
+// (its first delivery), so that a message and its retried copies agree; a
+// message without any of them has no ID and is refused by ByMessageID. A
+// message delivered without UNIQ_KEY gets its ID as UNIQ_KEY in the
+// client's copy, which the client's fallback send-back carries along.
+func TestMessageID(t *testing.T) {
+	const offsetID, origin, uniq = "7F00000100002A9F0000000000148C83", "7F00000100002A9F0000000000100000", "C0000202221230946E090002FC860000"
+	for _, tc := range []struct {
+		name           string
+		offset         string
+		props          map[string]string
+		want, wantUniq string
+	}{
+		{"UNIQ_KEY", offsetID, map[string]string{primitive.PropertyUniqueClientMessageIdKeyIndex: uniq}, uniq, uniq},
+		{"UNIQ_KEY of a retried copy", offsetID, map[string]string{primitive.PropertyUniqueClientMessageIdKeyIndex: uniq,
+			primitive.PropertyOriginMessageId: origin}, uniq, uniq},
+		{"retried copy without UNIQ_KEY", offsetID, map[string]string{primitive.PropertyOriginMessageId: origin}, origin, origin},
+		{"first delivery without UNIQ_KEY", offsetID, nil, offsetID, offsetID},
+		{"nothing", "", nil, "", ""},
+	} {
+		mx := &primitive.MessageExt{OffsetMsgId: tc.offset, MsgId: tc.offset}
+		mx.Topic = "payments"
+		for k, v := range tc.props {
+			mx.WithProperty(k, v)
+		}
+		m := toMessage(mx, "payments/broker-a/0")
+		if m.ID != tc.want {
+			t.Errorf("%s: ID %q, want %q", tc.name, m.ID, tc.want)
+		}
+		if got := mx.GetProperty(primitive.PropertyUniqueClientMessageIdKeyIndex); got != tc.wantUniq {
+			t.Errorf("%s: UNIQ_KEY of the client's copy %q, want %q", tc.name, got, tc.wantUniq)
+		}
+		if mx.MsgId != tc.offset {
+			t.Errorf("%s: MsgId changed to %q", tc.name, mx.MsgId)
+		}
+		if _, err := consumer.ByMessageID()(m); (err != nil) != (tc.want == "") || err != nil && !errors.Is(err, consumer.ErrNoKey) {
+			t.Errorf("%s: ByMessageID error %v", tc.name, err)
+		}
+	}
+}
+
 func TestConfigValidate(t *testing.T) {
 	ok := Config{NameServers: []string{"127.0.0.1:9876"}, Group: "g", Topics: []string{"t"}}
 	if err := ok.validate(); err != nil {

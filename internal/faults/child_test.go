@@ -48,6 +48,7 @@ type childSpec struct {
 	Attempts   int           // Retry.MaxAttempts; default 10, the consumer's default
 	Grace      time.Duration // SIGTERM: how long Stop may take
 	StatsFile  string        // where the child writes its counters
+	AckLog     string        // where the child records every message it acks: "lane partition offset" lines
 	Fail       failpoints
 	KafkaClose time.Duration // kafka.Config.CloseTimeout
 	StopLane   bool          // consumer.StopLaneOnExhausted instead of dead-lettering
@@ -217,9 +218,18 @@ func (spec *childSpec) run() error {
 	if attempts == 0 {
 		attempts = 10 // the default
 	}
+	fsrc := &faultSource{Source: src, fp: &spec.Fail, st: st}
+	if spec.AckLog != "" {
+		f, err := os.OpenFile(spec.AckLog, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		fsrc.ackLog = f
+	}
 	ccfg := consumer.Config[pgx.Tx]{
 		Name:            "payments",
-		Source:          &faultSource{Source: src, fp: &spec.Fail, st: st},
+		Source:          fsrc,
 		Store:           store,
 		Handler:         spec.handler(st),
 		DeadLetter:      dl,
@@ -356,11 +366,16 @@ func (spec *childSpec) handler(st *childState) consumer.Handler[pgx.Tx] {
 }
 
 // faultSource wraps the broker's Source: Ack is where the database commit
-// is done and the offset commit is not.
+// is done and the offset commit is not. It records every ack in the ack log
+// before it passes the ack on: the parent checks the broker's committed
+// offsets against it.
 type faultSource struct {
 	consumer.Source
 	fp *failpoints
 	st *childState
+
+	logMu  sync.Mutex
+	ackLog *os.File // nil: none
 }
 
 func (s *faultSource) Ack(ctx context.Context, msgs []*consumer.Message) error {
@@ -370,9 +385,34 @@ func (s *faultSource) Ack(ctx context.Context, msgs []*consumer.Message) error {
 		s.st.write()
 		die()
 	}
+	s.logAcks(msgs)
 	err := s.Source.Ack(ctx, msgs)
 	s.st.write()
 	return err
+}
+
+// logAcks appends msgs to the ack log in one write, one line each. The
+// child exits when it cannot: an ack the log does not show would make the
+// parent's offset check report a committed offset ahead of the acks.
+func (s *faultSource) logAcks(msgs []*consumer.Message) {
+	if s.ackLog == nil {
+		return
+	}
+	var b []byte
+	for _, m := range msgs {
+		b = appendAck(b, m.Lane, int(m.Partition), m.Offset)
+	}
+	s.logMu.Lock()
+	defer s.logMu.Unlock()
+	if _, err := s.ackLog.Write(b); err != nil {
+		fmt.Fprintln(os.Stderr, "child: ack log:", err)
+		os.Exit(3)
+	}
+}
+
+// appendAck appends the ack log's line for a message (ackLog reads it).
+func appendAck(b []byte, lane string, part int, off int64) []byte {
+	return fmt.Appendf(b, "%s %d %d\n", lane, part, off)
 }
 
 // killMark is the context key under which faultStore tells the handler

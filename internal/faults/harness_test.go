@@ -1,15 +1,19 @@
 package faults_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -340,7 +344,7 @@ func (r *rig) start(fp failpoints, mods ...func(*childSpec)) *child {
 	spec := childSpec{
 		Broker: r.b.name(), Brokers: r.b.addrs(), Topic: r.topic, Group: r.group,
 		PgURL: r.pgURL, Schema: r.schema, App: r.app, Tenants: len(r.tenants) > 0,
-		BatchSize: 50, StatsFile: filepath.Join(dir, "stats.json"), Fail: fp,
+		BatchSize: 50, StatsFile: filepath.Join(dir, "stats.json"), AckLog: filepath.Join(dir, ackLogName), Fail: fp,
 	}
 	for _, m := range mods {
 		m(&spec)
@@ -549,8 +553,8 @@ func (r *rig) duplicates() int64 {
 // everything: the four tables and the dedup table reconcile for every
 // tenant, no effect twice in the audit, the dead letters are exactly the
 // expected ones with their reasons, the group has no lag, committed offsets
-// never went down, no transaction of the consumer is left open, no race in
-// the children.
+// kept the broker's rule (see offsetSampler), no transaction of the
+// consumer is left open, no race in the children.
 func (r *rig) finish() {
 	t := r.t
 	t.Helper()
@@ -751,23 +755,80 @@ func (r *rig) diagnose() {
 }
 
 // --- committed offsets ----------------------------------------------------
+//
+// What a group's committed offsets must respect depends on the broker.
+//
+// Kafka fences offset commits by generation: the adapter commits only inside
+// the generation that delivered the messages, so a partition's committed
+// offset never goes down, nor disappears.
+//
+// RocketMQ has no such fencing. A client keeps its queues' offsets in memory,
+// sends them with its pulls and persists them every 5 s and when it lets a
+// queue go; the broker takes whatever offset comes, lower ones included (it
+// logs "[NOTIFYME]update consumer offset less than store"). A queue's new
+// owner starts from the offset the broker has, which can be older than what
+// the previous owner had settled, and commits below what the previous owner
+// committed on its way out. That is redelivery, which the dedup store
+// absorbs, not loss. What must hold is that a committed offset is never
+// ahead of what the consumers settled: every message below a queue's
+// committed offset was acked by a consumer (applied, skipped as a duplicate
+// or dead-lettered; the children record every ack before they pass it on)
+// or given back to the broker (its copy is in %RETRY%<group>).
 
-// offsetSampler samples a group's committed offsets every 100ms and
-// records any that went down or disappeared.
+// givingBackBroker is a broker whose offset commits are not fenced
+// (RocketMQ): the offset sampler checks that the committed offsets are never
+// ahead of what the consumers settled, instead of that they never go down.
+type givingBackBroker interface {
+	broker
+	// givenBack returns the IDs of the messages group gave back to the
+	// broker for a later redelivery (RocketMQ: the copies in
+	// %RETRY%<group>).
+	givenBack(t *testing.T, group string) map[string]bool
+}
+
+// offsetSampler samples a group's committed offsets every 100ms. For Kafka
+// it records any that went down or disappeared; for RocketMQ the messages a
+// committed offset passed that no consumer had acked (checked against the
+// retry topic at the end).
 type offsetSampler struct {
+	b            broker
+	t            *testing.T
+	topic, group string
+	ackLogs      func() []string // the files the consumers record their acks in
+	fenced       bool
+
 	stop, done chan struct{}
 	once       sync.Once
 	mu         sync.Mutex
 	last       map[int]int64 // partition -> last committed offset seen
-	gen        int           // bumped by rebase: samples taken across it are dropped
-	errs       []string
+	acks       ackLog
+	errs       []string          // fenced: offsets that went down or disappeared
+	ahead      map[string]string // not fenced: message ID -> the committed offset that passed it unacked
+	downs      int               // not fenced: offsets seen going down (a queue's new owner started lower)
 	n          int
 }
 
 // sampleOffsets samples the group's committed offsets for the rest of the
-// test; rig.check fails the test if one ever went down.
+// test; rig.check fails the test if one broke the broker's rule.
 func (r *rig) sampleOffsets() {
-	s := &offsetSampler{stop: make(chan struct{}), done: make(chan struct{}), last: map[int]int64{}}
+	// The children's directories, not r.children: a child's directory
+	// exists before the child starts, so a sample never misses the ack log
+	// of a child that acked before the sample's offsets were read.
+	r.sampler = newOffsetSampler(r.t, r.b, r.topic, r.group, func() []string {
+		files, _ := filepath.Glob(filepath.Join(r.dir, "child-*", ackLogName))
+		return files
+	})
+}
+
+// ackLogName is the name of a child's ack log in its directory.
+const ackLogName = "acked"
+
+// newOffsetSampler starts sampling; ackLogs lists the consumers' ack logs
+// (read only for a givingBackBroker).
+func newOffsetSampler(t *testing.T, b broker, topic, group string, ackLogs func() []string) *offsetSampler {
+	_, givesBack := b.(givingBackBroker)
+	s := &offsetSampler{b: b, t: t, topic: topic, group: group, ackLogs: ackLogs, fenced: !givesBack,
+		stop: make(chan struct{}), done: make(chan struct{}), last: map[int]int64{}, ahead: map[string]string{}}
 	go func() {
 		defer close(s.done)
 		tick := time.NewTicker(100 * time.Millisecond)
@@ -778,44 +839,123 @@ func (r *rig) sampleOffsets() {
 				return
 			case <-tick.C:
 			}
-			s.mu.Lock()
-			gen := s.gen
-			s.mu.Unlock()
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			got, err := r.b.offsets(ctx, r.topic, r.group)
-			cancel()
-			if err != nil {
-				continue // the broker may be down
-			}
-			s.mu.Lock()
-			if gen == s.gen {
-				s.n++
-				for p, prev := range s.last {
-					off, ok := got[p]
-					switch {
-					case !ok:
-						s.errs = append(s.errs, fmt.Sprintf("partition %d: committed offset %d disappeared", p, prev))
-					case off < prev:
-						s.errs = append(s.errs, fmt.Sprintf("partition %d: committed offset went from %d to %d", p, prev, off))
-					}
-				}
-				maps.Copy(s.last, got)
-			}
-			s.mu.Unlock()
+			s.sample()
 		}
 	}()
-	r.t.Cleanup(s.finish)
-	r.sampler = s
+	t.Cleanup(s.finish)
+	return s
 }
 
-// rebase forgets the offsets seen so far: what the broker reports next is
-// the new baseline. For a broker that loses recent offset commits when it
-// is killed (RocketMQ keeps them in memory and flushes them every 5 s).
-func (s *offsetSampler) rebase() {
+// sample takes one sample. The committed offsets are read first: what was
+// acked before they were committed is in the ack logs by the time they are
+// read.
+func (s *offsetSampler) sample() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	got, err := s.b.offsets(ctx, s.topic, s.group)
+	cancel()
+	if err != nil {
+		return // the broker may be down
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.gen++
-	clear(s.last)
+	s.n++
+	if s.fenced {
+		for p, prev := range s.last {
+			off, ok := got[p]
+			switch {
+			case !ok:
+				s.errs = append(s.errs, fmt.Sprintf("partition %d: committed offset %d disappeared", p, prev))
+			case off < prev:
+				s.errs = append(s.errs, fmt.Sprintf("partition %d: committed offset went from %d to %d", p, prev, off))
+			}
+		}
+		maps.Copy(s.last, got)
+		return
+	}
+	for p, prev := range s.last {
+		if off, ok := got[p]; ok && off < prev {
+			s.downs++
+		}
+	}
+	maps.Copy(s.last, got)
+	if err := s.acks.update(s.ackLogs(), s.topic); err != nil {
+		if !slices.Contains(s.errs, err.Error()) {
+			s.errs = append(s.errs, err.Error())
+		}
+		return
+	}
+	for id, why := range unackedBelow(got, s.b.positions(s.t, s.topic), s.acks.acked) {
+		if _, seen := s.ahead[id]; !seen {
+			s.ahead[id] = why
+		}
+	}
+}
+
+// unackedBelow returns the messages below their queue's committed offset
+// that were not acked, by message ID, each with what passed it.
+func unackedBelow(committed map[int]int64, positions map[string]pos, acked map[pos]bool) map[string]string {
+	out := map[string]string{}
+	for id, p := range positions {
+		if c, ok := committed[p.Part]; ok && p.Off < c && !acked[p] {
+			out[id] = fmt.Sprintf("queue %d: committed offset %d passed message %s at offset %d, which no consumer had acked", p.Part, c, id, p.Off)
+		}
+	}
+	return out
+}
+
+// ackLog is what the consumers recorded in their ack logs (childSpec.AckLog)
+// so far: the queue and offset of every message of the topic they acked.
+type ackLog struct {
+	read  map[string]int64 // file -> bytes parsed
+	acked map[pos]bool
+}
+
+// update reads what was appended to files since the last update. A line
+// without its newline yet is left for the next one: its ack has not been
+// passed on.
+func (a *ackLog) update(files []string, topic string) error {
+	if a.read == nil {
+		a.read, a.acked = map[string]int64{}, map[pos]bool{}
+	}
+	for _, name := range files {
+		f, err := os.Open(name)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // nothing acked yet
+		}
+		if err != nil {
+			return fmt.Errorf("ack log: %w", err)
+		}
+		_, err = f.Seek(a.read[name], io.SeekStart)
+		var b []byte
+		if err == nil {
+			b, err = io.ReadAll(f)
+		}
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("ack log %s: %w", name, err)
+		}
+		b = b[:bytes.LastIndexByte(b, '\n')+1]
+		for _, line := range strings.Split(strings.TrimSuffix(string(b), "\n"), "\n") {
+			if line == "" {
+				continue
+			}
+			fields := strings.Fields(line) // lane partition offset
+			var p pos
+			var err1, err2 error
+			if len(fields) == 3 {
+				p.Part, err1 = strconv.Atoi(fields[1])
+				p.Off, err2 = strconv.ParseInt(fields[2], 10, 64)
+			}
+			if len(fields) != 3 || err1 != nil || err2 != nil {
+				return fmt.Errorf("ack log %s: bad line %q", name, line)
+			}
+			if strings.HasPrefix(fields[0], topic+"/") {
+				a.acked[p] = true
+			}
+		}
+		a.read[name] += int64(len(b))
+	}
+	return nil
 }
 
 func (s *offsetSampler) finish() {
@@ -823,16 +963,43 @@ func (s *offsetSampler) finish() {
 	<-s.done
 }
 
-// check stops sampling and fails the test if an offset went down.
-func (s *offsetSampler) check(t *testing.T) {
+// problems stops sampling and returns what broke the broker's rule: for
+// RocketMQ, the messages a committed offset passed unacked that the group
+// did not give back to the retry topic either.
+func (s *offsetSampler) problems(t *testing.T) []string {
 	t.Helper()
 	s.finish()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, e := range s.errs {
-		t.Error(e)
-	}
+	probs := append([]string(nil), s.errs...)
 	if s.n == 0 {
-		t.Error("no committed offset was sampled")
+		probs = append(probs, "no committed offset was sampled")
+	}
+	if s.fenced {
+		return probs
+	}
+	t.Logf("%d offset samples, %d acks logged; committed offsets seen going down %d times (redelivery)", s.n, len(s.acks.acked), s.downs)
+	if len(s.ahead) == 0 {
+		return probs
+	}
+	back := s.b.(givingBackBroker).givenBack(t, s.group)
+	ids := slices.Sorted(maps.Keys(s.ahead))
+	given := 0
+	for _, id := range ids {
+		if back[id] {
+			given++
+			continue
+		}
+		probs = append(probs, s.ahead[id]+", nor given back to the retry topic")
+	}
+	t.Logf("committed offsets passed %d messages before their acks were seen; given back to the retry topic: %d", len(ids), given)
+	return probs
+}
+
+// check stops sampling and fails the test for every problem.
+func (s *offsetSampler) check(t *testing.T) {
+	t.Helper()
+	for _, p := range s.problems(t) {
+		t.Error(p)
 	}
 }

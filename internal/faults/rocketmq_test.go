@@ -296,6 +296,27 @@ func (b *rocketBroker) deadLetters(t *testing.T, topic string, want int) []lette
 	return letters
 }
 
+// givenBack returns the IDs (KEYS) of the messages whose copies are in
+// %RETRY%<group>: the group gave them back for a later redelivery (a consume
+// call that returned "retry later"), and the client committed past them.
+func (b *rocketBroker) givenBack(t *testing.T, group string) map[string]bool {
+	t.Helper()
+	retry := "%RETRY%" + group
+	n, err := b.count(retry)
+	if err != nil {
+		t.Fatalf("messages in %s: %v", retry, err)
+	}
+	ids := map[string]bool{}
+	if n > 0 {
+		for _, m := range b.read(t, retry, int(n)) {
+			ids[string(m.Key)] = true
+		}
+	}
+	return ids
+}
+
+var _ givingBackBroker = (*rocketBroker)(nil)
+
 // read consumes topic from the start with a fresh group until it has n
 // messages.
 func (b *rocketBroker) read(t *testing.T, topic string, n int) []*consumer.Message {
@@ -346,6 +367,8 @@ func (b *rocketBroker) read(t *testing.T, topic string, n int) []*consumer.Messa
 
 const (
 	reqQueryConsumerOffset  = 14
+	reqUpdateConsumerOffset = 15
+	reqUpdateSubGroup       = 200
 	reqGetMaxOffset         = 30
 	reqGetMinOffset         = 31
 	reqGetBrokerClusterInfo = 106
@@ -360,6 +383,11 @@ var opaque struct {
 // remoting sends one request to addr and returns the response's code,
 // extFields and body.
 func remoting(addr string, code int, ext map[string]string) (int, map[string]string, []byte, error) {
+	return remotingBody(addr, code, ext, nil)
+}
+
+// remotingBody is remoting with a request body.
+func remotingBody(addr string, code int, ext map[string]string, body []byte) (int, map[string]string, []byte, error) {
 	opaque.Lock()
 	opaque.n++
 	op := opaque.n
@@ -374,10 +402,10 @@ func remoting(addr string, code int, ext map[string]string) (int, map[string]str
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	frame := make([]byte, 8, 8+len(header))
-	binary.BigEndian.PutUint32(frame[0:], uint32(4+len(header)))
+	frame := make([]byte, 8, 8+len(header)+len(body))
+	binary.BigEndian.PutUint32(frame[0:], uint32(4+len(header)+len(body)))
 	binary.BigEndian.PutUint32(frame[4:], uint32(len(header))) // serialize type 0: JSON
-	if _, err := conn.Write(append(frame, header...)); err != nil {
+	if _, err := conn.Write(append(append(frame, header...), body...)); err != nil {
 		return 0, nil, nil, err
 	}
 	var head [8]byte
