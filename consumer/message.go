@@ -7,8 +7,10 @@ type Message struct {
 	Topic     string
 	Partition int32 // Kafka partition or RocketMQ queue ID
 	Offset    int64 // Kafka offset or RocketMQ queue offset
-	// ID is the broker's message ID: topic/partition/offset for Kafka, the
-	// unique message ID (UNIQ_KEY) for RocketMQ.
+	// ID is the broker's message ID: topic/partition/offset for Kafka; for
+	// RocketMQ the unique message ID (UNIQ_KEY), else the ORIGIN_MESSAGE_ID
+	// of a copy from the retry topic, else the store offset ID — one ID the
+	// copies of a message share. Empty when the broker gives none.
 	ID      string
 	Key     []byte // Kafka record key; RocketMQ Keys
 	Value   []byte
