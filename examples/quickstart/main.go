@@ -144,7 +144,7 @@ func main() {
 func printSummary(w io.Writer, s Summary, report payments.Report) {
 	fmt.Fprintf(w, "%d payments (seed %d): %d callbacks produced = %d first sends + %d gateway retries\n",
 		s.Unique, s.Seed, s.Produced, s.Unique, s.GatewayRetries)
-	fmt.Fprintf(w, "  + %d channel re-sends (%d callbacks, 3 times each) + %d bad + %d with a known number and another amount.\n",
+	fmt.Fprintf(w, "  + %d channel re-sends (3 each for %d payments) + %d bad + %d with a known number and another amount.\n",
 		3*s.ChannelResends, s.ChannelResends, s.Bad, s.Conflicting)
 	fmt.Fprintf(w, "The first consumer crashed after the first half; its last offset commits were lost with it,\n")
 	fmt.Fprintf(w, "  so %d callbacks it had settled were delivered again to the second.\n", s.Redelivered)
