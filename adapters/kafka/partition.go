@@ -13,7 +13,10 @@ import (
 // partition is one assignment of one partition in one generation: its
 // fetcher delivers messages, the consumer's lane acks or releases them, and
 // the generation's committer commits the watermark, the offset after the
-// longest acked prefix of what was delivered.
+// longest acked prefix of what was delivered. Offsets the fetcher passed
+// over without delivering anything (transaction markers, records of aborted
+// transactions, compacted records) count as acked, so the watermark reaches
+// the end of a partition whose last record is a marker.
 //
 // A message is matched to its assignment by pointer: acks of messages
 // delivered by an earlier assignment of the same partition (the lane may
@@ -27,7 +30,7 @@ type partition struct {
 	gen      *generation
 
 	mu        sync.Mutex
-	pending   []entry // delivered and not below the watermark, offsets ascending
+	pending   []entry // delivered (or passed over) and not below the watermark, offsets ascending
 	unsettled int     // pending entries neither acked nor released
 	next      int64   // watermark: the offset to commit; -1 when nothing was acked
 	committed int64   // highest offset committed (or found at assignment); -1 when none
@@ -42,6 +45,8 @@ const (
 	released
 )
 
+// entry is a delivered message, or (msg nil, acked) the offsets up to
+// offset that the fetcher passed over without delivering anything.
 type entry struct {
 	offset int64
 	msg    *consumer.Message
@@ -105,6 +110,28 @@ func (p *partition) push(m *consumer.Message) {
 	p.pending = append(p.pending, entry{offset: m.Offset, msg: m})
 	p.unsettled++
 	p.mu.Unlock()
+}
+
+// passed records that the fetcher moved on to offset: the offsets below it
+// that were not delivered (markers, aborted or compacted records) count as
+// acked. It reports whether the watermark moved past the committed offset.
+func (p *partition) passed(offset int64) (commit bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ended {
+		return false
+	}
+	n := len(p.pending)
+	switch {
+	case n == 0:
+		p.next = max(p.next, offset)
+	case offset-1 <= p.pending[n-1].offset:
+	case p.pending[n-1].msg == nil:
+		p.pending[n-1].offset = offset - 1
+	default:
+		p.pending = append(p.pending, entry{offset: offset - 1, state: acked})
+	}
+	return p.next > p.committed
 }
 
 // unpush forgets m, the last message pushed, which deliver refused. It

@@ -127,6 +127,32 @@ func TestCommitNeverGoesBelowTheAssignedOffset(t *testing.T) {
 	}
 }
 
+// Offsets the fetcher passed over without delivering (transaction markers,
+// aborted or compacted records) count as acked: the watermark moves past
+// them once what was delivered before them is acked, and not past a
+// released message.
+func TestPassedOffsetsCountAsAcked(t *testing.T) {
+	p := testPartition(FirstOffset)
+	msgs := deliverN(p, 0, 1)
+	p.passed(3) // 2 is a commit marker
+	wantCommit(t, p, -1)
+	p.settle(msgs[1], acked)
+	p.settle(msgs[0], acked)
+	wantCommit(t, p, 3)
+
+	p.passed(9) // an aborted transaction and its marker, nothing pending
+	wantCommit(t, p, 9)
+
+	msgs = deliverN(p, 9)
+	p.passed(11)
+	p.passed(12)
+	p.settle(msgs[0], released)
+	wantCommit(t, p, 9)
+	if p.busy() {
+		t.Fatal("everything is settled, but the partition is busy")
+	}
+}
+
 func TestUnpushForgetsARefusedDelivery(t *testing.T) {
 	p := testPartition(FirstOffset)
 	msgs := deliverN(p, 0, 1)
