@@ -104,6 +104,9 @@ func (s *Source) read(ctx context.Context, conn *protocol.Conn, p *partition, of
 			if err != nil {
 				return progressed, err
 			}
+			if to < *offset && p.restart(to) { // a new log: see partition
+				s.wakeCommitter(p)
+			}
 			*offset = to
 			continue
 		}
@@ -201,7 +204,7 @@ func (s *Source) resolve(conn *protocol.Conn, offset int64, p *partition) (int64
 			slog.String("partition", p.lane), slog.Int64("offset", offset), slog.Int64("log_start", first))
 		return first, nil
 	case offset > last:
-		s.log.Error("kafka: the committed offset is past the log end (log truncated?); resetting",
+		s.log.Error("kafka: the offset is past the log end (topic deleted and created again? log truncated?); resetting: the partition's offsets start over",
 			slog.String("partition", p.lane), slog.Int64("offset", offset), slog.Int64("log_end", last),
 			slog.Int64("reset_to", reset))
 		return reset, nil

@@ -86,8 +86,15 @@ func (a *admin) createTopic(t testing.TB, topic string, partitions int) {
 			t.Logf("delete topic %s: %v", topic, err)
 		}
 	})
+	a.waitLeaders(t, topic, partitions)
+}
+
+// waitLeaders waits until topic has the given number of partitions, each
+// with a leader.
+func (a *admin) waitLeaders(t testing.TB, topic string, partitions int) {
+	t.Helper()
 	waitUntil(t, 30*time.Second, "topic "+topic+" has leaders", func() bool {
-		md, err := a.client.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{topic}})
+		md, err := a.client.Metadata(ctxTimeout(t, 10*time.Second), &kafkago.MetadataRequest{Topics: []string{topic}})
 		if err != nil || len(md.Topics) != 1 || md.Topics[0].Error != nil || len(md.Topics[0].Partitions) != partitions {
 			return false
 		}
@@ -98,6 +105,38 @@ func (a *admin) createTopic(t testing.TB, topic string, partitions int) {
 		}
 		return true
 	})
+}
+
+// recreate deletes topic and creates it again with as many partitions.
+func (a *admin) recreate(t testing.TB, topic string, partitions int) {
+	t.Helper()
+	res, err := a.client.DeleteTopics(ctxTimeout(t, 30*time.Second), &kafkago.DeleteTopicsRequest{Topics: []string{topic}})
+	if err == nil {
+		err = res.Errors[topic]
+	}
+	if err != nil {
+		t.Fatalf("delete topic %s: %v", topic, err)
+	}
+	waitUntil(t, time.Minute, "topic "+topic+" created again", func() bool {
+		res, err := a.client.CreateTopics(ctxTimeout(t, 30*time.Second), &kafkago.CreateTopicsRequest{
+			Topics: []kafkago.TopicConfig{{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1}},
+		})
+		if err == nil {
+			err = res.Errors[topic]
+		}
+		if errors.Is(err, kafkago.TopicAlreadyExists) {
+			// A broker with auto.create.topics.enable may have created it
+			// for a client that looked it up (a fetcher reconnecting).
+			md, err := a.client.Metadata(ctxTimeout(t, 10*time.Second), &kafkago.MetadataRequest{Topics: []string{topic}})
+			if err == nil && len(md.Topics) == 1 && md.Topics[0].Error == nil {
+				t.Logf("topic %s was created again with %d partitions before the test did", topic, len(md.Topics[0].Partitions))
+				partitions = len(md.Topics[0].Partitions)
+				return true
+			}
+		}
+		return err == nil
+	})
+	a.waitLeaders(t, topic, partitions)
 }
 
 // produce writes msgs to topic, each to msgs[i].Partition.

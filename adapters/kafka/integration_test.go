@@ -669,3 +669,56 @@ func TestKafkaTransactionalTopic(t *testing.T) {
 		t.Errorf("the second run had %d deliveries for %d payments of its own: it read the first run's again", st.Delivered, len(want)/2)
 	}
 }
+
+// TestKafkaTopicRecreated: the topic is deleted and created again while
+// the consumer owns its partition and a message of the old topic is in
+// flight. The fetcher finds its offset past the new log's end and starts
+// over at the log start (as auto.offset.reset would); the old message is
+// settled without its offset being committed for the new log, the new
+// messages are booked and committed to the new log's end, and Stop returns.
+func TestKafkaTopicRecreated(t *testing.T) {
+	brokers, a, topic, group := kafkaTest(t, 1)
+	b := newTestBank(t)
+	want := map[string]bool{}
+	for i := range 10 {
+		id := fmt.Sprintf("old-%d", i)
+		a.produce(t, topic, pay(0, id, 1))
+		want[id] = true
+	}
+	dl := &consumertest.DeadLetters{}
+	scfg := realSourceConfig(t, brokers, topic, group)
+	scfg.PartitionWatchInterval = -1 // the assignment outlives the topic
+	cfg := b.config(newSource(t, scfg), dl)
+	cfg.Logger = testLogger(t)
+	release := make(chan struct{})
+	inner := cfg.Handler
+	cfg.Handler = consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if string(m.Key) == "old-9" {
+			select { // in flight while the topic is recreated
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return inner.Handle(ctx, tx, m)
+	})
+	r := start(t, cfg)
+	waitUntil(t, time.Minute, "the old messages delivered", func() bool { return r.c.Stats().Delivered == 10 })
+
+	a.recreate(t, topic, 1)
+	for i := range 3 {
+		id := fmt.Sprintf("new-%d", i)
+		a.produce(t, topic, pay(0, id, 1))
+		want[id] = true
+	}
+	waitUntil(t, 2*time.Minute, "the new topic's messages delivered behind old-9", func() bool { return r.c.Stats().Delivered == 13 })
+	close(release)
+	waitUntil(t, time.Minute, "every payment booked", func() bool { rows, _ := b.rows(t); return rows >= len(want) })
+	waitNoLag(t, a, group, topic, 1)
+	r.stopWithin(t, 30*time.Second)
+	b.requireLedger(t, want)
+	a.requireNoLag(t, group, topic, 1)
+	if n := len(dl.Letters()); n != 0 {
+		t.Fatalf("%d dead letters: %v", n, dl.Letters()[0].Reason)
+	}
+}

@@ -597,6 +597,61 @@ func TestFakeTransactionalTopic(t *testing.T) {
 	}
 }
 
+// The topic is deleted and created again while the group owns its
+// partition: the fetcher finds its offset past the new log's end and starts
+// over at the log start, below offsets it delivered before (kafka-go #1332
+// aside, this is Kafka's auto.offset.reset). The messages of the old topic
+// still in the lane are settled without committing anything of the new one,
+// the new messages are acked and committed, and Stop returns.
+func TestFakeTopicRecreatedUnderAssignment(t *testing.T) {
+	_, brokers := fake(t, kfake.SeedTopics(1, "orders"))
+	a := newAdmin(t, brokers)
+	var old []kafkago.Message
+	want := map[string]bool{}
+	for i := range 10 {
+		old = append(old, txnMsg(0, fmt.Sprintf("old-%d", i)))
+		want[fmt.Sprintf("old-%d", i)] = true
+	}
+	a.produce(t, "orders", old...)
+
+	eff := newEffects()
+	group := name(t, "g")
+	scfg := sourceConfig(t, brokers, "orders", group)
+	scfg.PartitionWatchInterval = -1 // the assignment outlives the topic
+	cfg := memConfig(t, newSource(t, scfg), eff)
+	release := make(chan struct{})
+	inner := cfg.Handler
+	cfg.Handler = consumer.HandlerFunc[*memstore.Tx](func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
+		if string(m.Key) == "old-9" {
+			select { // in flight while the topic is recreated
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return inner.Handle(ctx, tx, m)
+	})
+	r := start(t, cfg)
+	waitUntil(t, time.Minute, "the old messages delivered", func() bool { return r.c.Stats().Delivered == 10 })
+
+	a.recreate(t, "orders", 1)
+	var fresh []kafkago.Message
+	for i := range 3 {
+		fresh = append(fresh, txnMsg(0, fmt.Sprintf("new-%d", i)))
+		want[fmt.Sprintf("new-%d", i)] = true
+	}
+	a.produce(t, "orders", fresh...)
+	waitUntil(t, time.Minute, "the new topic's messages delivered behind old-9", func() bool { return r.c.Stats().Delivered == 13 })
+	close(release)
+	waitUntil(t, time.Minute, "every message applied", func() bool { n, _ := eff.counts(); return n == len(want) })
+	waitUntil(t, time.Minute, "the new log committed to its end", func() bool {
+		return a.committed(t, group, "orders", 1)[0] == a.highWatermarks(t, "orders", 1)[0]
+	})
+	r.stopWithin(t, 30*time.Second)
+	eff.requireOnce(t, want)
+	a.requireNoLag(t, group, "orders", 1)
+}
+
 // With ReadUncommitted the records of aborted and of open transactions are
 // delivered too; transaction markers still are not, and still do not hold
 // the watermark back.
