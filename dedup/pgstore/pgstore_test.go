@@ -125,8 +125,8 @@ func TestClassify(t *testing.T) {
 		{&pgconn.PgError{Code: "22P02"}, dedup.ClassPermanent},
 		{&pgconn.PgError{Code: "57P01"}, dedup.ClassUnavailable},
 		{&pgconn.PgError{Code: "08006"}, dedup.ClassUnavailable},
-		{&pgconn.PgError{Code: "42P01"}, dedup.ClassFatal}, // undefined table: a broken deployment
-		{&pgconn.PgError{Code: "42501"}, dedup.ClassFatal}, // insufficient privilege
+		{&pgconn.PgError{Code: "42P01"}, dedup.ClassFatal},   // undefined table: a broken deployment
+		{&pgconn.PgError{Code: "42501"}, dedup.ClassFatal},   // insufficient privilege
 		{&pgconn.PgError{Code: "P0001"}, dedup.ClassUnknown}, // raised by a trigger: the message's
 		{pgx.ErrTxCommitRollback, dedup.ClassPermanent},
 		{&pgstore.ConnLostError{Err: io.ErrUnexpectedEOF}, dedup.ClassUnavailable},
