@@ -73,7 +73,7 @@ func (a *attempt[TTx]) run(ctx context.Context, its []*item) *failure {
 				// loses its effect for good.
 				return fmt.Errorf("%w: Claim left the result of key %q unset (status %d)", dedup.ErrContract, it.claim.Key, results[i].Status)
 			}
-			it.status, it.reason = results[i].Status, results[i].Reason
+			it.status, it.reason, it.firstAt = results[i].Status, results[i].Reason, results[i].FirstAt
 		}
 		if c.batch != nil {
 			return a.handleBatch(ctx, tx, its, &f)

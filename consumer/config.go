@@ -73,6 +73,19 @@ type Config[TTx any] struct {
 	// producer's or a payment channel's re-sends — a choice too important to
 	// default.
 	Key KeyFunc
+	// OnMissingKey says what happens when Key finds no key (ErrNoKey);
+	// default DeadLetterMissingKey.
+	OnMissingKey MissingKeyPolicy
+	// Fingerprint says what "the same request" is under one key; default
+	// WholePayload. See FingerprintFunc for choosing the fields.
+	Fingerprint FingerprintFunc
+	// OnDuplicate, when set, is called for every message skipped as a
+	// duplicate, after its transaction committed and before it is
+	// acknowledged, with when its key was first claimed: for metrics, for
+	// answering a request/reply caller, for measuring how old duplicates get
+	// (Stats.DuplicateAge counts that too). It must not block for long; the
+	// lane waits for it.
+	OnDuplicate func(ctx context.Context, d Duplicate)
 	// Tenant, when set, derives a tenant that becomes part of the key's scope
 	// (Name + "/" + tenant), so equal IDs of two tenants never collide. Take
 	// it from a trusted source (topic, a header set by the platform).
@@ -182,6 +195,9 @@ func (c *Config[TTx]) validate() error {
 	if r.Jitter < 0 || r.Jitter > 1 {
 		add("Retry.Jitter is %v, want 0..1", r.Jitter)
 	}
+	if c.OnMissingKey > FallBackToMessageID {
+		add("OnMissingKey is %d, not a known policy", c.OnMissingKey)
+	}
 	if c.OnExhausted > StopLaneOnExhausted {
 		add("OnExhausted is %d, not a known policy", c.OnExhausted)
 	}
@@ -189,6 +205,9 @@ func (c *Config[TTx]) validate() error {
 }
 
 func (c *Config[TTx]) setDefaults() {
+	if c.Fingerprint == nil {
+		c.Fingerprint = WholePayload()
+	}
 	if c.BatchSize == 0 {
 		c.BatchSize = 100
 	}

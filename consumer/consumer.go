@@ -238,16 +238,21 @@ type Stats struct {
 	Retries      int64 // transactions retried after a transient failure
 	Commits      int64 // transactions committed
 	Released     int64 // messages given back unacknowledged (stop, stopped lane)
+	KeyFallbacks int64 // messages keyed by their message ID for want of a key (FallBackToMessageID)
+	// DuplicateAge is how old the duplicates were when they arrived: the
+	// retention a scope needs is above its Quantile(0.999).
+	DuplicateAge AgeHistogram
 }
 
 type counters struct {
-	delivered, applied, duplicates, deadLettered, retries, commits, released atomic.Int64
+	delivered, applied, duplicates, deadLettered, retries, commits, released, keyFallbacks atomic.Int64
+	dupAges                                                                                ageCounters
 }
 
 func (c *counters) snapshot() Stats {
 	return Stats{
 		Delivered: c.delivered.Load(), Applied: c.applied.Load(), Duplicates: c.duplicates.Load(),
 		DeadLettered: c.deadLettered.Load(), Retries: c.retries.Load(), Commits: c.commits.Load(),
-		Released: c.released.Load(),
+		Released: c.released.Load(), KeyFallbacks: c.keyFallbacks.Load(), DuplicateAge: c.dupAges.snapshot(),
 	}
 }

@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
@@ -27,7 +28,7 @@ func Example() {
 		Store:   memstore.New(memstore.Config{}),
 		Handler: handler,
 		Key:     consumer.ByJSONField("txn_id"),
-		Logger:  quiet,
+		Logger:  slog.New(slog.DiscardHandler), // the example prints what matters
 	}
 	callback := `{"txn_id":"W-1001","account":"alice","amount":100}`
 	res, err := consumertest.Drive(context.Background(), cfg,

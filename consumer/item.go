@@ -1,7 +1,10 @@
 package consumer
 
 import (
+	"errors"
 	"fmt"
+	"log/slog"
+	"time"
 
 	"github.com/idemkit/idem/dedup"
 )
@@ -11,9 +14,10 @@ type item struct {
 	msg      *Message
 	claim    dedup.Claim
 	status   dedup.Status
-	reason   string // recorded failure reason, for StatusFailed
-	attempts int    // failures charged to the message (see Letter.Attempts)
-	settled  bool   // committed, skipped or dead-lettered: may be acknowledged
+	reason   string    // recorded failure reason, for StatusFailed
+	firstAt  time.Time // when the key was first claimed, for all but StatusNew
+	attempts int       // failures charged to the message (see Letter.Attempts)
+	settled  bool      // committed, skipped or dead-lettered: may be acknowledged
 }
 
 // keyItem derives the item's dedup key and fingerprint. An error is bad
@@ -24,6 +28,11 @@ func (c *Consumer[TTx]) keyItem(it *item) error {
 		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrPayloadTooLarge, len(m.Value), max)
 	}
 	id, err := c.cfg.Key(m)
+	if err != nil && errors.Is(err, ErrNoKey) && c.cfg.OnMissingKey == FallBackToMessageID && m.ID != "" {
+		c.stats.keyFallbacks.Add(1)
+		c.cfg.Logger.Warn("idem: no key, keyed by the message ID (OnMissingKey)", slog.String("message", m.Coordinates()), slog.Any("error", err))
+		id, err = m.ID, nil
+	}
 	if err != nil {
 		return fmt.Errorf("key: %w", err)
 	}
@@ -43,6 +52,10 @@ func (c *Consumer[TTx]) keyItem(it *item) error {
 	if src == "" {
 		src = m.Coordinates()
 	}
-	it.claim = dedup.Claim{Key: k, Fingerprint: dedup.FingerprintOf(m.Value), Source: src}
+	fp, err := c.cfg.Fingerprint(m)
+	if err != nil {
+		return fmt.Errorf("fingerprint: %w", err)
+	}
+	it.claim = dedup.Claim{Key: k, Fingerprint: fp, Source: src}
 	return nil
 }

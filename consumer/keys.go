@@ -68,6 +68,57 @@ func ByJSONField(path string) KeyFunc {
 	}
 }
 
+// ByFormField keys by a field of an application/x-www-form-urlencoded
+// payload, the form Alipay-style payment notifications take (trade_no, say).
+// A field given twice is refused: readers disagree on which one counts.
+func ByFormField(name string) KeyFunc {
+	return func(m *Message) (string, error) {
+		form, err := parseForm(m.Value)
+		if err != nil {
+			return "", err
+		}
+		vs := form[name]
+		switch {
+		case len(vs) == 0 || vs[0] == "" && len(vs) == 1:
+			return "", fmt.Errorf("%w: form field %q is missing or empty", ErrNoKey, name)
+		case len(vs) > 1:
+			return "", fmt.Errorf("%w: form field %q appears %d times", ErrBadPayload, name, len(vs))
+		}
+		return vs[0], nil
+	}
+}
+
+// Composite keys by several parts joined with ':' — a trade number and its
+// status, an event type and an ID — so that each status of one trade is an
+// event of its own:
+//
+//	Key: consumer.Composite(consumer.ByJSONField("trade_no"), consumer.ByJSONField("trade_status"))
+//
+// A ':' or '\' inside a part is escaped with '\', so that no two lists of
+// parts give one key. Every part must be found: a missing one is the
+// message's missing key.
+func Composite(parts ...KeyFunc) KeyFunc {
+	return func(m *Message) (string, error) {
+		var b strings.Builder
+		for i, part := range parts {
+			v, err := part(m)
+			if err != nil {
+				return "", fmt.Errorf("key part %d: %w", i+1, err)
+			}
+			if i > 0 {
+				b.WriteByte(':')
+			}
+			for _, r := range v {
+				if r == ':' || r == '\\' {
+					b.WriteByte('\\')
+				}
+				b.WriteRune(r)
+			}
+		}
+		return b.String(), nil
+	}
+}
+
 // jsonLookup scans payload to the field at segs without decoding the rest.
 // A truncated or otherwise malformed payload is refused even when the field
 // itself is readable.

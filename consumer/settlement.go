@@ -17,7 +17,7 @@ func (c *Consumer[TTx]) committed(ctx context.Context, its []*item) error {
 		case dedup.StatusNew:
 			c.stats.applied.Add(1)
 		case dedup.StatusDuplicate:
-			c.stats.duplicates.Add(1)
+			c.duplicate(ctx, it)
 		case dedup.StatusMismatch:
 			err := fmt.Errorf("%w: key %q was processed before with another payload", dedup.ErrFingerprintMismatch, it.claim.Key.ID)
 			if err := c.deadLetter(ctx, it, err); err != nil {

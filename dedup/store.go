@@ -1,6 +1,9 @@
 package dedup
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // Claim asks a store to record a key inside a transaction.
 type Claim struct {
@@ -54,6 +57,10 @@ func (s Status) String() string {
 type Result struct {
 	Status Status
 	Reason string
+	// FirstAt is when the key was first claimed, by the store's clock, for
+	// every status but StatusNew: how old a duplicate is when it arrives,
+	// which is what a retention period must cover.
+	FirstAt time.Time
 }
 
 // Store records claimed keys in the same database transaction as the

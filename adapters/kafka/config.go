@@ -34,6 +34,17 @@ type Config struct {
 	// skips everything produced before it first committed.
 	StartOffset int64
 
+	// ReadUncommitted makes the source read transactional topics as
+	// Kafka's isolation.level=read_uncommitted does: records of open and of
+	// aborted transactions are delivered too. The default (false) reads
+	// committed: a record written in a transaction is delivered only once
+	// the transaction committed, never when it aborted, and nothing past
+	// the partition's last stable offset (the first record of its oldest
+	// open transaction) is delivered before that transaction ended.
+	// Records written outside transactions are delivered either way, and
+	// transaction markers (control records) never are.
+	ReadUncommitted bool
+
 	// TLS, when set, encrypts every connection: group coordination, fetches
 	// and offset commits.
 	TLS *tls.Config

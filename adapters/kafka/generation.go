@@ -132,11 +132,13 @@ func (s *Source) commitLoop(gctx context.Context, g *generation) {
 // commit commits every watermark of g that moved since the last commit.
 func (s *Source) commit(g *generation) error {
 	var offsets map[string]map[int]int64
-	for _, p := range g.parts {
-		off, ok := p.toCommit()
+	epochs := make([]int, len(g.parts))
+	for i, p := range g.parts {
+		off, epoch, ok := p.toCommit()
 		if !ok {
 			continue
 		}
+		epochs[i] = epoch
 		if offsets == nil {
 			offsets = make(map[string]map[int]int64)
 		}
@@ -151,9 +153,9 @@ func (s *Source) commit(g *generation) error {
 	if err := g.kg.CommitOffsets(offsets); err != nil {
 		return err
 	}
-	for _, p := range g.parts {
+	for i, p := range g.parts {
 		if off, ok := offsets[p.topic][p.id]; ok {
-			p.committedTo(off)
+			p.committedTo(off, epochs[i])
 		}
 	}
 	return nil

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idem/adapters/kafka"
@@ -85,8 +86,15 @@ func (a *admin) createTopic(t testing.TB, topic string, partitions int) {
 			t.Logf("delete topic %s: %v", topic, err)
 		}
 	})
+	a.waitLeaders(t, topic, partitions)
+}
+
+// waitLeaders waits until topic has the given number of partitions, each
+// with a leader.
+func (a *admin) waitLeaders(t testing.TB, topic string, partitions int) {
+	t.Helper()
 	waitUntil(t, 30*time.Second, "topic "+topic+" has leaders", func() bool {
-		md, err := a.client.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{topic}})
+		md, err := a.client.Metadata(ctxTimeout(t, 10*time.Second), &kafkago.MetadataRequest{Topics: []string{topic}})
 		if err != nil || len(md.Topics) != 1 || md.Topics[0].Error != nil || len(md.Topics[0].Partitions) != partitions {
 			return false
 		}
@@ -97,6 +105,38 @@ func (a *admin) createTopic(t testing.TB, topic string, partitions int) {
 		}
 		return true
 	})
+}
+
+// recreate deletes topic and creates it again with as many partitions.
+func (a *admin) recreate(t testing.TB, topic string, partitions int) {
+	t.Helper()
+	res, err := a.client.DeleteTopics(ctxTimeout(t, 30*time.Second), &kafkago.DeleteTopicsRequest{Topics: []string{topic}})
+	if err == nil {
+		err = res.Errors[topic]
+	}
+	if err != nil {
+		t.Fatalf("delete topic %s: %v", topic, err)
+	}
+	waitUntil(t, time.Minute, "topic "+topic+" created again", func() bool {
+		res, err := a.client.CreateTopics(ctxTimeout(t, 30*time.Second), &kafkago.CreateTopicsRequest{
+			Topics: []kafkago.TopicConfig{{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1}},
+		})
+		if err == nil {
+			err = res.Errors[topic]
+		}
+		if errors.Is(err, kafkago.TopicAlreadyExists) {
+			// A broker with auto.create.topics.enable may have created it
+			// for a client that looked it up (a fetcher reconnecting).
+			md, err := a.client.Metadata(ctxTimeout(t, 10*time.Second), &kafkago.MetadataRequest{Topics: []string{topic}})
+			if err == nil && len(md.Topics) == 1 && md.Topics[0].Error == nil {
+				t.Logf("topic %s was created again with %d partitions before the test did", topic, len(md.Topics[0].Partitions))
+				partitions = len(md.Topics[0].Partitions)
+				return true
+			}
+		}
+		return err == nil
+	})
+	a.waitLeaders(t, topic, partitions)
 }
 
 // produce writes msgs to topic, each to msgs[i].Partition.
@@ -451,4 +491,69 @@ func (s *offsetSampler) check(t testing.TB) {
 		t.Error("no offset sample was taken")
 	}
 	t.Logf("%d offset samples", s.n)
+}
+
+// txnProducer writes to a topic in Kafka transactions, as the exactly-once
+// producers of Kafka Streams, Flink or Debezium do: every transaction ends
+// with a control record (a commit or abort marker) in each partition it
+// wrote to, and the records of an aborted transaction stay in the log.
+type txnProducer struct {
+	cl    *kgo.Client
+	topic string
+}
+
+func newTxnProducer(t testing.TB, brokers []string, topic string) *txnProducer {
+	t.Helper()
+	cl, err := kgo.NewClient(
+		kgo.SeedBrokers(brokers...),
+		kgo.TransactionalID(name(t, "txn")),
+		kgo.TransactionTimeout(5*time.Minute), // longer than any test
+		kgo.DefaultProduceTopic(topic),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return &txnProducer{cl: cl, topic: topic}
+}
+
+// tx runs one transaction: it writes msgs (Partition, Key and Value are
+// used) and commits or aborts.
+func (p *txnProducer) tx(t testing.TB, commit bool, msgs ...kafkago.Message) {
+	t.Helper()
+	p.begin(t)
+	p.write(t, msgs...)
+	p.end(t, commit)
+}
+
+func (p *txnProducer) begin(t testing.TB) {
+	t.Helper()
+	if err := p.cl.BeginTransaction(); err != nil {
+		t.Fatalf("begin transaction: %v", err)
+	}
+}
+
+// write produces msgs in the open transaction and returns their offsets.
+func (p *txnProducer) write(t testing.TB, msgs ...kafkago.Message) []int64 {
+	t.Helper()
+	recs := make([]*kgo.Record, len(msgs))
+	for i, m := range msgs {
+		recs[i] = &kgo.Record{Topic: p.topic, Partition: int32(m.Partition), Key: m.Key, Value: m.Value}
+	}
+	if err := p.cl.ProduceSync(ctxTimeout(t, time.Minute), recs...).FirstErr(); err != nil {
+		t.Fatalf("transactional produce to %s: %v", p.topic, err)
+	}
+	offsets := make([]int64, len(recs))
+	for i, r := range recs {
+		offsets[i] = r.Offset
+	}
+	return offsets
+}
+
+func (p *txnProducer) end(t testing.TB, commit bool) {
+	t.Helper()
+	if err := p.cl.EndTransaction(ctxTimeout(t, time.Minute), kgo.TransactionEndTry(commit)); err != nil {
+		t.Fatalf("end transaction (commit %v): %v", commit, err)
+	}
 }

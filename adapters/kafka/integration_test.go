@@ -579,3 +579,146 @@ func runChild() int {
 	}
 	return 0
 }
+
+// pay is a payment callback on partition p.
+func pay(p int, id string, amount int64) kafkago.Message {
+	v, _ := json.Marshal(payment{TxnID: id, Amount: amount})
+	return kafkago.Message{Partition: p, Key: []byte(id), Value: v}
+}
+
+// TestKafkaTransactionalTopic: a topic written by an exactly-once producer,
+// committed and aborted transactions interleaved with records written
+// outside any transaction, read across a restart, with a transaction open
+// while the consumer stops and committed after it started again. The
+// ledger books exactly the committed and the non-transactional payments
+// (an aborted payment or a transaction marker would be a wrong row or a
+// dead letter), and the group ends without lag although partitions end
+// with markers.
+func TestKafkaTransactionalTopic(t *testing.T) {
+	const partitions = 2
+	brokers, a, topic, group := kafkaTest(t, partitions)
+	b := newTestBank(t)
+	tp := newTxnProducer(t, brokers, topic)
+	dl := &consumertest.DeadLetters{}
+	want := map[string]bool{}
+	// wave produces 12 transactions of 10 payments each over both
+	// partitions, every third one aborted, with payments outside any
+	// transaction written while some of them are open.
+	wave := func(prefix string) {
+		for i := range 12 {
+			commit := i%3 != 1
+			tp.begin(t)
+			for j := range 10 {
+				id := fmt.Sprintf("%s-t%02d-%d", prefix, i, j)
+				tp.write(t, pay(j%partitions, id, 10))
+				if commit {
+					want[id] = true
+				}
+				if j == 4 {
+					id := fmt.Sprintf("%s-n%02d", prefix, i)
+					a.produce(t, topic, pay(i%partitions, id, 1))
+					want[id] = true
+				}
+			}
+			tp.end(t, commit)
+		}
+	}
+	wave("w1")
+	r := startBank(t, b, newSource(t, realSourceConfig(t, brokers, topic, group)), dl)
+	waitUntil(t, 2*time.Minute, "the first wave booked", func() bool { rows, _ := b.rows(t); return rows >= len(want) })
+	waitNoLag(t, a, group, topic, partitions)
+
+	// A transaction open across the restart holds its partition back at
+	// its first record: neither it nor the payment written after it on the
+	// same partition is booked before it commits.
+	open := newTxnProducer(t, brokers, topic)
+	open.begin(t)
+	open.write(t, pay(0, "open-1", 5))
+	a.produce(t, topic, pay(0, "after-open", 5), pay(1, "probe", 5))
+	want["probe"] = true
+	waitUntil(t, time.Minute, "the probe on the other partition booked", func() bool { rows, _ := b.rows(t); return rows >= len(want) })
+	r.stop(t)
+	if rows, _ := b.rows(t); rows != len(want) {
+		t.Fatalf("%d rows, want %d: payments past an open transaction were booked", rows, len(want))
+	}
+	wave("w2")
+	a.produce(t, topic, pay(1, "probe-2", 5))
+	want["probe-2"] = true
+	r = startBank(t, b, newSource(t, realSourceConfig(t, brokers, topic, group)), dl)
+	waitUntil(t, 2*time.Minute, "the second probe booked", func() bool {
+		var n int
+		err := b.pool.QueryRow(ctxTimeout(t, 10*time.Second), `SELECT count(*) FROM `+b.table+` WHERE txn_id = 'probe-2'`).Scan(&n)
+		return err == nil && n > 0
+	})
+	if rows, _ := b.rows(t); rows >= len(want) {
+		t.Fatalf("%d rows of %d with a transaction open on partition 0: payments past it were booked", rows, len(want))
+	}
+	open.end(t, true)
+	want["open-1"], want["after-open"] = true, true
+	waitUntil(t, 2*time.Minute, "everything booked", func() bool { rows, _ := b.rows(t); return rows >= len(want) })
+	waitNoLag(t, a, group, topic, partitions)
+	r.stop(t)
+
+	b.requireLedger(t, want)
+	a.requireNoLag(t, group, topic, partitions)
+	if n := len(dl.Letters()); n != 0 {
+		l := dl.Letters()[0]
+		t.Fatalf("%d dead letters, the first %s (value %q): %v", n, l.Message.Coordinates(), l.Message.Value, l.Reason)
+	}
+	if st := r.c.Stats(); st.Delivered >= int64(len(want)) {
+		t.Errorf("the second run had %d deliveries for %d payments of its own: it read the first run's again", st.Delivered, len(want)/2)
+	}
+}
+
+// TestKafkaTopicRecreated: the topic is deleted and created again while
+// the consumer owns its partition and a message of the old topic is in
+// flight. The fetcher finds its offset past the new log's end and starts
+// over at the log start (as auto.offset.reset would); the old message is
+// settled without its offset being committed for the new log, the new
+// messages are booked and committed to the new log's end, and Stop returns.
+func TestKafkaTopicRecreated(t *testing.T) {
+	brokers, a, topic, group := kafkaTest(t, 1)
+	b := newTestBank(t)
+	want := map[string]bool{}
+	for i := range 10 {
+		id := fmt.Sprintf("old-%d", i)
+		a.produce(t, topic, pay(0, id, 1))
+		want[id] = true
+	}
+	dl := &consumertest.DeadLetters{}
+	scfg := realSourceConfig(t, brokers, topic, group)
+	scfg.PartitionWatchInterval = -1 // the assignment outlives the topic
+	cfg := b.config(newSource(t, scfg), dl)
+	cfg.Logger = testLogger(t)
+	release := make(chan struct{})
+	inner := cfg.Handler
+	cfg.Handler = consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if string(m.Key) == "old-9" {
+			select { // in flight while the topic is recreated
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return inner.Handle(ctx, tx, m)
+	})
+	r := start(t, cfg)
+	waitUntil(t, time.Minute, "the old messages delivered", func() bool { return r.c.Stats().Delivered == 10 })
+
+	a.recreate(t, topic, 1)
+	for i := range 3 {
+		id := fmt.Sprintf("new-%d", i)
+		a.produce(t, topic, pay(0, id, 1))
+		want[id] = true
+	}
+	waitUntil(t, 2*time.Minute, "the new topic's messages delivered behind old-9", func() bool { return r.c.Stats().Delivered == 13 })
+	close(release)
+	waitUntil(t, time.Minute, "every payment booked", func() bool { rows, _ := b.rows(t); return rows >= len(want) })
+	waitNoLag(t, a, group, topic, 1)
+	r.stopWithin(t, 30*time.Second)
+	b.requireLedger(t, want)
+	a.requireNoLag(t, group, topic, 1)
+	if n := len(dl.Letters()); n != 0 {
+		t.Fatalf("%d dead letters: %v", n, dl.Letters()[0].Reason)
+	}
+}

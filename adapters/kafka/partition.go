@@ -13,11 +13,22 @@ import (
 // partition is one assignment of one partition in one generation: its
 // fetcher delivers messages, the consumer's lane acks or releases them, and
 // the generation's committer commits the watermark, the offset after the
-// longest acked prefix of what was delivered.
+// longest acked prefix of what was delivered. Offsets the fetcher passed
+// over without delivering anything (transaction markers, records of aborted
+// transactions, compacted records) count as acked, so the watermark reaches
+// the end of a partition whose last record is a marker.
 //
 // A message is matched to its assignment by pointer: acks of messages
 // delivered by an earlier assignment of the same partition (the lane may
 // still hold some after a rebalance) find no entry here and are dropped.
+//
+// Epochs: when the fetcher resets below what it delivered (the topic was
+// deleted and created again, the log truncated), the offsets start over in
+// a new log. The partition starts a new epoch at the reset offset: the
+// entries delivered before are kept apart (stale) until the lane settles
+// them, their acks commit nothing, and the watermark restarts at the reset
+// offset. Within an epoch offsets only grow, which the binary search of
+// find relies on.
 type partition struct {
 	topic    string
 	id       int
@@ -27,11 +38,13 @@ type partition struct {
 	gen      *generation
 
 	mu        sync.Mutex
-	pending   []entry // delivered and not below the watermark, offsets ascending
-	unsettled int     // pending entries neither acked nor released
-	next      int64   // watermark: the offset to commit; -1 when nothing was acked
-	committed int64   // highest offset committed (or found at assignment); -1 when none
-	ended     bool    // the generation ended: acks are dropped, nothing is committed
+	epoch     int                            // resets of the offsets to below what was delivered
+	pending   []entry                        // delivered (or passed over) in this epoch, not below the watermark, offsets ascending
+	stale     map[*consumer.Message]struct{} // delivered in an earlier epoch, neither acked nor released
+	unsettled int                            // pending and stale messages neither acked nor released
+	next      int64                          // watermark: the offset to commit; -1 when nothing was acked
+	committed int64                          // highest offset committed in this epoch (or found at assignment); -1 when none
+	ended     bool                           // the generation ended: acks are dropped, nothing is committed
 }
 
 type entryState uint8
@@ -42,6 +55,8 @@ const (
 	released
 )
 
+// entry is a delivered message, or (msg nil, acked) the offsets up to
+// offset that the fetcher passed over without delivering anything.
 type entry struct {
 	offset int64
 	msg    *consumer.Message
@@ -99,12 +114,69 @@ func (p *partition) message(km *kafkago.Message) *consumer.Message {
 }
 
 // push records m as delivered. It is called before deliver, since the lane
-// may ack m before deliver returns.
+// may ack m before deliver returns. An offset below what this epoch
+// delivered or acked starts a new epoch at it (the fetcher says so first,
+// with restart; this keeps pending ascending whatever happens).
 func (p *partition) push(m *consumer.Message) {
 	p.mu.Lock()
+	if n := len(p.pending); (n > 0 && m.Offset <= p.pending[n-1].offset) || (n == 0 && m.Offset < p.next) {
+		p.newEpoch(m.Offset)
+	}
 	p.pending = append(p.pending, entry{offset: m.Offset, msg: m})
 	p.unsettled++
 	p.mu.Unlock()
+}
+
+// restart starts a new epoch at offset, where the fetcher resumes after
+// resetting below what it delivered. It reports whether there is something
+// to commit: the reset offset, so that a restart does not resume at an
+// offset of the old log, which the new one may reach one day.
+func (p *partition) restart(offset int64) (commit bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ended {
+		return false
+	}
+	p.newEpoch(offset)
+	return true
+}
+
+func (p *partition) newEpoch(offset int64) {
+	for _, e := range p.pending {
+		if e.msg != nil && e.state == delivered {
+			if p.stale == nil {
+				p.stale = make(map[*consumer.Message]struct{})
+			}
+			p.stale[e.msg] = struct{}{}
+		}
+	}
+	clear(p.pending)
+	p.pending = p.pending[:0]
+	p.epoch++
+	p.next = offset
+	p.committed = -1
+}
+
+// passed records that the fetcher moved on to offset: the offsets below it
+// that were not delivered (markers, aborted or compacted records) count as
+// acked. It reports whether the watermark moved past the committed offset.
+func (p *partition) passed(offset int64) (commit bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ended {
+		return false
+	}
+	n := len(p.pending)
+	switch {
+	case n == 0:
+		p.next = max(p.next, offset)
+	case offset-1 <= p.pending[n-1].offset:
+	case p.pending[n-1].msg == nil:
+		p.pending[n-1].offset = offset - 1
+	default:
+		p.pending = append(p.pending, entry{offset: offset - 1, state: acked})
+	}
+	return p.next > p.committed
 }
 
 // unpush forgets m, the last message pushed, which deliver refused. It
@@ -140,7 +212,15 @@ func (p *partition) settle(m *consumer.Message, to entryState) (commit, idle boo
 		return false, false
 	}
 	i := p.find(m)
-	if i < 0 || p.pending[i].state != delivered {
+	if i < 0 {
+		if _, ok := p.stale[m]; ok { // an earlier epoch's: commits nothing
+			delete(p.stale, m)
+			p.unsettled--
+			return false, p.unsettled == 0
+		}
+		return false, false
+	}
+	if p.pending[i].state != delivered {
 		return false, false
 	}
 	p.pending[i].state = to
@@ -157,18 +237,20 @@ func (p *partition) settle(m *consumer.Message, to entryState) (commit, idle boo
 	return p.next > p.committed, p.unsettled == 0
 }
 
-// toCommit returns the offset to commit, if the watermark is past the
-// committed offset.
-func (p *partition) toCommit() (int64, bool) {
+// toCommit returns the offset to commit and its epoch, if the watermark is
+// past the committed offset.
+func (p *partition) toCommit() (off int64, epoch int, ok bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.next, p.next > p.committed
+	return p.next, p.epoch, p.next > p.committed
 }
 
-// committedTo records a successful commit of off. Offsets only grow.
-func (p *partition) committedTo(off int64) {
+// committedTo records a successful commit of off, taken from toCommit in
+// epoch. Offsets only grow within an epoch; a commit of an earlier epoch
+// that completes late changes nothing.
+func (p *partition) committedTo(off int64, epoch int) {
 	p.mu.Lock()
-	if off > p.committed {
+	if epoch == p.epoch && off > p.committed {
 		p.committed = off
 	}
 	p.mu.Unlock()
@@ -180,6 +262,7 @@ func (p *partition) end() {
 	p.ended = true
 	clear(p.pending)
 	p.pending = nil
+	p.stale = nil
 	p.unsettled = 0
 	p.mu.Unlock()
 }

@@ -26,7 +26,7 @@ func deliverN(p *partition, offsets ...int64) []*consumer.Message {
 
 func wantCommit(t *testing.T, p *partition, want int64) {
 	t.Helper()
-	got, ok := p.toCommit()
+	got, _, ok := p.toCommit()
 	if want < 0 {
 		if ok {
 			t.Fatalf("commit %d, want none", got)
@@ -69,7 +69,7 @@ func TestWatermarkIsContiguousAckedPrefix(t *testing.T) {
 		t.Fatal("acking the head did not ask for a commit")
 	}
 	wantCommit(t, p, 14) // 10, 11 and 13 acked: resume at 14
-	p.committedTo(14)
+	p.committedTo(14, 0)
 	wantCommit(t, p, -1)
 
 	_, idle := p.settle(msgs[3], acked)
@@ -121,9 +121,87 @@ func TestCommitNeverGoesBelowTheAssignedOffset(t *testing.T) {
 	p.settle(msgs[0], acked)
 	p.settle(msgs[1], acked)
 	wantCommit(t, p, -1)
-	p.committedTo(90) // a late, lower success changes nothing
-	if _, ok := p.toCommit(); ok {
+	p.committedTo(90, 0) // a late, lower success changes nothing
+	if _, _, ok := p.toCommit(); ok {
 		t.Fatal("commit below 100")
+	}
+}
+
+// The fetcher resets below what it delivered (the topic was recreated, the
+// log truncated): the lane still holds the old log's messages when the new
+// log's come. Every ack lands, none of the old log's offsets is committed
+// for the new one, and nothing stays unsettled for Stop to wait on.
+func TestWatermarkSurvivesAResetBackwards(t *testing.T) {
+	p := testPartition(100)
+	old := deliverN(p, 100, 101, 102)
+	p.settle(old[0], acked) // the old log's watermark: 101
+	fresh := deliverN(p, 0, 1)
+	for _, m := range []*consumer.Message{fresh[0], old[1], old[2], fresh[1]} {
+		p.settle(m, acked)
+	}
+	if p.busy() {
+		t.Fatal("every message was acked, but the partition is busy: Stop would wait forever")
+	}
+	wantCommit(t, p, 2) // the new log's watermark
+}
+
+// The fetcher says it reset below what it delivered: a new epoch starts at
+// the reset offset, which is committed at once (a restart must not resume
+// at an offset of the old log); the old log's acks and a commit of it that
+// completes late change nothing.
+func TestRestartStartsANewEpoch(t *testing.T) {
+	p := testPartition(100)
+	old := deliverN(p, 100, 101, 102)
+	p.settle(old[0], acked)
+	off, epoch, _ := p.toCommit() // 101, in flight
+	if !p.restart(0) {
+		t.Fatal("a restart asked for no commit")
+	}
+	wantCommit(t, p, 0)
+	p.committedTo(off, epoch) // the old log's commit completes
+	wantCommit(t, p, 0)
+	_, epoch, _ = p.toCommit()
+	p.committedTo(0, epoch)
+	wantCommit(t, p, -1)
+
+	fresh := deliverN(p, 0, 1)
+	p.settle(old[1], acked)
+	p.settle(old[2], released)
+	wantCommit(t, p, -1)
+	if !p.busy() {
+		t.Fatal("the old log's acks settled the new log's messages")
+	}
+	p.settle(fresh[1], acked)
+	p.settle(fresh[0], acked)
+	wantCommit(t, p, 2)
+	if p.busy() {
+		t.Fatal("everything is settled, but the partition is busy")
+	}
+}
+
+// Offsets the fetcher passed over without delivering (transaction markers,
+// aborted or compacted records) count as acked: the watermark moves past
+// them once what was delivered before them is acked, and not past a
+// released message.
+func TestPassedOffsetsCountAsAcked(t *testing.T) {
+	p := testPartition(FirstOffset)
+	msgs := deliverN(p, 0, 1)
+	p.passed(3) // 2 is a commit marker
+	wantCommit(t, p, -1)
+	p.settle(msgs[1], acked)
+	p.settle(msgs[0], acked)
+	wantCommit(t, p, 3)
+
+	p.passed(9) // an aborted transaction and its marker, nothing pending
+	wantCommit(t, p, 9)
+
+	msgs = deliverN(p, 9)
+	p.passed(11)
+	p.passed(12)
+	p.settle(msgs[0], released)
+	wantCommit(t, p, 9)
+	if p.busy() {
+		t.Fatal("everything is settled, but the partition is busy")
 	}
 }
 

@@ -93,11 +93,15 @@ func claimTx[TTx any](ctx context.Context, st dedup.Store[TTx], cs ...dedup.Clai
 	return res, err
 }
 
-// checkSet fails a claim that left a result without a valid status.
+// checkSet fails a claim that left a result without a valid status, or a
+// known key without the time it was first claimed.
 func checkSet(res []dedup.Result) error {
 	for i, r := range res {
 		if !r.Status.Valid() {
 			return fmt.Errorf("claim %d of %d: result left unset (status %d): every result must be set", i, len(res), r.Status)
+		}
+		if r.Status != dedup.StatusNew && (r.FirstAt.IsZero() || time.Since(r.FirstAt) > 24*time.Hour || time.Until(r.FirstAt) > time.Hour) {
+			return fmt.Errorf("claim %d of %d: %v with FirstAt %v: want when the key was first claimed", i, len(res), r.Status, r.FirstAt)
 		}
 	}
 	return nil

@@ -42,6 +42,7 @@ type Store struct {
 
 type row struct {
 	fp      dedup.Fingerprint
+	created time.Time
 	failed  bool
 	reason  string
 	expires time.Time // zero: never
@@ -51,6 +52,7 @@ type row struct {
 type Tx struct {
 	s        *Store
 	claims   map[dedup.Key]dedup.Fingerprint
+	first    map[dedup.Key]time.Time // when each claim was made
 	order    []dedup.Key
 	onCommit []func()
 	done     chan struct{}
@@ -76,7 +78,7 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *Tx) e
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	tx := &Tx{s: s, claims: make(map[dedup.Key]dedup.Fingerprint), done: make(chan struct{})}
+	tx := &Tx{s: s, claims: make(map[dedup.Key]dedup.Fingerprint), first: make(map[dedup.Key]time.Time), done: make(chan struct{})}
 	err := fn(ctx, tx)
 	if err == nil {
 		err = ctx.Err()
@@ -86,7 +88,7 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *Tx) e
 		now := s.cfg.Now()
 		for _, k := range tx.order {
 			if _, ok := s.rows[k]; !ok {
-				s.rows[k] = row{fp: tx.claims[k], expires: s.expiry(k.Scope, now)}
+				s.rows[k] = row{fp: tx.claims[k], created: tx.first[k], expires: s.expiry(k.Scope, now)}
 			}
 		}
 	}
@@ -159,22 +161,23 @@ func (s *Store) claim(ctx context.Context, tx *Tx, c dedup.Claim) (dedup.Result,
 		s.mu.Lock()
 		if fp, ok := tx.claims[c.Key]; ok {
 			s.mu.Unlock()
-			return compare(fp, c.Fingerprint), nil
+			return compare(fp, c.Fingerprint, tx.first[c.Key]), nil
 		}
 		if r, ok := s.rows[c.Key]; ok {
 			s.mu.Unlock()
 			if r.failed {
 				if r.fp != c.Fingerprint {
-					return dedup.Result{Status: dedup.StatusMismatch}, nil
+					return dedup.Result{Status: dedup.StatusMismatch, FirstAt: r.created}, nil
 				}
-				return dedup.Result{Status: dedup.StatusFailed, Reason: r.reason}, nil
+				return dedup.Result{Status: dedup.StatusFailed, Reason: r.reason, FirstAt: r.created}, nil
 			}
-			return compare(r.fp, c.Fingerprint), nil
+			return compare(r.fp, c.Fingerprint, r.created), nil
 		}
 		owner, busy := s.pending[c.Key]
 		if !busy {
 			s.pending[c.Key] = tx
 			tx.claims[c.Key] = c.Fingerprint
+			tx.first[c.Key] = s.cfg.Now()
 			tx.order = append(tx.order, c.Key)
 			s.mu.Unlock()
 			return dedup.Result{Status: dedup.StatusNew}, nil
@@ -193,11 +196,11 @@ func (s *Store) claim(ctx context.Context, tx *Tx, c dedup.Claim) (dedup.Result,
 	}
 }
 
-func compare(have, got dedup.Fingerprint) dedup.Result {
+func compare(have, got dedup.Fingerprint, first time.Time) dedup.Result {
 	if have != got {
-		return dedup.Result{Status: dedup.StatusMismatch}
+		return dedup.Result{Status: dedup.StatusMismatch, FirstAt: first}
 	}
-	return dedup.Result{Status: dedup.StatusDuplicate}
+	return dedup.Result{Status: dedup.StatusDuplicate, FirstAt: first}
 }
 
 // RecordFailure records a failed key; see dedup.Store.
@@ -208,7 +211,8 @@ func (s *Store) RecordFailure(ctx context.Context, c dedup.Claim, reason string)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.rows[c.Key]; !ok {
-		s.rows[c.Key] = row{fp: c.Fingerprint, failed: true, reason: dedup.ShortReason(reason), expires: s.expiry(c.Key.Scope, s.cfg.Now())}
+		now := s.cfg.Now()
+		s.rows[c.Key] = row{fp: c.Fingerprint, created: now, failed: true, reason: dedup.ShortReason(reason), expires: s.expiry(c.Key.Scope, now)}
 	}
 	return nil
 }

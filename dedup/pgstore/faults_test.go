@@ -27,6 +27,7 @@ import (
 
 // faultRig is a consumer on real Postgres with an append-only effects table.
 type faultRig struct {
+	app    string        // the consumer's application_name, unique to this process
 	pool   *pgxpool.Pool // the consumer's: its backends may be killed
 	check  *pgxpool.Pool // the test's own, for counting
 	st     *pgstore.Store
@@ -42,6 +43,9 @@ func newFaultRig(t *testing.T, appName string) faultRig {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Unique to the process: a killer in another test process (another
+	// checkout's tests on the same server) must not hit this rig.
+	appName = fmt.Sprintf("%s-%d", appName, os.Getpid())
 	cfg.ConnConfig.RuntimeParams["application_name"] = appName
 	cfg.MaxConns = 8
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
@@ -56,7 +60,7 @@ func newFaultRig(t *testing.T, appName string) faultRig {
 	if err := st.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	return faultRig{pool: pool, check: base, st: st, schema: schema, table: effectsTable(t, base, schema)}
+	return faultRig{app: appName, pool: pool, check: base, st: st, schema: schema, table: effectsTable(t, base, schema)}
 }
 
 func (r faultRig) messages(n int) []*consumer.Message {
@@ -82,8 +86,7 @@ func (r faultRig) checkOnce(t *testing.T, n int) {
 // every 20 ms while it works: every message is still applied once, none is
 // dead-lettered over a database fault.
 func TestBackendsTerminatedRepeatedly(t *testing.T) {
-	const app = "idem-fault-terminate"
-	rig := newFaultRig(t, app)
+	rig := newFaultRig(t, "idem-fault-terminate")
 	killer := testenv.Pool(t)
 	stop := make(chan struct{})
 	var kills atomic.Int64
@@ -98,7 +101,7 @@ func TestBackendsTerminatedRepeatedly(t *testing.T) {
 			case <-tick.C:
 				var n int64
 				if err := killer.QueryRow(context.Background(),
-					`SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n); err == nil {
+					`SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`, rig.app).Scan(&n); err == nil {
 					kills.Add(n)
 				}
 			}

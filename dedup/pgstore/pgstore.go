@@ -122,7 +122,7 @@ ins AS (
 SELECT min(input.i)::int4 FROM input JOIN ins ON ins.scope = input.s AND ins.key = input.k
 GROUP BY input.s, input.k`,
 		lookupSQL: `WITH input AS (` + inputSQL + `)
-SELECT input.i::int4, t.fingerprint = input.f, t.outcome = 'failed', coalesce(t.reason, '')
+SELECT input.i::int4, t.fingerprint = input.f, t.outcome = 'failed', coalesce(t.reason, ''), t.created_at
 FROM input JOIN ` + t + ` t ON t.scope = input.s AND t.key = input.k
 WHERE input.i = ANY (string_to_array($6, ',')::int8[])`,
 		failSQL: `INSERT INTO ` + t + ` (scope, key, fingerprint, source, outcome, reason, expires_at)
@@ -358,17 +358,18 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, claims []dedup.Claim, resu
 		var i int32
 		var same, failed bool
 		var reason string
-		if err := lrows.Scan(&i, &same, &failed, &reason); err != nil {
+		var first time.Time
+		if err := lrows.Scan(&i, &same, &failed, &reason, &first); err != nil {
 			lrows.Close()
 			return s.claimErr(err)
 		}
 		switch {
 		case !same:
-			results[i-1] = dedup.Result{Status: dedup.StatusMismatch}
+			results[i-1] = dedup.Result{Status: dedup.StatusMismatch, FirstAt: first}
 		case failed:
-			results[i-1] = dedup.Result{Status: dedup.StatusFailed, Reason: reason}
+			results[i-1] = dedup.Result{Status: dedup.StatusFailed, Reason: reason, FirstAt: first}
 		default:
-			results[i-1] = dedup.Result{Status: dedup.StatusDuplicate}
+			results[i-1] = dedup.Result{Status: dedup.StatusDuplicate, FirstAt: first}
 		}
 	}
 	lrows.Close()

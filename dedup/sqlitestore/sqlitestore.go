@@ -279,6 +279,7 @@ SELECT v.column1, v.column2, v.column3, v.column4, v.column5 + n.now FROM (VALUE
 		fp      []byte
 		failed  bool
 		reason  string
+		created int64 // ms since the epoch
 		present bool
 	}
 	var look []dedup.Key
@@ -303,7 +304,7 @@ SELECT v.column1, v.column2, v.column3, v.column4, v.column5 + n.now FROM (VALUE
 			args = append(args, k.Scope, k.ID)
 		}
 		// A join on the primary key: one index lookup per key.
-		q.WriteString(`) SELECT t.scope, t.key, t.fingerprint, t.outcome, coalesce(t.reason, '') FROM v JOIN ` + s.table + ` t ON t.scope = v.s AND t.key = v.k`)
+		q.WriteString(`) SELECT t.scope, t.key, t.fingerprint, t.outcome, coalesce(t.reason, ''), t.created_at FROM v JOIN ` + s.table + ` t ON t.scope = v.s AND t.key = v.k`)
 		rows, err := tx.QueryContext(ctx, q.String(), args...)
 		if err != nil {
 			return s.wrap("claim", err)
@@ -312,7 +313,7 @@ SELECT v.column1, v.column2, v.column3, v.column4, v.column5 + n.now FROM (VALUE
 			var k dedup.Key
 			var r row
 			var outcome string
-			if err := rows.Scan(&k.Scope, &k.ID, &r.fp, &outcome, &r.reason); err != nil {
+			if err := rows.Scan(&k.Scope, &k.ID, &r.fp, &outcome, &r.reason, &r.created); err != nil {
 				rows.Close()
 				return s.wrap("claim", err)
 			}
@@ -331,15 +332,16 @@ SELECT v.column1, v.column2, v.column3, v.column4, v.column5 + n.now FROM (VALUE
 			continue
 		}
 		r := stored[claims[i].Key]
+		first := time.UnixMilli(r.created)
 		switch {
 		case !r.present:
 			return fmt.Errorf("%w: key %s vanished during the claim (purged?)", dedup.ErrInFlight, claims[i].Key)
 		case string(r.fp) != string(claims[i].Fingerprint[:]):
-			results[i] = dedup.Result{Status: dedup.StatusMismatch}
+			results[i] = dedup.Result{Status: dedup.StatusMismatch, FirstAt: first}
 		case r.failed:
-			results[i] = dedup.Result{Status: dedup.StatusFailed, Reason: r.reason}
+			results[i] = dedup.Result{Status: dedup.StatusFailed, Reason: r.reason, FirstAt: first}
 		default:
-			results[i] = dedup.Result{Status: dedup.StatusDuplicate}
+			results[i] = dedup.Result{Status: dedup.StatusDuplicate, FirstAt: first}
 		}
 	}
 	return nil

@@ -6,10 +6,21 @@
 //	go run ./examples/quickstart -kafka 127.0.0.1:9092 -postgres 'postgres://postgres@127.0.0.1:5432/idem_test'
 //
 // It produces a stream of payment callbacks with the duplicates real channels
-// make (gateway retries, a channel re-sending its callback three times), bad
-// messages, and a consumer crash mid-stream (redelivery after the restart),
-// consumes it through idem into four business tables, and reconciles them.
-// The exit status is 1 when reconciliation fails.
+// make (gateway retries, a channel re-sending its callback three times) and
+// bad messages, consumes the first half, crashes the consumer and loses its
+// last offset commits, consumes the rest with a second consumer (which is
+// delivered again what the first had settled since those commits), and
+// reconciles the four business tables and the dedup table. Every count is
+// printed, and they add up: delivered = applied + duplicates skipped +
+// dead-lettered + released.
+//
+// The counts depend only on -n and -seed: the stream is generated from the
+// seed, the crash comes when the first half is settled and committed, and
+// the commits lost are the last 100 of each partition. Only a Kafka group
+// rebalance (a member missing its heartbeats on an overloaded machine)
+// redelivers more; the summary says so when it happens.
+//
+// The exit status is 1 when reconciliation fails, 2 on any other error.
 package main
 
 import (
@@ -47,18 +58,57 @@ const (
 	scope      = "quickstart"
 )
 
-// Summary is the -json line.
+// Summary is what a run did; -json prints it as one line. At the end of a
+// run Delivered = Applied + DuplicatesSkipped + DeadLetterWrites + Released.
 type Summary struct {
+	Seed   uint64 `json:"seed"`
+	Unique int    `json:"unique"` // payments in the stream
+	// Produced is every callback written to the topic: Unique first sends,
+	// GatewayRetries, 3 × ChannelResends, Bad and Conflicting.
+	Produced       int `json:"produced"`
+	GatewayRetries int `json:"gateway_retries"`
+	ChannelResends int `json:"channel_resends"` // payments whose callback was re-sent three times
+	Bad            int `json:"bad"`             // invalid JSON, no transaction number, oversized
+	Conflicting    int `json:"conflicting"`     // a known transaction number with another amount
+	// Redelivered is how many settled callbacks the crash made Kafka deliver
+	// again (the offset commits it lost); Rebalanced, how many more a group
+	// rebalance redelivered (0 on a healthy run).
+	Redelivered int64 `json:"redelivered"`
+	Rebalanced  int64 `json:"rebalanced"`
+
+	// The consumers' counters (consumer.Stats), both consumers summed.
 	Delivered         int64 `json:"delivered"`
-	Unique            int   `json:"unique"`
-	DuplicatesSkipped int64 `json:"duplicates_skipped"`
 	Applied           int64 `json:"applied"`
-	DoubleApplied     int64 `json:"double_applied"`
-	DeadLettered      int   `json:"dead_lettered"`
-	Reconciled        bool  `json:"reconciled"`
+	DuplicatesSkipped int64 `json:"duplicates_skipped"`
+	DeadLetterWrites  int64 `json:"dead_letter_writes"` // a redelivered bad callback is dead-lettered again
+	Released          int64 `json:"released"`
+
+	DeadLettered  int   `json:"dead_lettered"` // distinct callbacks dead-lettered
+	DoubleApplied int64 `json:"double_applied"`
+	Reconciled    bool  `json:"reconciled"`
+}
+
+func usage() {
+	fmt.Fprint(flag.CommandLine.Output(), `quickstart: idem end to end, with nothing to set up.
+
+It writes a stream of payment callbacks into an in-process Kafka, with the
+duplicates payment channels make (gateway retries, callbacks re-sent three
+times) and bad messages. A first consumer applies the first half through idem
+into four tables of an SQLite file in a temp dir, then crashes and loses its
+last offset commits; a second consumer is delivered those callbacks again and
+the rest. The tables are reconciled: every payment applied once, every bad
+callback dead-lettered. The counts depend only on -n and -seed.
+
+Exit status 1 when reconciliation fails, 2 on any other error.
+
+Usage: go run ./examples/quickstart [flags]
+
+`)
+	flag.PrintDefaults()
 }
 
 func main() {
+	flag.Usage = usage
 	kafkaAddr := flag.String("kafka", "", "Kafka broker host:port (default: an in-process Kafka)")
 	pgURL := flag.String("postgres", "", "Postgres URL (default: an embedded SQLite file in a temp dir)")
 	n := flag.Int("n", 2000, "payments to produce")
@@ -67,7 +117,7 @@ func main() {
 	verbose := flag.Bool("v", false, "log what idem does")
 	flag.Parse()
 
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	logger := slog.New(slog.DiscardHandler)
 	if *verbose {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
@@ -77,21 +127,44 @@ func main() {
 		os.Exit(2)
 	}
 	if *asJSON {
-		out, _ := json.Marshal(sum)
+		out, err := json.Marshal(sum)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "quickstart:", err)
+			os.Exit(2)
+		}
 		fmt.Println(string(out))
 	} else {
-		fmt.Printf(`
-%d callbacks delivered for %d payments (gateway retries, channel re-sends, a crash and redelivery).
-  applied once:        %d
-  duplicates skipped:  %d
-  dead-lettered:       %d (bad JSON, no transaction number, oversized, same number with another amount)
-  applied twice:       %d
-  %s
-`, sum.Delivered, sum.Unique, sum.Applied, sum.DuplicatesSkipped, sum.DeadLettered, sum.DoubleApplied, report)
+		printSummary(os.Stdout, sum, report)
 	}
 	if !sum.Reconciled {
 		os.Exit(1)
 	}
+}
+
+func printSummary(w io.Writer, s Summary, report payments.Report) {
+	fmt.Fprintf(w, "%d payments (seed %d): %d callbacks produced = %d first sends + %d gateway retries\n",
+		s.Unique, s.Seed, s.Produced, s.Unique, s.GatewayRetries)
+	fmt.Fprintf(w, "  + %d channel re-sends (3 each for %d payments) + %d bad + %d with a known number and another amount.\n",
+		3*s.ChannelResends, s.ChannelResends, s.Bad, s.Conflicting)
+	fmt.Fprintf(w, "The first consumer crashed after the first half; its last offset commits were lost with it,\n")
+	fmt.Fprintf(w, "  so %d callbacks it had settled were delivered again to the second.\n", s.Redelivered)
+	if s.Rebalanced != 0 {
+		fmt.Fprintf(w, "A Kafka group rebalance redelivered %d more (the machine was slow to heartbeat).\n", s.Rebalanced)
+	}
+	fmt.Fprintf(w, `
+  delivered           %5d  = %d produced + %d redelivered`, s.Delivered, s.Produced, s.Redelivered)
+	if s.Rebalanced != 0 {
+		fmt.Fprintf(w, " + %d rebalanced", s.Rebalanced)
+	}
+	fmt.Fprintf(w, `
+    applied           %5d  each payment once
+    duplicates        %5d  skipped: gateway retries, re-sends, redeliveries
+    dead-lettered     %5d  %d bad or conflicting callbacks, %d of them again after the redelivery
+    released          %5d  handed back unacknowledged at a stop
+  applied twice       %5d
+  %s
+`, s.Applied, s.DuplicatesSkipped, s.DeadLetterWrites, s.DeadLettered, s.DeadLetterWrites-int64(s.DeadLettered),
+		s.Released, s.DoubleApplied, report)
 }
 
 // backend is the store and the business tables, on SQLite or Postgres.
@@ -130,14 +203,16 @@ func run(ctx context.Context, kafkaAddr, pgURL string, n int, seed uint64, logge
 	defer b.close()
 
 	s := payments.Generate(n, seed)
-	sum.Unique = len(s.Expected)
+	sum.Seed, sum.Unique, sum.Produced = seed, len(s.Expected), len(s.Payloads)
+	sum.GatewayRetries, sum.ChannelResends, sum.Bad, sum.Conflicting = s.GatewayRetries, s.ChannelResends, s.Bad, s.Conflicting
 	if err := payments.Setup(ctx, b.db); err != nil {
 		return sum, payments.Report{}, err
 	}
 	if err := payments.CreateOrders(ctx, b.db, s.Orders); err != nil {
 		return sum, payments.Report{}, err
 	}
-	if err := produce(ctx, brokers, runTopic, s.Payloads); err != nil {
+	half := len(s.Payloads) / 2
+	if err := produce(ctx, brokers, runTopic, s.Payloads[:half]); err != nil {
 		return sum, payments.Report{}, err
 	}
 
@@ -149,35 +224,44 @@ func run(ctx context.Context, kafkaAddr, pgURL string, n int, seed uint64, logge
 	dl := &countingDeadLetter{next: dlw, seen: map[string]bool{}}
 	cfg := kafka.Config{Brokers: brokers, Topics: []string{runTopic}, GroupID: group, Logger: logger,
 		SessionTimeout: 6 * time.Second, HeartbeatInterval: time.Second}
+	lagDone := func() bool { lag, err := groupLag(ctx, brokers, group, runTopic); return err == nil && lag == 0 }
 
 	start := time.Now()
-	// First consumer: crashes halfway, and its last offset commits are lost
-	// with it: what it applied since is delivered again to the second one.
+	// First consumer: settles the first half and commits its offsets, then
+	// crashes. The crash comes at a settled point, so that a run depends on
+	// its seed alone.
 	first, err := b.consume(ctx, cfg, dl, logger)
 	if err != nil {
 		return sum, payments.Report{}, err
 	}
-	waitFor(func() bool { return first.stats().Applied >= int64(n)/2 }, start, progress, first.stats, consumer.Stats{}, 60*time.Second)
+	finished := waitFor(lagDone, start, progress, first.stats, consumer.Stats{}, 60*time.Second)
 	_ = first.Stop(nil)
+	if !finished {
+		return sum, payments.Report{}, errors.New("the first consumer did not finish within 60s")
+	}
 	stats1 := first.stats()
-	if err := loseCommits(ctx, brokers, group, runTopic, 100); err != nil {
+	// The crash loses the last offset commits: what the first consumer
+	// settled since is delivered again to the second one, and skipped.
+	sum.Redelivered, err = loseCommits(ctx, brokers, group, runTopic, 100)
+	if err != nil {
 		return sum, payments.Report{}, err
 	}
-	// Second consumer: same group, picks up from the last committed offsets;
-	// what the first one applied but did not commit is redelivered and skipped.
+	if err := produce(ctx, brokers, runTopic, s.Payloads[half:]); err != nil {
+		return sum, payments.Report{}, err
+	}
+	// Second consumer: same group, starts from the committed offsets.
 	second, err := b.consume(ctx, cfg, dl, logger)
 	if err != nil {
 		return sum, payments.Report{}, err
 	}
-	lagDone := func() bool { lag, err := groupLag(ctx, brokers, group, runTopic); return err == nil && lag == 0 }
-	finished := waitFor(lagDone, start, progress, second.stats, stats1, 90*time.Second)
+	finished = waitFor(lagDone, start, progress, second.stats, stats1, 90*time.Second)
 	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := second.Stop(stopCtx); err != nil {
 		return sum, payments.Report{}, err
 	}
 	if !finished {
-		return sum, payments.Report{}, errors.New("the consumer did not finish within 90s")
+		return sum, payments.Report{}, errors.New("the second consumer did not finish within 90s")
 	}
 	stats2 := second.stats()
 
@@ -186,15 +270,24 @@ func run(ctx context.Context, kafkaAddr, pgURL string, n int, seed uint64, logge
 		return sum, r, err
 	}
 	sum.Delivered = stats1.Delivered + stats2.Delivered
+	sum.Applied = stats1.Applied + stats2.Applied
 	sum.DuplicatesSkipped = stats1.Duplicates + stats2.Duplicates
-	sum.Applied = r.Payments
+	sum.DeadLetterWrites = stats1.DeadLettered + stats2.DeadLettered
+	sum.Released = stats1.Released + stats2.Released
+	sum.Rebalanced = sum.Delivered - int64(sum.Produced) - sum.Redelivered
 	sum.DoubleApplied = r.DoubleApplied + r.Unexpected
 	sum.DeadLettered = dl.count()
-	wantDead := s.Bad + s.Conflicting
-	sum.Reconciled = r.OK() && sum.DeadLettered == wantDead && sum.Applied == int64(sum.Unique)
-	if r.OK() && sum.DeadLettered != wantDead {
-		r.Problems = append(r.Problems, fmt.Sprintf("%d messages dead-lettered, want %d", sum.DeadLettered, wantDead))
+	problem := func(format string, args ...any) { r.Problems = append(r.Problems, fmt.Sprintf(format, args...)) }
+	if want := s.Bad + s.Conflicting; sum.DeadLettered != want {
+		problem("%d callbacks dead-lettered, want %d", sum.DeadLettered, want)
 	}
+	if sum.Applied != r.Payments || r.Payments != int64(sum.Unique) {
+		problem("%d applied and %d ledger rows for %d payments", sum.Applied, r.Payments, sum.Unique)
+	}
+	if settled := sum.Applied + sum.DuplicatesSkipped + sum.DeadLetterWrites + sum.Released; settled != sum.Delivered {
+		problem("delivered %d, but applied + duplicates + dead-lettered + released = %d", sum.Delivered, settled)
+	}
+	sum.Reconciled = r.OK()
 	return sum, r, nil
 }
 
@@ -380,8 +473,9 @@ func groupLag(ctx context.Context, brokers []string, group, topic string) (int64
 }
 
 // loseCommits moves the group's committed offsets back by up to k per
-// partition, as a crash before the last offset commits would have left them.
-func loseCommits(ctx context.Context, brokers []string, group, topic string, k int64) error {
+// partition, as a crash before the last offset commits would have left them,
+// and returns by how many offsets in all.
+func loseCommits(ctx context.Context, brokers []string, group, topic string, k int64) (int64, error) {
 	cl := &kafkago.Client{Addr: kafkago.TCP(brokers...), Timeout: 5 * time.Second}
 	parts := make([]int, partitions)
 	for p := range parts {
@@ -389,27 +483,30 @@ func loseCommits(ctx context.Context, brokers []string, group, topic string, k i
 	}
 	committed, err := cl.OffsetFetch(ctx, &kafkago.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: parts}})
 	if err != nil {
-		return fmt.Errorf("offset fetch: %w", err)
+		return 0, fmt.Errorf("offset fetch: %w", err)
 	}
 	var back []kafkago.OffsetCommit
+	var moved int64
 	for _, p := range committed.Topics[topic] {
 		if p.CommittedOffset > 0 {
-			back = append(back, kafkago.OffsetCommit{Partition: p.Partition, Offset: max(0, p.CommittedOffset-k)})
+			to := max(0, p.CommittedOffset-k)
+			back = append(back, kafkago.OffsetCommit{Partition: p.Partition, Offset: to})
+			moved += p.CommittedOffset - to
 		}
 	}
 	if len(back) == 0 {
-		return nil
+		return 0, nil
 	}
 	res, err := cl.OffsetCommit(ctx, &kafkago.OffsetCommitRequest{GroupID: group, GenerationID: -1, Topics: map[string][]kafkago.OffsetCommit{topic: back}})
 	if err != nil {
-		return fmt.Errorf("offset commit: %w", err)
+		return 0, fmt.Errorf("offset commit: %w", err)
 	}
 	for _, p := range res.Topics[topic] {
 		if p.Error != nil {
-			return fmt.Errorf("offset commit: partition %d: %w", p.Partition, p.Error)
+			return 0, fmt.Errorf("offset commit: partition %d: %w", p.Partition, p.Error)
 		}
 	}
-	return nil
+	return moved, nil
 }
 
 func createTopicsNamed(ctx context.Context, addr string, names ...string) error {

@@ -311,12 +311,8 @@ func Valid(data []byte) error {
 	return s.end()
 }
 
-// Lookup finds the value at path (object keys, outermost first) and returns
-// its kind and its text: a string's decoded contents, a number's literal. The
-// rest of the document is not checked. A document that is not an object at
-// the top gives a *NotObjectError with Depth 0.
-func Lookup(data []byte, path []string) (Kind, string, error) {
-	s := scanner{data: data}
+// find moves s to the value at path.
+func (s *scanner) find(path []string) (Kind, string, error) {
 	for depth, seg := range path {
 		k := s.peek()
 		if k != Object {
@@ -377,6 +373,18 @@ func Lookup(data []byte, path []string) (Kind, string, error) {
 		}
 		s.pos = at
 	}
+	return Invalid, "", nil
+}
+
+// Lookup finds the value at path (object keys, outermost first) and returns
+// its kind and its text: a string's decoded contents, a number's literal. The
+// rest of the document is not checked. A document that is not an object at
+// the top gives a *NotObjectError with Depth 0.
+func Lookup(data []byte, path []string) (Kind, string, error) {
+	s := scanner{data: data}
+	if k, v, err := s.find(path); err != nil {
+		return k, v, err
+	}
 	k := s.peek()
 	switch k {
 	case String:
@@ -404,6 +412,27 @@ func Lookup(data []byte, path []string) (Kind, string, error) {
 		return Invalid, "", err
 	}
 	return k, "", nil
+}
+
+// LookupRaw finds the value at path, as Lookup does, and returns its kind and
+// its JSON text as it stands in data.
+func LookupRaw(data []byte, path []string) (Kind, []byte, error) {
+	s := scanner{data: data}
+	if k, _, err := s.find(path); err != nil {
+		return k, nil, err
+	}
+	k := s.peek()
+	if k == Invalid {
+		if s.pos >= len(s.data) {
+			return Invalid, nil, s.errf("unexpected end of input")
+		}
+		return Invalid, nil, s.errf("unexpected character")
+	}
+	start := s.pos
+	if err := s.skip(len(path)); err != nil {
+		return Invalid, nil, err
+	}
+	return k, data[start:s.pos], nil
 }
 
 // unescape decodes a string's raw contents. Invalid surrogates become U+FFFD.

@@ -1,0 +1,95 @@
+package consumer
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strconv"
+	"strings"
+	"unicode"
+
+	"github.com/idemkit/idem/dedup"
+)
+
+// The metadata of a dead letter: the headers (Kafka) or user properties
+// (RocketMQ) every adapter puts on the letters it writes, defined once. The
+// original message's own headers come first, except earlier idem-* ones
+// (MetaPrefix), which are replaced.
+const (
+	MetaPrefix    = "idem-"
+	MetaReason    = "idem-reason"             // why: the error text, at most dedup.MaxReasonLen bytes
+	MetaAttempts  = "idem-attempts"           // failures charged to the message (Letter.Attempts), decimal
+	MetaTopic     = "idem-original-topic"     // the message's topic
+	MetaPartition = "idem-original-partition" // its Kafka partition or RocketMQ queue ID, decimal
+	MetaLane      = "idem-original-lane"      // its lane: topic/partition, topic/broker/queueId
+	MetaOffset    = "idem-original-offset"    // its offset in the partition or queue, decimal
+	MetaMessageID = "idem-original-msg-id"    // its broker message ID (Message.ID)
+	MetaAttempt   = "idem-original-attempt"   // the broker's delivery attempt (Message.Attempt)
+	MetaKeyScope  = "idem-key-scope"          // the dedup key's scope; absent when no key was derived
+	MetaKey       = "idem-key"                // the dedup key's ID; absent when no key was derived
+	// A value larger than the adapter's dead-letter limit is left out, so
+	// that an oversized message cannot block its partition; these say what
+	// it was.
+	MetaValueSHA256 = "idem-value-sha256" // hex
+	MetaValueSize   = "idem-value-size"   // bytes, decimal
+)
+
+// DeadLetterRecord is a Letter laid out for a broker: what an adapter writes.
+type DeadLetterRecord struct {
+	// Headers are the original message's headers (earlier idem-* ones
+	// left out), then the metadata above. Values carry no control
+	// characters (they become spaces), which some brokers' encodings
+	// cannot hold.
+	Headers []Header
+	// Value is the original value, or nil when it was larger than the
+	// limit (then MetaValueSHA256 and MetaValueSize say what it was).
+	Value []byte
+}
+
+// Record lays l out for a broker, leaving out a value over maxValue bytes.
+func (l Letter) Record(maxValue int) DeadLetterRecord {
+	m := l.Message
+	headers := make([]Header, 0, len(m.Headers)+12)
+	for _, h := range m.Headers {
+		if !strings.HasPrefix(h.Key, MetaPrefix) {
+			headers = append(headers, h)
+		}
+	}
+	add := func(k, v string) { headers = append(headers, Header{Key: k, Value: []byte(clean(v))}) }
+	reason := "unknown"
+	if l.Reason != nil {
+		reason = l.Reason.Error()
+	}
+	add(MetaReason, dedup.ShortReason(reason))
+	add(MetaAttempts, strconv.Itoa(l.Attempts))
+	add(MetaTopic, m.Topic)
+	add(MetaPartition, strconv.Itoa(int(m.Partition)))
+	add(MetaLane, m.Lane)
+	add(MetaOffset, strconv.FormatInt(m.Offset, 10))
+	add(MetaMessageID, m.ID)
+	add(MetaAttempt, strconv.Itoa(m.Attempt))
+	if l.Key != (dedup.Key{}) {
+		add(MetaKeyScope, l.Key.Scope)
+		add(MetaKey, l.Key.ID)
+	}
+	value := m.Value
+	if len(value) > maxValue {
+		sum := sha256.Sum256(value)
+		add(MetaValueSHA256, hex.EncodeToString(sum[:]))
+		add(MetaValueSize, strconv.Itoa(len(value)))
+		value = nil
+	}
+	return DeadLetterRecord{Headers: headers, Value: value}
+}
+
+// clean replaces control characters with spaces.
+func clean(s string) string {
+	if strings.IndexFunc(s, unicode.IsControl) < 0 {
+		return s
+	}
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
+}

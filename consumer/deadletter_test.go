@@ -1,0 +1,57 @@
+package consumer_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/dedup"
+)
+
+func TestDeadLetterRecord(t *testing.T) {
+	m := &consumer.Message{Topic: "pay", Partition: 3, Offset: 42, ID: "pay/3/42", Lane: "pay/3", Attempt: 2,
+		Value:   []byte(`{"txn_id":"T1"}`),
+		Headers: []consumer.Header{{Key: "trace", Value: []byte("t1")}, {Key: consumer.MetaReason, Value: []byte("an earlier one")}}}
+	l := consumer.Letter{Message: m, Key: dedup.Key{Scope: "payments", ID: "T1"}, Reason: errors.New("bad\namount"), Attempts: 3}
+	rec := l.Record(1 << 20)
+	got := map[string]string{}
+	for _, h := range rec.Headers {
+		if _, dup := got[h.Key]; dup {
+			t.Errorf("header %s twice", h.Key)
+		}
+		got[h.Key] = string(h.Value)
+	}
+	want := map[string]string{
+		"trace": "t1", consumer.MetaReason: "bad amount", consumer.MetaAttempts: "3", consumer.MetaTopic: "pay",
+		consumer.MetaPartition: "3", consumer.MetaLane: "pay/3", consumer.MetaOffset: "42", consumer.MetaMessageID: "pay/3/42",
+		consumer.MetaAttempt: "2", consumer.MetaKeyScope: "payments", consumer.MetaKey: "T1",
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %q, want %q", k, got[k], v)
+		}
+	}
+	if len(got) != len(want) || string(rec.Value) != string(m.Value) {
+		t.Errorf("headers %v, value %q", got, rec.Value)
+	}
+	big := l.Record(4)
+	var sum, size string
+	for _, h := range big.Headers {
+		switch h.Key {
+		case consumer.MetaValueSHA256:
+			sum = string(h.Value)
+		case consumer.MetaValueSize:
+			size = string(h.Value)
+		}
+	}
+	if big.Value != nil || len(sum) != 64 || size != "15" {
+		t.Errorf("oversized: value %q, sha %q, size %q", big.Value, sum, size)
+	}
+	l.Key = dedup.Key{}
+	for _, h := range l.Record(1 << 20).Headers {
+		if strings.HasPrefix(h.Key, "idem-key") {
+			t.Errorf("no key derived, yet %s", h.Key)
+		}
+	}
+}

@@ -1,0 +1,24 @@
+// Package readmetest compiles the Go code blocks of the module's README.md,
+// so that a snippet cannot rot while the API moves. It has no code of its
+// own: the test is the package.
+//
+// The convention for a ```go block in README.md:
+//
+//   - A block that starts with a package clause is a whole file. It is built
+//     as a package of its own, as written.
+//   - Any other block is a fragment: statements of a function body. It is
+//     compiled inside func _() { ... }, with these in scope and nothing else:
+//     ctx (a context.Context), pool (a *pgxpool.Pool), brokers (a []string of
+//     Kafka seed brokers); store (a *pgstore.Store), src (a consumer.Source)
+//     and dlq (a consumer.DeadLetter), as the README's handler block builds
+//     them; and the imports listed in fragmentImports — the
+//     standard library packages a handler uses, pgx, and idem's own packages
+//     under their last path element (consumer, consumertest, dedup, memstore,
+//     pgstore, sqlitestore, kafka, rocketmq). A fragment declares everything
+//     else it uses and checks its errors, as code a user copies should.
+//   - A block whose first line is "// readme: not compiled: <reason>" is left
+//     out; the reason is required.
+//
+// Every compiled block must be gofmt-clean and pass go build and go vet.
+// Errors point at README.md's own lines (//line directives).
+package readmetest

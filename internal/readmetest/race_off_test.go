@@ -1,0 +1,5 @@
+//go:build !race
+
+package readmetest
+
+const raceEnabled = false
