@@ -93,10 +93,14 @@ func (s spec) lookup(payload []byte, names []string) ([]string, error) {
 	return out, nil
 }
 
-// keyOf is the event a payload delivers, as "trade/status".
+// keyOf is the event a payload delivers, "trade:status", as
+// consumer.Composite spells it.
 func (s spec) keyOf(payload []byte) (string, error) {
 	parts, err := s.lookup(payload, s.key)
-	return strings.Join(parts, "/"), err
+	for i, p := range parts {
+		parts[i] = strings.NewReplacer(`\`, `\\`, ":", `\:`).Replace(p)
+	}
+	return strings.Join(parts, ":"), err
 }
 
 // fingerprintOf is the values the fingerprint covers, joined.
