@@ -14,7 +14,7 @@ import (
 // trade_status, total_amount, refund_fee, …), carried as the record's value
 // unchanged. A re-send has a new notify_time and so a new sign; the trade's
 // later statuses are new notifications under the same trade_no.
-type Alipay struct{ Key []byte }
+type Alipay struct{ Secret []byte }
 
 // alipaySignType names the test stand-in for RSA2 (see Keys).
 const alipaySignType = "HMAC-SHA256-TEST"
@@ -45,7 +45,7 @@ func alipayContent(v url.Values) string {
 // sign sets sign_type and sign.
 func (a Alipay) sign(v url.Values) {
 	v.Set("sign_type", alipaySignType)
-	v.Set("sign", base64.StdEncoding.EncodeToString(hmacSHA256(a.Key, alipayContent(v))))
+	v.Set("sign", base64.StdEncoding.EncodeToString(hmacSHA256(a.Secret, alipayContent(v))))
 }
 
 // Verify checks the notification's sign.
@@ -58,7 +58,7 @@ func (a Alipay) Verify(payload []byte) error {
 		return fmt.Errorf("%w: alipay: sign_type %q, want %q", ErrBadSignature, st, alipaySignType)
 	}
 	got, err := base64.StdEncoding.DecodeString(v.Get("sign"))
-	if err != nil || !hmac.Equal(got, hmacSHA256(a.Key, alipayContent(v))) {
+	if err != nil || !hmac.Equal(got, hmacSHA256(a.Secret, alipayContent(v))) {
 		return fmt.Errorf("%w: alipay: notification %s of trade %s", ErrBadSignature, v.Get("notify_id"), v.Get("trade_no"))
 	}
 	return nil

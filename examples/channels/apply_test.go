@@ -24,7 +24,7 @@ type channel interface {
 }
 
 func channelsOf(k channels.Keys) []channel {
-	return []channel{channels.Alipay{Key: k.Alipay}, channels.WeChatPay{Key: k.WeChatPay, Serial: k.WeChatPaySerial}, channels.Stripe{Secret: k.Stripe}}
+	return []channel{channels.Alipay{Secret: k.Alipay}, channels.WeChatPay{Secret: k.WeChatPay, Serial: k.WeChatPaySerial}, channels.Stripe{Secret: k.Stripe}}
 }
 
 func load(t *testing.T, name string) channels.Fixture {
@@ -130,7 +130,7 @@ func TestReconcileCatchesEachCorruption(t *testing.T) {
 				if d.Expect != channels.Applied && d.Expect != channels.Recorded {
 					continue
 				}
-				ev, err := channels.Alipay{Key: channels.TestKeys().Alipay}.Decode([]byte(d.Value))
+				ev, err := channels.Alipay{Secret: channels.TestKeys().Alipay}.Decode([]byte(d.Value))
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -12,6 +12,12 @@
 // status, amount, currency): a re-send is a duplicate, skipped, and the same
 // event with another amount a mismatch, dead-lettered.
 //
+// Config gives a channel's consumer: key consumer.Composite of the trade
+// and its status, fingerprint consumer.FormFields or consumer.JSONFields
+// (per event type where a payment and a refund differ), and the signature
+// verified in the key function (VerifiedKey), before the key is claimed, so
+// that a forgery cannot take the key of the genuine callback it imitates.
+//
 // Apply moves an order UNPAID -> PAID -> FINISHED or REFUNDED, only
 // forwards, through conditional UPDATEs, after checking the amount and
 // currency against the order; a payment arriving after its refund or finish

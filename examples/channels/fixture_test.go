@@ -8,6 +8,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/dedup"
 )
 
 const testdata = "../../testdata/channels"
@@ -55,9 +58,9 @@ func channelOf(t *testing.T, name string) verifier {
 	k := TestKeys()
 	switch name {
 	case "alipay":
-		return Alipay{Key: k.Alipay}
+		return Alipay{Secret: k.Alipay}
 	case "wechatpay":
-		return WeChatPay{Key: k.WeChatPay, Serial: k.WeChatPaySerial}
+		return WeChatPay{Secret: k.WeChatPay, Serial: k.WeChatPaySerial}
 	case "stripe":
 		return Stripe{Secret: k.Stripe}
 	}
@@ -170,5 +173,45 @@ func TestYuan(t *testing.T) {
 		if _, err := yuan(s); !errors.Is(err, ErrBadCallback) {
 			t.Errorf("yuan(%q): %v, want ErrBadCallback", s, err)
 		}
+	}
+}
+
+// TestConsumerReadsWhatTheGeneratorMeant: the consumer's key and fingerprint
+// functions agree with the generator's reading of the fields: every
+// delivery's key is its event, and two genuine deliveries have one
+// fingerprint exactly when the generator says they carry the same request.
+func TestConsumerReadsWhatTheGeneratorMeant(t *testing.T) {
+	k := TestKeys()
+	for _, ch := range []Channel{Alipay{Secret: k.Alipay}, WeChatPay{Secret: k.WeChatPay, Serial: k.WeChatPaySerial}, Stripe{Secret: k.Stripe}} {
+		t.Run(ch.Name(), func(t *testing.T) {
+			key, fingerprint := ch.Key(), ch.Fingerprint()
+			sp := ch.(verifier).spec()
+			byFields := map[string]dedup.Fingerprint{}
+			byFP := map[dedup.Fingerprint]string{}
+			for _, d := range load(t, ch.Name()).Stream {
+				m := &consumer.Message{Value: []byte(d.Value)}
+				if got, err := key(m); err != nil || got != d.Event {
+					t.Errorf("line %d: key %q, %v; want %q", d.Line, got, err, d.Event)
+				}
+				if _, err := VerifiedKey(ch)(m); (err != nil) != (d.Forged != "") {
+					t.Errorf("line %d (forged %q): VerifiedKey says %v", d.Line, d.Forged, err)
+				}
+				fp, err := fingerprint(m)
+				if err != nil {
+					t.Fatalf("line %d: %v", d.Line, err)
+				}
+				fields, err := sp.fingerprintOf(m.Value)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if prev, ok := byFields[fields]; ok && prev != fp {
+					t.Errorf("line %d: the same fields, another fingerprint", d.Line)
+				}
+				if prev, ok := byFP[fp]; ok && prev != fields {
+					t.Errorf("line %d: other fields, the same fingerprint", d.Line)
+				}
+				byFields[fields], byFP[fp] = fp, fields
+			}
+		})
 	}
 }

@@ -78,9 +78,9 @@ func Generate(channel string, keys Keys) (Fixture, error) {
 	var g channelGen
 	switch channel {
 	case "alipay":
-		g = &alipayGen{a: Alipay{Key: keys.Alipay}, rng: seed(1)}
+		g = &alipayGen{a: Alipay{Secret: keys.Alipay}, rng: seed(1)}
 	case "wechatpay":
-		g = &wechatGen{w: WeChatPay{Key: keys.WeChatPay, Serial: keys.WeChatPaySerial}, rng: seed(2)}
+		g = &wechatGen{w: WeChatPay{Secret: keys.WeChatPay, Serial: keys.WeChatPaySerial}, rng: seed(2)}
 	case "stripe":
 		g = &stripeGen{s: Stripe{Secret: keys.Stripe}, rng: seed(3)}
 	default:
@@ -396,7 +396,7 @@ func (g *alipayGen) notification(o Order, trade, status string, total, refund in
 	}
 	signer := g.a
 	if forged {
-		signer = Alipay{Key: forger}
+		signer = Alipay{Secret: forger}
 	}
 	return &notice{at: at, render: func(sent time.Time) []byte {
 		d := url.Values{}
@@ -447,7 +447,7 @@ func (g *wechatGen) notification(eventType, summary string, res wechatResource, 
 	})
 	signer := g.w
 	if forged {
-		signer.Key = forger
+		signer.Secret = forger
 	}
 	rng := g.rng
 	return &notice{at: at, render: func(sent time.Time) []byte {

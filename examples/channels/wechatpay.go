@@ -15,7 +15,7 @@ import (
 // The real resource is AEAD_AES_256_GCM ciphertext under the merchant's
 // APIv3 key; here it travels decrypted (see testdata/channels/SOURCES.md).
 type WeChatPay struct {
-	Key    []byte
+	Secret []byte
 	Serial string
 }
 
@@ -66,7 +66,7 @@ func (w WeChatPay) record(timestamp, nonce string, body []byte) []byte {
 		"Wechatpay-Timestamp": timestamp,
 		"Wechatpay-Nonce":     nonce,
 		"Wechatpay-Serial":    w.Serial,
-		"Wechatpay-Signature": base64.StdEncoding.EncodeToString(hmacSHA256(w.Key, wechatMessage(timestamp, nonce, body))),
+		"Wechatpay-Signature": base64.StdEncoding.EncodeToString(hmacSHA256(w.Secret, wechatMessage(timestamp, nonce, body))),
 	}, body)
 }
 
@@ -80,7 +80,7 @@ func (w WeChatPay) Verify(payload []byte) error {
 		return fmt.Errorf("%w: wechatpay: unknown platform serial %q", ErrBadSignature, s)
 	}
 	got, err := base64.StdEncoding.DecodeString(r.Headers["Wechatpay-Signature"])
-	want := hmacSHA256(w.Key, wechatMessage(r.Headers["Wechatpay-Timestamp"], r.Headers["Wechatpay-Nonce"], r.Body))
+	want := hmacSHA256(w.Secret, wechatMessage(r.Headers["Wechatpay-Timestamp"], r.Headers["Wechatpay-Nonce"], r.Body))
 	if err != nil || !hmac.Equal(got, want) {
 		return fmt.Errorf("%w: wechatpay: delivery at %s", ErrBadSignature, r.Headers["Wechatpay-Timestamp"])
 	}
