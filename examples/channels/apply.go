@@ -1,0 +1,118 @@
+package channels
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/examples/payments"
+)
+
+// next is the order's state machine: where an event of kind moves an order
+// in state from. The same state means no move: the event is stale (a
+// payment arriving after its refund or finish) or informational, and is
+// recorded as such. Orders only move forwards.
+func next(from string, kind Kind) (string, error) {
+	switch {
+	case kind == Pay && from == "UNPAID":
+		return "PAID", nil
+	case kind == Finish && (from == "UNPAID" || from == "PAID"):
+		return "FINISHED", nil // a trade that was never refundable finishes unpaid-to-finished
+	case kind == Refund && (from == "UNPAID" || from == "PAID"):
+		return "REFUNDED", nil // refunded before its payment reached us: it was paid
+	case kind == Refund && from == "FINISHED":
+		return "", fmt.Errorf("%w: a refund of a finished trade", ErrConflict)
+	}
+	return from, nil
+}
+
+// Apply applies one event in the consumer's transaction: the order's
+// transition through a conditional UPDATE, its ledger rows and balance, the
+// units sold, and the event's record. key is the event's dedup key and
+// source where the delivery came from. An event that contradicts the order
+// (unknown order, wrong amount or currency, paid by another trade) is a
+// permanent error: nothing is written, the delivery is dead-lettered.
+func Apply(ctx context.Context, db payments.DB, ev Event, key, source string) error {
+	var status, currency, paidTxn, account, sku string
+	var amount int64
+	err := db.QueryRow(ctx, `SELECT status, amount, currency, coalesce(paid_txn, ''), account_id, sku
+FROM orders WHERE id = $1 FOR UPDATE`, ev.Order).Scan(&status, &amount, &currency, &paidTxn, &account, &sku)
+	switch {
+	case errors.Is(err, payments.ErrNoRows):
+		return consumer.Permanent(fmt.Errorf("%w: %s (%s %s)", ErrUnknownOrder, ev.Order, ev.Channel, ev.Trade))
+	case err != nil:
+		return err
+	}
+	if ev.Kind != Info {
+		switch {
+		case ev.Currency != currency:
+			return consumer.Permanent(fmt.Errorf("%w: order %s is in %s, %s %s %s pays in %s",
+				ErrWrongCurrency, ev.Order, currency, ev.Channel, ev.Trade, ev.Status, ev.Currency))
+		case ev.Amount != amount:
+			return consumer.Permanent(fmt.Errorf("%w: order %s costs %d, %s %s %s says %d",
+				ErrWrongAmount, ev.Order, amount, ev.Channel, ev.Trade, ev.Status, ev.Amount))
+		case paidTxn != "" && paidTxn != ev.Trade:
+			return consumer.Permanent(fmt.Errorf("%w: order %s was paid by %s, not %s (a second payment: refund it)",
+				ErrConflict, ev.Order, paidTxn, ev.Trade))
+		}
+	}
+	to, err := next(status, ev.Kind)
+	if err != nil {
+		return consumer.Permanent(fmt.Errorf("order %s, %s %s %s: %w", ev.Order, ev.Channel, ev.Trade, ev.Status, err))
+	}
+	effect := "recorded"
+	if to != status {
+		effect = "applied"
+		n, err := db.Exec(ctx, `UPDATE orders SET status = $1, paid_txn = $2 WHERE id = $3 AND status = $4`, to, ev.Trade, ev.Order, status)
+		if err != nil {
+			return err
+		}
+		if n != 1 {
+			return fmt.Errorf("channels: order %s moved from %s meanwhile", ev.Order, status)
+		}
+		if err := book(ctx, db, ev, account, sku, amount, status, to); err != nil {
+			return err
+		}
+	}
+	_, err = db.Exec(ctx, `INSERT INTO channel_events
+    (channel, event_key, order_id, trade, status, kind, from_status, to_status, effect, source)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
+		ev.Channel, key, ev.Order, ev.Trade, ev.Status, string(ev.Kind), status, to, effect, source)
+	return err
+}
+
+// book writes the money of a transition: the payment when the order leaves
+// UNPAID (one ledger row per trade), the refund when it becomes REFUNDED
+// (one more, "<trade>/refund"), balances and units sold to match.
+func book(ctx context.Context, db payments.DB, ev Event, account, sku string, amount int64, from, to string) error {
+	type row struct {
+		txn    string
+		amount int64
+	}
+	var rows []row
+	sold := 0
+	if from == "UNPAID" {
+		rows = append(rows, row{ev.Trade, amount})
+		sold++
+	}
+	if to == "REFUNDED" {
+		rows = append(rows, row{ev.Trade + "/refund", -amount})
+		sold--
+	}
+	for _, r := range rows {
+		if _, err := db.Exec(ctx, `INSERT INTO ledger (txn_id, order_id, account_id, amount, channel) VALUES ($1, $2, $3, $4, $5)`,
+			r.txn, ev.Order, account, r.amount, ev.Channel); err != nil {
+			return err
+		}
+		if _, err := db.Exec(ctx, `UPDATE accounts SET balance = balance + $1 WHERE id = $2`, r.amount, account); err != nil {
+			return err
+		}
+	}
+	if sold != 0 {
+		if _, err := db.Exec(ctx, `UPDATE inventory SET sold = sold + $1 WHERE sku = $2`, sold, sku); err != nil {
+			return err
+		}
+	}
+	return nil
+}

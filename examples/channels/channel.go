@@ -1,0 +1,145 @@
+package channels
+
+import (
+	"context"
+
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/examples/payments"
+)
+
+// Channel is one payment channel: how its callbacks are verified, read,
+// keyed and fingerprinted. Alipay, WeChatPay and Stripe implement it.
+type Channel interface {
+	Name() string
+	// Verify checks the callback's signature (ErrBadSignature).
+	Verify(payload []byte) error
+	// Decode reads a verified callback.
+	Decode(payload []byte) (Event, error)
+	// Key is the event's dedup key: the trade and its status
+	// (consumer.Composite), so that a trade's payment and its refund are two
+	// events and a re-send of either is a duplicate.
+	Key() consumer.KeyFunc
+	// Fingerprint covers the fields that define the event — order, trade,
+	// status, amount, currency — and none that a re-send changes.
+	Fingerprint() consumer.FingerprintFunc
+}
+
+// Key reads trade_no and trade_status.
+func (a Alipay) Key() consumer.KeyFunc { return a.spec().keyFunc() }
+
+// Fingerprint covers out_trade_no, trade_no, trade_status, total_amount and
+// refund_fee; not notify_time, notify_id, sign.
+func (a Alipay) Fingerprint() consumer.FingerprintFunc { return a.spec().fingerprintFunc() }
+
+// Key reads the resource's transaction_id and the event_type.
+func (w WeChatPay) Key() consumer.KeyFunc { return w.spec().keyFunc() }
+
+// Fingerprint covers, per event_type, the order, transaction, state and
+// amounts of the resource; not the headers, id or create_time.
+func (w WeChatPay) Fingerprint() consumer.FingerprintFunc { return w.spec().fingerprintFunc() }
+
+// Key reads the event's object ID (the PaymentIntent, the Charge) and type.
+func (s Stripe) Key() consumer.KeyFunc { return s.spec().keyFunc() }
+
+// Fingerprint covers, per type, the object, its amount, currency and
+// metadata.order_id; not Stripe-Signature, nor the event's id or created
+// (Stripe may describe one change in two Event objects).
+func (s Stripe) Fingerprint() consumer.FingerprintFunc { return s.spec().fingerprintFunc() }
+
+func (s spec) keyFunc() consumer.KeyFunc {
+	parts := make([]consumer.KeyFunc, len(s.key))
+	for i, f := range s.key {
+		if s.form {
+			parts[i] = consumer.ByFormField(f)
+		} else {
+			parts[i] = consumer.ByJSONField(f)
+		}
+	}
+	return consumer.Composite(parts...)
+}
+
+func (s spec) fingerprintFunc() consumer.FingerprintFunc {
+	byType := make(map[string]consumer.FingerprintFunc, len(s.fields))
+	for t, fields := range s.fields {
+		if s.form {
+			byType[t] = consumer.FormFields(fields...)
+		} else {
+			byType[t] = consumer.JSONFields(fields...)
+		}
+	}
+	if s.typeField == "" {
+		return byType[""]
+	}
+	typeOf := consumer.ByJSONField(s.typeField)
+	return func(m *consumer.Message) (fp dedup.Fingerprint, err error) {
+		t, err := typeOf(m)
+		if err != nil {
+			return fp, err
+		}
+		f, ok := byType[t]
+		if !ok {
+			f = byType[""]
+		}
+		return f(m)
+	}
+}
+
+// VerifiedKey checks the callback's signature before deriving its key. A
+// forged callback is then dead-lettered before its key is claimed, without
+// a dedup row. Verifying in the handler only would let a forgery that
+// arrives first with the genuine event's trade and status claim that key and
+// have it recorded as failed — and the genuine callback, arriving next,
+// would be dead-lettered as failed before (or as a mismatch): a payment lost
+// to a forged request.
+func VerifiedKey(ch Channel) consumer.KeyFunc {
+	key := ch.Key()
+	return func(m *consumer.Message) (string, error) {
+		if err := ch.Verify(m.Value); err != nil {
+			return "", err
+		}
+		return key(m)
+	}
+}
+
+// Handler applies a channel's callbacks in tx; db adapts the transaction
+// (payments.Pgx). It verifies the signature again — it does not rely on
+// being configured with VerifiedKey — reads the callback and applies it.
+// It never commits.
+func Handler[TTx any](ch Channel, db func(TTx) payments.DB) consumer.Handler[TTx] {
+	key := ch.Key()
+	return consumer.HandlerFunc[TTx](func(ctx context.Context, tx TTx, m *consumer.Message) error {
+		if err := ch.Verify(m.Value); err != nil {
+			return consumer.Permanent(err)
+		}
+		ev, err := ch.Decode(m.Value)
+		if err != nil {
+			return consumer.Permanent(err)
+		}
+		k, err := key(m) // recorded with the event: the same key the dedup row has
+		if err != nil {
+			return consumer.Permanent(err)
+		}
+		source := m.ID
+		if source == "" {
+			source = m.Coordinates()
+		}
+		return Apply(ctx, db(tx), ev, k, source)
+	})
+}
+
+// MaxPayload bounds a callback; the channels' are a few KiB.
+const MaxPayload = 64 << 10
+
+// Config is a channel's consumer configuration, but for Source, Store and
+// DeadLetter: named after the channel (the dedup scope), keyed by
+// VerifiedKey, fingerprinted by the channel's fields.
+func Config[TTx any](ch Channel, db func(TTx) payments.DB) consumer.Config[TTx] {
+	return consumer.Config[TTx]{
+		Name:            ch.Name() + "-callbacks",
+		Handler:         Handler(ch, db),
+		Key:             VerifiedKey(ch),
+		Fingerprint:     ch.Fingerprint(),
+		MaxPayloadBytes: MaxPayload,
+	}
+}

@@ -1,0 +1,140 @@
+package channels
+
+import (
+	"fmt"
+	"sort"
+)
+
+// oracle works out what the consumer must make of a stream: idem's dedup
+// (a key committed or failed, with its fingerprint) and the business rules,
+// written independently of Apply's SQL so that the expectations check it.
+type oracle struct {
+	claims   map[string]oracleClaim
+	orders   map[string]*oracleOrder
+	order    []string
+	tally    Tally
+	balances map[string]int64
+	sold     map[string]int64
+}
+
+type oracleClaim struct {
+	failed bool
+	fp     string
+}
+
+type oracleOrder struct {
+	Order
+	status, paidTxn string
+	transitions     []string
+}
+
+func newOracle(orders []Order) *oracle {
+	o := &oracle{claims: map[string]oracleClaim{}, orders: map[string]*oracleOrder{},
+		balances: map[string]int64{}, sold: map[string]int64{}, tally: Tally{DeadLetters: map[Reason]int{}}}
+	for _, ord := range orders {
+		o.orders[ord.ID] = &oracleOrder{Order: ord, status: "UNPAID", transitions: []string{}}
+		o.order = append(o.order, ord.ID)
+		o.balances[ord.Account] += 0
+		o.sold[ord.SKU] += 0
+	}
+	return o
+}
+
+// deliver settles one delivery of event key with fingerprint fp.
+func (o *oracle) deliver(key, fp string, forged bool, ev Event) (Outcome, Reason) {
+	o.tally.Deliveries++
+	out, reason := o.settle(key, fp, forged, ev)
+	switch out {
+	case Applied:
+		o.tally.Events++
+		o.tally.Applied++
+	case Recorded:
+		o.tally.Events++
+		o.tally.Recorded++
+	case Duplicate:
+		o.tally.Duplicates++
+	case DeadLettered:
+		o.tally.DeadLetters[reason]++
+	}
+	return out, reason
+}
+
+func (o *oracle) settle(key, fp string, forged bool, ev Event) (Outcome, Reason) {
+	if forged {
+		return DeadLettered, BadSignature // refused before its key is claimed
+	}
+	if c, ok := o.claims[key]; ok {
+		switch {
+		case c.fp != fp:
+			return DeadLettered, FingerprintMismatch
+		case c.failed:
+			return DeadLettered, FailedBefore
+		}
+		return Duplicate, ""
+	}
+	out, reason := o.apply(ev)
+	o.claims[key] = oracleClaim{failed: out == DeadLettered, fp: fp}
+	return out, reason
+}
+
+// apply is the business rule: UNPAID -> PAID -> FINISHED or REFUNDED,
+// never backwards; finishing or refunding an unpaid order means it was paid.
+func (o *oracle) apply(ev Event) (Outcome, Reason) {
+	ord := o.orders[ev.Order]
+	if ord == nil {
+		panic("channels: the generator paid an order it did not create: " + ev.Order)
+	}
+	if ev.Kind == Info {
+		return Recorded, ""
+	}
+	if ev.Currency != ord.Currency {
+		return DeadLettered, WrongCurrency
+	}
+	if ev.Amount != ord.Amount {
+		return DeadLettered, WrongAmount
+	}
+	if ord.paidTxn != "" && ord.paidTxn != ev.Trade {
+		panic("channels: the generator paid order " + ord.ID + " twice")
+	}
+	to := ""
+	switch {
+	case ev.Kind == Pay && ord.status == "UNPAID":
+		to = "PAID"
+	case ev.Kind == Finish && (ord.status == "UNPAID" || ord.status == "PAID"):
+		to = "FINISHED"
+	case ev.Kind == Refund && (ord.status == "UNPAID" || ord.status == "PAID"):
+		to = "REFUNDED"
+	case ev.Kind == Refund && ord.status == "FINISHED":
+		panic("channels: the generator refunded a finished order " + ord.ID)
+	}
+	if to == "" {
+		return Recorded, ""
+	}
+	switch {
+	case ord.status == "UNPAID" && to != "REFUNDED":
+		o.balances[ord.Account] += ord.Amount
+		o.sold[ord.SKU]++
+	case ord.status == "PAID" && to == "REFUNDED":
+		o.balances[ord.Account] -= ord.Amount
+		o.sold[ord.SKU]--
+	}
+	ord.transitions = append(ord.transitions, ord.status+">"+to)
+	ord.status, ord.paidTxn = to, ev.Trade
+	return Applied, ""
+}
+
+func (o *oracle) expected(channel string) Expected {
+	e := Expected{Channel: channel, Fields: o.tally, Balances: o.balances, Sold: o.sold}
+	ids := append([]string(nil), o.order...)
+	sort.Strings(ids)
+	for _, id := range ids {
+		ord := o.orders[id]
+		e.Orders = append(e.Orders, OrderState{ID: id, Status: ord.status, PaidTxn: ord.paidTxn, Transitions: ord.transitions})
+	}
+	return e
+}
+
+func (t Tally) String() string {
+	return fmt.Sprintf("%d deliveries: %d events (%d applied, %d recorded), %d duplicates, dead letters %v",
+		t.Deliveries, t.Events, t.Applied, t.Recorded, t.Duplicates, t.DeadLetters)
+}
