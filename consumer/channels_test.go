@@ -201,3 +201,29 @@ func TestMissingKeyFallsBackWhenAsked(t *testing.T) {
 		t.Errorf("fallback: %v, key fallbacks %d; want 2 applied, 2 duplicates, 2 fallbacks", res, res.Stats.KeyFallbacks)
 	}
 }
+
+// TestValidateRunsBeforeTheClaim: a message that fails Validate is
+// dead-lettered without its key claimed, so the genuine message behind it
+// under the same key is still applied.
+func TestValidateRunsBeforeTheClaim(t *testing.T) {
+	eff := newEffects()
+	cfg := baseConfig(func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
+		id, _ := consumer.ByJSONField("txn_id")(m)
+		eff.add(tx, id)
+		return nil
+	})
+	errForged := errors.New("bad signature")
+	cfg.Validate = func(m *consumer.Message) error {
+		if sig, _ := consumer.ByJSONField("sig")(m); sig != "good" {
+			return errForged
+		}
+		return nil
+	}
+	res := consumertest.Run(t, cfg, consumertest.Script{},
+		consumertest.Message("pay", 0, 0, "", `{"txn_id":"T1","amount":100,"sig":"forged"}`),
+		consumertest.Message("pay", 0, 1, "", `{"txn_id":"T1","amount":100,"sig":"good"}`))
+	eff.check(t, []string{"T1"})
+	if len(res.DeadLetters) != 1 || !errors.Is(res.DeadLetters[0].Reason, errForged) || res.DeadLetters[0].Message.Offset != 0 {
+		t.Fatalf("dead letters %+v, want the forgery", res.DeadLetters)
+	}
+}

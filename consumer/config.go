@@ -73,6 +73,14 @@ type Config[TTx any] struct {
 	// producer's or a payment channel's re-sends — a choice too important to
 	// default.
 	Key KeyFunc
+	// Validate, when set, checks a message before its key is claimed — a
+	// signature, a schema. An error is bad input: the message is
+	// dead-lettered with it and its key is not claimed, so a forgery cannot
+	// take the key of the genuine message it imitates. (A handler that
+	// verifies a signature itself is too late for that: a forged callback
+	// arriving first would claim the key, be recorded as failed, and the
+	// genuine one be dead-lettered as failed before.)
+	Validate func(m *Message) error
 	// OnMissingKey says what happens when Key finds no key (ErrNoKey);
 	// default DeadLetterMissingKey.
 	OnMissingKey MissingKeyPolicy

@@ -27,6 +27,11 @@ func (c *Consumer[TTx]) keyItem(it *item) error {
 	if max := c.cfg.MaxPayloadBytes; max > 0 && len(m.Value) > max {
 		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrPayloadTooLarge, len(m.Value), max)
 	}
+	if c.cfg.Validate != nil {
+		if err := c.cfg.Validate(m); err != nil {
+			return fmt.Errorf("validate: %w", err)
+		}
+	}
 	id, err := c.cfg.Key(m)
 	if err != nil && errors.Is(err, ErrNoKey) && c.cfg.OnMissingKey == FallBackToMessageID && m.ID != "" {
 		c.stats.keyFallbacks.Add(1)

@@ -85,26 +85,9 @@ func (s spec) fingerprintFunc() consumer.FingerprintFunc {
 	}
 }
 
-// VerifiedKey checks the callback's signature before deriving its key. A
-// forged callback is then dead-lettered before its key is claimed, without
-// a dedup row. Verifying in the handler only would let a forgery that
-// arrives first with the genuine event's trade and status claim that key and
-// have it recorded as failed — and the genuine callback, arriving next,
-// would be dead-lettered as failed before (or as a mismatch): a payment lost
-// to a forged request.
-func VerifiedKey(ch Channel) consumer.KeyFunc {
-	key := ch.Key()
-	return func(m *consumer.Message) (string, error) {
-		if err := ch.Verify(m.Value); err != nil {
-			return "", err
-		}
-		return key(m)
-	}
-}
-
 // Handler applies a channel's callbacks in tx; db adapts the transaction
 // (payments.Pgx). It verifies the signature again — it does not rely on
-// being configured with VerifiedKey — reads the callback and applies it.
+// being configured with Config's Validate — reads the callback and applies it.
 // It never commits.
 func Handler[TTx any](ch Channel, db func(TTx) payments.DB) consumer.Handler[TTx] {
 	key := ch.Key()
@@ -132,13 +115,17 @@ func Handler[TTx any](ch Channel, db func(TTx) payments.DB) consumer.Handler[TTx
 const MaxPayload = 64 << 10
 
 // Config is a channel's consumer configuration, but for Source, Store and
-// DeadLetter: named after the channel (the dedup scope), keyed by
-// VerifiedKey, fingerprinted by the channel's fields.
+// DeadLetter: named after the channel (the dedup scope), the signature
+// checked by consumer.Config.Validate before the key is claimed (a forgery
+// arriving first would otherwise claim the genuine callback's key and have it
+// recorded as failed: a payment lost to a forged request), keyed by trade and
+// status, fingerprinted by the channel's fields.
 func Config[TTx any](ch Channel, db func(TTx) payments.DB) consumer.Config[TTx] {
 	return consumer.Config[TTx]{
 		Name:            ch.Name() + "-callbacks",
 		Handler:         Handler(ch, db),
-		Key:             VerifiedKey(ch),
+		Validate:        func(m *consumer.Message) error { return ch.Verify(m.Value) },
+		Key:             ch.Key(),
 		Fingerprint:     ch.Fingerprint(),
 		MaxPayloadBytes: MaxPayload,
 	}

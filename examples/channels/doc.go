@@ -15,8 +15,8 @@
 // Config gives a channel's consumer: key consumer.Composite of the trade
 // and its status, fingerprint consumer.FormFields or consumer.JSONFields
 // (per event type where a payment and a refund differ), and the signature
-// verified in the key function (VerifiedKey), before the key is claimed, so
-// that a forgery cannot take the key of the genuine callback it imitates.
+// verified by consumer.Config.Validate, before the key is claimed, so that a
+// forgery cannot take the key of the genuine callback it imitates.
 //
 // Apply moves an order UNPAID -> PAID -> FINISHED or REFUNDED, only
 // forwards, through conditional UPDATEs, after checking the amount and
