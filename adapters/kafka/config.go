@@ -13,11 +13,25 @@ import (
 	"github.com/segmentio/kafka-go/sasl"
 )
 
-// Where a partition without a committed offset starts; see Config.StartOffset.
+// StartFrom says where a partition without a committed offset starts.
+type StartFrom uint8
+
 const (
-	FirstOffset = kafkago.FirstOffset // the oldest retained message
-	LastOffset  = kafkago.LastOffset  // the next message produced
+	// FirstOffset (the default): the oldest message the broker still has. A
+	// new group misses nothing that was produced before it first committed.
+	FirstOffset StartFrom = iota
+	// LastOffset: the next message produced. A new group skips everything
+	// produced before it first committed.
+	LastOffset
 )
+
+// offset is the kafka-go logical offset of f.
+func (f StartFrom) offset() int64 {
+	if f == LastOffset {
+		return kafkago.LastOffset
+	}
+	return kafkago.FirstOffset
+}
 
 // Config configures a Source. Zero values take the documented defaults.
 type Config struct {
@@ -25,14 +39,14 @@ type Config struct {
 	Brokers []string
 	// Topics are the topics the group consumes. Required.
 	Topics []string
-	// GroupID names the consumer group whose committed offsets are the
-	// consumer's progress. Required.
-	GroupID string
+	// Group is the consumer group (Kafka's group.id); its committed offsets
+	// are the consumer's progress. Required.
+	Group string
 
-	// StartOffset is where a partition without a committed offset starts:
-	// FirstOffset (the default) or LastOffset. A new group on LastOffset
-	// skips everything produced before it first committed.
-	StartOffset int64
+	// StartFrom is where a partition without a committed offset starts;
+	// default FirstOffset. It is also where a committed offset past the
+	// log's end is reset to (Kafka's auto.offset.reset).
+	StartFrom StartFrom
 
 	// ReadUncommitted makes the source read transactional topics as
 	// Kafka's isolation.level=read_uncommitted does: records of open and of
@@ -135,11 +149,11 @@ func (c *Config) validate() error {
 		}
 		seen[t] = true
 	}
-	if c.GroupID == "" {
-		add("GroupID is empty")
+	if c.Group == "" {
+		add("Group is empty")
 	}
-	if c.StartOffset != 0 && c.StartOffset != FirstOffset && c.StartOffset != LastOffset {
-		add("StartOffset is %d, want FirstOffset (%d) or LastOffset (%d)", c.StartOffset, FirstOffset, LastOffset)
+	if c.StartFrom > LastOffset {
+		add("StartFrom is %d, not a known start", c.StartFrom)
 	}
 	if c.MaxBytes < 0 {
 		add("MaxBytes is negative (%d)", c.MaxBytes)
@@ -165,9 +179,6 @@ func (c *Config) validate() error {
 }
 
 func (c *Config) setDefaults() {
-	if c.StartOffset == 0 {
-		c.StartOffset = FirstOffset
-	}
 	if c.ClientID == "" {
 		c.ClientID = "idem"
 	}
@@ -228,7 +239,7 @@ func (c *Config) dialer() *kafkago.Dialer {
 
 func (c *Config) groupConfig(d *kafkago.Dialer, log *slog.Logger) kafkago.ConsumerGroupConfig {
 	gc := kafkago.ConsumerGroupConfig{
-		ID:                c.GroupID,
+		ID:                c.Group,
 		Brokers:           c.Brokers,
 		Dialer:            d,
 		Topics:            c.Topics,
@@ -240,7 +251,7 @@ func (c *Config) groupConfig(d *kafkago.Dialer, log *slog.Logger) kafkago.Consum
 		// watcher ends the generation when a topic is missing, and kafka-go
 		// then rejoins without pause, in a tight loop.
 		WatchPartitionChanges: false,
-		StartOffset:           c.StartOffset,
+		StartOffset:           c.StartFrom.offset(),
 		Timeout:               c.RequestTimeout,
 		// kafka-go's own account of joins, syncs and leaves; the source logs
 		// what matters (generations, errors) itself.

@@ -5,7 +5,7 @@
 //	src, err := kafka.New(kafka.Config{
 //		Brokers: []string{"127.0.0.1:9092"},
 //		Topics:  []string{"payments"},
-//		GroupID: "payments-ledger",
+//		Group:   "payments-ledger",
 //	})
 //	dlq, err := kafka.NewDeadLetterWriter(kafka.DeadLetterConfig{Brokers: []string{"127.0.0.1:9092"}})
 //	defer dlq.Close()
@@ -60,7 +60,7 @@
 //     it are dropped and the new owner is redelivered the messages, which the
 //     dedup store skips. A member never moves a committed offset backwards,
 //     except to follow a log that started over (below).
-//   - A new group starts at the first retained offset (Config.StartOffset).
+//   - A new group starts at the first retained offset (Config.StartFrom).
 //   - Every broker request has a deadline. A fetch connection that fails or
 //     stalls is closed and the partition's current leader dialled again; a
 //     generation that loses its coordinator ends and the group is joined
@@ -93,7 +93,7 @@
 //   - A topic deleted and created again (or a log truncated below what was
 //     consumed) starts its offsets over. (If the partition watch saw the
 //     topic gone, the group rebalances, and Kafka deleted the group's
-//     offsets with the topic: the new assignment starts at StartOffset.)
+//     offsets with the topic: the new assignment starts at StartFrom.)
 //     Otherwise the fetcher finds its offset past the new log's end and
 //     resets to its start, below offsets it delivered: the partition starts
 //     a new epoch. Messages of the old log still in the

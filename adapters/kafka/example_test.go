@@ -33,7 +33,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	brokers := []string{"127.0.0.1:9092"}
-	src, err := kafka.New(kafka.Config{Brokers: brokers, Topics: []string{"payment-callbacks"}, GroupID: "ledger"})
+	src, err := kafka.New(kafka.Config{Brokers: brokers, Topics: []string{"payment-callbacks"}, Group: "ledger"})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -288,7 +288,7 @@ func sourceConfig(t testing.TB, brokers []string, topic, group string) kafka.Con
 	return kafka.Config{
 		Brokers:           brokers,
 		Topics:            []string{topic},
-		GroupID:           group,
+		Group:             group,
 		MaxWait:           100 * time.Millisecond,
 		RequestTimeout:    3 * time.Second,
 		ReconnectBackoff:  500 * time.Millisecond,

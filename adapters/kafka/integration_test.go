@@ -558,7 +558,7 @@ func runChild() int {
 	src, err := kafka.New(kafka.Config{
 		Brokers:           strings.Split(os.Getenv("IDEM_TEST_KAFKA_BROKERS"), ","),
 		Topics:            []string{os.Getenv("CHILD_TOPIC")},
-		GroupID:           os.Getenv("CHILD_GROUP"),
+		Group:             os.Getenv("CHILD_GROUP"),
 		MaxWait:           100 * time.Millisecond,
 		SessionTimeout:    2 * time.Second,
 		HeartbeatInterval: 200 * time.Millisecond,

@@ -332,7 +332,7 @@ func TestFakeTopicCreatedLater(t *testing.T) {
 	cfg := sourceConfig(t, brokers, "late-topic", name(t, "g"))
 	cfg.PartitionWatchInterval = 100 * time.Millisecond
 	r := start(t, memConfig(t, newSource(t, cfg), eff))
-	waitUntil(t, time.Minute, "the group is up", func() bool { return a.stableMembers(t, cfg.GroupID) == 1 })
+	waitUntil(t, time.Minute, "the group is up", func() bool { return a.stableMembers(t, cfg.Group) == 1 })
 	a.createTopic(t, "late-topic", 2)
 	msgs, keys := keyed("k", 40, 2)
 	a.produce(t, "late-topic", msgs...)

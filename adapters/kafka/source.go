@@ -51,7 +51,7 @@ func New(cfg Config) (*Source, error) {
 	return &Source{
 		cfg:     cfg,
 		dialer:  cfg.dialer(),
-		log:     cfg.Logger.With(slog.String("group", cfg.GroupID)),
+		log:     cfg.Logger.With(slog.String("group", cfg.Group)),
 		parts:   make(map[string]*partition),
 		settled: make(chan struct{}, 1),
 	}, nil

@@ -84,7 +84,7 @@ func run(brokerList, pgURL, topic, group string, demo bool, log *slog.Logger) er
 		}
 	}
 
-	src, err := kafka.New(kafka.Config{Brokers: brokers, Topics: []string{topic}, GroupID: group, Logger: log})
+	src, err := kafka.New(kafka.Config{Brokers: brokers, Topics: []string{topic}, Group: group, Logger: log})
 	if err != nil {
 		return err
 	}

@@ -222,7 +222,7 @@ func run(ctx context.Context, kafkaAddr, pgURL string, n int, seed uint64, logge
 	}
 	defer dlw.Close()
 	dl := &countingDeadLetter{next: dlw, seen: map[string]bool{}}
-	cfg := kafka.Config{Brokers: brokers, Topics: []string{runTopic}, GroupID: group, Logger: logger,
+	cfg := kafka.Config{Brokers: brokers, Topics: []string{runTopic}, Group: group, Logger: logger,
 		SessionTimeout: 6 * time.Second, HeartbeatInterval: time.Second}
 	lagDone := func() bool { lag, err := groupLag(ctx, brokers, group, runTopic); return err == nil && lag == 0 }
 

@@ -187,7 +187,7 @@ func (spec *childSpec) run() error {
 			closeTimeout = 3 * time.Second
 		}
 		s, err := kafka.New(kafka.Config{
-			Brokers: spec.Brokers, Topics: []string{spec.Topic}, GroupID: spec.Group,
+			Brokers: spec.Brokers, Topics: []string{spec.Topic}, Group: spec.Group,
 			MaxWait: 100 * time.Millisecond, RequestTimeout: 3 * time.Second, ReconnectBackoff: 500 * time.Millisecond,
 			SessionTimeout: 3 * time.Second, HeartbeatInterval: 200 * time.Millisecond,
 			RebalanceTimeout: 10 * time.Second, JoinGroupBackoff: 200 * time.Millisecond,
