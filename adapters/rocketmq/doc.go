@@ -73,7 +73,11 @@
 //   - Dead letters (Source.DeadLetter): in DeadLetterTopic mode the letter
 //     is stored by the broker (SEND_OK) before the consumer acks the
 //     original; in DeadLetterBroker mode the original's queue offset does not
-//     pass it until the client's send-back to %DLQ%<group> succeeded.
+//     pass it until the client's send-back to %DLQ%<group> succeeded. A
+//     letter in idem's topic is consumer.Letter.Record's, as in every idem
+//     adapter: the original body (left out past Config.DeadLetterMaxBytes),
+//     KEYS, TAGS and user properties, and the consumer.Meta* metadata as
+//     properties.
 //   - The client's logs go to slog, errors only unless SetClientLogger says
 //     otherwise, with messages reduced to their IDs: no bodies in logs.
 //

@@ -187,9 +187,9 @@ func TestPermanentFailureDeadLetteredOnce(t *testing.T) {
 	l := letters[0]
 	mx := l.Raw.(*primitive.MessageExt)
 	want := map[string]string{
-		rocketmq.PropReason: "permanent: order o-1 unknown", rocketmq.PropAttempts: "1",
-		rocketmq.PropTopic: topic, rocketmq.PropKeyScope: "ledger", rocketmq.PropKey: "T00001",
-		rocketmq.PropOffset: "0", rocketmq.PropQueue: topic + "/" + mx.Queue.BrokerName + "/0",
+		consumer.MetaReason: "permanent: order o-1 unknown", consumer.MetaAttempts: "1",
+		consumer.MetaTopic: topic, consumer.MetaKeyScope: "ledger", consumer.MetaKey: "T00001",
+		consumer.MetaOffset: "0", consumer.MetaLane: topic + "/" + mx.Queue.BrokerName + "/0",
 	}
 	for k, v := range want {
 		if got, _ := l.Header(k); string(got) != v {
@@ -238,10 +238,10 @@ func TestPanickingHandlerDoesNotPinQueue(t *testing.T) {
 		t.Fatalf("handler runs for T00001: %d, stats %+v; want 3 runs, 1 dead letter", runs.get("T00001"), r.c.Stats())
 	}
 	l := readTopic(t, topic+"_DLQ", 1)[0]
-	if k, _ := l.Header(rocketmq.PropKey); string(k) != "T00001" {
+	if k, _ := l.Header(consumer.MetaKey); string(k) != "T00001" {
 		t.Fatalf("dead letter for %q, want T00001", k)
 	}
-	if reason, _ := l.Header(rocketmq.PropReason); !strings.Contains(string(reason), "panicked") {
+	if reason, _ := l.Header(consumer.MetaReason); !strings.Contains(string(reason), "panicked") {
 		t.Fatalf("dead-letter reason %q does not say the handler panicked", reason)
 	}
 }

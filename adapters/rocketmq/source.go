@@ -16,6 +16,10 @@ import (
 	"github.com/idemkit/idem/consumer"
 )
 
+// ErrNotRunning is what Source.DeadLetter returns outside Source.Run: the
+// consumer calls it only while Run runs.
+var ErrNotRunning = errors.New("rocketmq: Source.Run is not running")
+
 // Source is a consumer.Source over a RocketMQ push consumer, and a
 // consumer.DeadLetter (see Config.DeadLetter). Create it with New and give it
 // to consumer.Config as both Source and DeadLetter. Safe for concurrent use.

@@ -287,8 +287,8 @@ func (b *rocketBroker) deadLetters(t *testing.T, topic string, want int) []lette
 		seen := map[string]bool{}
 		for _, m := range b.read(t, dlq, int(n)) {
 			prop := func(k string) string { v, _ := m.Header(k); return string(v) }
-			letters = append(letters, letter{ID: string(m.Key), Reason: prop(rocketmq.PropReason), Attempts: prop(rocketmq.PropAttempts),
-				Key: prop(rocketmq.PropKey), Scope: prop(rocketmq.PropKeyScope)})
+			letters = append(letters, letter{ID: string(m.Key), Reason: prop(consumer.MetaReason), Attempts: prop(consumer.MetaAttempts),
+				Key: prop(consumer.MetaKey), Scope: prop(consumer.MetaKeyScope)})
 			seen[string(m.Key)] = true
 		}
 		return len(seen) >= want, fmt.Sprintf("%d letters, %d distinct", n, len(seen))
