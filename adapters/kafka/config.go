@@ -33,6 +33,12 @@ func (f StartFrom) offset() int64 {
 	return kafkago.FirstOffset
 }
 
+// Kafka's topic names: at most 249 of these characters.
+const (
+	topicChars  = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
+	maxTopicLen = 249
+)
+
 // Config configures a Source. Zero values take the documented defaults.
 type Config struct {
 	// Brokers are the seed brokers, "host:port". Required.
@@ -112,6 +118,24 @@ type Config struct {
 	// negative turns the watch off.
 	PartitionWatchInterval time.Duration
 
+	// DeadLetterTopic is where Source.DeadLetter writes; default the
+	// message's topic plus ".dlq". Create it beforehand (or set
+	// DeadLetterAutoCreate): a write to a missing topic fails, and the
+	// consumer retries it, holding the partition, until it succeeds.
+	DeadLetterTopic string
+	// DeadLetterAutoCreate lets the broker create a missing dead-letter
+	// topic, if the broker allows it (auto.create.topics.enable).
+	DeadLetterAutoCreate bool
+	// DeadLetterMaxBytes is the largest value copied into a dead letter; a
+	// larger one is left out and its SHA-256 and size are in the headers
+	// consumer.MetaValueSHA256 and consumer.MetaValueSize, so that an
+	// oversized message cannot block its partition. Default 900 KiB, below
+	// the brokers' default message size limit.
+	DeadLetterMaxBytes int
+	// DeadLetterTimeout bounds one dead-letter write, retries included;
+	// default 10s.
+	DeadLetterTimeout time.Duration
+
 	// CloseTimeout bounds how long Run, once its context ended and the
 	// messages in flight are settled, waits to commit and leave the group;
 	// default 5s. Past it Run returns and leaving goes on in the background
@@ -158,6 +182,12 @@ func (c *Config) validate() error {
 	if c.MaxBytes < 0 {
 		add("MaxBytes is negative (%d)", c.MaxBytes)
 	}
+	if t := c.DeadLetterTopic; t != "" && (len(t) > maxTopicLen || strings.Trim(t, topicChars) != "") {
+		add("DeadLetterTopic %q: want letters, digits, '.', '_' or '-', at most %d bytes", t, maxTopicLen)
+	}
+	if c.DeadLetterMaxBytes < 0 {
+		add("DeadLetterMaxBytes is negative (%d)", c.DeadLetterMaxBytes)
+	}
 	for _, d := range []struct {
 		name string
 		v    time.Duration
@@ -166,7 +196,7 @@ func (c *Config) validate() error {
 		{"ReconnectBackoff", c.ReconnectBackoff}, {"CommitInterval", c.CommitInterval},
 		{"SessionTimeout", c.SessionTimeout}, {"HeartbeatInterval", c.HeartbeatInterval},
 		{"RebalanceTimeout", c.RebalanceTimeout}, {"JoinGroupBackoff", c.JoinGroupBackoff},
-		{"CloseTimeout", c.CloseTimeout},
+		{"DeadLetterTimeout", c.DeadLetterTimeout}, {"CloseTimeout", c.CloseTimeout},
 	} {
 		if d.v < 0 {
 			add("%s is negative (%v)", d.name, d.v)
@@ -209,6 +239,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.PartitionWatchInterval == 0 {
 		c.PartitionWatchInterval = 5 * time.Second
+	}
+	if c.DeadLetterMaxBytes == 0 {
+		c.DeadLetterMaxBytes = 900 << 10
+	}
+	if c.DeadLetterTimeout == 0 {
+		c.DeadLetterTimeout = 10 * time.Second
 	}
 	if c.CloseTimeout == 0 {
 		c.CloseTimeout = 5 * time.Second

@@ -1,19 +1,19 @@
 // Package kafka is idem's Kafka adapter: a consumer.Source over a
-// segmentio/kafka-go consumer group, and a consumer.DeadLetter that writes to
-// a Kafka topic.
+// segmentio/kafka-go consumer group that is also the consumer.DeadLetter
+// for its messages, writing to a dead-letter topic.
 //
 //	src, err := kafka.New(kafka.Config{
 //		Brokers: []string{"127.0.0.1:9092"},
 //		Topics:  []string{"payments"},
 //		Group:   "payments-ledger",
 //	})
-//	dlq, err := kafka.NewDeadLetterWriter(kafka.DeadLetterConfig{Brokers: []string{"127.0.0.1:9092"}})
-//	defer dlq.Close()
 //	c, err := consumer.New(consumer.Config[pgx.Tx]{
-//		Name: "payments-ledger", Source: src, DeadLetter: dlq, Store: store, Handler: h,
-//		Key: consumer.ByJSONField("txn_id"),
+//		Name: "payments-ledger", Source: src, DeadLetter: src, Store: store, Handler: h,
+//		Key: consumer.ByJSONField("txn_id"), DrainTimeout: 30 * time.Second,
 //	})
-//	err = c.Run(ctx)
+//	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+//	defer stop()
+//	err = c.Run(ctx) // SIGTERM: drains, acknowledges what is in flight, returns
 //
 // # How it consumes
 //
@@ -72,8 +72,13 @@
 //     hard stop: released), commits, leaves the group and returns. The last
 //     two steps are bounded by Config.CloseTimeout, so Run returns even when
 //     the brokers are gone or hang.
-//   - DeadLetterWriter returns only after all in-sync replicas acknowledged
-//     the letter; the consumer acks the original message only then.
+//   - Dead letters (Source.DeadLetter) return only after all in-sync
+//     replicas acknowledged the letter; the consumer acks the original
+//     message only then. A letter is consumer.Letter.Record's, as in every
+//     idem adapter: the original key, value (left out past
+//     Config.DeadLetterMaxBytes) and headers, then the consumer.Meta*
+//     headers; it goes to the partition numbered like the original's in
+//     Config.DeadLetterTopic (default <topic>.dlq).
 //
 // # What is not
 //

@@ -37,17 +37,11 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	dlq, err := kafka.NewDeadLetterWriter(kafka.DeadLetterConfig{Brokers: brokers}) // to payment-callbacks.dlq
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer dlq.Close()
-
 	c, err := consumer.New(consumer.Config[pgx.Tx]{
 		Name:       "ledger",
 		Source:     src,
 		Store:      store,
-		DeadLetter: dlq,
+		DeadLetter: src, // to payment-callbacks.dlq
 		Key:        consumer.ByJSONField("txn_id"),
 		Handler: consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			_, err := tx.Exec(ctx, `INSERT INTO ledger (txn_id, payload) VALUES ($1, $2)`, m.Key, m.Value)

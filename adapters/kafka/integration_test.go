@@ -333,12 +333,6 @@ func TestKafkaDeadLettersAndRetries(t *testing.T) {
 	brokers, a, topic, group := kafkaTest(t, partitions)
 	a.createTopic(t, topic+".dlq", partitions)
 	b := newTestBank(t)
-	dlq, err := kafka.NewDeadLetterWriter(kafka.DeadLetterConfig{Brokers: brokers})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dlq.Close()
-
 	pay := func(p int, id string, amount int64) kafkago.Message {
 		v, _ := json.Marshal(payment{TxnID: id, Amount: amount})
 		return kafkago.Message{Partition: p, Key: []byte(id), Value: v}
@@ -367,7 +361,8 @@ func TestKafkaDeadLettersAndRetries(t *testing.T) {
 	a.produce(t, topic, msgs...)
 
 	var flakyCalls atomic.Int32
-	cfg := b.config(newSource(t, realSourceConfig(t, brokers, topic, group)), dlq)
+	src := newSource(t, realSourceConfig(t, brokers, topic, group))
+	cfg := b.config(src, src)
 	cfg.Logger = testLogger(t)
 	cfg.Clock = consumertest.NewClock() // retries without sleeping
 	inner := cfg.Handler
@@ -401,14 +396,14 @@ func TestKafkaDeadLettersAndRetries(t *testing.T) {
 			t.Errorf("no dead letter for %s", key)
 			return
 		}
-		if got := header(l, kafka.HeaderReason); !strings.Contains(got, reason) {
+		if got := header(l, consumer.MetaReason); !strings.Contains(got, reason) {
 			t.Errorf("%s: reason %q, want it to contain %q", key, got, reason)
 		}
 		wantHeaders(t, l, map[string]string{
-			kafka.HeaderTopic: topic, kafka.HeaderPartition: strconv.Itoa(partition), kafka.HeaderAttempts: attempts,
+			consumer.MetaTopic: topic, consumer.MetaPartition: strconv.Itoa(partition), consumer.MetaAttempts: attempts,
 		})
-		if off, err := strconv.ParseInt(header(l, kafka.HeaderOffset), 10, 64); err != nil || off < 0 {
-			t.Errorf("%s: offset header %q", key, header(l, kafka.HeaderOffset))
+		if off, err := strconv.ParseInt(header(l, consumer.MetaOffset), 10, 64); err != nil || off < 0 {
+			t.Errorf("%s: offset header %q", key, header(l, consumer.MetaOffset))
 		}
 		if l.Partition != partition {
 			t.Errorf("%s: dead letter on partition %d, want %d", key, l.Partition, partition)
@@ -421,7 +416,7 @@ func TestKafkaDeadLettersAndRetries(t *testing.T) {
 	if g := byKey["garbage"]; header(g, "trace-id") != "abc" || string(g.Value) != "<xml/>" {
 		t.Errorf("garbage letter lost its payload or headers: %q %v", g.Value, g.Headers)
 	}
-	if n := byKey["negative"]; header(n, kafka.HeaderKey) != "negative" || header(n, kafka.HeaderKeyScope) != "payments" {
+	if n := byKey["negative"]; header(n, consumer.MetaKey) != "negative" || header(n, consumer.MetaKeyScope) != "payments" {
 		t.Errorf("negative letter key headers: %v", n.Headers)
 	}
 }

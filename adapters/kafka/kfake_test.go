@@ -23,7 +23,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/idemkit/idem/adapters/kafka"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
 	"github.com/idemkit/idem/dedup/memstore"
@@ -160,15 +159,12 @@ func TestFakeMembersJoinAndLeave(t *testing.T) {
 func TestFakeDeadLetters(t *testing.T) {
 	_, brokers := fake(t, kfake.SeedTopics(2, "payments", "payments.dlq"))
 	a := newAdmin(t, brokers)
-	dlq, err := kafka.NewDeadLetterWriter(kafka.DeadLetterConfig{Brokers: brokers, MaxValueBytes: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dlq.Close()
-
 	eff := newEffects()
-	cfg := memConfig(t, newSource(t, sourceConfig(t, brokers, "payments", name(t, "g"))), eff)
-	cfg.DeadLetter = dlq
+	scfg := sourceConfig(t, brokers, "payments", name(t, "g"))
+	scfg.DeadLetterMaxBytes = 64
+	src := newSource(t, scfg)
+	cfg := memConfig(t, src, eff)
+	cfg.DeadLetter = src
 	cfg.Key = consumer.ByJSONField("txn")
 	inner := cfg.Handler
 	cfg.Handler = consumer.HandlerFunc[*memstore.Tx](func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
@@ -199,27 +195,27 @@ func TestFakeDeadLetters(t *testing.T) {
 	}
 	bad := byKey["bad"]
 	wantHeaders(t, bad, map[string]string{
-		"trace": "t1", kafka.HeaderTopic: "payments", kafka.HeaderPartition: "0", kafka.HeaderOffset: "1",
-		kafka.HeaderAttempts: "0",
+		"trace": "t1", consumer.MetaTopic: "payments", consumer.MetaPartition: "0", consumer.MetaOffset: "1",
+		consumer.MetaAttempts: "0",
 	})
 	if string(bad.Value) != "not json" || bad.Partition != 0 {
 		t.Errorf("bad letter: value %q partition %d", bad.Value, bad.Partition)
 	}
-	if reason := header(bad, kafka.HeaderReason); !containsAll(reason, "malformed payload") {
+	if reason := header(bad, consumer.MetaReason); !containsAll(reason, "malformed payload") {
 		t.Errorf("bad letter reason %q", reason)
 	}
-	if _, ok := headerOK(bad, kafka.HeaderKey); ok {
+	if _, ok := headerOK(bad, consumer.MetaKey); ok {
 		t.Error("a letter without a key has a key header")
 	}
 	rej := byKey["rej"]
-	wantHeaders(t, rej, map[string]string{kafka.HeaderKey: "rej", kafka.HeaderKeyScope: "kfake", kafka.HeaderOffset: "0",
-		kafka.HeaderPartition: "1", kafka.HeaderAttempts: "1"})
-	if reason := header(rej, kafka.HeaderReason); !containsAll(reason, "amount is negative") {
+	wantHeaders(t, rej, map[string]string{consumer.MetaKey: "rej", consumer.MetaKeyScope: "kfake", consumer.MetaOffset: "0",
+		consumer.MetaPartition: "1", consumer.MetaAttempts: "1"})
+	if reason := header(rej, consumer.MetaReason); !containsAll(reason, "amount is negative") {
 		t.Errorf("rejected letter reason %q", reason)
 	}
 	bigL := byKey["big"]
-	wantHeaders(t, bigL, map[string]string{kafka.HeaderAttempts: "1", kafka.HeaderReason: "permanent: too big"})
-	if len(bigL.Value) != 0 || header(bigL, kafka.HeaderValueSize) != strconv.Itoa(len(big)) || len(header(bigL, kafka.HeaderValueSHA256)) != 64 {
+	wantHeaders(t, bigL, map[string]string{consumer.MetaAttempts: "1", consumer.MetaReason: "permanent: too big"})
+	if len(bigL.Value) != 0 || header(bigL, consumer.MetaValueSize) != strconv.Itoa(len(big)) || len(header(bigL, consumer.MetaValueSHA256)) != 64 {
 		t.Errorf("oversized letter: value %d bytes, headers %v", len(bigL.Value), bigL.Headers)
 	}
 }
@@ -433,16 +429,12 @@ func TestFakeSASL(t *testing.T) {
 			}
 			w.Close()
 
-			dlq, err := kafka.NewDeadLetterWriter(kafka.DeadLetterConfig{Brokers: brokers, SASL: tc.mech})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer dlq.Close()
 			eff := newEffects()
 			scfg := sourceConfig(t, brokers, "orders", name(t, "g"))
-			scfg.SASL = tc.mech
-			cfg := memConfig(t, newSource(t, scfg), eff)
-			cfg.DeadLetter = dlq
+			scfg.SASL = tc.mech // the dead-letter writer's too
+			src := newSource(t, scfg)
+			cfg := memConfig(t, src, eff)
+			cfg.DeadLetter = src
 			inner := cfg.Handler
 			cfg.Handler = consumer.HandlerFunc[*memstore.Tx](func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
 				if string(m.Key) == "rej" {

@@ -231,6 +231,9 @@ func TestConfigErrorsNameFields(t *testing.T) {
 		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, Group: "g", MaxWait: -1}, "Config.MaxWait"},
 		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, Group: "g", SessionTimeout: 1, HeartbeatInterval: 2}, "Config.HeartbeatInterval"},
 		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, Group: "g", HeartbeatInterval: time.Minute}, "Config.HeartbeatInterval"},
+		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, Group: "g", DeadLetterTopic: "t/dlq"}, "Config.DeadLetterTopic"},
+		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, Group: "g", DeadLetterMaxBytes: -1}, "Config.DeadLetterMaxBytes"},
+		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, Group: "g", DeadLetterTimeout: -1}, "Config.DeadLetterTimeout"},
 	}
 	for _, c := range cases {
 		_, err := New(c.cfg)
@@ -244,8 +247,5 @@ func TestConfigErrorsNameFields(t *testing.T) {
 	}
 	if _, err := New(Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, Group: "g"}); err != nil {
 		t.Fatalf("minimal config: %v", err)
-	}
-	if _, err := NewDeadLetterWriter(DeadLetterConfig{}); err == nil || !strings.Contains(err.Error(), "DeadLetterConfig.Brokers") {
-		t.Fatalf("NewDeadLetterWriter({}) = %v", err)
 	}
 }

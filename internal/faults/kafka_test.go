@@ -15,7 +15,7 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 
-	adapter "github.com/idemkit/idem/adapters/kafka"
+	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/testenv"
 )
 
@@ -249,8 +249,8 @@ func (k *kafkaBroker) deadLetters(t *testing.T, topic string, want int) []letter
 		letters = letters[:0]
 		seen := map[string]bool{}
 		for _, m := range k.readAll(t, topic+".dlq") {
-			letters = append(letters, letter{ID: string(m.Key), Reason: header(m, adapter.HeaderReason),
-				Attempts: header(m, adapter.HeaderAttempts), Key: header(m, adapter.HeaderKey), Scope: header(m, adapter.HeaderKeyScope)})
+			letters = append(letters, letter{ID: string(m.Key), Reason: header(m, consumer.MetaReason),
+				Attempts: header(m, consumer.MetaAttempts), Key: header(m, consumer.MetaKey), Scope: header(m, consumer.MetaKeyScope)})
 			seen[string(m.Key)] = true
 		}
 		return len(seen) >= want, fmt.Sprintf("%d distinct", len(seen))
