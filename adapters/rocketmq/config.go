@@ -148,7 +148,9 @@ type Config struct {
 	CloseTimeout time.Duration
 
 	// Logger receives the source's own logs; default slog.Default(). The
-	// client library's logs go where SetClientLogger says.
+	// client library's own logs are not the source's: they go where the
+	// library's process-wide logger sends them, which SetClientLogger
+	// routes into slog.
 	Logger *slog.Logger
 }
 

@@ -78,8 +78,11 @@
 //     adapter: the original body (left out past Config.DeadLetterMaxBytes),
 //     KEYS, TAGS and user properties, and the consumer.Meta* metadata as
 //     properties.
-//   - The client's logs go to slog, errors only unless SetClientLogger says
-//     otherwise, with messages reduced to their IDs: no bodies in logs.
+//   - The client library's logs: New leaves its process-wide logger alone
+//     (logrus at INFO on stdout, which logs whole messages, bodies
+//     included, when a consume call fails). SetClientLogger, called once at
+//     start-up, sends them to slog at the level it is given, with messages
+//     reduced to their IDs: no bodies in logs.
 //
 // # Dead letters and the engine's acks
 //

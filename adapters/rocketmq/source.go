@@ -37,8 +37,8 @@ type Source struct {
 }
 
 // New validates cfg and returns a Source. The error names every field that
-// is wrong. New also routes the client library's logging into slog once per
-// process (see SetClientLogger).
+// is wrong. New leaves the client library's process-wide logger alone; see
+// SetClientLogger.
 func New(cfg Config) (*Source, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -46,7 +46,6 @@ func New(cfg Config) (*Source, error) {
 	cfg.setDefaults()
 	cfg.NameServers = append([]string(nil), cfg.NameServers...)
 	cfg.Topics = append([]string(nil), cfg.Topics...)
-	installClientLogger()
 	return &Source{
 		cfg: cfg,
 		log: cfg.Logger.With(slog.String("group", cfg.Group)),
