@@ -123,10 +123,10 @@ type Config struct {
 	// consumer retries it, holding the queue, until it succeeds.
 	DeadLetterTopic string
 	// DeadLetterMaxBytes is the largest body copied into a dead letter; a
-	// larger one is left out (the letter's body is empty) and its SHA-256
-	// and size are in the properties consumer.MetaValueSHA256 and
-	// consumer.MetaValueSize, so that an oversized message cannot block its
-	// queue. Default 4 MiB minus 64 KiB, below the broker's default
+	// larger one is left out (the letter's body is a note saying so: the
+	// broker refuses empty bodies) and its SHA-256 and size are in the
+	// properties consumer.MetaValueSHA256 and consumer.MetaValueSize, so
+	// that an oversized message cannot block its queue. Default 4 MiB minus 64 KiB, below the broker's default
 	// maxMessageSize.
 	DeadLetterMaxBytes int
 	// DeadLetterTimeout bounds one dead-letter send, retries included;

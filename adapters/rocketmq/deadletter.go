@@ -71,7 +71,9 @@ func (s *Source) DeadLetter(ctx context.Context, l consumer.Letter) error {
 
 // letter builds the dead letter of l for idem's topic: the body and the
 // properties of l.Record (the original's user properties, then the
-// consumer.Meta* metadata), and the original's KEYS and TAGS.
+// consumer.Meta* metadata), and the original's KEYS and TAGS. A body that
+// Record left out (or an empty one) becomes a note, since the broker
+// refuses empty bodies.
 func (s *Source) letter(l consumer.Letter) *primitive.Message {
 	m := l.Message
 	topic := s.cfg.DeadLetterTopic
@@ -80,8 +82,13 @@ func (s *Source) letter(l consumer.Letter) *primitive.Message {
 	}
 	rec := l.Record(s.cfg.DeadLetterMaxBytes)
 	body := rec.Value
-	if body == nil {
-		body = []byte{} // left out (oversized) or empty: the broker stores empty bodies
+	if len(body) == 0 {
+		// The broker refuses an empty body (a NullPointerException in
+		// 5.3): say why there is none.
+		body = []byte("idem: empty value")
+		if len(m.Value) > 0 {
+			body = []byte("idem: value left out, see the " + consumer.MetaValueSize + " and " + consumer.MetaValueSHA256 + " properties")
+		}
 	}
 	msg := primitive.NewMessage(topic, body)
 	for _, h := range rec.Headers {
