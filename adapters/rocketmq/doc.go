@@ -2,6 +2,7 @@
 // push consumer of apache/rocketmq-client-go/v2 that is also the
 // consumer.DeadLetter for its messages.
 //
+//	rocketmq.SetClientLogger(logger, slog.LevelWarn) // once: the client library's logs
 //	src, err := rocketmq.New(rocketmq.Config{
 //		NameServers: []string{"127.0.0.1:9876"},
 //		Group:       "payments-ledger",
@@ -9,9 +10,11 @@
 //	})
 //	c, err := consumer.New(consumer.Config[pgx.Tx]{
 //		Name: "payments-ledger", Source: src, DeadLetter: src, Store: store, Handler: h,
-//		Key: consumer.ByJSONField("txn_id"),
+//		Key: consumer.ByJSONField("txn_id"), DrainTimeout: 30 * time.Second,
 //	})
-//	err = c.Run(ctx)
+//	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+//	defer stop()
+//	err = c.Run(ctx) // SIGTERM: drains, acknowledges what is in flight, returns
 //
 // # How it consumes
 //
