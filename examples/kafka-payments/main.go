@@ -84,21 +84,18 @@ func run(brokerList, pgURL, topic, group string, demo bool, log *slog.Logger) er
 		}
 	}
 
-	src, err := kafka.New(kafka.Config{Brokers: brokers, Topics: []string{topic}, GroupID: group, Logger: log})
+	// The Source is the consumer's dead-letter sink too: <topic>.dlq.
+	src, err := kafka.New(kafka.Config{Brokers: brokers, Topics: []string{topic}, Group: group,
+		DeadLetterAutoCreate: true, Logger: log})
 	if err != nil {
 		return err
 	}
-	dlq, err := kafka.NewDeadLetterWriter(kafka.DeadLetterConfig{Brokers: brokers, AllowAutoTopicCreation: true})
-	if err != nil {
-		return err
-	}
-	defer dlq.Close()
 	c, err := consumer.New(consumer.Config[pgx.Tx]{
 		Name:            "payments-ledger",
 		Source:          src,
 		Store:           store,
 		Handler:         payments.Handler(func(tx pgx.Tx) payments.DB { return payments.Pgx(tx) }),
-		DeadLetter:      dlq,
+		DeadLetter:      src,
 		Key:             consumer.ByJSONField(payments.KeyField),
 		MaxPayloadBytes: payments.MaxPayload,
 		DrainTimeout:    30 * time.Second,
