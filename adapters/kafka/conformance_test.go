@@ -17,7 +17,7 @@ import (
 // partition's messages in offset order, acks fenced by generation, and the
 // Source as the dead-letter sink. A released message comes back only after
 // a restart or rebalance (the partition resumes at it).
-var features = sourcetest.Features{OrderedLanes: true, FencedAcks: true, DeadLetters: true}
+var features = sourcetest.Features{OrderedLanes: true, FencedAcks: true, DeadLetters: true, DrainCommits: true}
 
 // TestConformance runs consumer/sourcetest against the real broker.
 func TestConformance(t *testing.T) {

@@ -22,6 +22,9 @@ import (
 // package doc).
 func TestConformance(t *testing.T) {
 	t.Parallel()
+	// Not DrainCommits: the client updates a queue's offset after the consume
+	// call returned and persists it asynchronously; its shutdown can miss the
+	// last ones (seen once under load), and those messages come again.
 	sourcetest.Run(t, sourcetest.Features{RedeliversReleased: true, DeadLetters: true}, conformanceTopic(false))
 }
 

@@ -70,6 +70,9 @@
 //     Calls left unfinished are dropped with their process queues instead of
 //     being sent to the retry topic: the next owner of the queue starts at
 //     the committed offset, and the dedup store skips what was applied.
+//     Even messages acked while Run drained may come again: the client
+//     updates a queue's offset after a consume call returned and persists
+//     it asynchronously, which its shutdown can miss.
 //   - The name servers are always given explicitly (a passthrough
 //     resolver); each Source has its own instance name, so several Sources
 //     of one group can run in one process.

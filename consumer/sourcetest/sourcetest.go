@@ -63,6 +63,13 @@ type Features struct {
 	// DeadLetters: the Source is also the consumer.DeadLetter for its
 	// messages, and Topic.DeadLetters reads what it wrote.
 	DeadLetters bool
+	// DrainCommits: the acks made while Run drains are committed before Run
+	// returns, so the group's next Source is not delivered those messages
+	// again (Kafka). Without it they may be delivered again — at-least-once,
+	// which the dedup store absorbs (RocketMQ: the client updates a queue's
+	// offset after the consume call returned and persists it
+	// asynchronously, which its shutdown can miss).
+	DrainCommits bool
 }
 
 // Message is a message the suite has the factory produce.
@@ -296,7 +303,7 @@ func (s suite) stopDrains(t *testing.T) {
 			byValue[string(d.Value)] = true
 		}
 	}
-	if again := m2.deliveredOf(byValue); len(again) > 0 {
+	if again := m2.deliveredOf(byValue); len(again) > 0 && s.f.DrainCommits {
 		t.Errorf("%d of the %d messages acked while Run drained were delivered again to the next source, the first %s: the acks after the context ended were not committed",
 			len(again), len(byValue), again[0])
 	}

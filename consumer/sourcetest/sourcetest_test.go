@@ -12,10 +12,10 @@ import (
 // semantics, and with RocketMQ's retry topic.
 func TestMemSource(t *testing.T) {
 	t.Run("Kafka", func(t *testing.T) {
-		Run(t, Features{OrderedLanes: true, FencedAcks: true, DeadLetters: true}, memTopic(false, sound))
+		Run(t, Features{OrderedLanes: true, FencedAcks: true, DeadLetters: true, DrainCommits: true}, memTopic(false, sound))
 	})
 	t.Run("RetryTopic", func(t *testing.T) {
-		Run(t, Features{OrderedLanes: true, RedeliversReleased: true, FencedAcks: true, DeadLetters: true}, memTopic(true, sound))
+		Run(t, Features{OrderedLanes: true, RedeliversReleased: true, FencedAcks: true, DeadLetters: true, DrainCommits: true}, memTopic(true, sound))
 	})
 }
 
@@ -72,6 +72,6 @@ func TestMutant(t *testing.T) {
 	}
 	mut, retry, _ := strings.Cut(spec, ",")
 	wait = 5 * time.Second // the in-memory source is instant: a wait this long means never
-	Run(t, Features{OrderedLanes: true, RedeliversReleased: retry != "", FencedAcks: true, DeadLetters: true},
+	Run(t, Features{OrderedLanes: true, RedeliversReleased: retry != "", FencedAcks: true, DeadLetters: true, DrainCommits: true},
 		memTopic(retry != "", mutant(mut)))
 }
