@@ -329,9 +329,19 @@ func TestJavaToolingMessagesDedupByKeys(t *testing.T) {
 	})
 	ns := rmqtest.Shared(t).NameServers[0]
 	for _, key := range []string{"K1", "K1", "K2"} {
-		out, err := mqadmin("sendMessage", "-n", ns, "-t", topic, "-p", "payment callback "+key, "-k", key)
-		if err != nil || !strings.Contains(out, "SEND_OK") {
-			t.Fatalf("mqadmin sendMessage: %v\n%s", err, out)
+		// The tool's producer gives up after 3 s; on a loaded machine a send
+		// times out now and then (its JVM starting alongside the tests). A
+		// send that timed out may still have been stored: the checks below
+		// allow an extra duplicate, never an extra effect.
+		for attempt := 1; ; attempt++ {
+			out, err := mqadmin("sendMessage", "-n", ns, "-t", topic, "-p", "payment callback "+key, "-k", key)
+			if err == nil && strings.Contains(out, "SEND_OK") {
+				break
+			}
+			if attempt == 4 {
+				t.Fatalf("mqadmin sendMessage, %d attempts: %v\n%s", attempt, err, out)
+			}
+			t.Logf("mqadmin sendMessage, attempt %d: %v", attempt, err)
 		}
 	}
 	testenv.WaitUntil(t, time.Minute, "three messages settled", func() bool {
@@ -340,7 +350,7 @@ func TestJavaToolingMessagesDedupByKeys(t *testing.T) {
 	})
 	r.stop(t)
 	st := r.c.Stats()
-	if effectsOf(t, d, "K1") != 1 || effectsOf(t, d, "K2") != 1 || d.count(t, "") != 2 || st.Duplicates != 1 || st.DeadLettered != 0 {
+	if effectsOf(t, d, "K1") != 1 || effectsOf(t, d, "K2") != 1 || d.count(t, "") != 2 || st.Applied != 2 || st.Duplicates < 1 || st.DeadLettered != 0 {
 		t.Fatalf("effects K1 %d, K2 %d, all %d; stats %+v", effectsOf(t, d, "K1"), effectsOf(t, d, "K2"), d.count(t, ""), st)
 	}
 }
