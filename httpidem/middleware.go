@@ -223,9 +223,6 @@ func source(r *http.Request) string {
 	return s
 }
 
-// errNotRun rolls back a transaction whose key is not this request's.
-var errNotRun = errors.New("httpidem: not run")
-
 // panicError is a handler's panic, recovered.
 type panicError struct {
 	value any
@@ -255,35 +252,33 @@ func (t *txRoute[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		defer m.inflight.release(k)
 	}
 	cw := newCapture(rt.MaxResponseBytes)
-	var rec Record
 	var handlerErr error
-	err := m.store.InTx(p.r.Context(), func(ctx context.Context, tx TTx) error {
-		if p.keyed {
-			var err error
-			if rec, err = m.store.ClaimRequest(ctx, tx, p.claim, rt.Retention); err != nil {
-				return err
-			}
-			if rec.Verdict != Run {
-				return errNotRun
-			}
-		}
+	run := func(ctx context.Context, tx TTx) (Response, error) {
 		if handlerErr = serveTx(t.h, cw, p.r, tx); handlerErr != nil {
-			return handlerErr
+			return Response{}, handlerErr
 		}
 		if cw.tooLarge {
 			handlerErr = fmt.Errorf("%w: more than %d bytes (Route.MaxResponseBytes)", ErrResponseTooLarge, rt.MaxResponseBytes)
-			return handlerErr
+			return Response{}, handlerErr
 		}
 		cw.finish()
-		if !p.keyed {
-			return nil
-		}
-		return m.store.SaveResponse(ctx, tx, k, cw.response(rt.stored))
-	})
+		return cw.response(rt.stored), nil
+	}
+	var rec Record
+	var err error
+	if p.keyed {
+		rec, err = m.store.RunRequest(p.r.Context(), p.claim, rt.Retention, run)
+	} else {
+		rec.Verdict = Run
+		err = m.store.InTx(p.r.Context(), func(ctx context.Context, tx TTx) error {
+			_, err := run(ctx, tx)
+			return err
+		})
+	}
 	switch {
-	case err == nil:
+	case err == nil && rec.Verdict == Run:
 		cw.send(w)
-	case errors.Is(err, errNotRun):
+	case err == nil:
 		m.answer(w, p.r, rec)
 	case handlerErr != nil:
 		// err wraps handlerErr, and says when the connection was lost.

@@ -8,10 +8,10 @@ import (
 	"github.com/idemkit/idem/dedup"
 )
 
-// Store is what the middleware needs of a database: a dedup.Store, whose
-// table keeps the request's key like any other (one key space for consumers
-// and HTTP), plus a record of the request beside each key — its state, its
-// fencing token and lease, its stored response. pgstore.Store and
+// Store is what the middleware needs of a database: a dedup.Store whose
+// key rows also hold a request's state, fencing token, lease and stored
+// response (a consumer's rows leave them empty): one key space, one
+// retention and one purge for consumers and HTTP. pgstore.Store and
 // sqlitestore.Store implement it; the conformance suite in httpidemtest pins
 // the contract down.
 //
@@ -20,24 +20,29 @@ import (
 type Store[TTx any] interface {
 	dedup.Store[TTx]
 
-	// ClaimRequest claims c.Key in tx for a transactional request, without
-	// waiting: the Verdict is Run when the key was new (tx now holds it, and
-	// the handler's writes commit or roll back with it), Replay when a
-	// response is stored, Busy when another transaction holds the key
-	// uncommitted or a lease on it runs, Mismatch when the stored key has
-	// another fingerprint (Replay and Busy are only given for an equal
-	// fingerprint). A key kept by retention ≤ 0 lives for ever.
-	ClaimRequest(ctx context.Context, tx TTx, c dedup.Claim, retention time.Duration) (Record, error)
-	// SaveResponse stores res as the finished response of a key
-	// ClaimRequest gave Run in the same tx.
-	SaveResponse(ctx context.Context, tx TTx, k dedup.Key, res Response) error
+	// RunRequest runs a transactional request under c.Key. It looks at the
+	// key without waiting for another request and, when the key is unknown
+	// and no other transaction is executing it, calls fn in a transaction
+	// that keeps others out of the key until it ends: fn's writes in tx,
+	// the key — Finished with the Response fn returns, kept for retention
+	// (≤ 0: for ever) — commit together, and the Record's Verdict is Run.
+	// When fn returns an error nothing commits, and RunRequest returns that
+	// error (wrapped, when the connection was lost). Otherwise fn is not
+	// called and the Verdict says why: Replay (a response is stored),
+	// Busy (another transaction is executing the key, or a lease on it
+	// runs), Mismatch (the key is stored with another fingerprint; Replay
+	// and Busy are only given for an equal one). Should a writer that keeps
+	// no lock commit the key while fn runs, fn's writes are rolled back and
+	// the Verdict is what the key says then.
+	RunRequest(ctx context.Context, c dedup.Claim, retention time.Duration,
+		fn func(ctx context.Context, tx TTx) (Response, error)) (Record, error)
 
 	// AcquireLease takes c.Key for a leased request, in a transaction of its
 	// own, committed before it returns: Run with Token 1 for a new key (the
 	// key and a Processing record with a lease of the given length), Run
 	// with a larger Token for a takeover of a Processing key whose lease has
 	// run out (the token grows by one), Replay, Busy (a lease still runs; see
-	// LeaseLeft) or Mismatch as for ClaimRequest.
+	// LeaseLeft) or Mismatch as for RunRequest.
 	AcquireLease(ctx context.Context, c dedup.Claim, retention, lease time.Duration) (Record, error)
 	// ExtendLease makes the lease of k run for lease from now, if token is
 	// still the key's token and the key is Processing; otherwise it returns
@@ -128,8 +133,8 @@ type Response struct {
 // Record is a request key as the store found or left it.
 type Record struct {
 	Key     dedup.Key
-	Verdict Verdict // set by ClaimRequest and AcquireLease
-	State   State   // 0 when the key is new to this call's transaction
+	Verdict Verdict // set by RunRequest and AcquireLease
+	State   State
 	// Token is the fencing token: 1 for the first lease, one more for every
 	// takeover and release. A write with an older token is refused.
 	Token int64
@@ -154,8 +159,7 @@ func (r Record) TakenOver() bool { return r.Token > 1 }
 // The write was refused; the newer holder's outcome stands.
 var ErrLeaseLost = errors.New("httpidem: lease lost: the key was taken over or released")
 
-// ErrNoRecord: a key exists in the dedup table without a request record
-// beside it — another entry point (a consumer) claimed it in the same
-// scope. HTTP scopes start with the method and a space; a consumer's Name
-// should not.
+// ErrNoRecord: a key exists in the dedup table without a request's state —
+// another entry point (a consumer) claimed it in the same scope. HTTP
+// scopes start with the method and a space; a consumer's Name should not.
 var ErrNoRecord = errors.New("httpidem: key exists without a request record")

@@ -4,164 +4,138 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/httpidem"
 )
 
-// The HTTP Idempotency-Key records (package httpidem) live in a table beside
-// the dedup table, Table + "_http" (migration 002): the key itself is a row
-// of the dedup table like any consumer's key, its request record — state,
-// fencing token, lease, stored response — a row of the sibling, deleted with
-// the key (ON DELETE CASCADE), so Purge and retention cover both.
+// An HTTP Idempotency-Key (package httpidem) is a row of the dedup table
+// like any consumer's key; migration 002 gives the row the request's state,
+// fencing token, lease and stored response, NULL for a consumer's key. One
+// key space, one retention, one Purge.
 //
-// A request claims its key without waiting for another: a transaction-level
-// advisory lock on a 64-bit hash of (scope, key), taken with
-// pg_try_advisory_xact_lock, says whether another transaction is executing
-// the key right now (Busy, 409) before the INSERT could wait on the primary
-// key. The lock lives as long as the claiming transaction. Two keys with
-// one hash make one of them Busy for a moment, never run twice: the primary
-// key decides what is new.
+// A request looks at its key without waiting for another: a
+// transaction-level advisory lock on a 64-bit hash of (scope, key), taken
+// with pg_try_advisory_xact_lock, says whether another transaction is
+// executing the key right now (Busy, 409) — the row is only written once
+// the handler is done. The lock lives as long as the transaction that took
+// it. Two keys with one hash make one of them Busy for a moment, never run
+// twice: the primary key decides what is new.
 
-// httpQueries are a store's HTTP statements, built once for its tables.
+// httpQueries are a store's HTTP statements, built once for its table.
 type httpQueries struct {
-	table                                   string // the sibling, schema-qualified and quoted
-	claim, acquire, lookup, takeover        string
-	save, finish, extend, end, stuck, relse string
+	look, save, acquire, takeover, finish, extend, end, stuck, relse string
 }
 
-// lockAndInsert takes the key's advisory lock without waiting (after
-// setting the transaction's lock_timeout, $6) and, when it got it, inserts
-// the key's dedup row ($1 scope, $2 key, $3 fingerprint, $4 source, $5
-// retention in ms, ≤ 0 for ever).
-const lockAndInsert = `WITH lock AS MATERIALIZED (
+// lookSQL takes the key's advisory lock without waiting (after setting
+// the transaction's lock_timeout, $4) and reads its row ($1 scope, $2 key,
+// $3 the request's fingerprint).
+const lookSQL = `WITH lock AS MATERIALIZED (
     SELECT pg_try_advisory_xact_lock(hashtextextended($1::text || E'\x1f' || $2::text, 0)) AS got
-    FROM (SELECT set_config('lock_timeout', $6::text, true)) AS cfg),
-ins AS (
-    INSERT INTO %[1]s (scope, key, fingerprint, source, expires_at)
-    SELECT $1, $2, $3::bytea, nullif($4::text, ''),
-           CASE WHEN $5::bigint > 0 THEN now() + $5::bigint * interval '1 millisecond' END
-    FROM lock WHERE got
-    ON CONFLICT (scope, key) DO NOTHING
-    RETURNING scope, key)`
+    FROM (SELECT set_config('lock_timeout', $4::text, true)) AS cfg)
+SELECT lock.got, d.fingerprint = $3::bytea, d.created_at, d.state, d.token, d.lease_expires_at,
+    (extract(epoch FROM d.lease_expires_at - now()) * 1000)::bigint, d.status, d.header, d.body
+FROM lock LEFT JOIN %s d ON d.scope = $1 AND d.key = $2`
 
-// recordCols read a key's dedup row d and request record r.
-const recordCols = `d.fingerprint = $3::bytea, d.created_at, r.state, r.token, r.lease_expires_at,
-    (extract(epoch FROM r.lease_expires_at - now()) * 1000)::bigint, r.status, r.header, r.body`
+// keyCols and keyVals insert a key's row ($1 scope, $2 key, $3
+// fingerprint, $4 source, $5 retention in ms, ≤ 0 for ever).
+const (
+	keyCols = `scope, key, fingerprint, source, expires_at`
+	keyVals = `$1, $2, $3::bytea, nullif($4::text, ''), CASE WHEN $5::bigint > 0 THEN now() + $5::bigint * interval '1 millisecond' END`
+)
 
-func newHTTPQueries(t, h string) httpQueries {
+func newHTTPQueries(t string) httpQueries {
 	return httpQueries{
-		table: h,
-		// The dedup row the main query reads is the one committed before
-		// the statement began: a row inserted by ins is not visible to it.
-		claim: fmt.Sprintf(lockAndInsert+`
-SELECT lock.got, EXISTS (SELECT FROM ins), NULL::timestamptz, `+recordCols+`
-FROM lock
-LEFT JOIN %[1]s d ON d.scope = $1 AND d.key = $2
-LEFT JOIN %[2]s r ON r.scope = $1 AND r.key = $2`, t, h),
-		acquire: fmt.Sprintf(lockAndInsert+`,
-hins AS (
-    INSERT INTO %[2]s (scope, key, state, token, lease_expires_at)
-    SELECT scope, key, 'processing', 1, now() + $7::bigint * interval '1 millisecond' FROM ins
-    RETURNING lease_expires_at)
-SELECT lock.got, EXISTS (SELECT FROM hins), (SELECT lease_expires_at FROM hins), `+recordCols+`
-FROM lock
-LEFT JOIN %[1]s d ON d.scope = $1 AND d.key = $2
-LEFT JOIN %[2]s r ON r.scope = $1 AND r.key = $2`, t, h),
-		lookup: fmt.Sprintf(`SELECT true, false, NULL::timestamptz, `+recordCols+`
-FROM %[1]s d LEFT JOIN %[2]s r ON r.scope = d.scope AND r.key = d.key
-WHERE d.scope = $1 AND d.key = $2`, t, h),
-		takeover: fmt.Sprintf(`UPDATE %s
-SET token = token + 1, lease_expires_at = now() + $4::bigint * interval '1 millisecond', updated_at = now()
-WHERE scope = $1 AND key = $2 AND state = 'processing' AND token = $3
-  AND (lease_expires_at IS NULL OR lease_expires_at <= now())
-RETURNING token, lease_expires_at`, h),
-		save: fmt.Sprintf(`INSERT INTO %s (scope, key, state, token, status, header, body)
-VALUES ($1, $2, 'finished', 1, $3, $4, $5)`, h),
-		finish: fmt.Sprintf(`UPDATE %s
-SET state = 'finished', status = $4, header = $5, body = $6, lease_expires_at = NULL, updated_at = now()
-WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'processing'`, h),
-		extend: fmt.Sprintf(`UPDATE %s
-SET lease_expires_at = now() + $4::bigint * interval '1 millisecond', updated_at = now()
-WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'processing'`, h),
-		end: fmt.Sprintf(`UPDATE %s SET lease_expires_at = now(), updated_at = now()
-WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'processing'`, h),
-		stuck: fmt.Sprintf(`SELECT r.scope, r.key, r.token, r.lease_expires_at,
-    (extract(epoch FROM r.lease_expires_at - now()) * 1000)::bigint, d.created_at
-FROM %[2]s r JOIN %[1]s d ON d.scope = r.scope AND d.key = r.key
-WHERE r.state = 'processing' AND (r.lease_expires_at IS NULL OR r.lease_expires_at < now())
-ORDER BY r.lease_expires_at NULLS FIRST LIMIT $1`, t, h),
-		relse: fmt.Sprintf(`UPDATE %s SET token = token + 1, lease_expires_at = now(), updated_at = now()
-WHERE scope = $1 AND key = $2 AND state = 'processing'`, h),
+		look: fmt.Sprintf(lookSQL, t),
+		save: `INSERT INTO ` + t + ` (` + keyCols + `, state, token, status, header, body)
+VALUES (` + keyVals + `, 'finished', 1, $6, $7, $8)`,
+		acquire: `INSERT INTO ` + t + ` (` + keyCols + `, state, token, lease_expires_at)
+VALUES (` + keyVals + `, 'processing', 1, now() + $6::bigint * interval '1 millisecond')
+ON CONFLICT (scope, key) DO NOTHING
+RETURNING lease_expires_at`,
+		takeover: `UPDATE ` + t + `
+SET token = token + 1, lease_expires_at = now() + $4::bigint * interval '1 millisecond'
+WHERE scope = $1 AND key = $2 AND state = 'processing' AND token = $3 AND lease_expires_at <= now()
+RETURNING token, lease_expires_at`,
+		finish: `UPDATE ` + t + `
+SET state = 'finished', status = $4, header = $5, body = $6, lease_expires_at = NULL
+WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'processing'`,
+		extend: `UPDATE ` + t + ` SET lease_expires_at = now() + $4::bigint * interval '1 millisecond'
+WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'processing'`,
+		end: `UPDATE ` + t + ` SET lease_expires_at = now()
+WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'processing'`,
+		stuck: `SELECT scope, key, token, lease_expires_at, (extract(epoch FROM lease_expires_at - now()) * 1000)::bigint, created_at
+FROM ` + t + ` WHERE state = 'processing' AND lease_expires_at < now()
+ORDER BY lease_expires_at LIMIT $1`,
+		relse: `UPDATE ` + t + ` SET token = token + 1, lease_expires_at = now()
+WHERE scope = $1 AND key = $2 AND state = 'processing'`,
 	}
 }
 
-// HTTPTable returns the sanitized, schema-qualified name of the table of
-// HTTP request records (Table + "_http").
-func (s *Store) HTTPTable() string { return s.http.table }
-
-// recordRow is one row of the claim, acquire and lookup statements.
-type recordRow struct {
-	got, inserted bool
-	insertedLease *time.Time
-	same          *bool
-	created       *time.Time
-	state         *string
-	token         *int64
-	leaseExpires  *time.Time
-	leaseLeftMs   *int64
-	status        *int16
-	header, body  []byte
+// lookRow is a row of lookSQL.
+type lookRow struct {
+	got          bool
+	same         *bool
+	created      *time.Time
+	state        *string
+	token        *int64
+	leaseExpires *time.Time
+	leaseLeftMs  *int64
+	status       *int16
+	header, body []byte
 }
 
-func (r *recordRow) scan(row pgx.Row) error {
-	return row.Scan(&r.got, &r.inserted, &r.insertedLease, &r.same, &r.created, &r.state, &r.token,
-		&r.leaseExpires, &r.leaseLeftMs, &r.status, &r.header, &r.body)
+// look reads c's key, after trying its advisory lock, and gives the
+// verdict for a request with c's fingerprint.
+func (s *Store) look(ctx context.Context, tx pgx.Tx, c dedup.Claim) (httpidem.Record, lookRow, error) {
+	return s.verdict(tx.QueryRow(ctx, s.http.look, s.lookArgs(c)...), c)
 }
 
-// record turns a row into a Record with a verdict. found is false when the
-// key was neither inserted nor visible: committed after the statement
-// began, to be looked up again.
-func (r *recordRow) record(k dedup.Key) (rec httpidem.Record, found bool, err error) {
-	rec.Key = k
+func (s *Store) lookArgs(c dedup.Claim) []any {
+	return []any{c.Key.Scope, c.Key.ID, c.Fingerprint[:], s.lockTimeout}
+}
+
+// verdict reads a row of the look statement.
+func (s *Store) verdict(row pgx.Row, c dedup.Claim) (httpidem.Record, lookRow, error) {
+	var r lookRow
+	err := row.Scan(&r.got, &r.same, &r.created, &r.state, &r.token, &r.leaseExpires, &r.leaseLeftMs, &r.status, &r.header, &r.body)
+	if err != nil {
+		return httpidem.Record{}, r, fmt.Errorf("pgstore: claim request: %w", err)
+	}
+	rec := httpidem.Record{Key: c.Key}
 	switch {
-	case r.inserted:
-		rec.Verdict, rec.Token = httpidem.Run, 1
-		if r.insertedLease != nil {
-			rec.State, rec.LeaseExpires = httpidem.Processing, *r.insertedLease
-		}
-		return rec, true, nil
-	case r.same == nil: // no committed row visible
-		if !r.got {
-			rec.Verdict = httpidem.Busy // another transaction is executing it
-			return rec, true, nil
-		}
-		return rec, false, nil
+	case r.same == nil && r.got:
+		rec.Verdict, rec.Token = httpidem.Run, 1 // new, and this transaction holds its lock
+		return rec, r, nil
+	case r.same == nil:
+		rec.Verdict = httpidem.Busy // another transaction is executing it
+		return rec, r, nil
 	}
 	rec.FirstAt = *r.created
-	if !*r.same {
+	switch {
+	case !*r.same:
 		rec.Verdict = httpidem.Mismatch
-		return rec, true, nil
-	}
-	if r.state == nil {
-		return rec, true, fmt.Errorf("%w: %s", httpidem.ErrNoRecord, k)
+		return rec, r, nil
+	case r.state == nil:
+		return rec, r, fmt.Errorf("%w: %s", httpidem.ErrNoRecord, c.Key)
 	}
 	rec.Token = *r.token
 	if r.leaseExpires != nil {
 		rec.LeaseExpires = *r.leaseExpires
 		rec.LeaseLeft = time.Duration(*r.leaseLeftMs) * time.Millisecond
 	}
-	switch *r.state {
-	case "finished":
+	if *r.state == "finished" {
 		rec.State, rec.Verdict = httpidem.Finished, httpidem.Replay
 		rec.Response = httpidem.Response{Status: int(*r.status), Header: r.header, Body: r.body}
-	default:
+	} else {
 		rec.State, rec.Verdict = httpidem.Processing, httpidem.Busy
 	}
-	return rec, true, nil
+	return rec, r, nil
 }
 
 func millis(d time.Duration) int64 {
@@ -171,81 +145,221 @@ func millis(d time.Duration) int64 {
 	return max(d.Milliseconds(), 1)
 }
 
-// ClaimRequest claims c.Key in tx without waiting for another request; see
-// httpidem.Store. One statement: the advisory lock, the INSERT, and the
-// stored record when the key is known.
-func (s *Store) ClaimRequest(ctx context.Context, tx pgx.Tx, c dedup.Claim, retention time.Duration) (httpidem.Record, error) {
-	var r recordRow
-	err := r.scan(tx.QueryRow(ctx, s.http.claim, c.Key.Scope, c.Key.ID, c.Fingerprint[:], c.Source, millis(retention), s.lockTimeout))
+// RunRequest runs a transactional request; see httpidem.Store. It adds no
+// round trip to the handler's own: BEGIN goes with the look (advisory lock
+// and the key's row), and the key's row with its response with COMMIT. The row is inserted
+// without ON CONFLICT: should a writer that keeps no lock have committed
+// the key meanwhile, the INSERT fails, COMMIT is skipped, and everything
+// rolls back.
+func (s *Store) RunRequest(ctx context.Context, c dedup.Claim, retention time.Duration,
+	fn func(ctx context.Context, tx pgx.Tx) (httpidem.Response, error)) (rec httpidem.Record, err error) {
+	began := s.now()
+	pc, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return httpidem.Record{}, s.claimErr(err)
+		if ctx.Err() != nil {
+			return rec, err
+		}
+		s.markLost()
+		return rec, &ConnLostError{Err: err}
 	}
-	rec, found, err := r.record(c.Key)
-	if !found {
-		rec, err = s.lookupRequest(ctx, tx, c)
+	conn := pc.Conn()
+	defer func() {
+		// Always, also when fn panicked: a transaction left open rolls
+		// back (by COMMIT's pipeline it is closed already), and the
+		// connection goes back to the pool, or away when broken.
+		if !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pingTimeout)
+			_, _ = conn.Exec(rctx, "rollback")
+			cancel()
+		}
+		closed := conn.IsClosed()
+		pc.Release()
+		if err == nil || !closed || ctx.Err() != nil {
+			return
+		}
+		if !isContextErr(err) || s.lostSince(began) || !s.answers(ctx) { // as InTx decides
+			s.markLost()
+			err = &ConnLostError{Err: err}
+		}
+	}()
+	// BEGIN and the look in one round trip.
+	var b pgx.Batch
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(s.http.look, s.lookArgs(c)...)
+	br := conn.SendBatch(ctx, &b)
+	if _, err = br.Exec(); err == nil {
+		rec, _, err = s.verdict(br.QueryRow(), c)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil || rec.Verdict != httpidem.Run {
+		return rec, err // the deferred rollback ends the transaction
+	}
+	tx := br.Tx()
+	rtx := &requestTx{Tx: tx}
+	res, err := fn(ctx, rtx)
+	rtx.closed.Store(true)
+	if err != nil {
+		return rec, err
+	}
+	if err := ctx.Err(); err != nil {
+		return rec, err // never commit work whose caller gave up
+	}
+	// The key's row and COMMIT in one round trip.
+	var end pgx.Batch
+	end.Queue(s.http.save, c.Key.Scope, c.Key.ID, c.Fingerprint[:], c.Source, millis(retention), res.Status, res.Header, res.Body)
+	end.Queue("commit")
+	ebr := conn.SendBatch(ctx, &end)
+	_, saveErr := ebr.Exec()
+	tag, commitErr := ebr.Exec()
+	closeErr := ebr.Close()
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(saveErr, &pgErr) && pgErr.Code == "23505":
+		// Taken meanwhile by a writer without the lock: roll this run back
+		// (releasing the key's lock) and answer as the key stands now.
+		if _, err := conn.Exec(ctx, "rollback"); err != nil {
+			return rec, err
+		}
+		return s.lookAgain(ctx, c)
+	case errors.As(saveErr, &pgErr) && pgErr.Code == "25P02":
+		return rec, fmt.Errorf("pgstore: the handler's transaction was aborted by an error it did not return: %w", pgx.ErrTxCommitRollback)
+	case saveErr != nil:
+		return rec, s.claimErr(saveErr)
+	case commitErr != nil:
+		return rec, commitErr // the outcome is unknown when the connection died: a retry finds out
+	case closeErr != nil:
+		return rec, closeErr
+	case tag.String() == "ROLLBACK":
+		return rec, pgx.ErrTxCommitRollback
+	}
+	return rec, nil
+}
+
+// lookAgain reads a key in a transaction of its own, for a request whose
+// run was rolled back because the key was taken.
+func (s *Store) lookAgain(ctx context.Context, c dedup.Claim) (rec httpidem.Record, err error) {
+	err = s.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		rec, _, err = s.look(ctx, tx, c)
+		return err
+	})
+	if err == nil && rec.Verdict == httpidem.Run {
+		rec.Verdict = httpidem.Busy // gone again (purged): let the client retry
 	}
 	return rec, err
 }
 
-// lookupRequest reads a key committed after the claim's statement began.
-func (s *Store) lookupRequest(ctx context.Context, tx pgx.Tx, c dedup.Claim) (httpidem.Record, error) {
-	var r recordRow
-	err := r.scan(tx.QueryRow(ctx, s.http.lookup, c.Key.Scope, c.Key.ID, c.Fingerprint[:]))
-	if errors.Is(err, pgx.ErrNoRows) {
-		// Committed and purged in between, or rolled back by a
-		// transaction that did not hold the lock: not ours to run now.
-		return httpidem.Record{Key: c.Key, Verdict: httpidem.Busy}, nil
-	}
-	if err != nil {
-		return httpidem.Record{}, s.claimErr(err)
-	}
-	rec, _, err := r.record(c.Key)
-	return rec, err
+// errTxOwned: a handler tried to commit or roll back the transaction of a
+// request, which the store ends, with the key.
+var errTxOwned = fmt.Errorf("pgstore: commit and rollback of a request's transaction are the store's: %w", dedup.ErrTxEnded)
+
+// requestTx is the transaction a request's handler gets: the real one,
+// refusing Commit and Rollback, and refusing everything once the handler
+// has returned (the store commits it on the connection, in one round trip
+// with the key; pgx's transaction never learns of it).
+type requestTx struct {
+	pgx.Tx
+	closed atomic.Bool
 }
 
-// SaveResponse stores the response of a key claimed in tx; see
-// httpidem.Store.
-func (s *Store) SaveResponse(ctx context.Context, tx pgx.Tx, k dedup.Key, res httpidem.Response) error {
-	if _, err := tx.Exec(ctx, s.http.save, k.Scope, k.ID, res.Status, res.Header, res.Body); err != nil {
-		return fmt.Errorf("pgstore: save response: %w", err)
+func (t *requestTx) ended() error {
+	if t.closed.Load() {
+		return pgx.ErrTxClosed
 	}
 	return nil
 }
+
+func (t *requestTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := t.ended(); err != nil {
+		return nil, err
+	}
+	return t.Tx.Begin(ctx)
+}
+
+func (t *requestTx) Commit(context.Context) error   { return errTxOwned }
+func (t *requestTx) Rollback(context.Context) error { return errTxOwned }
+
+func (t *requestTx) CopyFrom(ctx context.Context, table pgx.Identifier, cols []string, src pgx.CopyFromSource) (int64, error) {
+	if err := t.ended(); err != nil {
+		return 0, err
+	}
+	return t.Tx.CopyFrom(ctx, table, cols, src)
+}
+
+func (t *requestTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if err := t.ended(); err != nil {
+		return pgx.FailedBatchResults(b, err)
+	}
+	return t.Tx.SendBatch(ctx, b)
+}
+
+func (t *requestTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if err := t.ended(); err != nil {
+		return nil, err
+	}
+	return t.Tx.Prepare(ctx, name, sql)
+}
+
+func (t *requestTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if err := t.ended(); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return t.Tx.Exec(ctx, sql, args...)
+}
+
+func (t *requestTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := t.ended(); err != nil {
+		return nil, err
+	}
+	return t.Tx.Query(ctx, sql, args...)
+}
+
+func (t *requestTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if err := t.ended(); err != nil {
+		return errRow{err}
+	}
+	return t.Tx.QueryRow(ctx, sql, args...)
+}
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
 
 // AcquireLease takes c.Key under a lease in a transaction of its own; see
 // httpidem.Store.
 func (s *Store) AcquireLease(ctx context.Context, c dedup.Claim, retention, lease time.Duration) (httpidem.Record, error) {
 	var rec httpidem.Record
 	err := s.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
-		var r recordRow
-		err := r.scan(tx.QueryRow(ctx, s.http.acquire, c.Key.Scope, c.Key.ID, c.Fingerprint[:], c.Source,
-			millis(retention), s.lockTimeout, millis(lease)))
-		if err != nil {
-			return s.claimErr(err)
-		}
-		var found bool
-		if rec, found, err = r.record(c.Key); err != nil {
+		var r lookRow
+		var err error
+		if rec, r, err = s.look(ctx, tx, c); err != nil {
 			return err
 		}
-		if !found {
-			if rec, err = s.lookupRequest(ctx, tx, c); err != nil {
-				return err
+		switch {
+		case rec.Verdict == httpidem.Run:
+			var exp time.Time
+			err := tx.QueryRow(ctx, s.http.acquire, c.Key.Scope, c.Key.ID, c.Fingerprint[:], c.Source, millis(retention), millis(lease)).Scan(&exp)
+			if errors.Is(err, pgx.ErrNoRows) {
+				// Committed after the look by a writer without the lock.
+				rec = httpidem.Record{Key: c.Key, Verdict: httpidem.Busy}
+				return nil
 			}
-		}
-		if rec.Verdict == httpidem.Busy && rec.State == httpidem.Processing && rec.LeaseLeft <= 0 && r.got {
+			if err != nil {
+				return s.claimErr(err)
+			}
+			rec.State, rec.LeaseExpires, rec.LeaseLeft = httpidem.Processing, exp, lease
+		case rec.Verdict == httpidem.Busy && rec.State == httpidem.Processing && rec.LeaseLeft <= 0 && r.got:
 			// The lease ran out: take over, growing the token.
 			var exp time.Time
 			err := tx.QueryRow(ctx, s.http.takeover, c.Key.Scope, c.Key.ID, rec.Token, millis(lease)).Scan(&rec.Token, &exp)
 			switch {
-			case errors.Is(err, pgx.ErrNoRows): // extended or released meanwhile
+			case errors.Is(err, pgx.ErrNoRows): // extended or released meanwhile: still busy
 			case err != nil:
 				return fmt.Errorf("pgstore: take over lease: %w", err)
 			default:
 				rec.Verdict, rec.LeaseExpires, rec.LeaseLeft = httpidem.Run, exp, lease
 			}
-		}
-		if rec.Verdict == httpidem.Run && rec.LeaseLeft == 0 {
-			rec.LeaseLeft = lease
 		}
 		return nil
 	})
@@ -283,7 +397,8 @@ func (s *Store) EndLease(ctx context.Context, k dedup.Key, token int64) error {
 	return s.leaseWrite(ctx, "end lease", s.http.end, k.Scope, k.ID, token)
 }
 
-// StuckRequests lists Processing keys past their lease; see httpidem.Store.
+// StuckRequests lists processing keys past their lease, through the
+// partial index of migration 002; see httpidem.Store.
 func (s *Store) StuckRequests(ctx context.Context, limit int) ([]httpidem.Record, error) {
 	if limit <= 0 {
 		return nil, nil
@@ -295,15 +410,12 @@ func (s *Store) StuckRequests(ctx context.Context, limit int) ([]httpidem.Record
 	var out []httpidem.Record
 	for rows.Next() {
 		rec := httpidem.Record{State: httpidem.Processing, Verdict: httpidem.Busy}
-		var exp *time.Time
-		var left *int64
-		if err := rows.Scan(&rec.Key.Scope, &rec.Key.ID, &rec.Token, &exp, &left, &rec.FirstAt); err != nil {
+		var left int64
+		if err := rows.Scan(&rec.Key.Scope, &rec.Key.ID, &rec.Token, &rec.LeaseExpires, &left, &rec.FirstAt); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("pgstore: stuck requests: %w", err)
 		}
-		if exp != nil {
-			rec.LeaseExpires, rec.LeaseLeft = *exp, time.Duration(*left)*time.Millisecond
-		}
+		rec.LeaseLeft = time.Duration(left) * time.Millisecond
 		out = append(out, rec)
 	}
 	if err := rows.Err(); err != nil {
@@ -312,7 +424,7 @@ func (s *Store) StuckRequests(ctx context.Context, limit int) ([]httpidem.Record
 	return out, nil
 }
 
-// ReleaseRequest ends a Processing key's lease and grows its token; see
+// ReleaseRequest ends a processing key's lease and grows its token; see
 // httpidem.Store.
 func (s *Store) ReleaseRequest(ctx context.Context, k dedup.Key) (bool, error) {
 	tag, err := s.pool.Exec(ctx, s.http.relse, k.Scope, k.ID)

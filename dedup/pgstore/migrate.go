@@ -30,14 +30,11 @@ func (s *Store) migrations() ([]migration, error) {
 		return nil, err
 	}
 	data := struct {
-		Table   string
-		Index   func(string) string
-		Sibling func(string) string
+		Table string
+		Index func(string) string
 	}{
 		Table: s.table,
 		Index: func(suffix string) string { return pgx.Identifier{s.cfg.Table + "_" + suffix}.Sanitize() },
-		// A table beside the dedup table, in its schema: Table + "_" + suffix.
-		Sibling: func(suffix string) string { return pgx.Identifier{s.cfg.Schema, s.cfg.Table + "_" + suffix}.Sanitize() },
 	}
 	var ms []migration
 	for _, e := range entries {

@@ -133,7 +133,7 @@ ON CONFLICT (scope, key) DO NOTHING`,
 SELECT ctid FROM ` + t + ` WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED)`,
 	}
 	st.bufs.New = func() any { return new(claimBuf) }
-	st.http = newHTTPQueries(t, pgx.Identifier{cfg.Schema, cfg.Table + "_http"}.Sanitize())
+	st.http = newHTTPQueries(t)
 	st.epoch = time.Now()
 	return st, nil
 }

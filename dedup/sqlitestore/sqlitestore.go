@@ -133,9 +133,9 @@ func New(db *sql.DB, cfg Config) (*Store, error) {
 // nowMillis is SQLite's clock in Unix milliseconds.
 const nowMillis = `CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)`
 
-// Migrate creates the tables, their indexes and the trigger when missing:
-// the dedup table, and beside it Table + "_http", the records of HTTP
-// Idempotency-Keys (see http.go).
+// Migrate creates the table and its indexes when missing, and adds the
+// columns of HTTP Idempotency-Key requests to a table created before them
+// (see http.go).
 func (s *Store) Migrate(ctx context.Context) error {
 	_, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+s.table+` (
     scope       TEXT    NOT NULL CHECK (length(CAST(scope AS BLOB)) BETWEEN 1 AND 128),
@@ -148,9 +148,11 @@ func (s *Store) Migrate(ctx context.Context) error {
     expires_at  INTEGER,
     PRIMARY KEY (scope, key)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS "`+s.cfg.Table+`_expires" ON `+s.table+` (expires_at) WHERE expires_at IS NOT NULL;
-`+s.httpDDL())
+CREATE INDEX IF NOT EXISTS "`+s.cfg.Table+`_expires" ON `+s.table+` (expires_at) WHERE expires_at IS NOT NULL;`)
 	if err != nil {
+		return fmt.Errorf("sqlitestore: migrate: %w", err)
+	}
+	if err := s.migrateHTTP(ctx); err != nil {
 		return fmt.Errorf("sqlitestore: migrate: %w", err)
 	}
 	return nil
@@ -191,12 +193,17 @@ func txEnded(err error) error {
 // Check reports whether Migrate created the table; see dedup.Store.
 func (s *Store) Check(ctx context.Context) error {
 	var n int
-	err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN (?, ?)`, s.cfg.Table, s.cfg.Table+"_http").Scan(&n)
+	err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?`, s.cfg.Table).Scan(&n)
 	switch {
 	case err != nil:
 		return fmt.Errorf("sqlitestore: check: %w", err)
-	case n < 2:
-		return fmt.Errorf("%w: sqlitestore: table %s or %s does not exist: call Store.Migrate before Run", dedup.ErrNotMigrated, s.table, s.httpTable())
+	case n == 0:
+		return fmt.Errorf("%w: sqlitestore: table %s does not exist: call Store.Migrate before Run", dedup.ErrNotMigrated, s.table)
+	}
+	if ok, err := s.hasHTTPColumns(ctx, s.db); err != nil {
+		return fmt.Errorf("sqlitestore: check: %w", err)
+	} else if !ok {
+		return fmt.Errorf("%w: sqlitestore: table %s lacks the HTTP request columns: call Store.Migrate before Run", dedup.ErrNotMigrated, s.table)
 	}
 	return nil
 }

@@ -61,6 +61,7 @@ func Run[TTx any](t *testing.T, newHarness Factory[TTx]) {
 	t.Run("Store", func(t *testing.T) {
 		t.Run("ClaimSaveReplay", s.claimSaveReplay)
 		t.Run("ClaimRollbackForgets", s.claimRollbackForgets)
+		t.Run("KeyTakenMeanwhile", s.keyTaken)
 		t.Run("LeaseFencing", s.leaseFencing)
 		t.Run("LeaseExpiryTakeoverAndStuck", s.leaseExpiry)
 		t.Run("ConcurrentAcquireOneWinner", s.concurrentAcquire)

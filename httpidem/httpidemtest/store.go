@@ -17,19 +17,14 @@ func claimOf(scope, id, payload string) dedup.Claim {
 
 var errRollback = errors.New("httpidemtest: roll back")
 
-// claim runs ClaimRequest in a transaction; with res it saves res when the
-// verdict is Run and commits, otherwise it rolls back.
+// claim runs a request under c; with res it stores res (when the verdict
+// is Run), without it the run fails and rolls back.
 func claim[TTx any](ctx context.Context, st httpidem.Store[TTx], c dedup.Claim, res *httpidem.Response) (httpidem.Record, error) {
-	var rec httpidem.Record
-	err := st.InTx(ctx, func(ctx context.Context, tx TTx) error {
-		var err error
-		if rec, err = st.ClaimRequest(ctx, tx, c, time.Hour); err != nil {
-			return err
+	rec, err := st.RunRequest(ctx, c, time.Hour, func(ctx context.Context, tx TTx) (httpidem.Response, error) {
+		if res == nil {
+			return httpidem.Response{}, errRollback
 		}
-		if rec.Verdict != httpidem.Run || res == nil {
-			return errRollback
-		}
-		return st.SaveResponse(ctx, tx, c.Key, *res)
+		return *res, nil
 	})
 	if errors.Is(err, errRollback) {
 		err = nil
@@ -74,10 +69,33 @@ func (s suite[TTx]) claimSaveReplay(t *testing.T) {
 func (s suite[TTx]) claimRollbackForgets(t *testing.T) {
 	h, ctx := s.harness(t, Config{}), ctxFor(t)
 	c := claimOf("POST /payments", "k1", "p")
-	rec, err := claim(ctx, h.Store, c, nil) // rolled back
-	wantVerdict(t, "first claim", rec, err, httpidem.Run)
+	rec, err := claim(ctx, h.Store, c, nil) // fails: rolled back
+	wantVerdict(t, "first run", rec, err, httpidem.Run)
 	rec, err = claim(ctx, h.Store, c, nil)
-	wantVerdict(t, "claim after rollback", rec, err, httpidem.Run)
+	wantVerdict(t, "run after a failed run", rec, err, httpidem.Run)
+}
+
+// keyTaken: a writer that keeps no lock (a consumer's claim of the same
+// key, here by the request's own handler) takes the key while the request
+// runs: the request's writes roll back, and the verdict is the key's.
+func (s suite[TTx]) keyTaken(t *testing.T) {
+	h, ctx := s.harness(t, Config{}), ctxFor(t)
+	st := h.Store
+	c := claimOf("POST /payments", "k1", "p")
+	rec, err := st.RunRequest(ctx, c, time.Hour, func(ctx context.Context, tx TTx) (httpidem.Response, error) {
+		if err := h.Effect(ctx, tx, "k1"); err != nil {
+			return httpidem.Response{}, err
+		}
+		res := make([]dedup.Result, 1)
+		return httpidem.Response{Status: 201}, st.Claim(ctx, tx, []dedup.Claim{c}, res)
+	})
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if rec.Verdict == httpidem.Run {
+		t.Fatalf("verdict %v: a run whose key was taken must not report Run", rec.Verdict)
+	}
+	wantEffects(t, h, "k1", 0)
 }
 
 func (s suite[TTx]) leaseFencing(t *testing.T) {
@@ -228,20 +246,12 @@ func (s suite[TTx]) purge(t *testing.T) {
 	c := claimOf("POST /payments", "short", "x")
 	keep := claimOf("POST /payments", "kept", "x")
 	res := httpidem.Response{Status: 201, Body: []byte("a")}
-	err := st.InTx(ctx, func(ctx context.Context, tx TTx) error {
-		if rec, err := st.ClaimRequest(ctx, tx, c, time.Millisecond); err != nil || rec.Verdict != httpidem.Run {
-			return errors.Join(err, errors.New("short-lived key not new"))
-		}
-		if err := st.SaveResponse(ctx, tx, c.Key, res); err != nil {
-			return err
-		}
-		if rec, err := st.ClaimRequest(ctx, tx, keep, 0); err != nil || rec.Verdict != httpidem.Run {
-			return errors.Join(err, errors.New("kept key not new"))
-		}
-		return st.SaveResponse(ctx, tx, keep.Key, res)
-	})
-	if err != nil {
-		t.Fatal(err)
+	for _, k := range []struct {
+		c         dedup.Claim
+		retention time.Duration
+	}{{c, time.Millisecond}, {keep, 0}} {
+		rec, err := st.RunRequest(ctx, k.c, k.retention, func(context.Context, TTx) (httpidem.Response, error) { return res, nil })
+		wantVerdict(t, "store "+k.c.Key.ID, rec, err, httpidem.Run)
 	}
 	leased := claimOf("POST /payouts", "short", "x")
 	if rec, err := st.AcquireLease(ctx, leased, time.Millisecond, time.Millisecond); err != nil || rec.Verdict != httpidem.Run {
