@@ -2,11 +2,15 @@ package pgstore_test
 
 import (
 	"context"
+	"errors"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/pgstore"
+	"github.com/idemkit/idem/httpidem"
 	"github.com/idemkit/idem/httpidem/httpidemtest"
 	"github.com/idemkit/idem/internal/testenv"
 )
@@ -47,4 +51,64 @@ func TestHTTPConformance(t *testing.T) {
 			},
 		}
 	})
+}
+
+// TestRequestTxIsTheStores: a request's handler cannot end its transaction
+// (the store commits it, pipelined with the key's row), nor use it after
+// returning: the connection may by then serve another request.
+func TestRequestTxIsTheStores(t *testing.T) {
+	st := newStore(t, pgstore.Config{})
+	ctx := context.Background()
+	c := dedup.Claim{Key: dedup.Key{Scope: "POST /x", ID: "k1"}, Fingerprint: dedup.FingerprintOf([]byte("x"))}
+	var leaked pgx.Tx
+	rec, err := st.RunRequest(ctx, c, time.Hour, func(ctx context.Context, tx pgx.Tx) (httpidem.Response, error) {
+		if err := tx.Commit(ctx); !errors.Is(err, dedup.ErrTxEnded) {
+			t.Errorf("Commit by the handler: %v, want ErrTxEnded", err)
+		}
+		if err := tx.Rollback(ctx); !errors.Is(err, dedup.ErrTxEnded) {
+			t.Errorf("Rollback by the handler: %v, want ErrTxEnded", err)
+		}
+		nested, err := tx.Begin(ctx) // a savepoint still works
+		if err != nil {
+			return httpidem.Response{}, err
+		}
+		if err := nested.Rollback(ctx); err != nil {
+			return httpidem.Response{}, err
+		}
+		leaked = tx
+		return httpidem.Response{Status: 204}, nil
+	})
+	if err != nil || rec.Verdict != httpidem.Run {
+		t.Fatalf("run: %+v, %v", rec, err)
+	}
+	if _, err := leaked.Exec(ctx, `SELECT 1`); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Fatalf("the transaction after the handler returned: %v, want ErrTxClosed", err)
+	}
+	if err := leaked.QueryRow(ctx, `SELECT 1`).Scan(new(int)); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Fatalf("QueryRow after the handler returned: %v, want ErrTxClosed", err)
+	}
+	if err := leaked.SendBatch(ctx, &pgx.Batch{}).Close(); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Fatalf("SendBatch after the handler returned: %v, want ErrTxClosed", err)
+	}
+}
+
+// TestRequestSwallowedError: a handler that swallows a failed statement
+// and returns a response gets an error, not a commit.
+func TestRequestSwallowedError(t *testing.T) {
+	st := newStore(t, pgstore.Config{})
+	ctx := context.Background()
+	c := dedup.Claim{Key: dedup.Key{Scope: "POST /x", ID: "k1"}, Fingerprint: dedup.FingerprintOf([]byte("x"))}
+	_, err := st.RunRequest(ctx, c, time.Hour, func(ctx context.Context, tx pgx.Tx) (httpidem.Response, error) {
+		_, _ = tx.Exec(ctx, `SELECT 1/0`) // swallowed
+		return httpidem.Response{Status: 201}, nil
+	})
+	if !errors.Is(err, pgx.ErrTxCommitRollback) {
+		t.Fatalf("run: %v, want ErrTxCommitRollback", err)
+	}
+	rec, err := st.RunRequest(ctx, c, time.Hour, func(context.Context, pgx.Tx) (httpidem.Response, error) {
+		return httpidem.Response{Status: 201}, nil
+	})
+	if err != nil || rec.Verdict != httpidem.Run {
+		t.Fatalf("the key after the failed run: %+v, %v; want it free", rec, err)
+	}
 }
