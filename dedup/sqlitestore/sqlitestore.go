@@ -130,6 +130,9 @@ func New(db *sql.DB, cfg Config) (*Store, error) {
 	return &Store{db: db, cfg: cfg, table: `"` + cfg.Table + `"`}, nil
 }
 
+// Table returns the table's name, quoted, as SQL names it.
+func (s *Store) Table() string { return s.table }
+
 // nowMillis is SQLite's clock in Unix milliseconds.
 const nowMillis = `CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)`
 
