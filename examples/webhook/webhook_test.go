@@ -95,7 +95,9 @@ func post(h http.Handler, channel, key, body string) *httptest.ResponseRecorder 
 	return w
 }
 
-func replayed(w *httptest.ResponseRecorder) bool { return w.Header().Get("Idempotent-Replayed") == "true" }
+func replayed(w *httptest.ResponseRecorder) bool {
+	return w.Header().Get("Idempotent-Replayed") == "true"
+}
 
 func reconcile(t *testing.T, b backend, expected ...payments.Expected) {
 	t.Helper()
