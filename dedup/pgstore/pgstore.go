@@ -62,6 +62,7 @@ type Store struct {
 	bufs        sync.Pool
 	failSQL     string
 	purgeSQL    string
+	http        httpQueries // http.go
 
 	// lostAt is when a transaction of this store last lost its connection
 	// or could not get one (monotonic nanoseconds since epoch), 0 when never.
@@ -132,6 +133,7 @@ ON CONFLICT (scope, key) DO NOTHING`,
 SELECT ctid FROM ` + t + ` WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED)`,
 	}
 	st.bufs.New = func() any { return new(claimBuf) }
+	st.http = newHTTPQueries(t)
 	st.epoch = time.Now()
 	return st, nil
 }

@@ -130,10 +130,15 @@ func New(db *sql.DB, cfg Config) (*Store, error) {
 	return &Store{db: db, cfg: cfg, table: `"` + cfg.Table + `"`}, nil
 }
 
+// Table returns the table's name, quoted, as SQL names it.
+func (s *Store) Table() string { return s.table }
+
 // nowMillis is SQLite's clock in Unix milliseconds.
 const nowMillis = `CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)`
 
-// Migrate creates the table and its index when missing.
+// Migrate creates the table and its indexes when missing, and adds the
+// columns of HTTP Idempotency-Key requests to a table created before them
+// (see http.go).
 func (s *Store) Migrate(ctx context.Context) error {
 	_, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+s.table+` (
     scope       TEXT    NOT NULL CHECK (length(CAST(scope AS BLOB)) BETWEEN 1 AND 128),
@@ -148,6 +153,9 @@ func (s *Store) Migrate(ctx context.Context) error {
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS "`+s.cfg.Table+`_expires" ON `+s.table+` (expires_at) WHERE expires_at IS NOT NULL;`)
 	if err != nil {
+		return fmt.Errorf("sqlitestore: migrate: %w", err)
+	}
+	if err := s.migrateHTTP(ctx); err != nil {
 		return fmt.Errorf("sqlitestore: migrate: %w", err)
 	}
 	return nil
@@ -194,6 +202,11 @@ func (s *Store) Check(ctx context.Context) error {
 		return fmt.Errorf("sqlitestore: check: %w", err)
 	case n == 0:
 		return fmt.Errorf("%w: sqlitestore: table %s does not exist: call Store.Migrate before Run", dedup.ErrNotMigrated, s.table)
+	}
+	if ok, err := s.hasHTTPColumns(ctx, s.db); err != nil {
+		return fmt.Errorf("sqlitestore: check: %w", err)
+	} else if !ok {
+		return fmt.Errorf("%w: sqlitestore: table %s lacks the HTTP request columns: call Store.Migrate before Run", dedup.ErrNotMigrated, s.table)
 	}
 	return nil
 }

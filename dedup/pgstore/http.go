@@ -1,0 +1,437 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/httpidem"
+)
+
+// An HTTP Idempotency-Key (package httpidem) is a row of the dedup table
+// like any consumer's key; migration 002 gives the row the request's state,
+// fencing token, lease and stored response, NULL for a consumer's key. One
+// key space, one retention, one Purge.
+//
+// A request looks at its key without waiting for another: a
+// transaction-level advisory lock on a 64-bit hash of (scope, key), taken
+// with pg_try_advisory_xact_lock, says whether another transaction is
+// executing the key right now (Busy, 409) — the row is only written once
+// the handler is done. The lock lives as long as the transaction that took
+// it. Two keys with one hash make one of them Busy for a moment, never run
+// twice: the primary key decides what is new.
+
+// httpQueries are a store's HTTP statements, built once for its table.
+type httpQueries struct {
+	look, save, acquire, takeover, finish, extend, end, stuck, relse string
+}
+
+// lookSQL takes the key's advisory lock without waiting (after setting
+// the transaction's lock_timeout, $4) and reads its row ($1 scope, $2 key,
+// $3 the request's fingerprint).
+const lookSQL = `WITH lock AS MATERIALIZED (
+    SELECT pg_try_advisory_xact_lock(hashtextextended($1::text || E'\x1f' || $2::text, 0)) AS got
+    FROM (SELECT set_config('lock_timeout', $4::text, true)) AS cfg)
+SELECT lock.got, d.fingerprint = $3::bytea, d.created_at, d.state, d.token, d.lease_expires_at,
+    (extract(epoch FROM d.lease_expires_at - now()) * 1000)::bigint, d.status, d.header, d.body
+FROM lock LEFT JOIN %s d ON d.scope = $1 AND d.key = $2`
+
+// keyCols and keyVals insert a key's row ($1 scope, $2 key, $3
+// fingerprint, $4 source, $5 retention in ms, ≤ 0 for ever).
+const (
+	keyCols = `scope, key, fingerprint, source, expires_at`
+	keyVals = `$1, $2, $3::bytea, nullif($4::text, ''), CASE WHEN $5::bigint > 0 THEN now() + $5::bigint * interval '1 millisecond' END`
+)
+
+func newHTTPQueries(t string) httpQueries {
+	return httpQueries{
+		look: fmt.Sprintf(lookSQL, t),
+		save: `INSERT INTO ` + t + ` (` + keyCols + `, state, token, status, header, body)
+VALUES (` + keyVals + `, 'finished', 1, $6, $7, $8)`,
+		acquire: `INSERT INTO ` + t + ` (` + keyCols + `, state, token, lease_expires_at)
+VALUES (` + keyVals + `, 'processing', 1, now() + $6::bigint * interval '1 millisecond')
+ON CONFLICT (scope, key) DO NOTHING
+RETURNING lease_expires_at`,
+		takeover: `UPDATE ` + t + `
+SET token = token + 1, lease_expires_at = now() + $4::bigint * interval '1 millisecond'
+WHERE scope = $1 AND key = $2 AND state = 'processing' AND token = $3 AND lease_expires_at <= now()
+RETURNING token, lease_expires_at`,
+		finish: `UPDATE ` + t + `
+SET state = 'finished', status = $4, header = $5, body = $6, lease_expires_at = NULL
+WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'processing'`,
+		extend: `UPDATE ` + t + ` SET lease_expires_at = now() + $4::bigint * interval '1 millisecond'
+WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'processing'`,
+		end: `UPDATE ` + t + ` SET lease_expires_at = now()
+WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'processing'`,
+		stuck: `SELECT scope, key, token, lease_expires_at, (extract(epoch FROM lease_expires_at - now()) * 1000)::bigint, created_at
+FROM ` + t + ` WHERE state = 'processing' AND lease_expires_at < now()
+ORDER BY lease_expires_at LIMIT $1`,
+		relse: `UPDATE ` + t + ` SET token = token + 1, lease_expires_at = now()
+WHERE scope = $1 AND key = $2 AND state = 'processing'`,
+	}
+}
+
+// lookRow is a row of lookSQL.
+type lookRow struct {
+	got          bool
+	same         *bool
+	created      *time.Time
+	state        *string
+	token        *int64
+	leaseExpires *time.Time
+	leaseLeftMs  *int64
+	status       *int16
+	header, body []byte
+}
+
+// look reads c's key, after trying its advisory lock, and gives the
+// verdict for a request with c's fingerprint.
+func (s *Store) look(ctx context.Context, tx pgx.Tx, c dedup.Claim) (httpidem.Record, lookRow, error) {
+	return s.verdict(tx.QueryRow(ctx, s.http.look, s.lookArgs(c)...), c)
+}
+
+func (s *Store) lookArgs(c dedup.Claim) []any {
+	return []any{c.Key.Scope, c.Key.ID, c.Fingerprint[:], s.lockTimeout}
+}
+
+// verdict reads a row of the look statement.
+func (s *Store) verdict(row pgx.Row, c dedup.Claim) (httpidem.Record, lookRow, error) {
+	var r lookRow
+	err := row.Scan(&r.got, &r.same, &r.created, &r.state, &r.token, &r.leaseExpires, &r.leaseLeftMs, &r.status, &r.header, &r.body)
+	if err != nil {
+		return httpidem.Record{}, r, fmt.Errorf("pgstore: claim request: %w", err)
+	}
+	rec := httpidem.Record{Key: c.Key}
+	switch {
+	case r.same == nil && r.got:
+		rec.Verdict, rec.Token = httpidem.Run, 1 // new, and this transaction holds its lock
+		return rec, r, nil
+	case r.same == nil:
+		rec.Verdict = httpidem.Busy // another transaction is executing it
+		return rec, r, nil
+	}
+	rec.FirstAt = *r.created
+	switch {
+	case !*r.same:
+		rec.Verdict = httpidem.Mismatch
+		return rec, r, nil
+	case r.state == nil:
+		return rec, r, fmt.Errorf("%w: %s", httpidem.ErrNoRecord, c.Key)
+	}
+	rec.Token = *r.token
+	if r.leaseExpires != nil {
+		rec.LeaseExpires = *r.leaseExpires
+		rec.LeaseLeft = time.Duration(*r.leaseLeftMs) * time.Millisecond
+	}
+	if *r.state == "finished" {
+		rec.State, rec.Verdict = httpidem.Finished, httpidem.Replay
+		rec.Response = httpidem.Response{Status: int(*r.status), Header: r.header, Body: r.body}
+	} else {
+		rec.State, rec.Verdict = httpidem.Processing, httpidem.Busy
+	}
+	return rec, r, nil
+}
+
+func millis(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return max(d.Milliseconds(), 1)
+}
+
+// RunRequest runs a transactional request; see httpidem.Store. It adds no
+// round trip to the handler's own: BEGIN goes with the look (advisory lock
+// and the key's row), and the key's row with its response with COMMIT. The row is inserted
+// without ON CONFLICT: should a writer that keeps no lock have committed
+// the key meanwhile, the INSERT fails, COMMIT is skipped, and everything
+// rolls back.
+func (s *Store) RunRequest(ctx context.Context, c dedup.Claim, retention time.Duration,
+	fn func(ctx context.Context, tx pgx.Tx) (httpidem.Response, error)) (rec httpidem.Record, err error) {
+	began := s.now()
+	pc, err := s.pool.Acquire(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return rec, err
+		}
+		s.markLost()
+		return rec, &ConnLostError{Err: err}
+	}
+	conn := pc.Conn()
+	defer func() {
+		// Always, also when fn panicked: a transaction left open rolls
+		// back (by COMMIT's pipeline it is closed already), and the
+		// connection goes back to the pool, or away when broken.
+		if !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pingTimeout)
+			_, _ = conn.Exec(rctx, "rollback")
+			cancel()
+		}
+		closed := conn.IsClosed()
+		pc.Release()
+		if err == nil || !closed || ctx.Err() != nil {
+			return
+		}
+		if !isContextErr(err) || s.lostSince(began) || !s.answers(ctx) { // as InTx decides
+			s.markLost()
+			err = &ConnLostError{Err: err}
+		}
+	}()
+	// BEGIN and the look in one round trip.
+	var b pgx.Batch
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(s.http.look, s.lookArgs(c)...)
+	br := conn.SendBatch(ctx, &b)
+	if _, err = br.Exec(); err == nil {
+		rec, _, err = s.verdict(br.QueryRow(), c)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil || rec.Verdict != httpidem.Run {
+		return rec, err // the deferred rollback ends the transaction
+	}
+	tx := br.Tx()
+	rtx := &requestTx{Tx: tx}
+	res, err := fn(ctx, rtx)
+	rtx.closed.Store(true)
+	if err != nil {
+		return rec, err
+	}
+	if err := ctx.Err(); err != nil {
+		return rec, err // never commit work whose caller gave up
+	}
+	// The key's row and COMMIT in one round trip.
+	var end pgx.Batch
+	end.Queue(s.http.save, c.Key.Scope, c.Key.ID, c.Fingerprint[:], c.Source, millis(retention), res.Status, res.Header, res.Body)
+	end.Queue("commit")
+	ebr := conn.SendBatch(ctx, &end)
+	_, saveErr := ebr.Exec()
+	tag, commitErr := ebr.Exec()
+	closeErr := ebr.Close()
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(saveErr, &pgErr) && pgErr.Code == "23505":
+		// Taken meanwhile by a writer without the lock: roll this run back
+		// (releasing the key's lock) and answer as the key stands now.
+		if _, err := conn.Exec(ctx, "rollback"); err != nil {
+			return rec, err
+		}
+		return s.lookAgain(ctx, c)
+	case errors.As(saveErr, &pgErr) && pgErr.Code == "25P02":
+		return rec, fmt.Errorf("pgstore: the handler's transaction was aborted by an error it did not return: %w", pgx.ErrTxCommitRollback)
+	case saveErr != nil:
+		return rec, s.claimErr(saveErr)
+	case commitErr != nil:
+		return rec, commitErr // the outcome is unknown when the connection died: a retry finds out
+	case closeErr != nil:
+		return rec, closeErr
+	case tag.String() == "ROLLBACK":
+		return rec, pgx.ErrTxCommitRollback
+	}
+	return rec, nil
+}
+
+// lookAgain reads a key in a transaction of its own, for a request whose
+// run was rolled back because the key was taken.
+func (s *Store) lookAgain(ctx context.Context, c dedup.Claim) (rec httpidem.Record, err error) {
+	err = s.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		rec, _, err = s.look(ctx, tx, c)
+		return err
+	})
+	if err == nil && rec.Verdict == httpidem.Run {
+		rec.Verdict = httpidem.Busy // gone again (purged): let the client retry
+	}
+	return rec, err
+}
+
+// errTxOwned: a handler tried to commit or roll back the transaction of a
+// request, which the store ends, with the key.
+var errTxOwned = fmt.Errorf("pgstore: commit and rollback of a request's transaction are the store's: %w", dedup.ErrTxEnded)
+
+// requestTx is the transaction a request's handler gets: the real one,
+// refusing Commit and Rollback, and refusing everything once the handler
+// has returned (the store commits it on the connection, in one round trip
+// with the key; pgx's transaction never learns of it).
+type requestTx struct {
+	pgx.Tx
+	closed atomic.Bool
+}
+
+func (t *requestTx) ended() error {
+	if t.closed.Load() {
+		return pgx.ErrTxClosed
+	}
+	return nil
+}
+
+func (t *requestTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := t.ended(); err != nil {
+		return nil, err
+	}
+	return t.Tx.Begin(ctx)
+}
+
+func (t *requestTx) Commit(context.Context) error   { return errTxOwned }
+func (t *requestTx) Rollback(context.Context) error { return errTxOwned }
+
+func (t *requestTx) CopyFrom(ctx context.Context, table pgx.Identifier, cols []string, src pgx.CopyFromSource) (int64, error) {
+	if err := t.ended(); err != nil {
+		return 0, err
+	}
+	return t.Tx.CopyFrom(ctx, table, cols, src)
+}
+
+func (t *requestTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if err := t.ended(); err != nil {
+		return pgx.FailedBatchResults(b, err)
+	}
+	return t.Tx.SendBatch(ctx, b)
+}
+
+func (t *requestTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if err := t.ended(); err != nil {
+		return nil, err
+	}
+	return t.Tx.Prepare(ctx, name, sql)
+}
+
+func (t *requestTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if err := t.ended(); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return t.Tx.Exec(ctx, sql, args...)
+}
+
+func (t *requestTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := t.ended(); err != nil {
+		return nil, err
+	}
+	return t.Tx.Query(ctx, sql, args...)
+}
+
+func (t *requestTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if err := t.ended(); err != nil {
+		return errRow{err}
+	}
+	return t.Tx.QueryRow(ctx, sql, args...)
+}
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+// AcquireLease takes c.Key under a lease in a transaction of its own; see
+// httpidem.Store.
+func (s *Store) AcquireLease(ctx context.Context, c dedup.Claim, retention, lease time.Duration) (httpidem.Record, error) {
+	var rec httpidem.Record
+	err := s.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		var r lookRow
+		var err error
+		if rec, r, err = s.look(ctx, tx, c); err != nil {
+			return err
+		}
+		switch {
+		case rec.Verdict == httpidem.Run:
+			var exp time.Time
+			err := tx.QueryRow(ctx, s.http.acquire, c.Key.Scope, c.Key.ID, c.Fingerprint[:], c.Source, millis(retention), millis(lease)).Scan(&exp)
+			if errors.Is(err, pgx.ErrNoRows) {
+				// Committed after the look by a writer without the lock.
+				rec = httpidem.Record{Key: c.Key, Verdict: httpidem.Busy}
+				return nil
+			}
+			if err != nil {
+				return s.claimErr(err)
+			}
+			rec.State, rec.LeaseExpires, rec.LeaseLeft = httpidem.Processing, exp, lease
+		case rec.Verdict == httpidem.Busy && rec.State == httpidem.Processing && rec.LeaseLeft <= 0 && r.got:
+			// The lease ran out: take over, growing the token.
+			var exp time.Time
+			err := tx.QueryRow(ctx, s.http.takeover, c.Key.Scope, c.Key.ID, rec.Token, millis(lease)).Scan(&rec.Token, &exp)
+			switch {
+			case errors.Is(err, pgx.ErrNoRows): // extended or released meanwhile: still busy
+			case err != nil:
+				return fmt.Errorf("pgstore: take over lease: %w", err)
+			default:
+				rec.Verdict, rec.LeaseExpires, rec.LeaseLeft = httpidem.Run, exp, lease
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return httpidem.Record{}, err
+	}
+	return rec, nil
+}
+
+// leaseWrite runs a statement fenced by a lease's token.
+func (s *Store) leaseWrite(ctx context.Context, op, sql string, args ...any) error {
+	tag, err := s.pool.Exec(ctx, sql, args...)
+	if err != nil {
+		return fmt.Errorf("pgstore: %s: %w", op, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("pgstore: %s: %w", op, httpidem.ErrLeaseLost)
+	}
+	return nil
+}
+
+// ExtendLease extends a lease if its token still holds; see httpidem.Store.
+func (s *Store) ExtendLease(ctx context.Context, k dedup.Key, token int64, lease time.Duration) error {
+	return s.leaseWrite(ctx, "extend lease", s.http.extend, k.Scope, k.ID, token, millis(lease))
+}
+
+// FinishLease stores a leased request's response if its token still holds;
+// see httpidem.Store.
+func (s *Store) FinishLease(ctx context.Context, k dedup.Key, token int64, res httpidem.Response) error {
+	return s.leaseWrite(ctx, "finish lease", s.http.finish, k.Scope, k.ID, token, res.Status, res.Header, res.Body)
+}
+
+// EndLease ends a lease now if its token still holds; see httpidem.Store.
+func (s *Store) EndLease(ctx context.Context, k dedup.Key, token int64) error {
+	return s.leaseWrite(ctx, "end lease", s.http.end, k.Scope, k.ID, token)
+}
+
+// StuckRequests lists processing keys past their lease, through the
+// partial index of migration 002; see httpidem.Store.
+func (s *Store) StuckRequests(ctx context.Context, limit int) ([]httpidem.Record, error) {
+	if limit <= 0 {
+		return nil, nil
+	}
+	rows, err := s.pool.Query(ctx, s.http.stuck, limit)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: stuck requests: %w", err)
+	}
+	var out []httpidem.Record
+	for rows.Next() {
+		rec := httpidem.Record{State: httpidem.Processing, Verdict: httpidem.Busy}
+		var left int64
+		if err := rows.Scan(&rec.Key.Scope, &rec.Key.ID, &rec.Token, &rec.LeaseExpires, &left, &rec.FirstAt); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("pgstore: stuck requests: %w", err)
+		}
+		rec.LeaseLeft = time.Duration(left) * time.Millisecond
+		out = append(out, rec)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("pgstore: stuck requests: %w", err)
+	}
+	return out, nil
+}
+
+// ReleaseRequest ends a processing key's lease and grows its token; see
+// httpidem.Store.
+func (s *Store) ReleaseRequest(ctx context.Context, k dedup.Key) (bool, error) {
+	tag, err := s.pool.Exec(ctx, s.http.relse, k.Scope, k.ID)
+	if err != nil {
+		return false, fmt.Errorf("pgstore: release request: %w", err)
+	}
+	return tag.RowsAffected() > 0, nil
+}
+
+var _ httpidem.Store[pgx.Tx] = (*Store)(nil)

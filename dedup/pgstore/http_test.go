@@ -1,0 +1,114 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/dedup/pgstore"
+	"github.com/idemkit/idem/httpidem"
+	"github.com/idemkit/idem/httpidem/httpidemtest"
+	"github.com/idemkit/idem/internal/testenv"
+)
+
+// TestHTTPConformance runs the HTTP Idempotency-Key suite on Postgres, with
+// connections dropped from the outside (pg_terminate_backend) as the
+// mid-handler failure.
+func TestHTTPConformance(t *testing.T) {
+	httpidemtest.Run(t, func(t *testing.T, cfg httpidemtest.Config) httpidemtest.Harness[pgx.Tx] {
+		pool := testenv.Pool(t)
+		schema := testenv.Schema(t, pool)
+		st, err := pgstore.New(pool, pgstore.Config{Schema: schema, LockTimeout: cfg.LockTimeout})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		if err := st.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		effects := pgx.Identifier{schema, "effects"}.Sanitize()
+		if _, err := pool.Exec(ctx, `CREATE TABLE `+effects+` (id text NOT NULL)`); err != nil {
+			t.Fatal(err)
+		}
+		return httpidemtest.Harness[pgx.Tx]{
+			Store: st,
+			Effect: func(ctx context.Context, tx pgx.Tx, id string) error {
+				_, err := tx.Exec(ctx, `INSERT INTO `+effects+` (id) VALUES ($1)`, id)
+				return err
+			},
+			Effects: func(ctx context.Context, id string) (n int, err error) {
+				err = pool.QueryRow(ctx, `SELECT count(*) FROM `+effects+` WHERE id = $1`, id).Scan(&n)
+				return n, err
+			},
+			DropConn: func(ctx context.Context, tx pgx.Tx) error {
+				// Waits up to 5 s for the backend to be gone.
+				_, err := pool.Exec(ctx, `SELECT pg_terminate_backend($1, 5000)`, tx.Conn().PgConn().PID())
+				return err
+			},
+		}
+	})
+}
+
+// TestRequestTxIsTheStores: a request's handler cannot end its transaction
+// (the store commits it, pipelined with the key's row), nor use it after
+// returning: the connection may by then serve another request.
+func TestRequestTxIsTheStores(t *testing.T) {
+	st := newStore(t, pgstore.Config{})
+	ctx := context.Background()
+	c := dedup.Claim{Key: dedup.Key{Scope: "POST /x", ID: "k1"}, Fingerprint: dedup.FingerprintOf([]byte("x"))}
+	var leaked pgx.Tx
+	rec, err := st.RunRequest(ctx, c, time.Hour, func(ctx context.Context, tx pgx.Tx) (httpidem.Response, error) {
+		if err := tx.Commit(ctx); !errors.Is(err, dedup.ErrTxEnded) {
+			t.Errorf("Commit by the handler: %v, want ErrTxEnded", err)
+		}
+		if err := tx.Rollback(ctx); !errors.Is(err, dedup.ErrTxEnded) {
+			t.Errorf("Rollback by the handler: %v, want ErrTxEnded", err)
+		}
+		nested, err := tx.Begin(ctx) // a savepoint still works
+		if err != nil {
+			return httpidem.Response{}, err
+		}
+		if err := nested.Rollback(ctx); err != nil {
+			return httpidem.Response{}, err
+		}
+		leaked = tx
+		return httpidem.Response{Status: 204}, nil
+	})
+	if err != nil || rec.Verdict != httpidem.Run {
+		t.Fatalf("run: %+v, %v", rec, err)
+	}
+	if _, err := leaked.Exec(ctx, `SELECT 1`); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Fatalf("the transaction after the handler returned: %v, want ErrTxClosed", err)
+	}
+	if err := leaked.QueryRow(ctx, `SELECT 1`).Scan(new(int)); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Fatalf("QueryRow after the handler returned: %v, want ErrTxClosed", err)
+	}
+	if err := leaked.SendBatch(ctx, &pgx.Batch{}).Close(); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Fatalf("SendBatch after the handler returned: %v, want ErrTxClosed", err)
+	}
+}
+
+// TestRequestSwallowedError: a handler that swallows a failed statement
+// and returns a response gets an error, not a commit.
+func TestRequestSwallowedError(t *testing.T) {
+	st := newStore(t, pgstore.Config{})
+	ctx := context.Background()
+	c := dedup.Claim{Key: dedup.Key{Scope: "POST /x", ID: "k1"}, Fingerprint: dedup.FingerprintOf([]byte("x"))}
+	_, err := st.RunRequest(ctx, c, time.Hour, func(ctx context.Context, tx pgx.Tx) (httpidem.Response, error) {
+		_, _ = tx.Exec(ctx, `SELECT 1/0`) // swallowed
+		return httpidem.Response{Status: 201}, nil
+	})
+	if !errors.Is(err, pgx.ErrTxCommitRollback) {
+		t.Fatalf("run: %v, want ErrTxCommitRollback", err)
+	}
+	rec, err := st.RunRequest(ctx, c, time.Hour, func(context.Context, pgx.Tx) (httpidem.Response, error) {
+		return httpidem.Response{Status: 201}, nil
+	})
+	if err != nil || rec.Verdict != httpidem.Run {
+		t.Fatalf("the key after the failed run: %+v, %v; want it free", rec, err)
+	}
+}

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/idemkit/idem/examples/payments"
+	"github.com/idemkit/idem/httpidem"
+)
+
+// Route is the callback endpoint's pattern; {channel} is the tenant.
+const Route = "POST /callbacks/{channel}"
+
+// Retention keeps a callback's key and answer for a week: a channel re-sends
+// a callback it saw no success for over about 25 hours.
+const Retention = 7 * 24 * time.Hour
+
+// Options are the webhook's settings besides its store.
+type Options struct {
+	Logger *slog.Logger
+	// Halfway, when set, runs in the handler's transaction (tx is its
+	// TTx) after the payment was booked and before the answer: tests
+	// inject their failures there (a dropped connection, a panic).
+	Halfway func(ctx context.Context, tx any) error
+}
+
+// answer is what a payment channel expects back: SUCCESS stops its
+// re-sends; FAIL, with a 4xx, tells it the callback was refused.
+type answer struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func reply(w http.ResponseWriter, status int, code, message string) error {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	return json.NewEncoder(w).Encode(answer{Code: code, Message: message})
+}
+
+// Handler is the payment-channel callback endpoint: POST
+// /callbacks/{channel} with a payments.Callback as JSON and the channel's
+// transaction number as the Idempotency-Key. Each callback is booked into
+// the payments tables (order, ledger, balance, inventory) once, in the
+// transaction that stores the key and the answer: a re-sent callback gets
+// the first answer again, byte for byte, with Idempotent-Replayed: true.
+//
+// The channel is the tenant: two channels' transaction numbers never meet.
+// The fingerprint is the callback's fields that define the payment, not its
+// spelling: a channel re-sending it reformatted is a replay, the same
+// transaction number with another amount is refused with 422.
+func Handler[TTx any](st httpidem.Store[TTx], db func(TTx) payments.DB, opts Options) (http.Handler, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	idem, err := httpidem.New(httpidem.Config[TTx]{
+		Store:  st,
+		Tenant: func(r *http.Request) (string, error) { return r.PathValue("channel"), nil },
+		Logger: opts.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	route := httpidem.Route{
+		Fingerprint:     httpidem.JSONFields(payments.KeyField, "order_id", "amount", "channel", "status"),
+		Retention:       Retention,
+		MaxRequestBytes: payments.MaxPayload,
+	}
+	mux := http.NewServeMux()
+	mux.Handle(Route, idem.Transactional(route, httpidem.TxHandlerFunc[TTx](
+		func(w http.ResponseWriter, r *http.Request, tx TTx) error {
+			body, err := io.ReadAll(r.Body)
+			if err != nil {
+				return err
+			}
+			cb, err := payments.Decode(body)
+			switch {
+			case err != nil:
+				// Stored like any answer: the same callback is refused
+				// the same way, without running again.
+				return reply(w, http.StatusBadRequest, "FAIL", err.Error())
+			case cb.Channel != r.PathValue("channel"):
+				return reply(w, http.StatusBadRequest, "FAIL", fmt.Sprintf("channel %q posted to the endpoint of %q", cb.Channel, r.PathValue("channel")))
+			case cb.TxnID != r.Header.Get(httpidem.DefaultHeader):
+				return reply(w, http.StatusBadRequest, "FAIL", "the Idempotency-Key must be the callback's txn_id")
+			}
+			err = payments.Apply(r.Context(), db(tx), cb)
+			if errors.Is(err, payments.ErrBadCallback) {
+				// Nothing was written (Apply's conditional UPDATE matched
+				// no order): refuse, and keep refusing.
+				return reply(w, http.StatusBadRequest, "FAIL", err.Error())
+			}
+			if err != nil {
+				return err // rolled back, nothing stored: the channel's retry books it
+			}
+			if opts.Halfway != nil {
+				if err := opts.Halfway(r.Context(), tx); err != nil {
+					return err
+				}
+			}
+			return reply(w, http.StatusOK, "SUCCESS", "booked "+cb.TxnID)
+		})))
+	return mux, nil
+}
+
+// Orders are the demo orders the webhook starts with, so that the README's
+// curl lines have something to pay.
+var Orders = []payments.Order{
+	{ID: "O-1001", Account: "merchant-01", SKU: "sku-001", Amount: 2500},
+	{ID: "O-1002", Account: "merchant-01", SKU: "sku-002", Amount: 990},
+	{ID: "O-1003", Account: "merchant-02", SKU: "sku-001", Amount: 12000},
+}
+
+// Setup creates the payments tables and the demo orders, once.
+func Setup(ctx context.Context, db payments.DB) error {
+	if err := payments.Setup(ctx, db); err != nil {
+		return err
+	}
+	var n int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&n); err != nil {
+		return err
+	}
+	if n > 0 {
+		return nil
+	}
+	return payments.CreateOrders(ctx, db, Orders)
+}
+
+// Reconcile cross-checks the payments tables with the keys the webhook
+// answered SUCCESS for (payments.Reconcile, over the keys of every channel).
+func Reconcile(ctx context.Context, db payments.DB, dedupTable string, expected []payments.Expected) (payments.Report, error) {
+	applied := `(SELECT 'callbacks' AS scope, key, outcome FROM ` + dedupTable + `
+WHERE scope LIKE 'POST /callbacks/{channel}#%' AND state = 'finished' AND status = 200)`
+	return payments.Reconcile(ctx, db, applied, "callbacks", expected)
+}

@@ -1,0 +1,399 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
+
+	"github.com/idemkit/idem/examples/payments"
+	"github.com/idemkit/idem/internal/testenv"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// backend is the webhook on one database.
+type backend struct {
+	handler http.Handler
+	db      payments.DB // outside the webhook, for reconciling
+	dedup   string      // the dedup table as SQL names it
+	// drop breaks the connection of a transaction (Postgres only).
+	drop func(ctx context.Context, tx any) error
+}
+
+func sqliteBackend(t *testing.T, opts Options) backend {
+	db, err := sqliteOpen(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, st, err := openSQLite(t.Context(), db, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return backend{handler: h, db: payments.SQL(db), dedup: st.Table()}
+}
+
+func sqliteOpen(t *testing.T) (*sql.DB, error) {
+	db, err := sqliteOpenPath(filepath.Join(t.TempDir(), "webhook.db"))
+	if err == nil {
+		t.Cleanup(func() { db.Close() })
+	}
+	return db, err
+}
+
+func postgresBackend(t *testing.T, opts Options) backend {
+	pool, _ := testenv.SchemaPool(t)
+	h, st, err := openPostgres(t.Context(), pool, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := testenv.Pool(t)
+	return backend{handler: h, db: payments.Pgx(pool), dedup: st.Table(), drop: func(ctx context.Context, tx any) error {
+		_, err := admin.Exec(ctx, `SELECT pg_terminate_backend($1, 5000)`, tx.(pgx.Tx).Conn().PgConn().PID())
+		return err
+	}}
+}
+
+// eachBackend runs f on SQLite and on Postgres; opts is built per backend
+// (its hooks may need the backend).
+func eachBackend(t *testing.T, f func(t *testing.T, open func(Options) backend)) {
+	t.Run("sqlite", func(t *testing.T) { f(t, func(o Options) backend { return sqliteBackend(t, o) }) })
+	t.Run("postgres", func(t *testing.T) { f(t, func(o Options) backend { return postgresBackend(t, o) }) })
+}
+
+func callback(txn, order string, amount int64, channel string) string {
+	b, _ := json.Marshal(payments.Callback{TxnID: txn, OrderID: order, Amount: amount, Channel: channel, Status: "SUCCESS"})
+	return string(b)
+}
+
+// post sends a callback; key "" sends none.
+func post(h http.Handler, channel, key, body string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(http.MethodPost, "/callbacks/"+channel, strings.NewReader(body))
+	if key != "" {
+		r.Header.Set("Idempotency-Key", key)
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+func replayed(w *httptest.ResponseRecorder) bool {
+	return w.Header().Get("Idempotent-Replayed") == "true"
+}
+
+func reconcile(t *testing.T, b backend, expected ...payments.Expected) {
+	t.Helper()
+	r, err := Reconcile(context.Background(), b.db, b.dedup, expected)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.OK() || r.Payments != int64(len(expected)) {
+		t.Fatalf("%v (%d payments, want %d)", r, r.Payments, len(expected))
+	}
+}
+
+// gate holds a handler half-way until the test opens it.
+type gate struct {
+	started chan struct{}
+	open    chan struct{}
+	once    sync.Once
+}
+
+func newGate(t *testing.T) *gate {
+	g := &gate{started: make(chan struct{}, 1), open: make(chan struct{})}
+	t.Cleanup(g.release)
+	return g
+}
+
+func (g *gate) hold(context.Context, any) error {
+	select {
+	case g.started <- struct{}{}:
+		<-g.open
+	default: // only the first request waits
+	}
+	return nil
+}
+
+func (g *gate) release() { g.once.Do(func() { close(g.open) }) }
+
+// TestWebhookAnswers drives the README's curl lines through the handler:
+// a replay, a concurrent duplicate, a changed body, a missing key.
+func TestWebhookAnswers(t *testing.T) {
+	eachBackend(t, func(t *testing.T, open func(Options) backend) {
+		g := newGate(t)
+		hold := false
+		b := open(Options{Logger: quiet, Halfway: func(ctx context.Context, tx any) error {
+			if hold {
+				return g.hold(ctx, tx)
+			}
+			return nil
+		}})
+		pay := callback("4200000001", "O-1001", 2500, "wechat")
+		first := post(b.handler, "wechat", "4200000001", pay)
+		if first.Code != http.StatusOK || replayed(first) || !strings.Contains(first.Body.String(), `"SUCCESS"`) {
+			t.Fatalf("first callback: %d %s", first.Code, first.Body)
+		}
+		again := post(b.handler, "wechat", "4200000001", pay)
+		if again.Code != http.StatusOK || !replayed(again) || again.Body.String() != first.Body.String() {
+			t.Fatalf("re-sent callback: %d replayed %v %s; want the first answer replayed", again.Code, replayed(again), again.Body)
+		}
+		respelled := post(b.handler, "wechat", "4200000001", `{ "status": "SUCCESS", "channel": "wechat", "amount": 2500.0, "order_id": "O-1001", "txn_id": "4200000001" }`)
+		if !replayed(respelled) {
+			t.Fatalf("the callback reformatted: %d, want a replay", respelled.Code)
+		}
+		if w := post(b.handler, "wechat", "4200000001", callback("4200000001", "O-1001", 2600, "wechat")); w.Code != http.StatusUnprocessableEntity {
+			t.Fatalf("another amount under the key: %d %s, want 422", w.Code, w.Body)
+		}
+		if w := post(b.handler, "wechat", "", pay); w.Code != http.StatusBadRequest {
+			t.Fatalf("no key: %d %s, want 400", w.Code, w.Body)
+		}
+		// A concurrent duplicate, while the first is booked but not answered.
+		hold = true
+		second := callback("4200000002", "O-1002", 990, "wechat")
+		done := make(chan *httptest.ResponseRecorder)
+		go func() { done <- post(b.handler, "wechat", "4200000002", second) }()
+		<-g.started
+		if w := post(b.handler, "wechat", "4200000002", second); w.Code != http.StatusConflict || w.Header().Get("Retry-After") == "" {
+			t.Fatalf("a concurrent duplicate: %d %s, want 409 with Retry-After", w.Code, w.Body)
+		}
+		g.release()
+		if w := <-done; w.Code != http.StatusOK {
+			t.Fatalf("the first of the two: %d %s", w.Code, w.Body)
+		}
+		// A bad callback is refused the way a channel understands, and
+		// refused again the same way.
+		bad := callback("4200000003", "O-9999", 100, "wechat")
+		refused := post(b.handler, "wechat", "4200000003", bad)
+		if refused.Code != http.StatusBadRequest || !strings.Contains(refused.Body.String(), `"FAIL"`) {
+			t.Fatalf("a callback for no order: %d %s", refused.Code, refused.Body)
+		}
+		if w := post(b.handler, "wechat", "4200000003", bad); !replayed(w) || w.Body.String() != refused.Body.String() {
+			t.Fatalf("the bad callback again: %d %s, want its refusal replayed", w.Code, w.Body)
+		}
+		reconcile(t, b, payments.Expected{TxnID: "4200000001", Amount: 2500}, payments.Expected{TxnID: "4200000002", Amount: 990})
+	})
+}
+
+// statuses counts answers.
+type statuses struct {
+	mu                   sync.Mutex
+	first, replays, busy int
+	other                map[int]int
+}
+
+func (s *statuses) add(w *httptest.ResponseRecorder) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case w.Code == http.StatusOK && replayed(w):
+		s.replays++
+	case w.Code == http.StatusOK:
+		s.first++
+	case w.Code == http.StatusConflict:
+		s.busy++
+	default:
+		if s.other == nil {
+			s.other = map[int]int{}
+		}
+		s.other[w.Code]++
+	}
+}
+
+func (s *statuses) String() string {
+	return fmt.Sprintf("first %d, replays %d, 409 %d, other %v", s.first, s.replays, s.busy, s.other)
+}
+
+// retry posts until the answer is 200, as a channel re-sends: 409 and 5xx
+// again after a short pause.
+func retry(t *testing.T, h http.Handler, key, body string, seen *statuses) {
+	deadline := time.Now().Add(time.Minute)
+	for pause := time.Millisecond; ; pause = min(2*pause, 50*time.Millisecond) {
+		w := post(h, "wechat", key, body)
+		seen.add(w)
+		if w.Code == http.StatusOK {
+			return
+		}
+		if w.Code != http.StatusConflict && w.Code/100 != 5 || time.Now().After(deadline) {
+			t.Errorf("gave up: %d %s", w.Code, w.Body)
+			return
+		}
+		time.Sleep(pause/2 + rand.N(pause/2+1))
+	}
+}
+
+// TestAcceptanceOneKey: 100 concurrent callbacks with one key book one
+// payment; the others get 409 or the first answer.
+func TestAcceptanceOneKey(t *testing.T) {
+	eachBackend(t, func(t *testing.T, open func(Options) backend) {
+		b := open(Options{Logger: quiet})
+		pay := callback("4200000001", "O-1001", 2500, "wechat")
+		var seen statuses
+		var wg sync.WaitGroup
+		for range 100 {
+			wg.Go(func() { seen.add(post(b.handler, "wechat", "4200000001", pay)) })
+		}
+		wg.Wait()
+		t.Log(&seen)
+		if seen.first != 1 || seen.first+seen.replays+seen.busy != 100 {
+			t.Fatalf("%v: want one booking, the rest 409 or a replay", &seen)
+		}
+		reconcile(t, b, payments.Expected{TxnID: "4200000001", Amount: 2500})
+	})
+}
+
+// TestAcceptanceFailureHalfway: the first booking fails after the payment
+// was written and before the answer — its connection dropped (Postgres) or
+// the handler killed by a panic — while 100 clients retry the callback.
+// One payment or none, never two; the key recovers; the tables reconcile.
+func TestAcceptanceFailureHalfway(t *testing.T) {
+	eachBackend(t, func(t *testing.T, open func(Options) backend) {
+		for _, how := range []string{"connection dropped", "panic"} {
+			t.Run(how, func(t *testing.T) {
+				var b backend
+				var failed atomic.Bool
+				b = open(Options{Logger: quiet, Halfway: func(ctx context.Context, tx any) error {
+					if !failed.CompareAndSwap(false, true) {
+						return nil
+					}
+					if how == "panic" || b.drop == nil {
+						panic("killed half-way")
+					}
+					if err := b.drop(ctx, tx); err != nil {
+						return err
+					}
+					return errors.New("connection dropped half-way")
+				}})
+				if how == "connection dropped" && b.drop == nil {
+					t.Skip("SQLite has no connection to drop")
+				}
+				pay := callback("4200000001", "O-1001", 2500, "wechat")
+				var seen statuses
+				var wg sync.WaitGroup
+				for range 100 {
+					wg.Go(func() { retry(t, b.handler, "4200000001", pay, &seen) })
+				}
+				wg.Wait()
+				t.Log(&seen)
+				if !failed.Load() || seen.first != 1 || len(seen.other) == 0 {
+					t.Fatalf("%v: want the failed booking answered 5xx, then one booking", &seen)
+				}
+				reconcile(t, b, payments.Expected{TxnID: "4200000001", Amount: 2500})
+			})
+		}
+	})
+}
+
+// TestStreamReconciles posts a generated stream of callbacks — gateway
+// retries, channel re-sends, bad and conflicting callbacks — from 8
+// concurrent senders that retry what was not answered, and reconciles.
+func TestStreamReconciles(t *testing.T) {
+	eachBackend(t, func(t *testing.T, open func(Options) backend) {
+		b := open(Options{Logger: quiet})
+		s := payments.Generate(200, 7)
+		if err := payments.CreateOrders(context.Background(), b.db, s.Orders); err != nil {
+			t.Fatal(err)
+		}
+		work := make(chan []byte)
+		var seen statuses
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				for p := range work {
+					var cb payments.Callback
+					_ = json.Unmarshal(p, &cb) // a bad payload has no key: 400
+					if cb.Channel == "" {
+						cb.Channel = "wechat"
+					}
+					deadline := time.Now().Add(time.Minute)
+					for {
+						w := post(b.handler, cb.Channel, cb.TxnID, string(p))
+						if w.Code != http.StatusConflict && w.Code/100 != 5 || time.Now().After(deadline) {
+							seen.add(w)
+							break
+						}
+						time.Sleep(time.Millisecond)
+					}
+				}
+			})
+		}
+		for _, p := range s.Payloads {
+			work <- p
+		}
+		close(work)
+		wg.Wait()
+		t.Log(&seen)
+		// A conflicting callback reuses a transaction number with another
+		// amount: 422 under the same channel; under another channel (a key
+		// of its own) the order refuses it, 400.
+		refused := seen.other[http.StatusBadRequest] + seen.other[http.StatusRequestEntityTooLarge] + seen.other[http.StatusUnprocessableEntity]
+		if seen.first != len(s.Expected) || refused != s.Bad+s.Conflicting || seen.replays == 0 {
+			t.Fatalf("%v: want %d bookings, replays, and %d bad or conflicting callbacks refused", &seen, len(s.Expected), s.Bad+s.Conflicting)
+		}
+		reconcile(t, b, s.Expected...)
+	})
+}
+
+// TestRunServes runs the program as `go run ./examples/webhook` does (on
+// SQLite) and answers a callback and its re-send over HTTP.
+func TestRunServes(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, "127.0.0.1:0", "", filepath.Join(t.TempDir(), "webhook.db"), Options{Logger: quiet}, pw)
+		pw.Close()
+	}()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	if err != nil {
+		t.Fatalf("startup: %v", err)
+	}
+	go io.Copy(io.Discard, pr)
+	i := strings.Index(line, "http://")
+	if i < 0 {
+		t.Fatalf("startup line %q has no address", line)
+	}
+	url := strings.TrimSpace(strings.TrimSuffix(line[i:], "/callbacks/{channel}\n"))
+	url = strings.TrimSuffix(url, "/callbacks/{channel}") + "/callbacks/wechat"
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	var bodies []string
+	for n := range 2 {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(callback("4200000009", "O-1003", 12000, "wechat")))
+		req.Header.Set("Idempotency-Key", "4200000009")
+		res, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != http.StatusOK || (res.Header.Get("Idempotent-Replayed") == "true") != (n == 1) {
+			t.Fatalf("request %d: %d, Idempotent-Replayed %q: %s", n, res.StatusCode, res.Header.Get("Idempotent-Replayed"), body)
+		}
+		bodies = append(bodies, string(body))
+	}
+	if bodies[0] != bodies[1] {
+		t.Fatalf("replay %q differs from %q", bodies[1], bodies[0])
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+}

@@ -1,0 +1,49 @@
+// Package httpidem is HTTP Idempotency-Key ingress on idem's stores: the
+// IETF httpapi Idempotency-Key draft with Stripe's documented semantics, on
+// the same keys, tables and purge as the consumers. One database serves both
+// entry points: a request's key is a row of the dedup table (scope: method,
+// route and tenant; ID: the header's value), and its record — state,
+// fencing token, lease, stored response — a row of a table beside it.
+//
+// Two modes, chosen per route:
+//
+//   - Transactional: the handler gets the store's transaction. Its writes,
+//     the key and the response commit together, or nothing does: exactly
+//     once per key, no lease, nothing to recover. Use it whenever the
+//     effects are writes to the store's database.
+//   - Leased: for effects elsewhere (a payment provider, a bank, an e-mail).
+//     The key is committed as Processing with a lease and a fencing token
+//     before the handler runs; a response below 500 is stored; a 5xx, a
+//     panic or a crash leaves the outcome uncertain, and once the lease
+//     runs out the next request with the key takes it over with a larger
+//     token. The holder it was taken from can no longer write: the store
+//     refuses its token.
+//
+// What every route answers:
+//
+//	key new                              run the handler once; store status, chosen headers and body with the key
+//	key finished                         replay status, headers and body byte for byte, errors too, with Idempotent-Replayed: true
+//	key executing (or its lease running) 409 Conflict, application/problem+json, Retry-After
+//	same key, another fingerprint        422 Unprocessable Content
+//	key missing on a route requiring it  400
+//	key empty, over 256 bytes, control characters, not UTF-8   400, never truncated
+//	request body over the route's limit  413, before any store work
+//
+// A key is scoped by the request's method, the route and the tenant (the
+// account a Config.Tenant function names), so two accounts may use one key
+// and a key names one operation. The fingerprint covers the method, the
+// route and the body — canonical JSON by default, or chosen fields.
+//
+// What it does not do: effects outside the database of a Transactional
+// route are not covered (make them Leased), and a Leased handler's own
+// effects are only as fenced as the system performing them makes them —
+// pass it the key and the lease's token. Responses are buffered until their
+// outcome is stored, so an idempotent route does not stream (other routes
+// are untouched). Keys live for the route's Retention (24 hours by
+// default); a retry after that runs again.
+//
+// Operators see keys stuck in Processing past their lease with
+// Store.StuckRequests, and release one with Store.ReleaseRequest (the next
+// request with the key takes it over; a still-running holder is fenced
+// out). The conformance suite in httpidemtest runs on every store.
+package httpidem

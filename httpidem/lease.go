@@ -1,0 +1,124 @@
+package httpidem
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/idemkit/idem/dedup"
+)
+
+// leaseStore is what a Lease needs of its store.
+type leaseStore interface {
+	ExtendLease(ctx context.Context, k dedup.Key, token int64, lease time.Duration) error
+	EndLease(ctx context.Context, k dedup.Key, token int64) error
+}
+
+// A Lease is a leased request's hold on its key: the handler of a Leased
+// route finds it with LeaseFrom. The key is committed as Processing with
+// the lease's token before the handler runs; other requests with the key
+// get 409 until the handler's response is stored, or until the lease runs
+// out and one of them takes the key over with a larger token. From then on
+// the store refuses this lease's writes (ErrLeaseLost).
+//
+// Effects outside the store's database cannot be fenced by the store: pass
+// Key and Token to the system that performs them (the key as its
+// idempotency key, the token as a fencing token it checks), and when
+// TakenOver reports true, find out what the earlier holder did first.
+type Lease struct {
+	store   leaseStore
+	key     dedup.Key
+	token   int64
+	lease   time.Duration
+	mu      sync.Mutex
+	ended   bool
+	expires time.Time // by this process's clock
+}
+
+type leaseKey struct{}
+
+// LeaseFrom returns the lease of a leased request's context, or nil when
+// the request has none (a keyless request of an Optional route). A nil
+// Lease's methods do nothing and return nil.
+func LeaseFrom(ctx context.Context) *Lease {
+	l, _ := ctx.Value(leaseKey{}).(*Lease)
+	return l
+}
+
+// Key is the request's key: its scope (method, route, tenant) and ID.
+func (l *Lease) Key() dedup.Key {
+	if l == nil {
+		return dedup.Key{}
+	}
+	return l.key
+}
+
+// Token is the fencing token: 1 for the key's first lease, one more for
+// every takeover and release.
+func (l *Lease) Token() int64 {
+	if l == nil {
+		return 0
+	}
+	return l.token
+}
+
+// TakenOver reports whether an earlier request held the key and left no
+// outcome (it crashed, answered 5xx, or was released by an operator): its
+// effects may or may not have happened.
+func (l *Lease) TakenOver() bool { return l != nil && l.token > 1 }
+
+// Expires is when the lease runs out, as the last acquisition or Extend set
+// it, on this process's clock (the store decides by its own).
+func (l *Lease) Expires() time.Time {
+	if l == nil {
+		return time.Time{}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.expires
+}
+
+// Extend makes the lease run for d from now (the route's Lease when d ≤ 0).
+// It fails with ErrLeaseLost once the key was taken over or released: stop
+// then, and do not perform further effects.
+func (l *Lease) Extend(ctx context.Context, d time.Duration) error {
+	if l == nil {
+		return nil
+	}
+	if d <= 0 {
+		d = l.lease
+	}
+	if err := l.store.ExtendLease(ctx, l.key, l.token, d); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.expires = time.Now().Add(d)
+	l.mu.Unlock()
+	return nil
+}
+
+// End gives the key up now, without an outcome: the response is sent but
+// not stored, and the next request with the key takes it over at once. For
+// a handler that knows nothing happened (a downstream refused before doing
+// anything) and wants a retry to run rather than wait for the lease.
+func (l *Lease) End(ctx context.Context) error {
+	if l == nil {
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ended {
+		return nil
+	}
+	if err := l.store.EndLease(ctx, l.key, l.token); err != nil {
+		return err
+	}
+	l.ended = true
+	return nil
+}
+
+func (l *Lease) isEnded() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.ended
+}

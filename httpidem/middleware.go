@@ -1,0 +1,452 @@
+package httpidem
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/idemkit/idem/dedup"
+)
+
+// Middleware puts requests carrying an Idempotency-Key under the keys of a
+// store, in one of two modes per route: Transactional, whose handler writes
+// in the store's transaction, or Leased, for handlers whose effects are
+// elsewhere. Safe for concurrent use; one Middleware serves every route of
+// a process (it knows which keys the process is executing).
+type Middleware[TTx any] struct {
+	store    Store[TTx]
+	tenant   func(*http.Request) (string, error)
+	log      *slog.Logger
+	inflight inflight
+}
+
+// New returns a Middleware, or an error naming what is wrong in cfg.
+func New[TTx any](cfg Config[TTx]) (*Middleware[TTx], error) {
+	if cfg.Store == nil {
+		return nil, errors.New("httpidem: Config.Store is nil")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Middleware[TTx]{store: cfg.Store, tenant: cfg.Tenant, log: cfg.Logger}, nil
+}
+
+// TxHandler handles a request in the store's transaction tx. Its writes in
+// tx, the key and the response commit together — or nothing does.
+//
+// Returning nil commits whatever the handler wrote, whatever the status: a
+// 201, or a 400 or 500 the handler chose to answer with, is stored and
+// replayed to every retry with the key (Stripe's rule). Returning an error
+// rolls everything back and stores nothing: the client gets a 500 problem
+// (503 when the database is unavailable), and a retry with the key runs the
+// handler again — safe, nothing committed. The handler never commits or
+// rolls back tx itself.
+type TxHandler[TTx any] interface {
+	ServeTx(w http.ResponseWriter, r *http.Request, tx TTx) error
+}
+
+// TxHandlerFunc is a function as a TxHandler.
+type TxHandlerFunc[TTx any] func(w http.ResponseWriter, r *http.Request, tx TTx) error
+
+// ServeTx calls f.
+func (f TxHandlerFunc[TTx]) ServeTx(w http.ResponseWriter, r *http.Request, tx TTx) error {
+	return f(w, r, tx)
+}
+
+// Transactional returns an http.Handler that runs h in the store's
+// transaction, under the request's key: exactly once per key, no lease.
+//
+//	new key                  h runs; its writes, the key and the response commit together
+//	finished key             the stored status, headers and body, with Idempotent-Replayed: true
+//	key executing elsewhere  409 Conflict with Retry-After, at once
+//	another request's key    422 (method, route or body fingerprint differ)
+//	no key / a bad key       400 (unless Route.Optional: no key runs h without one)
+//	body over the limit      413, before any store work
+//
+// The response is buffered and sent after COMMIT. It panics when route is
+// invalid, as http.ServeMux.Handle does for a bad pattern.
+func (m *Middleware[TTx]) Transactional(route Route, h TxHandler[TTx]) http.Handler {
+	rt, err := route.resolve(false)
+	if err != nil {
+		panic(err)
+	}
+	if h == nil {
+		panic("httpidem: Transactional: nil handler")
+	}
+	return &txRoute[TTx]{m: m, rt: rt, h: h}
+}
+
+// Leased returns middleware for handlers whose effects lie outside the
+// store's database (a payment provider, an e-mail): the key is committed
+// as Processing under a lease with a fencing token before the handler runs
+// (LeaseFrom gives it to the handler).
+//
+//	new key                       the handler runs under a lease (token 1)
+//	handler answers < 500         the response is stored (Finished) and replayed from then on
+//	handler answers 5xx, panics   the outcome is uncertain: nothing stored, the lease runs on;
+//	or the process dies           retries get 409 until it runs out, then one takes over (token + 1)
+//	finished key                  the stored response, Idempotent-Replayed: true
+//	lease running                 409 Conflict, Retry-After the lease's remaining time
+//	another request's key         422; no key or a bad key 400; body over the limit 413
+//
+// A holder whose lease was taken over cannot store its response: the
+// store refuses the stale token, and its client gets 409. It panics when
+// route is invalid.
+func (m *Middleware[TTx]) Leased(route Route) func(http.Handler) http.Handler {
+	rt, err := route.resolve(true)
+	if err != nil {
+		panic(err)
+	}
+	return func(next http.Handler) http.Handler {
+		if next == nil {
+			panic("httpidem: Leased: nil handler")
+		}
+		return &leaseRoute[TTx]{m: m, rt: rt, next: next}
+	}
+}
+
+// Scope is the scope of the keys of a route, as the middleware builds it:
+// the method, a space, the route, and "#" and the tenant when there is one.
+// For operators who look a key up (StuckRequests lists them with it).
+func Scope(method, route, tenant string) string {
+	if tenant == "" {
+		return method + " " + route
+	}
+	return method + " " + route + "#" + tenant
+}
+
+// prepared is a request that passed the checks before the store.
+type prepared struct {
+	r     *http.Request // with its body buffered, when it has a key
+	keyed bool
+	claim dedup.Claim
+}
+
+// prepare checks a request's body size and key, reads its body and
+// fingerprints it. It answers the request itself and returns false when it
+// cannot go on.
+func (m *Middleware[TTx]) prepare(w http.ResponseWriter, r *http.Request, rt *route) (prepared, bool) {
+	if r.ContentLength > rt.MaxRequestBytes {
+		writeProblem(w, http.StatusRequestEntityTooLarge, titleTooLarge,
+			fmt.Sprintf("The body is %d bytes; the limit is %d.", r.ContentLength, rt.MaxRequestBytes), 0)
+		return prepared{}, false
+	}
+	body := r.Body
+	if body == nil {
+		body = http.NoBody
+	}
+	id, err := keyOf(r, rt.Header)
+	switch {
+	case errors.Is(err, errNoKey) && rt.Optional:
+		r2 := r.WithContext(r.Context())
+		r2.Body = http.MaxBytesReader(w, body, rt.MaxRequestBytes)
+		return prepared{r: r2}, true
+	case errors.Is(err, errNoKey):
+		writeProblem(w, http.StatusBadRequest, titleMissing,
+			"This operation is idempotent and requires an "+rt.Header+" header.", 0)
+		return prepared{}, false
+	case err != nil:
+		writeProblem(w, http.StatusBadRequest, titleInvalid, err.Error()+".", 0)
+		return prepared{}, false
+	}
+	name, err := rt.name(r)
+	if err != nil {
+		m.serverError(w, r, "route", err)
+		return prepared{}, false
+	}
+	tenant := ""
+	if m.tenant != nil {
+		if tenant, err = m.tenant(r); err != nil {
+			m.serverError(w, r, "tenant", err)
+			return prepared{}, false
+		}
+	}
+	key := dedup.Key{Scope: Scope(r.Method, name, tenant), ID: id}
+	if err := key.Validate(); err != nil {
+		// The ID passed; the scope is the server's: a tenant too long or
+		// with control characters. Never truncated.
+		m.serverError(w, r, "scope", fmt.Errorf("method, route and tenant make no valid scope: %w", err))
+		return prepared{}, false
+	}
+	raw, err := io.ReadAll(http.MaxBytesReader(w, body, rt.MaxRequestBytes))
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			writeProblem(w, http.StatusRequestEntityTooLarge, titleTooLarge,
+				fmt.Sprintf("The body is larger than the limit of %d bytes.", rt.MaxRequestBytes), 0)
+		} else {
+			writeProblem(w, http.StatusBadRequest, "The request body could not be read", err.Error(), 0)
+		}
+		return prepared{}, false
+	}
+	fp, err := rt.Fingerprint(r, raw)
+	if err != nil {
+		writeProblem(w, http.StatusBadRequest, titleBadBody, err.Error(), 0)
+		return prepared{}, false
+	}
+	r2 := r.WithContext(r.Context())
+	r2.Body = io.NopCloser(bytes.NewReader(raw))
+	r2.ContentLength = int64(len(raw))
+	r2.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(raw)), nil }
+	return prepared{r: r2, keyed: true, claim: dedup.Claim{
+		Key:         key,
+		Fingerprint: requestFingerprint(r.Method, name, fp),
+		Source:      source(r),
+	}}, true
+}
+
+// source is the request's method and path for the dedup row's audit column:
+// control characters replaced, valid UTF-8, at most 200 bytes.
+func source(r *http.Request) string {
+	s := strings.ToValidUTF8(r.Method+" "+r.URL.Path, "?")
+	s = strings.Map(func(c rune) rune {
+		if unicode.IsControl(c) {
+			return '?'
+		}
+		return c
+	}, s)
+	if len(s) > 200 {
+		cut := 200
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut]
+	}
+	return s
+}
+
+// panicError is a handler's panic, recovered.
+type panicError struct {
+	value any
+	stack []byte
+}
+
+func (p *panicError) Error() string { return fmt.Sprintf("handler panicked: %v", p.value) }
+
+type txRoute[TTx any] struct {
+	m  *Middleware[TTx]
+	rt *route
+	h  TxHandler[TTx]
+}
+
+func (t *txRoute[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	m, rt := t.m, t.rt
+	p, ok := m.prepare(w, r, rt)
+	if !ok {
+		return
+	}
+	k := p.claim.Key
+	if p.keyed {
+		if !m.inflight.acquire(k) {
+			m.answer(w, p.r, Record{Key: k, Verdict: Busy})
+			return
+		}
+		defer m.inflight.release(k)
+	}
+	cw := newCapture(rt.MaxResponseBytes)
+	var handlerErr error
+	run := func(ctx context.Context, tx TTx) (Response, error) {
+		if handlerErr = serveTx(t.h, cw, p.r, tx); handlerErr != nil {
+			return Response{}, handlerErr
+		}
+		if cw.tooLarge {
+			handlerErr = fmt.Errorf("%w: more than %d bytes (Route.MaxResponseBytes)", ErrResponseTooLarge, rt.MaxResponseBytes)
+			return Response{}, handlerErr
+		}
+		cw.finish()
+		return cw.response(rt.stored), nil
+	}
+	var rec Record
+	var err error
+	if p.keyed {
+		rec, err = m.store.RunRequest(p.r.Context(), p.claim, rt.Retention, run)
+	} else {
+		rec.Verdict = Run
+		err = m.store.InTx(p.r.Context(), func(ctx context.Context, tx TTx) error {
+			_, err := run(ctx, tx)
+			return err
+		})
+	}
+	switch {
+	case err == nil && rec.Verdict == Run:
+		cw.send(w)
+	case err == nil:
+		m.answer(w, p.r, rec)
+	case handlerErr != nil:
+		// err wraps handlerErr, and says when the connection was lost.
+		m.handlerFailed(w, p.r, k, err,
+			"Nothing was stored and nothing committed: a retry with the same key runs the request again.")
+	default:
+		m.storeFailed(w, p.r, k, err)
+	}
+}
+
+// serveTx runs a transactional handler, its panic recovered as an error so
+// that the transaction rolls back the usual way.
+func serveTx[TTx any](h TxHandler[TTx], w http.ResponseWriter, r *http.Request, tx TTx) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &panicError{value: v, stack: debug.Stack()}
+		}
+	}()
+	return h.ServeTx(w, r, tx)
+}
+
+// serveHTTP runs a handler, its panic recovered.
+func serveHTTP(h http.Handler, w http.ResponseWriter, r *http.Request) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &panicError{value: v, stack: debug.Stack()}
+		}
+	}()
+	h.ServeHTTP(w, r)
+	return nil
+}
+
+type leaseRoute[TTx any] struct {
+	m    *Middleware[TTx]
+	rt   *route
+	next http.Handler
+}
+
+// storeTimeout bounds the store writes after a leased handler, which run
+// even when the client has gone: the outcome must be recorded.
+const storeTimeout = 30 * time.Second
+
+func (l *leaseRoute[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	m, rt := l.m, l.rt
+	p, ok := m.prepare(w, r, rt)
+	if !ok {
+		return
+	}
+	if !p.keyed {
+		l.next.ServeHTTP(w, p.r) // no key: no lease, no buffering
+		return
+	}
+	// No in-process shortcut here: the committed lease tells every process
+	// (this one included) that the key is held, and its expiry lets a
+	// request take over from a holder hung in this very process.
+	k := p.claim.Key
+	rec, err := m.store.AcquireLease(p.r.Context(), p.claim, rt.Retention, rt.Lease)
+	if err != nil {
+		m.storeFailed(w, p.r, k, err)
+		return
+	}
+	if rec.Verdict != Run {
+		m.answer(w, p.r, rec)
+		return
+	}
+	lease := &Lease{store: m.store, key: k, token: rec.Token, lease: rt.Lease, expires: time.Now().Add(rec.LeaseLeft)}
+	cw := newCapture(rt.MaxResponseBytes)
+	herr := serveHTTP(l.next, cw, p.r.WithContext(context.WithValue(p.r.Context(), leaseKey{}, lease)))
+	cw.finish()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(p.r.Context()), storeTimeout)
+	defer cancel()
+	switch {
+	case herr != nil:
+		m.handlerFailed(w, p.r, k, herr,
+			"The outcome is uncertain: a retry with the same key takes the request over once its lease runs out.")
+	case lease.isEnded():
+		cw.send(w) // given up without an outcome: not stored
+	case cw.tooLarge:
+		// The effects happened; the response cannot be stored. Storing
+		// this problem instead keeps retries from repeating them.
+		res := problemResponse(http.StatusInternalServerError, titleRespSize,
+			fmt.Sprintf("The request was executed, but its response is more than %d bytes (Route.MaxResponseBytes) and was not stored.", rt.MaxResponseBytes))
+		if err := m.store.FinishLease(ctx, k, lease.token, res); err != nil {
+			m.log.ErrorContext(ctx, "httpidem: storing the outcome of a leased request", "scope", k.Scope, "key", k.ID, "err", err)
+		}
+		m.log.ErrorContext(ctx, "httpidem: response too large to store", "scope", k.Scope, "key", k.ID, "limit", rt.MaxResponseBytes)
+		_ = replay(w, res, false)
+	case cw.status >= 500:
+		cw.send(w) // uncertain: not stored, the lease runs on
+	default:
+		err := m.store.FinishLease(ctx, k, lease.token, cw.response(rt.stored))
+		switch {
+		case errors.Is(err, ErrLeaseLost):
+			writeProblem(w, http.StatusConflict, titleLost,
+				"This request's lease ran out and another request with the same key took it over (or an operator released it); its outcome stands, and this response was not stored.", 0)
+		case err != nil:
+			// The effects happened: the client gets the response. The key
+			// stays Processing; a retry takes it over after the lease.
+			m.log.ErrorContext(ctx, "httpidem: storing the response of a leased request", "scope", k.Scope, "key", k.ID, "err", err)
+			cw.send(w)
+		default:
+			cw.send(w)
+		}
+	}
+}
+
+// answer responds for a key that is not this request's to run.
+func (m *Middleware[TTx]) answer(w http.ResponseWriter, r *http.Request, rec Record) {
+	switch rec.Verdict {
+	case Replay:
+		if err := replay(w, rec.Response, true); err != nil {
+			m.serverError(w, r, "replay", err)
+		}
+	case Mismatch:
+		writeProblem(w, http.StatusUnprocessableEntity, titleMismatch,
+			"This key was used for a different request to this operation (another method, route or body): an Idempotency-Key must not be reused with a different payload.", 0)
+	default:
+		writeProblem(w, http.StatusConflict, titleBusy,
+			"A request with the same Idempotency-Key is being processed; retry once it has finished.", max(rec.LeaseLeft, time.Second))
+	}
+}
+
+// handlerFailed answers a handler's error or panic.
+func (m *Middleware[TTx]) handlerFailed(w http.ResponseWriter, r *http.Request, k dedup.Key, err error, what string) {
+	var p *panicError
+	switch {
+	case errors.As(err, &p):
+		if p.value == http.ErrAbortHandler {
+			panic(http.ErrAbortHandler) // the handler asked to abort the response
+		}
+		m.log.ErrorContext(r.Context(), "httpidem: handler panicked", "scope", k.Scope, "key", k.ID, "panic", p.value, "stack", string(p.stack))
+	case errors.Is(err, ErrResponseTooLarge):
+		m.log.ErrorContext(r.Context(), "httpidem: response too large to store", "scope", k.Scope, "key", k.ID, "err", err)
+		writeProblem(w, http.StatusInternalServerError, titleRespSize, err.Error()+". "+what, 0)
+		return
+	default:
+		m.log.ErrorContext(r.Context(), "httpidem: handler failed", "scope", k.Scope, "key", k.ID, "err", err)
+		if c := m.store.ClassifyError(err); c == dedup.ClassUnavailable || c == dedup.ClassConflict {
+			writeProblem(w, http.StatusServiceUnavailable, titleStore, what, time.Second)
+			return
+		}
+	}
+	writeProblem(w, http.StatusInternalServerError, titleFailed, what, 0)
+}
+
+// storeFailed answers a failure of the store itself: claiming, storing or
+// committing.
+func (m *Middleware[TTx]) storeFailed(w http.ResponseWriter, r *http.Request, k dedup.Key, err error) {
+	c := m.store.ClassifyError(err)
+	switch {
+	case errors.Is(err, dedup.ErrInFlight) || c == dedup.ClassConflict:
+		m.log.DebugContext(r.Context(), "httpidem: key in flight", "scope", k.Scope, "key", k.ID, "err", err)
+		writeProblem(w, http.StatusConflict, titleBusy,
+			"A request with the same Idempotency-Key is being processed; retry once it has finished.", time.Second)
+	case c == dedup.ClassUnavailable:
+		m.log.ErrorContext(r.Context(), "httpidem: store unavailable", "scope", k.Scope, "key", k.ID, "err", err)
+		writeProblem(w, http.StatusServiceUnavailable, titleStore,
+			"Retry with the same key: a retry replays the outcome, or runs the request if it did not commit.", time.Second)
+	default:
+		m.log.ErrorContext(r.Context(), "httpidem: store failed", "scope", k.Scope, "key", k.ID, "err", err)
+		writeProblem(w, http.StatusInternalServerError, titleFailed,
+			"The idempotency store failed. Retry with the same key: a retry replays the outcome, or runs the request if it did not commit.", 0)
+	}
+}
+
+// serverError answers 500 for a failure that is not the client's.
+func (m *Middleware[TTx]) serverError(w http.ResponseWriter, r *http.Request, what string, err error) {
+	m.log.ErrorContext(r.Context(), "httpidem: "+what, "method", r.Method, "path", r.URL.Path, "err", err)
+	writeProblem(w, http.StatusInternalServerError, titleFailed,
+		"The server could not process the request's Idempotency-Key; nothing was executed.", 0)
+}

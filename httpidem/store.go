@@ -1,0 +1,165 @@
+package httpidem
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/idemkit/idem/dedup"
+)
+
+// Store is what the middleware needs of a database: a dedup.Store whose
+// key rows also hold a request's state, fencing token, lease and stored
+// response (a consumer's rows leave them empty): one key space, one
+// retention and one purge for consumers and HTTP. pgstore.Store and
+// sqlitestore.Store implement it; the conformance suite in httpidemtest pins
+// the contract down.
+//
+// Every method is safe for concurrent use. The stores' clocks, not the
+// caller's, decide when a lease has run out.
+type Store[TTx any] interface {
+	dedup.Store[TTx]
+
+	// RunRequest runs a transactional request under c.Key. It looks at the
+	// key without waiting for another request and, when the key is unknown
+	// and no other transaction is executing it, calls fn in a transaction
+	// that keeps others out of the key until it ends: fn's writes in tx,
+	// the key — Finished with the Response fn returns, kept for retention
+	// (≤ 0: for ever) — commit together, and the Record's Verdict is Run.
+	// When fn returns an error nothing commits, and RunRequest returns that
+	// error (wrapped, when the connection was lost). Otherwise fn is not
+	// called and the Verdict says why: Replay (a response is stored),
+	// Busy (another transaction is executing the key, or a lease on it
+	// runs), Mismatch (the key is stored with another fingerprint; Replay
+	// and Busy are only given for an equal one). Should a writer that keeps
+	// no lock commit the key while fn runs, fn's writes are rolled back and
+	// the Verdict is what the key says then.
+	RunRequest(ctx context.Context, c dedup.Claim, retention time.Duration,
+		fn func(ctx context.Context, tx TTx) (Response, error)) (Record, error)
+
+	// AcquireLease takes c.Key for a leased request, in a transaction of its
+	// own, committed before it returns: Run with Token 1 for a new key (the
+	// key and a Processing record with a lease of the given length), Run
+	// with a larger Token for a takeover of a Processing key whose lease has
+	// run out (the token grows by one), Replay, Busy (a lease still runs; see
+	// LeaseLeft) or Mismatch as for RunRequest.
+	AcquireLease(ctx context.Context, c dedup.Claim, retention, lease time.Duration) (Record, error)
+	// ExtendLease makes the lease of k run for lease from now, if token is
+	// still the key's token and the key is Processing; otherwise it returns
+	// ErrLeaseLost and changes nothing. Time does not fence: a lease that
+	// ran out but was not taken over can still be extended.
+	ExtendLease(ctx context.Context, k dedup.Key, token int64, lease time.Duration) error
+	// FinishLease stores res and makes k Finished, under the same condition
+	// as ExtendLease; a stale token gets ErrLeaseLost: a zombie's late
+	// write is refused by the store.
+	FinishLease(ctx context.Context, k dedup.Key, token int64, res Response) error
+	// EndLease ends the lease of k now, under the same condition: its
+	// holder gives up without an outcome, and the next request takes over.
+	EndLease(ctx context.Context, k dedup.Key, token int64) error
+
+	// StuckRequests lists at most limit Processing keys whose lease has run
+	// out, the longest expired first: crashed holders, uncertain outcomes no
+	// request has retried.
+	StuckRequests(ctx context.Context, limit int) ([]Record, error)
+	// ReleaseRequest ends the lease of a Processing key and grows its token,
+	// whatever its lease: the next request with the key takes over, and
+	// the holder, should it be alive, is fenced out. It reports whether k
+	// was Processing.
+	ReleaseRequest(ctx context.Context, k dedup.Key) (bool, error)
+}
+
+// Verdict says what a request may do with its key.
+type Verdict uint8
+
+const (
+	// Run: the key is this request's (new, or taken over): run the handler.
+	Run Verdict = iota + 1
+	// Replay: a response is stored under the key: send it again.
+	Replay
+	// Busy: another request holds the key, in an open transaction or under
+	// a lease that still runs: 409 Conflict.
+	Busy
+	// Mismatch: the key was used for another request (another fingerprint):
+	// 422 Unprocessable Content.
+	Mismatch
+)
+
+func (v Verdict) String() string {
+	switch v {
+	case Run:
+		return "run"
+	case Replay:
+		return "replay"
+	case Busy:
+		return "busy"
+	case Mismatch:
+		return "mismatch"
+	default:
+		return "invalid"
+	}
+}
+
+// State is where a request key stands.
+type State uint8
+
+const (
+	// Processing: a leased request holds the key and has not stored an
+	// outcome (it runs, it crashed, or its outcome was uncertain).
+	Processing State = iota + 1
+	// Finished: the response is stored and replayed to every retry.
+	Finished
+)
+
+func (s State) String() string {
+	switch s {
+	case Processing:
+		return "processing"
+	case Finished:
+		return "finished"
+	default:
+		return "invalid"
+	}
+}
+
+// Response is a stored response.
+type Response struct {
+	Status int
+	// Header holds the stored header fields as the middleware encodes them
+	// (a JSON array of [name, value] pairs); stores keep it as bytes.
+	Header []byte
+	Body   []byte
+}
+
+// Record is a request key as the store found or left it.
+type Record struct {
+	Key     dedup.Key
+	Verdict Verdict // set by RunRequest and AcquireLease
+	State   State
+	// Token is the fencing token: 1 for the first lease, one more for every
+	// takeover and release. A write with an older token is refused.
+	Token int64
+	// LeaseExpires is when a Processing key's lease runs out, by the store's
+	// clock; LeaseLeft is how long that was from the store's now when the
+	// record was read (negative once it has run out).
+	LeaseExpires time.Time
+	LeaseLeft    time.Duration
+	// FirstAt is when the key was first claimed, by the store's clock.
+	FirstAt time.Time
+	// Response is the stored response of a Finished key.
+	Response Response
+}
+
+// TakenOver reports whether the record's lease was taken over from an
+// earlier holder (or released by an operator): that holder's outcome is
+// unknown, and a handler should find out what it did before acting.
+func (r Record) TakenOver() bool { return r.Token > 1 }
+
+// ErrLeaseLost: the lease's token is no longer the key's — it was taken
+// over after it ran out, or released — or the key is no longer Processing.
+// The write was refused; the newer holder's outcome stands.
+var ErrLeaseLost = errors.New("httpidem: lease lost: the key was taken over or released")
+
+// ErrNoRecord: a key exists in the dedup table without a request's state —
+// another entry point (a consumer) claimed it in the same scope. HTTP
+// scopes start with the method and a space; a consumer's Name should not.
+var ErrNoRecord = errors.New("httpidem: key exists without a request record")
