@@ -70,7 +70,7 @@ func runRedrive(ctx context.Context, e *env, fs *flag.FlagSet, args []string) in
 	counts := map[string]int{}
 	for _, r := range res {
 		counts[r.Action]++
-		if r.Action == "refused" {
+		if r.Action == "refused" || r.Action == "skipped" {
 			refused++
 		}
 	}
