@@ -164,15 +164,15 @@ func TestSQLite(t *testing.T) {
 // payments is a consumer of payment callbacks on Kafka into Postgres whose
 // handler refuses a blocked account: dead-lettered, recorded as failed.
 type payments struct {
-	t              *testing.T
-	pool           *pgxpool.Pool
-	schema         string
-	brokers        []string
-	topic, dlq     string
-	consumer       *consumer.Consumer[pgx.Tx]
-	stop           func()
-	envs           map[string]string
-	tr             *kafkago.Transport
+	t          *testing.T
+	pool       *pgxpool.Pool
+	schema     string
+	brokers    []string
+	topic, dlq string
+	consumer   *consumer.Consumer[pgx.Tx]
+	stop       func()
+	envs       map[string]string
+	tr         *kafkago.Transport
 }
 
 func newPayments(t *testing.T) *payments {
