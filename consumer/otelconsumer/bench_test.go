@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -60,6 +61,60 @@ func BenchmarkTelemetry(b *testing.B) {
 				res := consumertest.Run(b, cfg, consumertest.Script{}, msgs...)
 				if res.Stats.Applied != int64(b.N) {
 					b.Fatalf("applied %d of %d", res.Stats.Applied, b.N)
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkObserverCalls is what one batch costs the Observer alone — the
+// calls the engine makes for a batch of n new messages in one transaction —
+// without the engine around it, whose own cost and noise hide it in
+// BenchmarkTelemetry: consumer.NopObserver (what an unset Config.Observer
+// is), a Telemetry with no SDK installed, and one recording into the SDK.
+func BenchmarkObserverCalls(b *testing.B) {
+	for _, n := range []int{1, 100} {
+		msgs := make([]*consumer.Message, n)
+		for i := range msgs {
+			msgs[i] = consumertest.Message("payments", 0, int64(i), "", "{}")
+			msgs[i].DeliveredAt = time.Now()
+		}
+		for _, mode := range []string{"none", "noop", "sdk"} {
+			b.Run(fmt.Sprintf("batch=%d/telemetry=%s", n, mode), func(b *testing.B) {
+				var obs consumer.Observer = consumer.NopObserver{}
+				switch mode {
+				case "noop":
+					tel, err := otelconsumer.New(otelconsumer.Config{System: "kafka"})
+					if err != nil {
+						b.Fatal(err)
+					}
+					obs = tel
+				case "sdk":
+					mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+					tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()))
+					defer mp.Shutdown(context.Background())
+					defer tp.Shutdown(context.Background())
+					tel, err := otelconsumer.New(otelconsumer.Config{System: "kafka", MeterProvider: mp, TracerProvider: tp})
+					if err != nil {
+						b.Fatal(err)
+					}
+					obs = tel
+				}
+				ctx := context.Background()
+				batch := consumer.Batch{Consumer: "payments", Lane: "payments/0", Messages: msgs}
+				now := time.Now()
+				tx := consumer.Tx{Messages: n, Start: now, ClaimStart: now, ClaimEnd: now, CommitStart: now, End: now}
+				b.ReportAllocs()
+				for b.Loop() {
+					bctx := obs.BatchStart(ctx, batch)
+					tctx := obs.TxStart(bctx, n)
+					obs.TxEnd(tctx, tx)
+					for _, m := range msgs {
+						obs.Settled(bctx, consumer.Settlement{Message: m, Outcome: consumer.OutcomeApplied})
+					}
+					end := batch
+					end.Acked = msgs
+					obs.BatchEnd(bctx, end)
 				}
 			})
 		}
