@@ -358,6 +358,12 @@ func TestReleaseAndRedrive(t *testing.T) {
 	if code != exitOK || len(sum) != 2 || sum[0].Scope != "pay" || sum[0].Rows != 8 || sum[1].Outcome != "failed" || sum[1].Rows != 2 {
 		t.Errorf("status: %d %+v", code, sum)
 	}
+	if code, out, _ := idem(t, "", p.envs, "status"); code != exitOK || !strings.Contains(out, "OLDEST KEY") || !strings.Contains(out, " pay ") {
+		t.Errorf("status: %d %q", code, out)
+	}
+	if code, out, _ := idem(t, "", p.envs, "failed"); code != exitOK || !strings.Contains(out, "account blocked") {
+		t.Errorf("failed: %d %q", code, out)
+	}
 	code, out, _ = idem(t, "", p.envs, "failed", "--scope", "pay", "--json")
 	failed := decode[[]rowJSON](t, out)
 	if code != exitOK || len(failed) != 2 || !strings.Contains(failed[0].Reason, "account blocked") {
