@@ -46,7 +46,7 @@ type attempt[TTx any] struct {
 	results []dedup.Result
 	fresh   []*Message // a BatchHandler's messages
 	freshAt []int      // their positions in the items
-	tx      Tx         // what the Observer is told of the transaction
+	tx      TxEvent    // what the Observer is told of the transaction
 }
 
 // run runs the transaction. It returns nil when it committed, with each
@@ -64,7 +64,7 @@ func (a *attempt[TTx]) run(ctx context.Context, its []*item) *failure {
 	}
 	results := a.results[:len(its)]
 	f := failure{blame: blameNone}
-	a.tx = Tx{Messages: len(its), Start: time.Now()}
+	a.tx = TxEvent{Messages: len(its), Start: time.Now()}
 	txCtx := c.cfg.Observer.TxStart(ctx, len(its))
 	err := c.cfg.Store.InTx(txCtx, func(ctx context.Context, tx TTx) error {
 		clear(results)

@@ -31,11 +31,11 @@ type Observer interface {
 	// messages: the store and the handlers run under it.
 	TxStart(ctx context.Context, n int) context.Context
 	// TxEnd is called with TxStart's context when the transaction ended.
-	TxEnd(ctx context.Context, t Tx)
+	TxEnd(ctx context.Context, t TxEvent)
 	// Settled is called for each message the batch settled.
 	Settled(ctx context.Context, s Settlement)
 	// Retry is called before the lane waits to retry after a failure.
-	Retry(ctx context.Context, r Retry)
+	Retry(ctx context.Context, r RetryEvent)
 	// BatchEnd is called with BatchStart's context, after the acknowledgement.
 	BatchEnd(ctx context.Context, b Batch)
 }
@@ -52,9 +52,9 @@ type Batch struct {
 	AckErr          error
 }
 
-// Tx is one transaction: one claim of every key, the handlers of the new
+// TxEvent is one transaction: one claim of every key, the handlers of the new
 // ones, one COMMIT.
-type Tx struct {
+type TxEvent struct {
 	Messages int // claimed in it
 	Start    time.Time
 	// ClaimStart and ClaimEnd bracket Store.Claim; zero when the
@@ -135,8 +135,8 @@ type Settlement struct {
 	Attempts int
 }
 
-// Retry is a wait before a retry.
-type Retry struct {
+// RetryEvent is a wait before a retry.
+type RetryEvent struct {
 	Lane string // empty for the store's and the dead-letter sink's retries
 	N    int    // 1 for the first retry of a sequence
 	Err  error
@@ -151,9 +151,9 @@ type NopObserver struct{}
 
 func (NopObserver) BatchStart(ctx context.Context, _ Batch) context.Context { return ctx }
 func (NopObserver) TxStart(ctx context.Context, _ int) context.Context      { return ctx }
-func (NopObserver) TxEnd(context.Context, Tx)                               {}
+func (NopObserver) TxEnd(context.Context, TxEvent)                          {}
 func (NopObserver) Settled(context.Context, Settlement)                     {}
-func (NopObserver) Retry(context.Context, Retry)                            {}
+func (NopObserver) Retry(context.Context, RetryEvent)                       {}
 func (NopObserver) BatchEnd(context.Context, Batch)                         {}
 
 var _ Observer = NopObserver{}

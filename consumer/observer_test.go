@@ -55,7 +55,7 @@ func (r *recorder) TxStart(ctx context.Context, n int) context.Context {
 	return context.WithValue(ctx, ctxKey("tx"), n)
 }
 
-func (r *recorder) TxEnd(ctx context.Context, tx consumer.Tx) {
+func (r *recorder) TxEnd(ctx context.Context, tx consumer.TxEvent) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if ctx.Value(ctxKey("tx")) != tx.Messages {
@@ -88,7 +88,7 @@ func (r *recorder) Settled(ctx context.Context, s consumer.Settlement) {
 	}
 }
 
-func (r *recorder) Retry(ctx context.Context, e consumer.Retry) {
+func (r *recorder) Retry(ctx context.Context, e consumer.RetryEvent) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.retries++

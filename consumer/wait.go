@@ -22,7 +22,7 @@ func (c *Consumer[TTx]) newWait(p retry.Policy) *retryWait {
 
 func (c *Consumer[TTx]) logRetry(ctx context.Context, lane string, n int, err error) {
 	c.stats.retries.Add(1)
-	c.cfg.Observer.Retry(ctx, Retry{Lane: lane, N: n, Err: err, Class: classify(err, c.cfg.Store.ClassifyError)})
+	c.cfg.Observer.Retry(ctx, RetryEvent{Lane: lane, N: n, Err: err, Class: classify(err, c.cfg.Store.ClassifyError)})
 	lvl := slog.LevelDebug
 	if n >= 3 {
 		lvl = slog.LevelWarn

@@ -103,7 +103,7 @@ func BenchmarkObserverCalls(b *testing.B) {
 				ctx := context.Background()
 				batch := consumer.Batch{Consumer: "payments", Lane: "payments/0", Messages: msgs}
 				now := time.Now()
-				tx := consumer.Tx{Messages: n, Start: now, ClaimStart: now, ClaimEnd: now, CommitStart: now, End: now}
+				tx := consumer.TxEvent{Messages: n, Start: now, ClaimStart: now, ClaimEnd: now, CommitStart: now, End: now}
 				b.ReportAllocs()
 				for b.Loop() {
 					bctx := obs.BatchStart(ctx, batch)

@@ -244,7 +244,7 @@ func (t *Telemetry) TxStart(ctx context.Context, n int) context.Context {
 
 // TxEnd records the transaction's metrics, its claim and commit as CLIENT
 // child spans, and ends its span.
-func (t *Telemetry) TxEnd(ctx context.Context, tx consumer.Tx) {
+func (t *Telemetry) TxEnd(ctx context.Context, tx consumer.TxEvent) {
 	b := batchOf(ctx)
 	if b == nil {
 		return
@@ -328,7 +328,7 @@ func (t *Telemetry) Settled(ctx context.Context, s consumer.Settlement) {
 }
 
 // Retry counts the retry by the class of its failure.
-func (t *Telemetry) Retry(ctx context.Context, r consumer.Retry) {
+func (t *Telemetry) Retry(ctx context.Context, r consumer.RetryEvent) {
 	var attrs []attribute.KeyValue
 	if b := batchOf(ctx); b != nil {
 		attrs = append(attrs, b.lane.attrs...)
