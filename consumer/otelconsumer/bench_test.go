@@ -16,18 +16,27 @@ import (
 )
 
 // BenchmarkTelemetry is consumer's BenchmarkEngine (lanes, batches, claim on
-// the in-memory store, handler, ack) three ways in one run: without an
+// the in-memory store, handler, ack) four ways in one run: without an
 // Observer; with a Telemetry on otel's global providers and no SDK
-// installed (the no-op case); and with the SDK recording every metric and
-// sampling every span (exported nowhere, so the cost is the recording).
+// installed (the no-op case); with the SDK's metrics and no tracer; and
+// with the SDK recording every metric and sampling every span (exported
+// nowhere, so the cost is the recording).
 func BenchmarkTelemetry(b *testing.B) {
 	for _, batch := range []int{1, 100} {
-		for _, mode := range []string{"none", "noop", "sdk"} {
+		for _, mode := range []string{"none", "noop", "metrics", "sdk"} {
 			b.Run(fmt.Sprintf("batch=%d/telemetry=%s", batch, mode), func(b *testing.B) {
 				var obs consumer.Observer
 				switch mode {
 				case "noop":
 					tel, err := otelconsumer.New(otelconsumer.Config{System: "kafka"})
+					if err != nil {
+						b.Fatal(err)
+					}
+					obs = tel
+				case "metrics":
+					mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+					defer mp.Shutdown(context.Background())
+					tel, err := otelconsumer.New(otelconsumer.Config{System: "kafka", MeterProvider: mp})
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -71,7 +80,8 @@ func BenchmarkTelemetry(b *testing.B) {
 // calls the engine makes for a batch of n new messages in one transaction —
 // without the engine around it, whose own cost and noise hide it in
 // BenchmarkTelemetry: consumer.NopObserver (what an unset Config.Observer
-// is), a Telemetry with no SDK installed, and one recording into the SDK.
+// is), a Telemetry with no SDK installed, with the SDK's metrics only, and
+// with metrics and every span.
 func BenchmarkObserverCalls(b *testing.B) {
 	for _, n := range []int{1, 100} {
 		msgs := make([]*consumer.Message, n)
@@ -79,12 +89,20 @@ func BenchmarkObserverCalls(b *testing.B) {
 			msgs[i] = consumertest.Message("payments", 0, int64(i), "", "{}")
 			msgs[i].DeliveredAt = time.Now()
 		}
-		for _, mode := range []string{"none", "noop", "sdk"} {
+		for _, mode := range []string{"none", "noop", "metrics", "sdk"} {
 			b.Run(fmt.Sprintf("batch=%d/telemetry=%s", n, mode), func(b *testing.B) {
 				var obs consumer.Observer = consumer.NopObserver{}
 				switch mode {
 				case "noop":
 					tel, err := otelconsumer.New(otelconsumer.Config{System: "kafka"})
+					if err != nil {
+						b.Fatal(err)
+					}
+					obs = tel
+				case "metrics":
+					mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+					defer mp.Shutdown(context.Background())
+					tel, err := otelconsumer.New(otelconsumer.Config{System: "kafka", MeterProvider: mp})
 					if err != nil {
 						b.Fatal(err)
 					}

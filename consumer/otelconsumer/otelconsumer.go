@@ -3,6 +3,7 @@ package otelconsumer
 import (
 	"context"
 	"errors"
+	"reflect"
 	"strconv"
 	"sync"
 	"time"
@@ -54,8 +55,11 @@ type Config struct {
 type Telemetry struct {
 	cfg    Config
 	tracer trace.Tracer
-	prop   propagation.TextMapPropagator
-	lanes  sync.Map // lane name -> *lane
+	// defaultTP is otel's global tracer provider as it was when New ran,
+	// when that was still the default one (no SDK installed), else nil.
+	defaultTP trace.TracerProvider
+	prop      propagation.TextMapPropagator
+	lanes     sync.Map // lane name -> *lane
 
 	consumed   messagingconv.ClientConsumedMessages
 	process    messagingconv.ProcessDuration
@@ -93,13 +97,20 @@ func New(cfg Config) (*Telemetry, error) {
 	if cfg.MeterProvider == nil {
 		cfg.MeterProvider = otel.GetMeterProvider()
 	}
+	var defaultTP trace.TracerProvider
 	if cfg.TracerProvider == nil {
 		cfg.TracerProvider = otel.GetTracerProvider()
+		// otel's default global provider, before an SDK is installed, makes
+		// non-recording spans, at two allocations each. It is an unexported
+		// type; if its name changes, spans are merely always started.
+		if reflect.TypeOf(cfg.TracerProvider).String() == "*global.tracerProvider" {
+			defaultTP = cfg.TracerProvider
+		}
 	}
 	if cfg.Propagator == nil {
 		cfg.Propagator = propagation.TraceContext{}
 	}
-	t := &Telemetry{cfg: cfg, prop: cfg.Propagator, tracer: cfg.TracerProvider.Tracer(ScopeName)}
+	t := &Telemetry{cfg: cfg, prop: cfg.Propagator, tracer: cfg.TracerProvider.Tracer(ScopeName), defaultTP: defaultTP}
 	m := cfg.MeterProvider.Meter(ScopeName)
 	var errs []error
 	check := func(err error) { errs = append(errs, err) }
@@ -202,9 +213,16 @@ func batchOf(ctx context.Context) *batch {
 // messaging.client.consumed.messages. With neither a meter nor a tracer
 // installed it does nothing.
 func (t *Telemetry) BatchStart(ctx context.Context, b consumer.Batch) context.Context {
-	l := t.lane(b)
 	metrics := t.consumed.Enabled(ctx)
-	sctx, span := t.tracer.Start(ctx, l.span, consumerKind...)
+	tracing := t.defaultTP == nil || otel.GetTracerProvider() != t.defaultTP // an SDK was installed since
+	if !metrics && !tracing {
+		return ctx
+	}
+	l := t.lane(b)
+	sctx, span := ctx, trace.SpanFromContext(context.Background()) // a no-op span: never the caller's
+	if tracing {
+		sctx, span = t.tracer.Start(ctx, l.span, consumerKind...)
+	}
 	if !metrics && !span.IsRecording() {
 		return ctx
 	}
