@@ -23,19 +23,31 @@ const (
 	blameBatch
 )
 
+// phase is how far an attempt got.
+type phase uint8
+
+const (
+	phaseClaim  phase = iota // beginning the transaction or claiming the keys
+	phaseHandle              // running the handlers
+	phaseCommit              // the handlers returned; COMMIT
+)
+
 // failure is the outcome of a failed attempt.
 type failure struct {
 	err   error
 	class dedup.ErrorClass
 	blame blame
-	at    int // with blameMessage: the failing item's index
+	at    int   // with blameMessage: the failing item's index
+	phase phase // where it failed
 }
 
 // charged reports whether the failure counts against a message's retry
-// budget: it is neither the database's nor a conflict's doing, and the
-// deployment is not broken.
+// budget: it is neither the database's nor a conflict's doing, the
+// deployment is not broken, and a handler ran — a claim that fails (a
+// read-only or full database the store does not call unavailable) is the
+// store's trouble, never a message's.
 func (f *failure) charged() bool {
-	return !f.class.NotTheMessage() && f.class != dedup.ClassFatal
+	return !f.class.NotTheMessage() && f.class != dedup.ClassFatal && f.phase != phaseClaim
 }
 
 // attempt runs one transaction over a lane's items: one claim of every key,
@@ -63,7 +75,7 @@ func (a *attempt[TTx]) run(ctx context.Context, its []*item) *failure {
 		a.results = make([]dedup.Result, len(its), cap(claims))
 	}
 	results := a.results[:len(its)]
-	f := failure{blame: blameNone}
+	f := failure{blame: blameNone, phase: phaseClaim}
 	a.tx = TxEvent{Messages: len(its), Start: time.Now()}
 	txCtx := c.cfg.Observer.TxStart(ctx, len(its))
 	err := c.cfg.Store.InTx(txCtx, func(ctx context.Context, tx TTx) error {
@@ -74,6 +86,7 @@ func (a *attempt[TTx]) run(ctx context.Context, its []*item) *failure {
 		if err := a.tx.ClaimErr; err != nil {
 			return err
 		}
+		f.phase = phaseHandle
 		for i, it := range its {
 			if !results[i].Status.Valid() {
 				// Fail closed: acknowledging a message no handler ran for
@@ -85,6 +98,7 @@ func (a *attempt[TTx]) run(ctx context.Context, its []*item) *failure {
 		if err := a.handle(ctx, tx, its, &f); err != nil {
 			return err
 		}
+		f.phase = phaseCommit
 		a.tx.CommitStart = time.Now()
 		return nil
 	})

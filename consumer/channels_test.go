@@ -227,3 +227,50 @@ func TestValidateRunsBeforeTheClaim(t *testing.T) {
 		t.Fatalf("dead letters %+v, want the forgery", res.DeadLetters)
 	}
 }
+
+// Findings of a review, each pinned.
+func TestReviewFindings(t *testing.T) {
+	t.Run("Composite keeps invalid UTF-8 apart, for Validate to refuse", func(t *testing.T) {
+		k := consumer.Composite(consumer.ByRecordKey())
+		a, _ := k(consumertest.Message("pay", 0, 0, "\xff", "{}"))
+		b, _ := k(consumertest.Message("pay", 0, 1, "\xfe", "{}"))
+		if a == b {
+			t.Fatalf("Composite gives %q for \\xff and \\xfe", a)
+		}
+		cfg := baseConfig(func(context.Context, *memstore.Tx, *consumer.Message) error { return nil })
+		cfg.Key = k
+		res := consumertest.Run(t, cfg, consumertest.Script{},
+			consumertest.Message("pay", 0, 0, "\xff", `{"amount":1}`), consumertest.Message("pay", 0, 1, "\xfe", `{"amount":1}`))
+		if res.Stats.Duplicates != 0 || len(res.DeadLetters) != 2 {
+			t.Errorf("duplicates %d, dead letters %d; want both refused as invalid keys", res.Stats.Duplicates, len(res.DeadLetters))
+		}
+	})
+	t.Run("Quantile covers at least q", func(t *testing.T) {
+		var h consumer.AgeHistogram
+		h.Bounds[0] = time.Second
+		h.Counts[0], h.Counts[len(h.Counts)-1], h.Max = 9, 1, 100*24*time.Hour
+		if got := h.Quantile(0.999); got != h.Max {
+			t.Errorf("Quantile(0.999) = %v, want the oldest, %v", got, h.Max)
+		}
+	})
+	t.Run("an absent form field is not a value", func(t *testing.T) {
+		fp := consumer.FormFields("trade_no", "refund_fee")
+		a, _ := fp(&consumer.Message{Value: []byte("trade_no=1")})
+		b, _ := fp(&consumer.Message{Value: []byte("trade_no=1&refund_fee=%00absent")})
+		c, _ := fp(&consumer.Message{Value: []byte("trade_no=1&refund_fee=")})
+		if a == b || a == c {
+			t.Error("an absent field hashes like a value")
+		}
+	})
+	t.Run("a JSON field under a null parent is absent", func(t *testing.T) {
+		fp := consumer.JSONFields("trade_no", "refund.amount")
+		a, err := fp(&consumer.Message{Value: []byte(`{"trade_no":"1","refund":null}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := fp(&consumer.Message{Value: []byte(`{"trade_no":"1"}`)})
+		if a != b {
+			t.Error("a null parent differs from a missing one")
+		}
+	})
+}

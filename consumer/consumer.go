@@ -162,7 +162,7 @@ func (c *Consumer[TTx]) checkStore(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil // stopped before it started
 		}
-		if !classify(err, c.cfg.Store.ClassifyError).NotTheMessage() || errors.Is(err, dedup.ErrNotMigrated) {
+		if class := classify(err, c.cfg.Store.ClassifyError); class == dedup.ClassFatal || class == dedup.ClassPermanent || errors.Is(err, dedup.ErrNotMigrated) {
 			c.cfg.Logger.Error("idem: store not ready", slog.Any("error", err))
 			return fmt.Errorf("consumer: store not ready: %w", err)
 		}

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -62,7 +63,7 @@ func (h AgeHistogram) Quantile(q float64) time.Duration {
 	if n == 0 {
 		return 0
 	}
-	want := int64(q * float64(n))
+	want := int64(math.Ceil(q * float64(n))) // at least q of them
 	if want < 1 {
 		want = 1
 	}

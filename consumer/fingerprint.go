@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"strings"
 
@@ -60,9 +61,12 @@ func JSONFields(paths ...string) FingerprintFunc {
 		for i, path := range paths {
 			_, raw, err := jsonx.LookupRaw(m.Value, segs[i])
 			var dup *jsonx.DuplicateKeyError
+			var notObj *jsonx.NotObjectError
 			switch {
-			case errors.Is(err, jsonx.ErrNotFound):
-				writeField(h, path, "\x00absent")
+			case errors.Is(err, jsonx.ErrNotFound), errors.As(err, &notObj) && notObj.Depth > 0:
+				// Missing, or its parent is not an object ({"refund":null}):
+				// absent, as ByJSONField finds no key there.
+				writeAbsent(h, path)
 				continue
 			case errors.As(err, &dup):
 				return dedup.Fingerprint{}, fmt.Errorf("%w: fingerprint field %q: %q appears twice in one object", ErrBadPayload, path, dup.Key)
@@ -95,7 +99,7 @@ func FormFields(names ...string) FingerprintFunc {
 			vs, ok := form[name]
 			switch {
 			case !ok:
-				writeField(h, name, "\x00absent")
+				writeAbsent(h, name)
 			case len(vs) > 1:
 				return dedup.Fingerprint{}, fmt.Errorf("%w: fingerprint field %q appears %d times in the form", ErrBadPayload, name, len(vs))
 			default:
@@ -108,10 +112,15 @@ func FormFields(names ...string) FingerprintFunc {
 	}
 }
 
-// writeField hashes one named value, length-prefixed so that no two lists of
-// fields hash alike.
-func writeField(h interface{ Write([]byte) (int, error) }, name, value string) {
-	fmt.Fprintf(h, "%d:%s%d:%s", len(name), name, len(value), value)
+// writeField hashes one named value, length-prefixed and tagged so that no
+// two lists of fields hash alike, and no value as an absent field.
+func writeField(h io.Writer, name, value string) {
+	fmt.Fprintf(h, "%d:%s=%d:%s", len(name), name, len(value), value)
+}
+
+// writeAbsent hashes a field that is not there.
+func writeAbsent(h io.Writer, name string) {
+	fmt.Fprintf(h, "%d:%s-", len(name), name)
 }
 
 // parseForm reads a form-urlencoded payload.

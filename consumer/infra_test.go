@@ -91,3 +91,41 @@ func TestConflictsDoNotUseUpTheRetryBudget(t *testing.T) {
 		t.Fatalf("dead letters %+v, retries %d", res.DeadLetters, res.Stats.Retries)
 	}
 }
+
+// readOnlyStore refuses claims as a demoted primary does (25006), which the
+// engine must not charge to the messages: no handler ran.
+type readOnlyStore struct {
+	*memstore.Store
+	down atomic.Int64
+}
+
+var errReadOnly = errors.New("cannot execute INSERT in a read-only transaction (SQLSTATE 25006)")
+
+func (r *readOnlyStore) Claim(ctx context.Context, tx *memstore.Tx, c []dedup.Claim, res []dedup.Result) error {
+	if r.down.Add(-1) >= 0 {
+		return errReadOnly
+	}
+	return r.Store.Claim(ctx, tx, c, res)
+}
+
+// TestFailingClaimIsNotTheMessages: a claim that fails with an error the
+// store does not call unavailable used to be split down to lone messages,
+// which were charged and dead-lettered (found by review): a read-only or full
+// database dead-lettered healthy messages. No handler ran; it is waited out.
+func TestFailingClaimIsNotTheMessages(t *testing.T) {
+	eff := newEffects()
+	cfg := baseConfig(func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
+		id, _ := consumer.ByJSONField("txn_id")(m)
+		eff.add(tx, id)
+		return nil
+	})
+	st := &readOnlyStore{Store: memstore.New(memstore.Config{})}
+	st.down.Store(200) // far more than Retry.MaxAttempts
+	cfg.Store = st
+	res := consumertest.Run(t, cfg, consumertest.Script{},
+		consumertest.Message("pay", 0, 0, "", payment(0)), consumertest.Message("pay", 0, 1, "", payment(1)))
+	if len(res.DeadLetters) != 0 {
+		t.Fatalf("dead-lettered while the claim failed: %d, %v", len(res.DeadLetters), res.DeadLetters[0].Reason)
+	}
+	eff.check(t, []string{"T00000", "T00001"})
+}

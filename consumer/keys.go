@@ -108,11 +108,11 @@ func Composite(parts ...KeyFunc) KeyFunc {
 			if i > 0 {
 				b.WriteByte(':')
 			}
-			for _, r := range v {
-				if r == ':' || r == '\\' {
+			for i := 0; i < len(v); i++ { // byte by byte: invalid UTF-8 stays invalid, for Validate to refuse
+				if v[i] == ':' || v[i] == '\\' {
 					b.WriteByte('\\')
 				}
-				b.WriteRune(r)
+				b.WriteByte(v[i])
 			}
 		}
 		return b.String(), nil

@@ -39,7 +39,8 @@ const (
 //     given up at once.
 //   - The database being away is waited out, the same items again, for as
 //     long as it takes: dead-lettering healthy messages because Postgres
-//     restarted would be wrong.
+//     restarted would be wrong. So is a claim that fails for no message's
+//     fault (a read-only database, a full disk): no handler ran.
 //   - A conflict (deadlock, serialization failure) is retried whole, outside
 //     any message's budget; twice in a row, the items are halved, because
 //     two lanes retrying the same large batches can deadlock each other again
@@ -63,8 +64,8 @@ func decide(f, last *failure, n int) (action, int) {
 		return giveUp, 0
 	case f.class == dedup.ClassConflict && last != nil && last.class == dedup.ClassConflict && n > 1:
 		return halve, 0
-	case f.class.NotTheMessage():
-		return retryWhole, 0
+	case !f.charged():
+		return retryWhole, 0 // the database, a conflict, or a claim that failed
 	case n == 1:
 		return isolate, 0
 	case last != nil && last.charged():

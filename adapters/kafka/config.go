@@ -13,10 +13,30 @@ import (
 	"github.com/segmentio/kafka-go/sasl"
 )
 
-// Where a partition without a committed offset starts; see Config.StartOffset.
+// StartFrom says where a partition without a committed offset starts.
+type StartFrom uint8
+
 const (
-	FirstOffset = kafkago.FirstOffset // the oldest retained message
-	LastOffset  = kafkago.LastOffset  // the next message produced
+	// FirstOffset (the default): the oldest message the broker still has. A
+	// new group misses nothing that was produced before it first committed.
+	FirstOffset StartFrom = iota
+	// LastOffset: the next message produced. A new group skips everything
+	// produced before it first committed.
+	LastOffset
+)
+
+// offset is the kafka-go logical offset of f.
+func (f StartFrom) offset() int64 {
+	if f == LastOffset {
+		return kafkago.LastOffset
+	}
+	return kafkago.FirstOffset
+}
+
+// Kafka's topic names: at most 249 of these characters.
+const (
+	topicChars  = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
+	maxTopicLen = 249
 )
 
 // Config configures a Source. Zero values take the documented defaults.
@@ -25,14 +45,14 @@ type Config struct {
 	Brokers []string
 	// Topics are the topics the group consumes. Required.
 	Topics []string
-	// GroupID names the consumer group whose committed offsets are the
-	// consumer's progress. Required.
-	GroupID string
+	// Group is the consumer group (Kafka's group.id); its committed offsets
+	// are the consumer's progress. Required.
+	Group string
 
-	// StartOffset is where a partition without a committed offset starts:
-	// FirstOffset (the default) or LastOffset. A new group on LastOffset
-	// skips everything produced before it first committed.
-	StartOffset int64
+	// StartFrom is where a partition without a committed offset starts;
+	// default FirstOffset. It is also where a committed offset past the
+	// log's end is reset to (Kafka's auto.offset.reset).
+	StartFrom StartFrom
 
 	// ReadUncommitted makes the source read transactional topics as
 	// Kafka's isolation.level=read_uncommitted does: records of open and of
@@ -98,6 +118,24 @@ type Config struct {
 	// negative turns the watch off.
 	PartitionWatchInterval time.Duration
 
+	// DeadLetterTopic is where Source.DeadLetter writes; default the
+	// message's topic plus ".dlq". Create it beforehand (or set
+	// DeadLetterAutoCreate): a write to a missing topic fails, and the
+	// consumer retries it, holding the partition, until it succeeds.
+	DeadLetterTopic string
+	// DeadLetterAutoCreate lets the broker create a missing dead-letter
+	// topic, if the broker allows it (auto.create.topics.enable).
+	DeadLetterAutoCreate bool
+	// DeadLetterMaxBytes is the largest value copied into a dead letter; a
+	// larger one is left out and its SHA-256 and size are in the headers
+	// consumer.MetaValueSHA256 and consumer.MetaValueSize, so that an
+	// oversized message cannot block its partition. Default 900 KiB, below
+	// the brokers' default message size limit.
+	DeadLetterMaxBytes int
+	// DeadLetterTimeout bounds one dead-letter write, retries included;
+	// default 10s.
+	DeadLetterTimeout time.Duration
+
 	// CloseTimeout bounds how long Run, once its context ended and the
 	// messages in flight are settled, waits to commit and leave the group;
 	// default 5s. Past it Run returns and leaving goes on in the background
@@ -135,14 +173,20 @@ func (c *Config) validate() error {
 		}
 		seen[t] = true
 	}
-	if c.GroupID == "" {
-		add("GroupID is empty")
+	if c.Group == "" {
+		add("Group is empty")
 	}
-	if c.StartOffset != 0 && c.StartOffset != FirstOffset && c.StartOffset != LastOffset {
-		add("StartOffset is %d, want FirstOffset (%d) or LastOffset (%d)", c.StartOffset, FirstOffset, LastOffset)
+	if c.StartFrom > LastOffset {
+		add("StartFrom is %d, not a known start", c.StartFrom)
 	}
 	if c.MaxBytes < 0 {
 		add("MaxBytes is negative (%d)", c.MaxBytes)
+	}
+	if t := c.DeadLetterTopic; t != "" && (len(t) > maxTopicLen || strings.Trim(t, topicChars) != "") {
+		add("DeadLetterTopic %q: want letters, digits, '.', '_' or '-', at most %d bytes", t, maxTopicLen)
+	}
+	if c.DeadLetterMaxBytes < 0 {
+		add("DeadLetterMaxBytes is negative (%d)", c.DeadLetterMaxBytes)
 	}
 	for _, d := range []struct {
 		name string
@@ -152,7 +196,7 @@ func (c *Config) validate() error {
 		{"ReconnectBackoff", c.ReconnectBackoff}, {"CommitInterval", c.CommitInterval},
 		{"SessionTimeout", c.SessionTimeout}, {"HeartbeatInterval", c.HeartbeatInterval},
 		{"RebalanceTimeout", c.RebalanceTimeout}, {"JoinGroupBackoff", c.JoinGroupBackoff},
-		{"CloseTimeout", c.CloseTimeout},
+		{"DeadLetterTimeout", c.DeadLetterTimeout}, {"CloseTimeout", c.CloseTimeout},
 	} {
 		if d.v < 0 {
 			add("%s is negative (%v)", d.name, d.v)
@@ -165,9 +209,6 @@ func (c *Config) validate() error {
 }
 
 func (c *Config) setDefaults() {
-	if c.StartOffset == 0 {
-		c.StartOffset = FirstOffset
-	}
 	if c.ClientID == "" {
 		c.ClientID = "idem"
 	}
@@ -199,6 +240,12 @@ func (c *Config) setDefaults() {
 	if c.PartitionWatchInterval == 0 {
 		c.PartitionWatchInterval = 5 * time.Second
 	}
+	if c.DeadLetterMaxBytes == 0 {
+		c.DeadLetterMaxBytes = 900 << 10
+	}
+	if c.DeadLetterTimeout == 0 {
+		c.DeadLetterTimeout = 10 * time.Second
+	}
 	if c.CloseTimeout == 0 {
 		c.CloseTimeout = 5 * time.Second
 	}
@@ -228,7 +275,7 @@ func (c *Config) dialer() *kafkago.Dialer {
 
 func (c *Config) groupConfig(d *kafkago.Dialer, log *slog.Logger) kafkago.ConsumerGroupConfig {
 	gc := kafkago.ConsumerGroupConfig{
-		ID:                c.GroupID,
+		ID:                c.Group,
 		Brokers:           c.Brokers,
 		Dialer:            d,
 		Topics:            c.Topics,
@@ -240,7 +287,7 @@ func (c *Config) groupConfig(d *kafkago.Dialer, log *slog.Logger) kafkago.Consum
 		// watcher ends the generation when a topic is missing, and kafka-go
 		// then rejoins without pause, in a tight loop.
 		WatchPartitionChanges: false,
-		StartOffset:           c.StartOffset,
+		StartOffset:           c.StartFrom.offset(),
 		Timeout:               c.RequestTimeout,
 		// kafka-go's own account of joins, syncs and leaves; the source logs
 		// what matters (generations, errors) itself.

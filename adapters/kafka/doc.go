@@ -1,19 +1,19 @@
 // Package kafka is idem's Kafka adapter: a consumer.Source over a
-// segmentio/kafka-go consumer group, and a consumer.DeadLetter that writes to
-// a Kafka topic.
+// segmentio/kafka-go consumer group that is also the consumer.DeadLetter
+// for its messages, writing to a dead-letter topic.
 //
 //	src, err := kafka.New(kafka.Config{
 //		Brokers: []string{"127.0.0.1:9092"},
 //		Topics:  []string{"payments"},
-//		GroupID: "payments-ledger",
+//		Group:   "payments-ledger",
 //	})
-//	dlq, err := kafka.NewDeadLetterWriter(kafka.DeadLetterConfig{Brokers: []string{"127.0.0.1:9092"}})
-//	defer dlq.Close()
 //	c, err := consumer.New(consumer.Config[pgx.Tx]{
-//		Name: "payments-ledger", Source: src, DeadLetter: dlq, Store: store, Handler: h,
-//		Key: consumer.ByJSONField("txn_id"),
+//		Name: "payments-ledger", Source: src, DeadLetter: src, Store: store, Handler: h,
+//		Key: consumer.ByJSONField("txn_id"), DrainTimeout: 30 * time.Second,
 //	})
-//	err = c.Run(ctx)
+//	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+//	defer stop()
+//	err = c.Run(ctx) // SIGTERM: drains, acknowledges what is in flight, returns
 //
 // # How it consumes
 //
@@ -60,7 +60,7 @@
 //     it are dropped and the new owner is redelivered the messages, which the
 //     dedup store skips. A member never moves a committed offset backwards,
 //     except to follow a log that started over (below).
-//   - A new group starts at the first retained offset (Config.StartOffset).
+//   - A new group starts at the first retained offset (Config.StartFrom).
 //   - Every broker request has a deadline. A fetch connection that fails or
 //     stalls is closed and the partition's current leader dialled again; a
 //     generation that loses its coordinator ends and the group is joined
@@ -72,8 +72,13 @@
 //     hard stop: released), commits, leaves the group and returns. The last
 //     two steps are bounded by Config.CloseTimeout, so Run returns even when
 //     the brokers are gone or hang.
-//   - DeadLetterWriter returns only after all in-sync replicas acknowledged
-//     the letter; the consumer acks the original message only then.
+//   - Dead letters (Source.DeadLetter) return only after all in-sync
+//     replicas acknowledged the letter; the consumer acks the original
+//     message only then. A letter is consumer.Letter.Record's, as in every
+//     idem adapter: the original key, value (left out past
+//     Config.DeadLetterMaxBytes) and headers, then the consumer.Meta*
+//     headers; it goes to the partition numbered like the original's in
+//     Config.DeadLetterTopic (default <topic>.dlq).
 //
 // # What is not
 //
@@ -93,7 +98,7 @@
 //   - A topic deleted and created again (or a log truncated below what was
 //     consumed) starts its offsets over. (If the partition watch saw the
 //     topic gone, the group rebalances, and Kafka deleted the group's
-//     offsets with the topic: the new assignment starts at StartOffset.)
+//     offsets with the topic: the new assignment starts at StartFrom.)
 //     Otherwise the fetcher finds its offset past the new log's end and
 //     resets to its start, below offsets it delivered: the partition starts
 //     a new epoch. Messages of the old log still in the

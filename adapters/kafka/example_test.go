@@ -3,6 +3,7 @@ package kafka_test
 import (
 	"context"
 	"log"
+	"os"
 	"os/signal"
 	"syscall"
 	"time"
@@ -19,7 +20,8 @@ import (
 // transaction number. (Not run: it needs a broker and a database;
 // examples/kafka-payments is the whole program.)
 func Example() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	// SIGTERM or Ctrl-C ends ctx; DrainTimeout makes that a graceful stop.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	pool, err := pgxpool.New(ctx, "postgres://127.0.0.1:5432/shop")
 	if err != nil {
@@ -32,38 +34,38 @@ func Example() {
 	if err := store.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
-	brokers := []string{"127.0.0.1:9092"}
-	src, err := kafka.New(kafka.Config{Brokers: brokers, Topics: []string{"payment-callbacks"}, GroupID: "ledger"})
-	if err != nil {
-		log.Fatal(err)
-	}
-	dlq, err := kafka.NewDeadLetterWriter(kafka.DeadLetterConfig{Brokers: brokers}) // to payment-callbacks.dlq
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer dlq.Close()
-
-	c, err := consumer.New(consumer.Config[pgx.Tx]{
-		Name:       "ledger",
-		Source:     src,
-		Store:      store,
-		DeadLetter: dlq,
-		Key:        consumer.ByJSONField("txn_id"),
-		Handler: consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-			_, err := tx.Exec(ctx, `INSERT INTO ledger (txn_id, payload) VALUES ($1, $2)`, m.Key, m.Value)
-			return err
-		}),
+	src, err := kafka.New(kafka.Config{
+		Brokers: []string{"127.0.0.1:9092"},
+		Topics:  []string{"payment-callbacks"},
+		Group:   "ledger",
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
-	go func() {
-		<-ctx.Done()
-		stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_ = c.Stop(stopCtx) // finishes the batches in flight, commits their offsets
-	}()
-	if err := c.Run(context.Background()); err != nil {
+
+	txnID := consumer.ByJSONField("txn_id") // the channel's transaction number
+	c, err := consumer.New(consumer.Config[pgx.Tx]{
+		Name:       "ledger",
+		Source:     src,
+		DeadLetter: src, // to payment-callbacks.dlq, with the reason in headers
+		Store:      store,
+		Key:        txnID,
+		Handler: consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			id, err := txnID(m) // the dedup key, not m.Key (the record key)
+			if err != nil {
+				return consumer.Permanent(err)
+			}
+			_, err = tx.Exec(ctx, `INSERT INTO ledger (txn_id, payload) VALUES ($1, $2)`, id, m.Value)
+			return err
+		}),
+		// When ctx ends: finish and acknowledge what is in flight, for up
+		// to 30s, then give the rest back (it is redelivered).
+		DrainTimeout: 30 * time.Second,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := c.Run(ctx); err != nil {
 		log.Fatal(err)
 	}
 }

@@ -182,22 +182,22 @@ func (s *Source) resolve(conn *protocol.Conn, offset int64, p *partition) (int64
 		return offset, err
 	}
 	// Two requests: a broker refuses two offsets of one partition in one.
-	first, err := s.listOffset(conn, p, FirstOffset)
+	first, err := s.listOffset(conn, p, kafkago.FirstOffset)
 	if err != nil {
 		return offset, fmt.Errorf("list offsets: %w", err)
 	}
-	last, err := s.listOffset(conn, p, LastOffset)
+	last, err := s.listOffset(conn, p, kafkago.LastOffset)
 	if err != nil {
 		return offset, fmt.Errorf("list offsets: %w", err)
 	}
 	reset := first
-	if s.cfg.StartOffset == LastOffset {
+	if s.cfg.StartFrom == LastOffset {
 		reset = last
 	}
 	switch {
-	case offset == FirstOffset:
+	case offset == kafkago.FirstOffset:
 		return first, nil
-	case offset == LastOffset:
+	case offset == kafkago.LastOffset:
 		return last, nil
 	case offset < first:
 		s.log.Error("kafka: the committed offset is below the log start: messages were deleted before they were consumed",

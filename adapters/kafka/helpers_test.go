@@ -3,12 +3,9 @@ package kafka_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"os"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,6 +16,7 @@ import (
 	"github.com/idemkit/idem/adapters/kafka"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/kafkatest"
 )
 
 func TestMain(m *testing.M) {
@@ -28,89 +26,30 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-var uniq atomic.Int64
-
 // name returns a topic or group name unique to this test run.
-func name(t testing.TB, what string) string {
-	s := strings.NewReplacer("/", "-", " ", "-").Replace(t.Name())
-	return fmt.Sprintf("idem-%s-%s-%d-%d", what, s, os.Getpid(), uniq.Add(1))
-}
+func name(t testing.TB, what string) string { return testenv.Name(t, what) }
 
 // testLogger is testenv.Logger.
 func testLogger(t testing.TB) *slog.Logger { return testenv.Logger(t) }
 
-// admin is a kafka-go client for topic setup and offset checks.
-type admin struct {
-	brokers []string
-	client  *kafkago.Client
-	tr      *kafkago.Transport
-}
-
-func newAdmin(t testing.TB, brokers []string) *admin {
-	tr := &kafkago.Transport{DialTimeout: 5 * time.Second, MetadataTTL: time.Second}
-	t.Cleanup(tr.CloseIdleConnections)
-	return &admin{
-		brokers: brokers,
-		tr:      tr,
-		client:  &kafkago.Client{Addr: kafkago.TCP(brokers...), Transport: tr, Timeout: 10 * time.Second},
-	}
-}
-
-func ctxTimeout(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-// createTopic creates topic and waits until every partition has a leader.
-func (a *admin) createTopic(t testing.TB, topic string, partitions int) {
+// waitUntil is testenv.WaitUntil.
+func waitUntil(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	ctx := ctxTimeout(t, 30*time.Second)
-	res, err := a.client.CreateTopics(ctx, &kafkago.CreateTopicsRequest{
-		Topics: []kafkago.TopicConfig{{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1}},
-	})
-	if err != nil {
-		t.Fatalf("create topic %s: %v", topic, err)
-	}
-	if err := res.Errors[topic]; err != nil && !errors.Is(err, kafkago.TopicAlreadyExists) {
-		t.Fatalf("create topic %s: %v", topic, err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		res, err := a.client.DeleteTopics(ctx, &kafkago.DeleteTopicsRequest{Topics: []string{topic}})
-		if err == nil {
-			err = res.Errors[topic]
-		}
-		if err != nil {
-			t.Logf("delete topic %s: %v", topic, err)
-		}
-	})
-	a.waitLeaders(t, topic, partitions)
+	testenv.WaitUntil(t, d, what, cond)
 }
 
-// waitLeaders waits until topic has the given number of partitions, each
-// with a leader.
-func (a *admin) waitLeaders(t testing.TB, topic string, partitions int) {
-	t.Helper()
-	waitUntil(t, 30*time.Second, "topic "+topic+" has leaders", func() bool {
-		md, err := a.client.Metadata(ctxTimeout(t, 10*time.Second), &kafkago.MetadataRequest{Topics: []string{topic}})
-		if err != nil || len(md.Topics) != 1 || md.Topics[0].Error != nil || len(md.Topics[0].Partitions) != partitions {
-			return false
-		}
-		for _, p := range md.Topics[0].Partitions {
-			if p.Error != nil || p.Leader.Host == "" {
-				return false
-			}
-		}
-		return true
-	})
-}
+// ctxTimeout is testenv.Context.
+func ctxTimeout(t testing.TB, d time.Duration) context.Context { return testenv.Context(t, d) }
+
+// admin is kafkatest.Admin with the checks of this package's tests.
+type admin struct{ *kafkatest.Admin }
+
+func newAdmin(t testing.TB, brokers []string) *admin { return &admin{kafkatest.NewAdmin(t, brokers)} }
 
 // recreate deletes topic and creates it again with as many partitions.
 func (a *admin) recreate(t testing.TB, topic string, partitions int) {
 	t.Helper()
-	res, err := a.client.DeleteTopics(ctxTimeout(t, 30*time.Second), &kafkago.DeleteTopicsRequest{Topics: []string{topic}})
+	res, err := a.Client.DeleteTopics(ctxTimeout(t, 30*time.Second), &kafkago.DeleteTopicsRequest{Topics: []string{topic}})
 	if err == nil {
 		err = res.Errors[topic]
 	}
@@ -118,7 +57,7 @@ func (a *admin) recreate(t testing.TB, topic string, partitions int) {
 		t.Fatalf("delete topic %s: %v", topic, err)
 	}
 	waitUntil(t, time.Minute, "topic "+topic+" created again", func() bool {
-		res, err := a.client.CreateTopics(ctxTimeout(t, 30*time.Second), &kafkago.CreateTopicsRequest{
+		res, err := a.Client.CreateTopics(ctxTimeout(t, 30*time.Second), &kafkago.CreateTopicsRequest{
 			Topics: []kafkago.TopicConfig{{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1}},
 		})
 		if err == nil {
@@ -127,7 +66,7 @@ func (a *admin) recreate(t testing.TB, topic string, partitions int) {
 		if errors.Is(err, kafkago.TopicAlreadyExists) {
 			// A broker with auto.create.topics.enable may have created it
 			// for a client that looked it up (a fetcher reconnecting).
-			md, err := a.client.Metadata(ctxTimeout(t, 10*time.Second), &kafkago.MetadataRequest{Topics: []string{topic}})
+			md, err := a.Client.Metadata(ctxTimeout(t, 10*time.Second), &kafkago.MetadataRequest{Topics: []string{topic}})
 			if err == nil && len(md.Topics) == 1 && md.Topics[0].Error == nil {
 				t.Logf("topic %s was created again with %d partitions before the test did", topic, len(md.Topics[0].Partitions))
 				partitions = len(md.Topics[0].Partitions)
@@ -136,90 +75,36 @@ func (a *admin) recreate(t testing.TB, topic string, partitions int) {
 		}
 		return err == nil
 	})
-	a.waitLeaders(t, topic, partitions)
+	a.WaitLeaders(t, topic, partitions)
 }
 
-// produce writes msgs to topic, each to msgs[i].Partition.
-func (a *admin) produce(t testing.TB, topic string, msgs ...kafkago.Message) {
+// committed returns the group's committed offsets of topic's partitions
+// (-1: none).
+func (a *admin) committed(t testing.TB, group, topic string) []int64 {
 	t.Helper()
-	w := &kafkago.Writer{
-		Addr:         kafkago.TCP(a.brokers...),
-		Topic:        topic,
-		Balancer:     kafkago.BalancerFunc(func(m kafkago.Message, _ ...int) int { return m.Partition }),
-		RequiredAcks: kafkago.RequireAll,
-		BatchSize:    1000,
-		BatchBytes:   16 << 20,
-		BatchTimeout: 5 * time.Millisecond,
-		Transport:    a.tr,
-	}
-	defer w.Close()
-	ctx := ctxTimeout(t, time.Minute)
-	for len(msgs) > 0 {
-		n := min(len(msgs), 2000)
-		if err := w.WriteMessages(ctx, msgs[:n]...); err != nil {
-			t.Fatalf("produce to %s: %v", topic, err)
-		}
-		msgs = msgs[n:]
-	}
-}
-
-// offsets returns the group's committed offsets of topic's partitions (-1:
-// none).
-func (a *admin) committed(t testing.TB, group, topic string, partitions int) []int64 {
-	t.Helper()
-	ids := make([]int, partitions)
-	for i := range ids {
-		ids[i] = i
-	}
-	ctx := ctxTimeout(t, 10*time.Second)
-	res, err := a.client.OffsetFetch(ctx, &kafkago.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: ids}})
-	if err == nil {
-		err = res.Error
-	}
+	got, err := a.Committed(ctxTimeout(t, 10*time.Second), group, topic)
 	if err != nil {
 		t.Fatalf("offset fetch %s: %v", group, err)
 	}
-	out := make([]int64, partitions)
-	for i := range out {
-		out[i] = -1
-	}
-	for _, p := range res.Topics[topic] {
-		if p.Error != nil {
-			t.Fatalf("offset fetch %s partition %d: %v", group, p.Partition, p.Error)
-		}
-		out[p.Partition] = p.CommittedOffset
-	}
-	return out
+	return got
 }
 
 // highWatermarks returns the end offsets of topic's partitions.
-func (a *admin) highWatermarks(t testing.TB, topic string, partitions int) []int64 {
+func (a *admin) highWatermarks(t testing.TB, topic string) []int64 {
 	t.Helper()
-	reqs := make([]kafkago.OffsetRequest, partitions)
-	for i := range reqs {
-		reqs[i] = kafkago.LastOffsetOf(i)
-	}
-	ctx := ctxTimeout(t, 10*time.Second)
-	res, err := a.client.ListOffsets(ctx, &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{topic: reqs}})
+	hwm, err := a.HighWatermarks(ctxTimeout(t, 10*time.Second), topic)
 	if err != nil {
-		t.Fatalf("list offsets %s: %v", topic, err)
+		t.Fatalf("high watermarks of %s: %v", topic, err)
 	}
-	out := make([]int64, partitions)
-	for _, p := range res.Topics[topic] {
-		if p.Error != nil {
-			t.Fatalf("list offsets %s partition %d: %v", topic, p.Partition, p.Error)
-		}
-		out[p.Partition] = p.LastOffset
-	}
-	return out
+	return hwm
 }
 
 // requireNoLag fails unless group committed every partition of topic up to
 // its high watermark.
-func (a *admin) requireNoLag(t testing.TB, group, topic string, partitions int) {
+func (a *admin) requireNoLag(t testing.TB, group, topic string) {
 	t.Helper()
-	hwm := a.highWatermarks(t, topic, partitions)
-	got := a.committed(t, group, topic, partitions)
+	hwm := a.highWatermarks(t, topic)
+	got := a.committed(t, group, topic)
 	for i := range hwm {
 		if got[i] != hwm[i] {
 			t.Fatalf("partition %d: committed %d, high watermark %d (lag %d); all: committed %v, hwm %v",
@@ -228,58 +113,20 @@ func (a *admin) requireNoLag(t testing.TB, group, topic string, partitions int) 
 	}
 }
 
-// stableMembers returns how many members the group has once it is stable,
-// -1 while it rebalances.
-func (a *admin) stableMembers(t testing.TB, group string) int {
+// readAll reads every message of topic and fails unless there are n.
+func (a *admin) readAll(t testing.TB, topic string, n int) []kafkago.Message {
 	t.Helper()
-	ctx := ctxTimeout(t, 10*time.Second)
-	res, err := a.client.DescribeGroups(ctx, &kafkago.DescribeGroupsRequest{GroupIDs: []string{group}})
-	if err != nil || len(res.Groups) != 1 || res.Groups[0].Error != nil {
-		return -1
-	}
-	if g := res.Groups[0]; g.GroupState == "Stable" {
-		return len(g.Members)
-	}
-	return -1
-}
-
-// readAll reads topic's partitions from the start until it has n messages.
-func (a *admin) readAll(t testing.TB, topic string, partitions, n int) []kafkago.Message {
-	t.Helper()
-	var out []kafkago.Message
-	deadline := time.Now().Add(time.Minute)
-	for p := 0; p < partitions; p++ {
-		r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: a.brokers, Topic: topic, Partition: p, MaxWait: 100 * time.Millisecond})
-		hwm := a.highWatermarks(t, topic, partitions)[p]
-		for off := int64(0); off < hwm; off++ {
-			ctx, cancel := context.WithDeadline(context.Background(), deadline)
-			m, err := r.ReadMessage(ctx)
-			cancel()
-			if err != nil {
-				r.Close()
-				t.Fatalf("read %s/%d at %d: %v", topic, p, off, err)
-			}
-			out = append(out, m)
-		}
-		r.Close()
-	}
+	out := a.ReadAll(t, topic)
 	if len(out) != n {
 		t.Fatalf("%s holds %d messages, want %d", topic, len(out), n)
 	}
 	return out
 }
 
-// waitUntil polls cond until it holds, failing the test after d. The wait
-// bounds a hang; no assertion depends on how long it took.
-func waitUntil(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up after %v waiting until %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+// sampleOffsets samples group's committed offsets of topic until the test
+// checks them (RequireMonotonic) or ends.
+func sampleOffsets(t testing.TB, a *admin, group, topic string) *testenv.OffsetSampler {
+	return testenv.SampleOffsets(t, 20*time.Millisecond, a.Offsets(group, topic), nil)
 }
 
 // sourceConfig is the test's source configuration: quick heartbeats,
@@ -288,7 +135,7 @@ func sourceConfig(t testing.TB, brokers []string, topic, group string) kafka.Con
 	return kafka.Config{
 		Brokers:           brokers,
 		Topics:            []string{topic},
-		GroupID:           group,
+		Group:             group,
 		MaxWait:           100 * time.Millisecond,
 		RequestTimeout:    3 * time.Second,
 		ReconnectBackoff:  500 * time.Millisecond,
@@ -414,83 +261,6 @@ func (e *effects) requireOnce(t testing.TB, want map[string]bool) {
 			t.Errorf("key %s: %d unexpected effects", k, n)
 		}
 	}
-}
-
-// offsetSampler samples a group's committed offsets and records any that
-// went down.
-type offsetSampler struct {
-	stop chan struct{}
-	done chan struct{}
-	mu   sync.Mutex
-	errs []string
-	n    int
-}
-
-func sampleOffsets(t testing.TB, a *admin, group, topic string, partitions int) *offsetSampler {
-	s := &offsetSampler{stop: make(chan struct{}), done: make(chan struct{})}
-	ids := make([]int, partitions)
-	for i := range ids {
-		ids[i] = i
-	}
-	go func() {
-		defer close(s.done)
-		last := make([]int64, partitions)
-		for i := range last {
-			last[i] = -1
-		}
-		for {
-			select {
-			case <-s.stop:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			res, err := a.client.OffsetFetch(ctx, &kafkago.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: ids}})
-			cancel()
-			if err != nil || res.Error != nil {
-				continue // the broker may be restarting
-			}
-			s.mu.Lock()
-			s.n++
-			for _, p := range res.Topics[topic] {
-				if p.Error != nil || p.CommittedOffset < 0 {
-					continue
-				}
-				if p.CommittedOffset < last[p.Partition] {
-					s.errs = append(s.errs, fmt.Sprintf("partition %d: committed offset went from %d to %d",
-						p.Partition, last[p.Partition], p.CommittedOffset))
-				}
-				last[p.Partition] = p.CommittedOffset
-			}
-			s.mu.Unlock()
-		}
-	}()
-	t.Cleanup(s.finish)
-	return s
-}
-
-func (s *offsetSampler) finish() {
-	select {
-	case <-s.stop:
-	default:
-		close(s.stop)
-	}
-	<-s.done
-}
-
-// check stops sampling and fails the test if an offset went down.
-func (s *offsetSampler) check(t testing.TB) {
-	t.Helper()
-	s.finish()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, e := range s.errs {
-		t.Error(e)
-	}
-	if s.n == 0 {
-		t.Error("no offset sample was taken")
-	}
-	t.Logf("%d offset samples", s.n)
 }
 
 // txnProducer writes to a topic in Kafka transactions, as the exactly-once

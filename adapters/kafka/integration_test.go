@@ -31,6 +31,7 @@ import (
 	"github.com/idemkit/idem/consumer/consumertest"
 	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/kafkatest"
 )
 
 // payment is the business message: a payment channel's callback.
@@ -188,7 +189,7 @@ func kafkaTestOn(t *testing.T, brokers []string, partitions int) (_ []string, a 
 	t.Helper()
 	a = newAdmin(t, brokers)
 	topic, group = name(t, "t"), name(t, "g")
-	a.createTopic(t, topic, partitions)
+	a.CreateTopic(t, topic, partitions)
 	return brokers, a, topic, group
 }
 
@@ -207,22 +208,6 @@ func startBank(t testing.TB, b *bank, src consumer.Source, dl consumer.DeadLette
 	return start(t, cfg)
 }
 
-// waitNoLag waits until the group committed every partition up to its high
-// watermark.
-func waitNoLag(t testing.TB, a *admin, group, topic string, partitions int) {
-	t.Helper()
-	waitUntil(t, 2*time.Minute, "the group has no lag", func() bool {
-		hwm := a.highWatermarks(t, topic, partitions)
-		got := a.committed(t, group, topic, partitions)
-		for i := range hwm {
-			if got[i] != hwm[i] {
-				return false
-			}
-		}
-		return true
-	})
-}
-
 // TestKafkaRestartsAndCrash: 10,000 callbacks, a fifth of them re-sends,
 // over 4 partitions; the consumer is stopped gracefully, stopped hard, and
 // killed (SIGKILL, in a child process that never commits an offset) in the
@@ -233,8 +218,8 @@ func TestKafkaRestartsAndCrash(t *testing.T) {
 	brokers, a, topic, group := kafkaTest(t, partitions)
 	b := newTestBank(t)
 	msgs, want := payments("pay", 10000, partitions)
-	a.produce(t, topic, msgs...)
-	samples := sampleOffsets(t, a, group, topic, partitions)
+	a.Produce(t, topic, msgs...)
+	samples := sampleOffsets(t, a, group, topic)
 	dl := &consumertest.DeadLetters{}
 	atLeast := func(n int) func() bool {
 		return func() bool { rows, _ := b.rows(t); return rows >= n }
@@ -249,11 +234,11 @@ func TestKafkaRestartsAndCrash(t *testing.T) {
 	waitUntil(t, time.Minute, "4,000 rows", atLeast(4000))
 	r.kill(t)
 	// 3: crash: a child process that never commits an offset is killed.
-	before := a.committed(t, group, topic, partitions)
+	before := a.committed(t, group, topic)
 	child := startChild(t, topic, group, b.schema)
 	waitUntil(t, time.Minute, "6,000 rows", atLeast(6000))
 	child.kill(t)
-	if after := a.committed(t, group, topic, partitions); fmt.Sprint(after) != fmt.Sprint(before) {
+	if after := a.committed(t, group, topic); fmt.Sprint(after) != fmt.Sprint(before) {
 		t.Fatalf("the child committed offsets: %v before, %v after", before, after)
 	}
 	if rows, _ := b.rows(t); rows >= len(want) {
@@ -262,12 +247,12 @@ func TestKafkaRestartsAndCrash(t *testing.T) {
 	// 4: the rest, and everything the child did again.
 	r = startBank(t, b, newSource(t, realSourceConfig(t, brokers, topic, group)), dl)
 	waitUntil(t, 2*time.Minute, "every transaction booked", atLeast(len(want)))
-	waitNoLag(t, a, group, topic, partitions)
+	a.WaitNoLag(t, group, topic)
 	r.stop(t)
 
 	b.requireLedger(t, want)
-	a.requireNoLag(t, group, topic, partitions)
-	samples.check(t)
+	a.requireNoLag(t, group, topic)
+	samples.RequireMonotonic(t)
 	if n := len(dl.Letters()); n != 0 {
 		t.Fatalf("%d dead letters, want none: %v", n, dl.Letters()[0].Reason)
 	}
@@ -283,7 +268,7 @@ func TestKafkaMembersJoinAndLeave(t *testing.T) {
 	const partitions = 6
 	brokers, a, topic, group := kafkaTest(t, partitions)
 	b := newTestBank(t)
-	samples := sampleOffsets(t, a, group, topic, partitions)
+	samples := sampleOffsets(t, a, group, topic)
 	dl := &consumertest.DeadLetters{}
 	member := func() *running {
 		cfg := b.config(newSource(t, realSourceConfig(t, brokers, topic, group)), dl)
@@ -296,28 +281,28 @@ func TestKafkaMembersJoinAndLeave(t *testing.T) {
 		return start(t, cfg)
 	}
 	m1, m2, m3 := member(), member(), member()
-	waitUntil(t, time.Minute, "three members", func() bool { return a.stableMembers(t, group) == 3 })
+	waitUntil(t, time.Minute, "three members", func() bool { return a.StableMembers(group) == 3 })
 	first, want := payments("w1", 3000, partitions)
-	a.produce(t, topic, first...)
+	a.Produce(t, topic, first...)
 	waitUntil(t, time.Minute, "800 rows", func() bool { rows, _ := b.rows(t); return rows >= 800 })
 	m3.stop(t) // leaves mid-stream
 	m4 := member()
-	waitUntil(t, time.Minute, "m4 joined", func() bool { return a.stableMembers(t, group) == 3 })
+	waitUntil(t, time.Minute, "m4 joined", func() bool { return a.StableMembers(group) == 3 })
 	rows, _ := b.rows(t)
 	t.Logf("m4 joined with %d of %d rows of the first wave booked", rows, len(want))
 	second, want2 := payments("w2", 3000, partitions)
-	a.produce(t, topic, second...)
+	a.Produce(t, topic, second...)
 	for id := range want2 {
 		want[id] = true
 	}
 	waitUntil(t, 2*time.Minute, "every transaction booked", func() bool { rows, _ := b.rows(t); return rows >= len(want) })
-	waitNoLag(t, a, group, topic, partitions)
+	a.WaitNoLag(t, group, topic)
 	for _, m := range []*running{m1, m2, m4} {
 		m.stop(t)
 	}
 	b.requireLedger(t, want)
-	a.requireNoLag(t, group, topic, partitions)
-	samples.check(t)
+	a.requireNoLag(t, group, topic)
+	samples.RequireMonotonic(t)
 	if m3.c.Stats().Applied == 0 || m4.c.Stats().Applied == 0 {
 		t.Errorf("the leaving member applied %d, the joining one %d; want both to have worked",
 			m3.c.Stats().Applied, m4.c.Stats().Applied)
@@ -331,14 +316,8 @@ func TestKafkaMembersJoinAndLeave(t *testing.T) {
 func TestKafkaDeadLettersAndRetries(t *testing.T) {
 	const partitions = 2
 	brokers, a, topic, group := kafkaTest(t, partitions)
-	a.createTopic(t, topic+".dlq", partitions)
+	a.CreateTopic(t, topic+".dlq", partitions)
 	b := newTestBank(t)
-	dlq, err := kafka.NewDeadLetterWriter(kafka.DeadLetterConfig{Brokers: brokers})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dlq.Close()
-
 	pay := func(p int, id string, amount int64) kafkago.Message {
 		v, _ := json.Marshal(payment{TxnID: id, Amount: amount})
 		return kafkago.Message{Partition: p, Key: []byte(id), Value: v}
@@ -364,10 +343,11 @@ func TestKafkaDeadLettersAndRetries(t *testing.T) {
 			msgs = append(msgs, pay(0, "ok-0-0", 999)) // same transaction, another amount
 		}
 	}
-	a.produce(t, topic, msgs...)
+	a.Produce(t, topic, msgs...)
 
 	var flakyCalls atomic.Int32
-	cfg := b.config(newSource(t, realSourceConfig(t, brokers, topic, group)), dlq)
+	src := newSource(t, realSourceConfig(t, brokers, topic, group))
+	cfg := b.config(src, src)
 	cfg.Logger = testLogger(t)
 	cfg.Clock = consumertest.NewClock() // retries without sleeping
 	inner := cfg.Handler
@@ -379,7 +359,7 @@ func TestKafkaDeadLettersAndRetries(t *testing.T) {
 	})
 	r := start(t, cfg)
 	waitUntil(t, time.Minute, "good transactions booked", func() bool { rows, _ := b.rows(t); return rows >= len(want) })
-	waitNoLag(t, a, group, topic, partitions)
+	a.WaitNoLag(t, group, topic)
 	r.stop(t)
 
 	b.requireLedger(t, want)
@@ -389,7 +369,7 @@ func TestKafkaDeadLettersAndRetries(t *testing.T) {
 	if st := r.c.Stats(); st.DeadLettered != 4 {
 		t.Errorf("stats %+v: want 4 dead letters", st)
 	}
-	letters := a.readAll(t, topic+".dlq", partitions, 4)
+	letters := a.readAll(t, topic+".dlq", 4)
 	byKey := map[string]kafkago.Message{}
 	for _, l := range letters {
 		byKey[string(l.Key)] = l
@@ -401,14 +381,14 @@ func TestKafkaDeadLettersAndRetries(t *testing.T) {
 			t.Errorf("no dead letter for %s", key)
 			return
 		}
-		if got := header(l, kafka.HeaderReason); !strings.Contains(got, reason) {
+		if got := kafkatest.Header(l, consumer.MetaReason); !strings.Contains(got, reason) {
 			t.Errorf("%s: reason %q, want it to contain %q", key, got, reason)
 		}
 		wantHeaders(t, l, map[string]string{
-			kafka.HeaderTopic: topic, kafka.HeaderPartition: strconv.Itoa(partition), kafka.HeaderAttempts: attempts,
+			consumer.MetaTopic: topic, consumer.MetaPartition: strconv.Itoa(partition), consumer.MetaAttempts: attempts,
 		})
-		if off, err := strconv.ParseInt(header(l, kafka.HeaderOffset), 10, 64); err != nil || off < 0 {
-			t.Errorf("%s: offset header %q", key, header(l, kafka.HeaderOffset))
+		if off, err := strconv.ParseInt(kafkatest.Header(l, consumer.MetaOffset), 10, 64); err != nil || off < 0 {
+			t.Errorf("%s: offset header %q", key, kafkatest.Header(l, consumer.MetaOffset))
 		}
 		if l.Partition != partition {
 			t.Errorf("%s: dead letter on partition %d, want %d", key, l.Partition, partition)
@@ -418,10 +398,10 @@ func TestKafkaDeadLettersAndRetries(t *testing.T) {
 	check("truncated", "malformed payload", 1, "0")
 	check("negative", "amount -5 is negative", 1, "1")
 	check("ok-0-0", "different payload", 0, "0")
-	if g := byKey["garbage"]; header(g, "trace-id") != "abc" || string(g.Value) != "<xml/>" {
+	if g := byKey["garbage"]; kafkatest.Header(g, "trace-id") != "abc" || string(g.Value) != "<xml/>" {
 		t.Errorf("garbage letter lost its payload or headers: %q %v", g.Value, g.Headers)
 	}
-	if n := byKey["negative"]; header(n, kafka.HeaderKey) != "negative" || header(n, kafka.HeaderKeyScope) != "payments" {
+	if n := byKey["negative"]; kafkatest.Header(n, consumer.MetaKey) != "negative" || kafkatest.Header(n, consumer.MetaKeyScope) != "payments" {
 		t.Errorf("negative letter key headers: %v", n.Headers)
 	}
 }
@@ -452,7 +432,7 @@ func TestKafkaBrokerRestart(t *testing.T) {
 	})
 	b := newTestBank(t)
 	msgs, want := payments("pre", 3000, partitions)
-	a.produce(t, topic, msgs...)
+	a.Produce(t, topic, msgs...)
 	dl := &consumertest.DeadLetters{}
 	cfg := b.config(newSource(t, realSourceConfig(t, brokers, topic, group)), dl)
 	cfg.Logger = testLogger(t)
@@ -474,17 +454,17 @@ func TestKafkaBrokerRestart(t *testing.T) {
 	// What was fetched before the kill may all be booked by now; the second
 	// wave can only come from the restarted broker.
 	t.Logf("%d of %d rows booked when the broker was killed", rowsAtKill, len(want))
-	a.tr.CloseIdleConnections() // the admin's connections died with the broker
+	a.Transport.CloseIdleConnections() // the admin's connections died with the broker
 	more, want2 := payments("post", 1000, partitions)
-	a.produce(t, topic, more...)
+	a.Produce(t, topic, more...)
 	for id := range want2 {
 		want[id] = true
 	}
 	waitUntil(t, 3*time.Minute, "every transaction booked", func() bool { rows, _ := b.rows(t); return rows >= len(want) })
-	waitNoLag(t, a, group, topic, partitions)
+	a.WaitNoLag(t, group, topic)
 	r.stop(t)
 	b.requireLedger(t, want)
-	a.requireNoLag(t, group, topic, partitions)
+	a.requireNoLag(t, group, topic)
 	if n := len(dl.Letters()); n != 0 {
 		t.Fatalf("%d dead letters: %v", n, dl.Letters()[0].Reason)
 	}
@@ -558,7 +538,7 @@ func runChild() int {
 	src, err := kafka.New(kafka.Config{
 		Brokers:           strings.Split(os.Getenv("IDEM_TEST_KAFKA_BROKERS"), ","),
 		Topics:            []string{os.Getenv("CHILD_TOPIC")},
-		GroupID:           os.Getenv("CHILD_GROUP"),
+		Group:             os.Getenv("CHILD_GROUP"),
 		MaxWait:           100 * time.Millisecond,
 		SessionTimeout:    2 * time.Second,
 		HeartbeatInterval: 200 * time.Millisecond,
@@ -616,7 +596,7 @@ func TestKafkaTransactionalTopic(t *testing.T) {
 				}
 				if j == 4 {
 					id := fmt.Sprintf("%s-n%02d", prefix, i)
-					a.produce(t, topic, pay(i%partitions, id, 1))
+					a.Produce(t, topic, pay(i%partitions, id, 1))
 					want[id] = true
 				}
 			}
@@ -626,7 +606,7 @@ func TestKafkaTransactionalTopic(t *testing.T) {
 	wave("w1")
 	r := startBank(t, b, newSource(t, realSourceConfig(t, brokers, topic, group)), dl)
 	waitUntil(t, 2*time.Minute, "the first wave booked", func() bool { rows, _ := b.rows(t); return rows >= len(want) })
-	waitNoLag(t, a, group, topic, partitions)
+	a.WaitNoLag(t, group, topic)
 
 	// A transaction open across the restart holds its partition back at
 	// its first record: neither it nor the payment written after it on the
@@ -634,7 +614,7 @@ func TestKafkaTransactionalTopic(t *testing.T) {
 	open := newTxnProducer(t, brokers, topic)
 	open.begin(t)
 	open.write(t, pay(0, "open-1", 5))
-	a.produce(t, topic, pay(0, "after-open", 5), pay(1, "probe", 5))
+	a.Produce(t, topic, pay(0, "after-open", 5), pay(1, "probe", 5))
 	want["probe"] = true
 	waitUntil(t, time.Minute, "the probe on the other partition booked", func() bool { rows, _ := b.rows(t); return rows >= len(want) })
 	r.stop(t)
@@ -642,7 +622,7 @@ func TestKafkaTransactionalTopic(t *testing.T) {
 		t.Fatalf("%d rows, want %d: payments past an open transaction were booked", rows, len(want))
 	}
 	wave("w2")
-	a.produce(t, topic, pay(1, "probe-2", 5))
+	a.Produce(t, topic, pay(1, "probe-2", 5))
 	want["probe-2"] = true
 	r = startBank(t, b, newSource(t, realSourceConfig(t, brokers, topic, group)), dl)
 	waitUntil(t, 2*time.Minute, "the second probe booked", func() bool {
@@ -656,11 +636,11 @@ func TestKafkaTransactionalTopic(t *testing.T) {
 	open.end(t, true)
 	want["open-1"], want["after-open"] = true, true
 	waitUntil(t, 2*time.Minute, "everything booked", func() bool { rows, _ := b.rows(t); return rows >= len(want) })
-	waitNoLag(t, a, group, topic, partitions)
+	a.WaitNoLag(t, group, topic)
 	r.stop(t)
 
 	b.requireLedger(t, want)
-	a.requireNoLag(t, group, topic, partitions)
+	a.requireNoLag(t, group, topic)
 	if n := len(dl.Letters()); n != 0 {
 		l := dl.Letters()[0]
 		t.Fatalf("%d dead letters, the first %s (value %q): %v", n, l.Message.Coordinates(), l.Message.Value, l.Reason)
@@ -682,7 +662,7 @@ func TestKafkaTopicRecreated(t *testing.T) {
 	want := map[string]bool{}
 	for i := range 10 {
 		id := fmt.Sprintf("old-%d", i)
-		a.produce(t, topic, pay(0, id, 1))
+		a.Produce(t, topic, pay(0, id, 1))
 		want[id] = true
 	}
 	dl := &consumertest.DeadLetters{}
@@ -708,16 +688,16 @@ func TestKafkaTopicRecreated(t *testing.T) {
 	a.recreate(t, topic, 1)
 	for i := range 3 {
 		id := fmt.Sprintf("new-%d", i)
-		a.produce(t, topic, pay(0, id, 1))
+		a.Produce(t, topic, pay(0, id, 1))
 		want[id] = true
 	}
 	waitUntil(t, 2*time.Minute, "the new topic's messages delivered behind old-9", func() bool { return r.c.Stats().Delivered == 13 })
 	close(release)
 	waitUntil(t, time.Minute, "every payment booked", func() bool { rows, _ := b.rows(t); return rows >= len(want) })
-	waitNoLag(t, a, group, topic, 1)
+	a.WaitNoLag(t, group, topic)
 	r.stopWithin(t, 30*time.Second)
 	b.requireLedger(t, want)
-	a.requireNoLag(t, group, topic, 1)
+	a.requireNoLag(t, group, topic)
 	if n := len(dl.Letters()); n != 0 {
 		t.Fatalf("%d dead letters: %v", n, dl.Letters()[0].Reason)
 	}

@@ -23,10 +23,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/idemkit/idem/adapters/kafka"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
 	"github.com/idemkit/idem/dedup/memstore"
+	"github.com/idemkit/idem/internal/testenv/kafkatest"
 )
 
 func fake(t *testing.T, opts ...kfake.Opt) (*kfake.Cluster, []string) {
@@ -82,7 +82,7 @@ func TestFakeConsumesOnceCommitsAndResumes(t *testing.T) {
 	_, brokers := fake(t, kfake.SeedTopics(3, "orders"))
 	a := newAdmin(t, brokers)
 	msgs, keys := keyed("k", 600, 3)
-	a.produce(t, "orders", msgs...)
+	a.Produce(t, "orders", msgs...)
 
 	eff := newEffects()
 	group := name(t, "g")
@@ -93,27 +93,27 @@ func TestFakeConsumesOnceCommitsAndResumes(t *testing.T) {
 	if st := r.c.Stats(); st.Duplicates != int64(len(msgs)-len(keys)) {
 		t.Errorf("stats %+v: want %d duplicates", st, len(msgs)-len(keys))
 	}
-	a.requireNoLag(t, group, "orders", 3)
+	a.requireNoLag(t, group, "orders")
 
 	// A restart resumes after the committed offsets: only the new message
 	// is delivered.
 	eff2 := newEffects()
 	r2 := start(t, memConfig(t, newSource(t, sourceConfig(t, brokers, "orders", group)), eff2))
-	a.produce(t, "orders", kafkago.Message{Partition: 1, Key: []byte("late"), Value: []byte(`{}`)})
+	a.Produce(t, "orders", kafkago.Message{Partition: 1, Key: []byte("late"), Value: []byte(`{}`)})
 	waitUntil(t, time.Minute, "the late message applied", func() bool { n, _ := eff2.counts(); return n == 1 })
 	r2.stop(t)
 	eff2.requireOnce(t, map[string]bool{"late": true})
 	if st := r2.c.Stats(); st.Delivered != 1 {
 		t.Errorf("after restart: %d deliveries, want 1 (the new message)", st.Delivered)
 	}
-	a.requireNoLag(t, group, "orders", 3)
+	a.requireNoLag(t, group, "orders")
 }
 
 func TestFakeMembersJoinAndLeave(t *testing.T) {
 	_, brokers := fake(t, kfake.SeedTopics(4, "orders"))
 	a := newAdmin(t, brokers)
 	group := name(t, "g")
-	samples := sampleOffsets(t, a, group, "orders", 4)
+	samples := sampleOffsets(t, a, group, "orders")
 	eff := newEffects()
 	store := memstore.New(memstore.Config{})
 	member := func() *running {
@@ -132,16 +132,16 @@ func TestFakeMembersJoinAndLeave(t *testing.T) {
 		for k := range keys {
 			all[k] = true
 		}
-		a.produce(t, "orders", msgs...)
+		a.Produce(t, "orders", msgs...)
 	}
 	m1, m2 := member(), member()
-	waitUntil(t, time.Minute, "two members", func() bool { return a.stableMembers(t, group) == 2 })
+	waitUntil(t, time.Minute, "two members", func() bool { return a.StableMembers(group) == 2 })
 	wave(0)
 	waitUntil(t, time.Minute, "wave 0 partly applied", func() bool { n, _ := eff.counts(); return n >= 100 })
 	m1.stop(t) // leaves while the group is busy
 	wave(1)
 	m3 := member()
-	waitUntil(t, time.Minute, "m3 joined", func() bool { return a.stableMembers(t, group) == 2 })
+	waitUntil(t, time.Minute, "m3 joined", func() bool { return a.StableMembers(group) == 2 })
 	if n, _ := eff.counts(); n == len(all) {
 		t.Log("everything was applied before m3 joined; the test is too fast to overlap")
 	}
@@ -150,8 +150,8 @@ func TestFakeMembersJoinAndLeave(t *testing.T) {
 	m2.stop(t)
 	m3.stop(t)
 	eff.requireOnce(t, all)
-	a.requireNoLag(t, group, "orders", 4)
-	samples.check(t)
+	a.requireNoLag(t, group, "orders")
+	samples.RequireMonotonic(t)
 	if m3.c.Stats().Applied == 0 {
 		t.Error("m3 applied nothing")
 	}
@@ -160,15 +160,12 @@ func TestFakeMembersJoinAndLeave(t *testing.T) {
 func TestFakeDeadLetters(t *testing.T) {
 	_, brokers := fake(t, kfake.SeedTopics(2, "payments", "payments.dlq"))
 	a := newAdmin(t, brokers)
-	dlq, err := kafka.NewDeadLetterWriter(kafka.DeadLetterConfig{Brokers: brokers, MaxValueBytes: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dlq.Close()
-
 	eff := newEffects()
-	cfg := memConfig(t, newSource(t, sourceConfig(t, brokers, "payments", name(t, "g"))), eff)
-	cfg.DeadLetter = dlq
+	scfg := sourceConfig(t, brokers, "payments", name(t, "g"))
+	scfg.DeadLetterMaxBytes = 64
+	src := newSource(t, scfg)
+	cfg := memConfig(t, src, eff)
+	cfg.DeadLetter = src
 	cfg.Key = consumer.ByJSONField("txn")
 	inner := cfg.Handler
 	cfg.Handler = consumer.HandlerFunc[*memstore.Tx](func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
@@ -178,7 +175,7 @@ func TestFakeDeadLetters(t *testing.T) {
 		return inner.Handle(ctx, tx, m)
 	})
 	big := `{"txn":"big","pad":"` + strings.Repeat("x", 100) + `"}`
-	a.produce(t, "payments",
+	a.Produce(t, "payments",
 		kafkago.Message{Partition: 0, Key: []byte("a"), Value: []byte(`{"txn":"a"}`)},
 		kafkago.Message{Partition: 0, Key: []byte("bad"), Value: []byte(`not json`), Headers: []kafkago.Header{{Key: "trace", Value: []byte("t1")}}},
 		kafkago.Message{Partition: 0, Key: []byte("b"), Value: []byte(`{"txn":"b"}`)},
@@ -192,34 +189,34 @@ func TestFakeDeadLetters(t *testing.T) {
 	r.stop(t)
 	eff.requireOnce(t, map[string]bool{"a": true, "b": true, "c": true})
 
-	letters := a.readAll(t, "payments.dlq", 2, 3)
+	letters := a.readAll(t, "payments.dlq", 3)
 	byKey := map[string]kafkago.Message{}
 	for _, m := range letters {
 		byKey[string(m.Key)] = m
 	}
 	bad := byKey["bad"]
 	wantHeaders(t, bad, map[string]string{
-		"trace": "t1", kafka.HeaderTopic: "payments", kafka.HeaderPartition: "0", kafka.HeaderOffset: "1",
-		kafka.HeaderAttempts: "0",
+		"trace": "t1", consumer.MetaTopic: "payments", consumer.MetaPartition: "0", consumer.MetaOffset: "1",
+		consumer.MetaAttempts: "0",
 	})
 	if string(bad.Value) != "not json" || bad.Partition != 0 {
 		t.Errorf("bad letter: value %q partition %d", bad.Value, bad.Partition)
 	}
-	if reason := header(bad, kafka.HeaderReason); !containsAll(reason, "malformed payload") {
+	if reason := kafkatest.Header(bad, consumer.MetaReason); !containsAll(reason, "malformed payload") {
 		t.Errorf("bad letter reason %q", reason)
 	}
-	if _, ok := headerOK(bad, kafka.HeaderKey); ok {
+	if _, ok := kafkatest.HeaderOK(bad, consumer.MetaKey); ok {
 		t.Error("a letter without a key has a key header")
 	}
 	rej := byKey["rej"]
-	wantHeaders(t, rej, map[string]string{kafka.HeaderKey: "rej", kafka.HeaderKeyScope: "kfake", kafka.HeaderOffset: "0",
-		kafka.HeaderPartition: "1", kafka.HeaderAttempts: "1"})
-	if reason := header(rej, kafka.HeaderReason); !containsAll(reason, "amount is negative") {
+	wantHeaders(t, rej, map[string]string{consumer.MetaKey: "rej", consumer.MetaKeyScope: "kfake", consumer.MetaOffset: "0",
+		consumer.MetaPartition: "1", consumer.MetaAttempts: "1"})
+	if reason := kafkatest.Header(rej, consumer.MetaReason); !containsAll(reason, "amount is negative") {
 		t.Errorf("rejected letter reason %q", reason)
 	}
 	bigL := byKey["big"]
-	wantHeaders(t, bigL, map[string]string{kafka.HeaderAttempts: "1", kafka.HeaderReason: "permanent: too big"})
-	if len(bigL.Value) != 0 || header(bigL, kafka.HeaderValueSize) != strconv.Itoa(len(big)) || len(header(bigL, kafka.HeaderValueSHA256)) != 64 {
+	wantHeaders(t, bigL, map[string]string{consumer.MetaAttempts: "1", consumer.MetaReason: "permanent: too big"})
+	if len(bigL.Value) != 0 || kafkatest.Header(bigL, consumer.MetaValueSize) != strconv.Itoa(len(big)) || len(kafkatest.Header(bigL, consumer.MetaValueSHA256)) != 64 {
 		t.Errorf("oversized letter: value %d bytes, headers %v", len(bigL.Value), bigL.Headers)
 	}
 }
@@ -228,7 +225,7 @@ func TestFakeLeaderMoves(t *testing.T) {
 	c, brokers := fake(t, kfake.NumBrokers(2), kfake.SeedTopics(2, "orders"))
 	a := newAdmin(t, brokers)
 	first, keys := keyed("a", 200, 2)
-	a.produce(t, "orders", first...)
+	a.Produce(t, "orders", first...)
 	eff := newEffects()
 	group := name(t, "g")
 	r := start(t, memConfig(t, newSource(t, sourceConfig(t, brokers, "orders", group)), eff))
@@ -240,14 +237,14 @@ func TestFakeLeaderMoves(t *testing.T) {
 		}
 	}
 	second, keys2 := keyed("b", 200, 2)
-	a.produce(t, "orders", second...)
+	a.Produce(t, "orders", second...)
 	for k := range keys2 {
 		keys[k] = true
 	}
 	waitUntil(t, time.Minute, "second half applied", func() bool { n, _ := eff.counts(); return n == len(keys) })
 	r.stop(t)
 	eff.requireOnce(t, keys)
-	a.requireNoLag(t, group, "orders", 2)
+	a.requireNoLag(t, group, "orders")
 }
 
 func TestFakeStalledFetchIsRecreated(t *testing.T) {
@@ -259,7 +256,7 @@ func TestFakeStalledFetchIsRecreated(t *testing.T) {
 		return nil, nil, true // never answered: the client must time out
 	})
 	msgs, keys := keyed("k", 50, 1)
-	a.produce(t, "orders", msgs...)
+	a.Produce(t, "orders", msgs...)
 	eff := newEffects()
 	cfg := sourceConfig(t, brokers, "orders", name(t, "g"))
 	cfg.RequestTimeout = 500 * time.Millisecond
@@ -279,7 +276,7 @@ func TestFakeEmptyFetchesBelowWatermark(t *testing.T) {
 	c, brokers := fake(t, kfake.SeedTopics(1, "orders"))
 	a := newAdmin(t, brokers)
 	msgs, keys := keyed("k", 30, 1)
-	a.produce(t, "orders", msgs...)
+	a.Produce(t, "orders", msgs...)
 	var empties atomic.Int32
 	var redialled atomic.Bool
 	c.ControlKey(int16(kmsg.Metadata), func(kmsg.Request) (kmsg.Response, error, bool) {
@@ -332,10 +329,10 @@ func TestFakeTopicCreatedLater(t *testing.T) {
 	cfg := sourceConfig(t, brokers, "late-topic", name(t, "g"))
 	cfg.PartitionWatchInterval = 100 * time.Millisecond
 	r := start(t, memConfig(t, newSource(t, cfg), eff))
-	waitUntil(t, time.Minute, "the group is up", func() bool { return a.stableMembers(t, cfg.GroupID) == 1 })
-	a.createTopic(t, "late-topic", 2)
+	waitUntil(t, time.Minute, "the group is up", func() bool { return a.StableMembers(cfg.Group) == 1 })
+	a.CreateTopic(t, "late-topic", 2)
 	msgs, keys := keyed("k", 40, 2)
-	a.produce(t, "late-topic", msgs...)
+	a.Produce(t, "late-topic", msgs...)
 	waitUntil(t, time.Minute, "every key applied", func() bool { n, _ := eff.counts(); return n == len(keys) })
 	r.stop(t)
 	eff.requireOnce(t, keys)
@@ -350,7 +347,7 @@ func TestFakeStoppedLaneHoldsItsPartition(t *testing.T) {
 			kafkago.Message{Partition: 0, Key: []byte("p0-" + strconv.Itoa(i)), Value: []byte("x")},
 			kafkago.Message{Partition: 1, Key: []byte("p1-" + strconv.Itoa(i)), Value: []byte("x")})
 	}
-	a.produce(t, "orders", msgs...) // p0-4 sits at offset 4 of partition 0
+	a.Produce(t, "orders", msgs...) // p0-4 sits at offset 4 of partition 0
 	eff := newEffects()
 	group := name(t, "g")
 	cfg := memConfig(t, newSource(t, sourceConfig(t, brokers, "orders", group)), eff)
@@ -371,7 +368,7 @@ func TestFakeStoppedLaneHoldsItsPartition(t *testing.T) {
 		return n == 14 && poisoned.Load() == 2
 	})
 	r.stop(t)
-	if got := a.committed(t, group, "orders", 2); got[0] != 4 || got[1] != 10 {
+	if got := a.committed(t, group, "orders"); got[0] != 4 || got[1] != 10 {
 		t.Fatalf("committed %v, want [4 10]: partition 0 must resume at the poisoned message", got)
 	}
 }
@@ -380,11 +377,11 @@ func TestFakeStopWithBrokerGone(t *testing.T) {
 	c, brokers := fake(t, kfake.SeedTopics(2, "orders"))
 	a := newAdmin(t, brokers)
 	msgs, keys := keyed("k", 100, 2)
-	a.produce(t, "orders", msgs...)
+	a.Produce(t, "orders", msgs...)
 	eff := newEffects()
 	r := start(t, memConfig(t, newSource(t, sourceConfig(t, brokers, "orders", name(t, "g"))), eff))
 	waitUntil(t, time.Minute, "every key applied", func() bool { n, _ := eff.counts(); return n == len(keys) })
-	a.tr.CloseIdleConnections()
+	a.Transport.CloseIdleConnections()
 	c.Close()
 	r.stopWithin(t, 5*time.Second)
 }
@@ -395,7 +392,7 @@ func TestFakeStopWithBrokerHung(t *testing.T) {
 	c, brokers := fake(t, kfake.SeedTopics(2, "orders"))
 	a := newAdmin(t, brokers)
 	msgs, keys := keyed("k", 100, 2)
-	a.produce(t, "orders", msgs...)
+	a.Produce(t, "orders", msgs...)
 	eff := newEffects()
 	cfg := sourceConfig(t, brokers, "orders", name(t, "g"))
 	cfg.CloseTimeout = time.Second
@@ -433,16 +430,12 @@ func TestFakeSASL(t *testing.T) {
 			}
 			w.Close()
 
-			dlq, err := kafka.NewDeadLetterWriter(kafka.DeadLetterConfig{Brokers: brokers, SASL: tc.mech})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer dlq.Close()
 			eff := newEffects()
 			scfg := sourceConfig(t, brokers, "orders", name(t, "g"))
-			scfg.SASL = tc.mech
-			cfg := memConfig(t, newSource(t, scfg), eff)
-			cfg.DeadLetter = dlq
+			scfg.SASL = tc.mech // the dead-letter writer's too
+			src := newSource(t, scfg)
+			cfg := memConfig(t, src, eff)
+			cfg.DeadLetter = src
 			inner := cfg.Handler
 			cfg.Handler = consumer.HandlerFunc[*memstore.Tx](func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
 				if string(m.Key) == "rej" {
@@ -460,24 +453,10 @@ func TestFakeSASL(t *testing.T) {
 	}
 }
 
-func header(m kafkago.Message, k string) string {
-	v, _ := headerOK(m, k)
-	return v
-}
-
-func headerOK(m kafkago.Message, k string) (string, bool) {
-	for _, h := range m.Headers {
-		if h.Key == k {
-			return string(h.Value), true
-		}
-	}
-	return "", false
-}
-
 func wantHeaders(t *testing.T, m kafkago.Message, want map[string]string) {
 	t.Helper()
 	for k, v := range want {
-		if got, ok := headerOK(m, k); !ok || got != v {
+		if got, ok := kafkatest.HeaderOK(m, k); !ok || got != v {
 			t.Errorf("letter %s: header %s = %q (present %v), want %q", m.Key, k, got, ok, v)
 		}
 	}
@@ -527,10 +506,10 @@ func TestFakeTransactionalTopic(t *testing.T) {
 	a := newAdmin(t, brokers)
 	tp := newTxnProducer(t, brokers, "orders")
 	tp.tx(t, true, txnMsg(0, "c1"), txnMsg(0, "c2"), txnMsg(1, "c1b"))
-	a.produce(t, "orders", txnMsg(0, "n1"))
+	a.Produce(t, "orders", txnMsg(0, "n1"))
 	tp.begin(t)
 	tp.write(t, txnMsg(0, "a1"), txnMsg(1, "a3"))
-	a.produce(t, "orders", txnMsg(0, "n2")) // inside the aborted transaction's offsets, not part of it
+	a.Produce(t, "orders", txnMsg(0, "n2")) // inside the aborted transaction's offsets, not part of it
 	tp.write(t, txnMsg(0, "a2"))
 	tp.end(t, false)
 	tp.tx(t, true, txnMsg(0, "c3"))
@@ -544,7 +523,7 @@ func TestFakeTransactionalTopic(t *testing.T) {
 	r := start(t, cfg)
 	waitUntil(t, time.Minute, "the committed records applied", func() bool { n, _ := eff.counts(); return n >= len(want) })
 	waitUntil(t, time.Minute, "no lag", func() bool {
-		return fmt.Sprint(a.committed(t, group, "orders", 2)) == fmt.Sprint(a.highWatermarks(t, "orders", 2))
+		return fmt.Sprint(a.committed(t, group, "orders")) == fmt.Sprint(a.highWatermarks(t, "orders"))
 	})
 
 	// An open transaction holds back everything after its first record,
@@ -565,7 +544,7 @@ func TestFakeTransactionalTopic(t *testing.T) {
 	})
 	tp.begin(t)
 	openAt.Store(tp.write(t, txnMsg(0, "o1"))[0])
-	a.produce(t, "orders", txnMsg(0, "n3"))
+	a.Produce(t, "orders", txnMsg(0, "n3"))
 	waitUntil(t, time.Minute, "three fetches at the open transaction's first offset", func() bool { return atOpen.Load() >= 3 })
 	if _, total := eff.counts(); total != len(want) {
 		t.Fatalf("%d effects while a transaction is open, want %d: nothing past the last stable offset", total, len(want))
@@ -576,7 +555,7 @@ func TestFakeTransactionalTopic(t *testing.T) {
 	r.stop(t)
 	eff.requireOnce(t, want)
 	requireNoLetters(t, cfg)
-	a.requireNoLag(t, group, "orders", 2)
+	a.requireNoLag(t, group, "orders")
 
 	// A restart resumes after the markers: it gets the new transactions'
 	// committed records and nothing else.
@@ -587,7 +566,7 @@ func TestFakeTransactionalTopic(t *testing.T) {
 	r2 := start(t, cfg2)
 	waitUntil(t, time.Minute, "c6 applied", func() bool { n, _ := eff2.counts(); return n >= 1 })
 	waitUntil(t, time.Minute, "no lag", func() bool {
-		return fmt.Sprint(a.committed(t, group, "orders", 2)) == fmt.Sprint(a.highWatermarks(t, "orders", 2))
+		return fmt.Sprint(a.committed(t, group, "orders")) == fmt.Sprint(a.highWatermarks(t, "orders"))
 	})
 	r2.stop(t)
 	eff2.requireOnce(t, keySet("c6"))
@@ -612,7 +591,7 @@ func TestFakeTopicRecreatedUnderAssignment(t *testing.T) {
 		old = append(old, txnMsg(0, fmt.Sprintf("old-%d", i)))
 		want[fmt.Sprintf("old-%d", i)] = true
 	}
-	a.produce(t, "orders", old...)
+	a.Produce(t, "orders", old...)
 
 	eff := newEffects()
 	group := name(t, "g")
@@ -640,16 +619,16 @@ func TestFakeTopicRecreatedUnderAssignment(t *testing.T) {
 		fresh = append(fresh, txnMsg(0, fmt.Sprintf("new-%d", i)))
 		want[fmt.Sprintf("new-%d", i)] = true
 	}
-	a.produce(t, "orders", fresh...)
+	a.Produce(t, "orders", fresh...)
 	waitUntil(t, time.Minute, "the new topic's messages delivered behind old-9", func() bool { return r.c.Stats().Delivered == 13 })
 	close(release)
 	waitUntil(t, time.Minute, "every message applied", func() bool { n, _ := eff.counts(); return n == len(want) })
 	waitUntil(t, time.Minute, "the new log committed to its end", func() bool {
-		return a.committed(t, group, "orders", 1)[0] == a.highWatermarks(t, "orders", 1)[0]
+		return a.committed(t, group, "orders")[0] == a.highWatermarks(t, "orders")[0]
 	})
 	r.stopWithin(t, 30*time.Second)
 	eff.requireOnce(t, want)
-	a.requireNoLag(t, group, "orders", 1)
+	a.requireNoLag(t, group, "orders")
 }
 
 // With ReadUncommitted the records of aborted and of open transactions are
@@ -664,7 +643,7 @@ func TestFakeReadUncommitted(t *testing.T) {
 	open := newTxnProducer(t, brokers, "orders")
 	open.begin(t)
 	open.write(t, txnMsg(0, "o1"))
-	a.produce(t, "orders", txnMsg(0, "n1"))
+	a.Produce(t, "orders", txnMsg(0, "n1"))
 	want := keySet("c1", "a1", "o1", "n1")
 
 	eff := newEffects()
@@ -675,7 +654,7 @@ func TestFakeReadUncommitted(t *testing.T) {
 	r := start(t, cfg)
 	waitUntil(t, time.Minute, "every record applied", func() bool { n, _ := eff.counts(); return n >= len(want) })
 	waitUntil(t, time.Minute, "no lag", func() bool {
-		return a.committed(t, group, "orders", 1)[0] == a.highWatermarks(t, "orders", 1)[0]
+		return a.committed(t, group, "orders")[0] == a.highWatermarks(t, "orders")[0]
 	})
 	r.stop(t)
 	eff.requireOnce(t, want)
@@ -752,7 +731,7 @@ func TestFakeCompactedBatchEnds(t *testing.T) {
 	r := start(t, memConfig(t, newSource(t, sourceConfig(t, brokers, "orders", group)), eff))
 	want := keySet("r0", "r1", "r2", "r8", "r9", "r12")
 	waitUntil(t, time.Minute, "the kept records applied", func() bool { n, _ := eff.counts(); return n >= len(want) })
-	waitUntil(t, time.Minute, "committed to the high watermark", func() bool { return a.committed(t, group, "orders", 1)[0] == hwm })
+	waitUntil(t, time.Minute, "committed to the high watermark", func() bool { return a.committed(t, group, "orders")[0] == hwm })
 	r.stop(t)
 	eff.requireOnce(t, want)
 	t.Logf("%d fetches", fetches.Load())

@@ -34,7 +34,7 @@ type partition struct {
 	id       int
 	lane     string // topic/partition, the message's Lane
 	idPrefix string // topic/partition/, the message ID without the offset
-	start    int64  // the group's offset at assignment; FirstOffset/LastOffset when none
+	start    int64  // the group's offset at assignment; kafka-go's FirstOffset/LastOffset when none
 	gen      *generation
 
 	mu        sync.Mutex

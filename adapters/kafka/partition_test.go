@@ -39,7 +39,7 @@ func wantCommit(t *testing.T, p *partition, want int64) {
 }
 
 func TestMessageEnvelope(t *testing.T) {
-	p := testPartition(FirstOffset)
+	p := testPartition(kafkago.FirstOffset)
 	m := deliverN(p, 42)[0]
 	if m.ID != "orders/3/42" || m.Lane != "orders/3" || m.Coordinates() != m.ID {
 		t.Fatalf("ID %q, Lane %q", m.ID, m.Lane)
@@ -80,7 +80,7 @@ func TestWatermarkIsContiguousAckedPrefix(t *testing.T) {
 }
 
 func TestReleaseHoldsTheWatermark(t *testing.T) {
-	p := testPartition(FirstOffset)
+	p := testPartition(kafkago.FirstOffset)
 	msgs := deliverN(p, 0, 1, 2, 3)
 	p.settle(msgs[0], acked)
 	p.settle(msgs[2], acked) // acked before the release of 1, as a batch's acks are
@@ -93,7 +93,7 @@ func TestReleaseHoldsTheWatermark(t *testing.T) {
 }
 
 func TestAcksOfOtherAssignmentsAreDropped(t *testing.T) {
-	old := testPartition(FirstOffset)
+	old := testPartition(kafkago.FirstOffset)
 	stale := deliverN(old, 0, 1)
 	old.end()
 	if commit, _ := old.settle(stale[0], acked); commit {
@@ -102,7 +102,7 @@ func TestAcksOfOtherAssignmentsAreDropped(t *testing.T) {
 
 	// The partition is assigned again and redelivered from 0: the lane may
 	// still ack the first assignment's copies, which must not count here.
-	p := testPartition(FirstOffset)
+	p := testPartition(kafkago.FirstOffset)
 	fresh := deliverN(p, 0, 1)
 	p.settle(stale[0], acked)
 	p.settle(stale[1], acked)
@@ -184,7 +184,7 @@ func TestRestartStartsANewEpoch(t *testing.T) {
 // them once what was delivered before them is acked, and not past a
 // released message.
 func TestPassedOffsetsCountAsAcked(t *testing.T) {
-	p := testPartition(FirstOffset)
+	p := testPartition(kafkago.FirstOffset)
 	msgs := deliverN(p, 0, 1)
 	p.passed(3) // 2 is a commit marker
 	wantCommit(t, p, -1)
@@ -206,7 +206,7 @@ func TestPassedOffsetsCountAsAcked(t *testing.T) {
 }
 
 func TestUnpushForgetsARefusedDelivery(t *testing.T) {
-	p := testPartition(FirstOffset)
+	p := testPartition(kafkago.FirstOffset)
 	msgs := deliverN(p, 0, 1)
 	p.unpush(msgs[1])
 	p.settle(msgs[0], acked)
@@ -222,15 +222,18 @@ func TestConfigErrorsNameFields(t *testing.T) {
 		want string
 	}{
 		{Config{}, "Config.Brokers"},
-		{Config{Brokers: []string{"nohost"}, Topics: []string{"t"}, GroupID: "g"}, "Config.Brokers[0]"},
-		{Config{Brokers: []string{"h:1"}, GroupID: "g"}, "Config.Topics"},
-		{Config{Brokers: []string{"h:1"}, Topics: []string{"a/b"}, GroupID: "g"}, "Config.Topics[0]"},
-		{Config{Brokers: []string{"h:1"}, Topics: []string{"t", "t"}, GroupID: "g"}, "Config.Topics[1]"},
-		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}}, "Config.GroupID"},
-		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, GroupID: "g", StartOffset: 5}, "Config.StartOffset"},
-		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, GroupID: "g", MaxWait: -1}, "Config.MaxWait"},
-		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, GroupID: "g", SessionTimeout: 1, HeartbeatInterval: 2}, "Config.HeartbeatInterval"},
-		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, GroupID: "g", HeartbeatInterval: time.Minute}, "Config.HeartbeatInterval"},
+		{Config{Brokers: []string{"nohost"}, Topics: []string{"t"}, Group: "g"}, "Config.Brokers[0]"},
+		{Config{Brokers: []string{"h:1"}, Group: "g"}, "Config.Topics"},
+		{Config{Brokers: []string{"h:1"}, Topics: []string{"a/b"}, Group: "g"}, "Config.Topics[0]"},
+		{Config{Brokers: []string{"h:1"}, Topics: []string{"t", "t"}, Group: "g"}, "Config.Topics[1]"},
+		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}}, "Config.Group"},
+		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, Group: "g", StartFrom: 5}, "Config.StartFrom"},
+		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, Group: "g", MaxWait: -1}, "Config.MaxWait"},
+		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, Group: "g", SessionTimeout: 1, HeartbeatInterval: 2}, "Config.HeartbeatInterval"},
+		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, Group: "g", HeartbeatInterval: time.Minute}, "Config.HeartbeatInterval"},
+		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, Group: "g", DeadLetterTopic: "t/dlq"}, "Config.DeadLetterTopic"},
+		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, Group: "g", DeadLetterMaxBytes: -1}, "Config.DeadLetterMaxBytes"},
+		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, Group: "g", DeadLetterTimeout: -1}, "Config.DeadLetterTimeout"},
 	}
 	for _, c := range cases {
 		_, err := New(c.cfg)
@@ -242,10 +245,7 @@ func TestConfigErrorsNameFields(t *testing.T) {
 			t.Errorf("New(%+v): %v; want it to name %s", c.cfg, err, c.want)
 		}
 	}
-	if _, err := New(Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, GroupID: "g"}); err != nil {
+	if _, err := New(Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, Group: "g"}); err != nil {
 		t.Fatalf("minimal config: %v", err)
-	}
-	if _, err := NewDeadLetterWriter(DeadLetterConfig{}); err == nil || !strings.Contains(err.Error(), "DeadLetterConfig.Brokers") {
-		t.Fatalf("NewDeadLetterWriter({}) = %v", err)
 	}
 }

@@ -15,10 +15,11 @@ import (
 	"github.com/idemkit/idem/consumer"
 )
 
-// Source is a consumer.Source over a Kafka consumer group. Create it with
-// New and hand it to consumer.Config; the consumer calls Run, Ack and
-// Release. Safe for concurrent use. Run may be called again after it
-// returned.
+// Source is a consumer.Source over a Kafka consumer group, and a
+// consumer.DeadLetter that writes to a dead-letter topic of the same
+// cluster. Create it with New and give it to consumer.Config as both Source
+// and DeadLetter; the consumer calls Run, Ack, Release and DeadLetter. Safe
+// for concurrent use. Run may be called again after it returned.
 type Source struct {
 	cfg    Config
 	dialer *kafkago.Dialer
@@ -37,6 +38,9 @@ type Source struct {
 	// settled is signalled when a partition has nothing unsettled left or an
 	// assignment ended; Run waits on it while it drains.
 	settled chan struct{}
+
+	dlqMu sync.RWMutex      // held for reading while a letter is written
+	dlq   *deadLetterWriter // during Run
 }
 
 // New validates cfg and returns a Source. The error names every field that
@@ -51,7 +55,7 @@ func New(cfg Config) (*Source, error) {
 	return &Source{
 		cfg:     cfg,
 		dialer:  cfg.dialer(),
-		log:     cfg.Logger.With(slog.String("group", cfg.GroupID)),
+		log:     cfg.Logger.With(slog.String("group", cfg.Group)),
 		parts:   make(map[string]*partition),
 		settled: make(chan struct{}, 1),
 	}, nil
@@ -67,13 +71,15 @@ func New(cfg Config) (*Source, error) {
 //
 // When ctx ends Run stops fetching, waits until every message it delivered
 // is acked or released (the consumer settles them: graceful Stop finishes
-// them, a hard stop releases them), commits, leaves the group and returns
-// nil.
+// them, a hard stop releases them), closes its dead-letter writer, commits,
+// leaves the group and returns nil.
 func (s *Source) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return errors.New("kafka: Source.Run is already running")
 	}
 	defer s.running.Store(false)
+	s.openDeadLetters()
+	defer s.closeDeadLetters()
 
 	if s.cfg.PartitionWatchInterval > 0 {
 		// The partition watch's first baseline; see watchPartitions.
@@ -123,6 +129,9 @@ func (s *Source) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
 	// under them); after this nothing more is delivered.
 	s.fetchers.Wait()
 	s.drain()
+	// A letter comes before its message's ack, and every ack Run waits for
+	// has come: no letter of this Run is left to write.
+	s.closeDeadLetters()
 	// Closing the group ends the current generation: its committer commits
 	// what was acked, then kafka-go leaves the group.
 	closed := make(chan struct{})

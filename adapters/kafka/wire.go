@@ -225,7 +225,7 @@ func (s *Source) fetchOnce(pc *protocol.Conn, p *partition, offset int64, maxWai
 	return f, nil
 }
 
-// listOffset returns the first (FirstOffset) or next (LastOffset) offset of
+// listOffset returns the first (kafkago.FirstOffset) or next (kafkago.LastOffset) offset of
 // p's log; next is the last stable offset when reading committed.
 func (s *Source) listOffset(pc *protocol.Conn, p *partition, which int64) (int64, error) {
 	r, err := pc.RoundTrip(&listoffsets.Request{

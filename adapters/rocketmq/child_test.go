@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/rmqtest"
 )
 
 // The crash test's first consumer runs in a child process: this test binary,
@@ -48,7 +49,7 @@ type childProc struct {
 func startChild(t *testing.T, c child) *childProc {
 	t.Helper()
 	dir := t.TempDir()
-	c.Namesrv = rocketEnv(t).namesrv
+	c.Namesrv = rmqtest.Shared(t).NameServers
 	c.PgURL = testenv.PostgresURL(t)
 	spec, err := json.Marshal(c)
 	if err != nil {

@@ -30,9 +30,11 @@ type DeadLetterMode uint8
 
 const (
 	// DeadLetterTopic (the default) produces the letter to idem's own
-	// dead-letter topic (Config.DeadLetterTopic) with the reason, the
-	// attempts, the original topic, queue, offset, message ID and dedup key
-	// as properties, and returns once the broker stored it.
+	// dead-letter topic (Config.DeadLetterTopic): the original body, KEYS,
+	// TAGS and user properties, and the metadata every idem adapter puts on
+	// a letter (consumer.MetaReason, MetaAttempts, MetaTopic, ...: the
+	// reason, the attempts, the original queue, offset and message ID, the
+	// dedup key) as properties. It returns once the broker stored it.
 	DeadLetterTopic DeadLetterMode = iota
 	// DeadLetterBroker hands the message to the broker's dead-letter queue
 	// %DLQ%<group>: its consume call returns "retry later" with delay level
@@ -120,15 +122,16 @@ type Config struct {
 	// the broker auto-creates topics: a send to a missing topic fails and the
 	// consumer retries it, holding the queue, until it succeeds.
 	DeadLetterTopic string
+	// DeadLetterMaxBytes is the largest body copied into a dead letter; a
+	// larger one is left out (the letter's body is a note saying so: the
+	// broker refuses empty bodies) and its SHA-256 and size are in the
+	// properties consumer.MetaValueSHA256 and consumer.MetaValueSize, so
+	// that an oversized message cannot block its queue. Default 4 MiB minus 64 KiB, below the broker's default
+	// maxMessageSize.
+	DeadLetterMaxBytes int
 	// DeadLetterTimeout bounds one dead-letter send, retries included;
 	// default 10s.
 	DeadLetterTimeout time.Duration
-	// MaxDeadLetterBodyBytes is the largest body copied into a dead letter;
-	// a larger one is replaced by its SHA-256 and size (properties
-	// PropValueSHA256, PropValueSize), so that an oversized message cannot
-	// block its queue. Default 4 MiB minus 64 KiB, below the broker's
-	// default maxMessageSize.
-	MaxDeadLetterBodyBytes int
 
 	// AccessKey, SecretKey and SecurityToken authenticate to brokers with
 	// ACL enabled. The client's TLS mode skips certificate verification, so
@@ -145,7 +148,9 @@ type Config struct {
 	CloseTimeout time.Duration
 
 	// Logger receives the source's own logs; default slog.Default(). The
-	// client library's logs go where SetClientLogger says.
+	// client library's own logs are not the source's: they go where the
+	// library's process-wide logger sends them, which SetClientLogger
+	// routes into slog.
 	Logger *slog.Logger
 }
 
@@ -241,8 +246,8 @@ func (c *Config) validate() error {
 	default:
 		add("DeadLetter is %d, not a known mode", c.DeadLetter)
 	}
-	if c.MaxDeadLetterBodyBytes < 0 {
-		add("MaxDeadLetterBodyBytes is negative (%d)", c.MaxDeadLetterBodyBytes)
+	if c.DeadLetterMaxBytes < 0 {
+		add("DeadLetterMaxBytes is negative (%d)", c.DeadLetterMaxBytes)
 	}
 	if (c.AccessKey == "") != (c.SecretKey == "") {
 		add("AccessKey and SecretKey must be set together")
@@ -281,8 +286,8 @@ func (c *Config) setDefaults() {
 	if c.DeadLetterTimeout == 0 {
 		c.DeadLetterTimeout = 10 * time.Second
 	}
-	if c.MaxDeadLetterBodyBytes == 0 {
-		c.MaxDeadLetterBodyBytes = 4<<20 - 64<<10
+	if c.DeadLetterMaxBytes == 0 {
+		c.DeadLetterMaxBytes = 4<<20 - 64<<10
 	}
 	if c.InstanceName == "" {
 		c.InstanceName = fmt.Sprintf("idem-%d-%d", os.Getpid(), instances.Add(1))

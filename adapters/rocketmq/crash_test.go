@@ -14,6 +14,8 @@ import (
 	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup/pgstore"
+	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/rmqtest"
 )
 
 // ledgerConsumer is the consumer of the crash test, in parent and child:
@@ -65,8 +67,8 @@ func TestCrashRestartFiveThousand(t *testing.T) {
 	t.Parallel()
 	const total, unique = 5000, 4000
 	topic, group := name(t, "t"), name(t, "g")
-	createTopic(t, topic, 4)
-	createTopic(t, topic+"_DLQ", 1)
+	rmqtest.Shared(t).CreateTopic(t, topic, 4)
+	rmqtest.Shared(t).CreateTopic(t, topic+"_DLQ", 1)
 	d := newDB(t)
 
 	// 4,000 transactions, 1,000 of them sent twice; a repeat has the same
@@ -90,11 +92,11 @@ func TestCrashRestartFiveThousand(t *testing.T) {
 		m.WithProperty("seq", strconv.Itoa(seq))
 		msgs[seq] = m
 	}
-	send(t, newProducer(t), msgs...)
+	rmqtest.Send(t, rmqtest.Shared(t).NewProducer(t), msgs...)
 
 	// Run 1: a child process, SIGKILLed mid-stream.
 	first := startChild(t, child{Schema: d.schema, Topic: topic, Group: group})
-	waitFor(t, "the first consumer to book 800 payments", 2*time.Minute, func() bool {
+	testenv.WaitUntil(t, 2*time.Minute, "the first consumer to book 800 payments", func() bool {
 		first.alive(t)
 		return d.count(t, "") >= 800
 	})
@@ -115,7 +117,7 @@ func TestCrashRestartFiveThousand(t *testing.T) {
 	// Run 2: in-process, hard-stopped.
 	src2 := source(t, rocketmq.Config{Group: group, Topics: []string{topic}})
 	r2 := start(t, ledgerConsumer(src2, d.store, d.effects, 2, recorder(2)))
-	waitFor(t, "the second consumer to book 2,400 payments", 2*time.Minute, func() bool {
+	testenv.WaitUntil(t, 2*time.Minute, "the second consumer to book 2,400 payments", func() bool {
 		return d.count(t, "") >= 2400
 	})
 	r2.kill(t)
@@ -128,7 +130,7 @@ func TestCrashRestartFiveThousand(t *testing.T) {
 	r3 := start(t, ledgerConsumer(src3, d.store, d.effects, 3, recorder(3)))
 	src3b := source(t, rocketmq.Config{Group: group, Topics: []string{topic}})
 	r3b := start(t, ledgerConsumer(src3b, d.store, d.effects, 3, recorder(3)))
-	waitFor(t, "all 4,000 transactions booked", 3*time.Minute, func() bool {
+	testenv.WaitUntil(t, 3*time.Minute, "all 4,000 transactions booked", func() bool {
 		return d.count(t, "") >= unique
 	})
 	r3.stop(t)

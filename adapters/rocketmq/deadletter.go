@@ -2,40 +2,14 @@ package rocketmq
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
-	"strconv"
-	"strings"
-	"unicode"
 
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
 
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/dedup"
-)
-
-// Properties a dead letter in idem's own topic carries (DeadLetterTopic
-// mode), besides the original message's user properties, KEYS and TAGS. The
-// names are those of the Kafka adapter's headers.
-const (
-	PropReason    = "idem-reason"           // why: the error text, at most dedup.MaxReasonLen bytes
-	PropAttempts  = "idem-attempts"         // failed handler runs, decimal
-	PropTopic     = "idem-original-topic"   // the message's topic
-	PropQueue     = "idem-original-queue"   // the queue it was consumed from: topic/broker/queueId
-	PropOffset    = "idem-original-offset"  // its offset in that queue, decimal
-	PropMessageID = "idem-original-msg-id"  // its message ID (consumer.Message.ID)
-	PropKeyScope  = "idem-key-scope"        // the dedup key's scope; absent when no key was derived
-	PropKey       = "idem-key"              // the dedup key's ID; absent when no key was derived
-	PropAttempt   = "idem-original-attempt" // the broker's delivery attempt (reconsume times + 1)
-	PropValueSize = "idem-value-size"       // body bytes, decimal, when the body was left out
-	// PropValueSHA256 is the hex SHA-256 of a body larger than
-	// Config.MaxDeadLetterBodyBytes, which is left out of the letter.
-	PropValueSHA256 = "idem-value-sha256"
 )
 
 // dlqProducerGroup is the producer group of idem's dead-letter producers. A
@@ -71,7 +45,7 @@ func (s *Source) DeadLetter(ctx context.Context, l consumer.Letter) error {
 	r, dlq := s.cur, s.dlq
 	s.mu.Unlock()
 	if r == nil {
-		return errors.New("rocketmq: dead letter outside Source.Run")
+		return ErrNotRunning
 	}
 	if s.cfg.DeadLetter == DeadLetterBroker {
 		if err := r.markDead(l.Message); err != nil {
@@ -95,45 +69,35 @@ func (s *Source) DeadLetter(ctx context.Context, l consumer.Letter) error {
 	return nil
 }
 
-// letter builds the dead letter of l for idem's topic.
+// letter builds the dead letter of l for idem's topic: the body and the
+// properties of l.Record (the original's user properties, then the
+// consumer.Meta* metadata), and the original's KEYS and TAGS. A body that
+// Record left out (or an empty one) becomes a note, since the broker
+// refuses empty bodies.
 func (s *Source) letter(l consumer.Letter) *primitive.Message {
 	m := l.Message
 	topic := s.cfg.DeadLetterTopic
 	if topic == "" {
 		topic = m.Topic + "_DLQ"
 	}
-	body := m.Value
-	msg := primitive.NewMessage(topic, nil)
-	for _, h := range m.Headers {
-		if !strings.HasPrefix(h.Key, "idem-") {
-			msg.WithProperty(h.Key, string(h.Value))
+	rec := l.Record(s.cfg.DeadLetterMaxBytes)
+	body := rec.Value
+	if len(body) == 0 {
+		// The broker refuses an empty body (a NullPointerException in
+		// 5.3): say why there is none.
+		body = []byte("idem: empty value")
+		if len(m.Value) > 0 {
+			body = []byte("idem: value left out, see the " + consumer.MetaValueSize + " and " + consumer.MetaValueSHA256 + " properties")
 		}
+	}
+	msg := primitive.NewMessage(topic, body)
+	for _, h := range rec.Headers {
+		msg.WithProperty(h.Key, string(h.Value))
 	}
 	if mx, ok := m.Raw.(*primitive.MessageExt); ok {
 		msg.WithProperty(primitive.PropertyKeys, mx.GetKeys())
 		msg.WithProperty(primitive.PropertyTags, mx.GetTags())
 	}
-	msg.WithProperty(PropReason, clean(dedup.ShortReason(reasonOf(l))))
-	msg.WithProperty(PropAttempts, strconv.Itoa(l.Attempts))
-	msg.WithProperty(PropTopic, m.Topic)
-	msg.WithProperty(PropQueue, m.Lane)
-	msg.WithProperty(PropOffset, strconv.FormatInt(m.Offset, 10))
-	msg.WithProperty(PropMessageID, clean(m.ID))
-	msg.WithProperty(PropAttempt, strconv.Itoa(m.Attempt))
-	if l.Key.ID != "" {
-		msg.WithProperty(PropKeyScope, clean(l.Key.Scope))
-		msg.WithProperty(PropKey, clean(l.Key.ID))
-	}
-	if len(body) > s.cfg.MaxDeadLetterBodyBytes {
-		sum := sha256.Sum256(body)
-		msg.WithProperty(PropValueSHA256, hex.EncodeToString(sum[:]))
-		msg.WithProperty(PropValueSize, strconv.Itoa(len(body)))
-		body = []byte("idem: body of " + strconv.Itoa(len(body)) + " bytes left out, see " + PropValueSHA256)
-	}
-	if len(body) == 0 {
-		body = []byte{} // the broker stores empty bodies; keep it explicit
-	}
-	msg.Body = body
 	return msg
 }
 
@@ -142,18 +106,6 @@ func reasonOf(l consumer.Letter) string {
 		return "unknown"
 	}
 	return l.Reason.Error()
-}
-
-// clean keeps a property value from breaking RocketMQ's property encoding
-// (\x01 and \x02 separate names and values): control characters become
-// spaces.
-func clean(s string) string {
-	return strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
-			return ' '
-		}
-		return r
-	}, s)
 }
 
 // sameQueue sends the letters of one original queue to one queue of the
@@ -165,7 +117,7 @@ func (sameQueue) Select(msg *primitive.Message, mqs []*primitive.MessageQueue, _
 		return nil
 	}
 	h := fnv.New32a()
-	h.Write([]byte(msg.GetProperty(PropQueue)))
+	h.Write([]byte(msg.GetProperty(consumer.MetaLane)))
 	return mqs[h.Sum32()%uint32(len(mqs))]
 }
 

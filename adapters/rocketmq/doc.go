@@ -2,6 +2,7 @@
 // push consumer of apache/rocketmq-client-go/v2 that is also the
 // consumer.DeadLetter for its messages.
 //
+//	rocketmq.SetClientLogger(logger, slog.LevelWarn) // once: the client library's logs
 //	src, err := rocketmq.New(rocketmq.Config{
 //		NameServers: []string{"127.0.0.1:9876"},
 //		Group:       "payments-ledger",
@@ -9,9 +10,11 @@
 //	})
 //	c, err := consumer.New(consumer.Config[pgx.Tx]{
 //		Name: "payments-ledger", Source: src, DeadLetter: src, Store: store, Handler: h,
-//		Key: consumer.ByJSONField("txn_id"),
+//		Key: consumer.ByJSONField("txn_id"), DrainTimeout: 30 * time.Second,
 //	})
-//	err = c.Run(ctx)
+//	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+//	defer stop()
+//	err = c.Run(ctx) // SIGTERM: drains, acknowledges what is in flight, returns
 //
 // # How it consumes
 //
@@ -73,9 +76,16 @@
 //   - Dead letters (Source.DeadLetter): in DeadLetterTopic mode the letter
 //     is stored by the broker (SEND_OK) before the consumer acks the
 //     original; in DeadLetterBroker mode the original's queue offset does not
-//     pass it until the client's send-back to %DLQ%<group> succeeded.
-//   - The client's logs go to slog, errors only unless SetClientLogger says
-//     otherwise, with messages reduced to their IDs: no bodies in logs.
+//     pass it until the client's send-back to %DLQ%<group> succeeded. A
+//     letter in idem's topic is consumer.Letter.Record's, as in every idem
+//     adapter: the original body (left out past Config.DeadLetterMaxBytes),
+//     KEYS, TAGS and user properties, and the consumer.Meta* metadata as
+//     properties.
+//   - The client library's logs: New leaves its process-wide logger alone
+//     (logrus at INFO on stdout, which logs whole messages, bodies
+//     included, when a consume call fails). SetClientLogger, called once at
+//     start-up, sends them to slog at the level it is given, with messages
+//     reduced to their IDs: no bodies in logs.
 //
 // # Dead letters and the engine's acks
 //

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log"
 	"log/slog"
+	"os"
 	"os/signal"
 	"syscall"
 	"time"
@@ -20,7 +21,13 @@ import (
 // channel transaction number. (Not run: it needs a broker and a database;
 // examples/rocketmq-payments is the whole program.)
 func Example() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	// The client library's process-wide logger, once, before any client
+	// starts: into slog, warnings and up, message bodies left out. (Without
+	// this call the library logs as it does by itself.)
+	rocketmq.SetClientLogger(slog.Default(), slog.LevelWarn)
+
+	// SIGTERM or Ctrl-C ends ctx; DrainTimeout makes that a graceful stop.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	pool, err := pgxpool.New(ctx, "postgres://127.0.0.1:5432/shop")
 	if err != nil {
@@ -33,7 +40,6 @@ func Example() {
 	if err := store.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
-	rocketmq.SetClientLogger(slog.Default(), slog.LevelWarn) // the client library's logs, bodies left out
 	src, err := rocketmq.New(rocketmq.Config{
 		NameServers: []string{"127.0.0.1:9876"},
 		Group:       "ledger",
@@ -43,27 +49,29 @@ func Example() {
 		log.Fatal(err)
 	}
 
+	txnID := consumer.ByJSONField("txn_id") // the channel's transaction number
 	c, err := consumer.New(consumer.Config[pgx.Tx]{
 		Name:       "ledger",
 		Source:     src,
-		DeadLetter: src, // payment-callbacks_DLQ, with the reason as a property
+		DeadLetter: src, // to payment-callbacks_DLQ, with the reason as a property
 		Store:      store,
-		Key:        consumer.ByJSONField("txn_id"),
+		Key:        txnID,
 		Handler: consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-			_, err := tx.Exec(ctx, `INSERT INTO ledger (txn_id, payload) VALUES ($1, $2)`, m.Key, m.Value)
+			id, err := txnID(m) // the dedup key, not m.Key (the KEYS property)
+			if err != nil {
+				return consumer.Permanent(err)
+			}
+			_, err = tx.Exec(ctx, `INSERT INTO ledger (txn_id, payload) VALUES ($1, $2)`, id, m.Value)
 			return err
 		}),
+		// When ctx ends: finish the consume calls in flight (they return
+		// ConsumeSuccess), for up to 30s, then give the rest back.
+		DrainTimeout: 30 * time.Second,
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
-	go func() {
-		<-ctx.Done()
-		stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_ = c.Stop(stopCtx) // finishes the calls in flight; they return ConsumeSuccess
-	}()
-	if err := c.Run(context.Background()); err != nil {
+	if err := c.Run(ctx); err != nil {
 		log.Fatal(err)
 	}
 }

@@ -1,7 +1,6 @@
 package rocketmq_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -11,16 +10,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/apache/rocketmq-client-go/v2/admin"
-	"github.com/apache/rocketmq-client-go/v2/primitive"
-	"github.com/apache/rocketmq-client-go/v2/producer"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
@@ -29,6 +23,7 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/rmqtest"
 )
 
 func TestMain(m *testing.M) {
@@ -47,7 +42,7 @@ func TestMain(m *testing.M) {
 	}
 	rocketmq.SetClientLogger(clientLog(), level)
 	code := m.Run()
-	closeEnv()
+	rmqtest.CloseShared()
 	if code == 0 {
 		if err := goleak.Find(leakOptions...); err != nil {
 			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
@@ -72,86 +67,11 @@ func clientLog() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, nil))
 }
 
-var uniq atomic.Int64
-
-// name returns a topic or group name unique to this test run (RocketMQ
-// allows letters, digits, '_' and '-').
-func name(t testing.TB, what string) string {
-	s := strings.Map(func(r rune) rune {
-		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
-			return r
-		}
-		return '_'
-	}, t.Name())
-	if len(s) > 60 {
-		s = s[:60]
-	}
-	return fmt.Sprintf("idem_%s_%s_%d_%d", what, s, os.Getpid(), uniq.Add(1))
-}
+// name returns a topic or group name unique to this test run.
+func name(t testing.TB, what string) string { return testenv.Name(t, what) }
 
 // testLogger is testenv.Logger.
 func testLogger(t testing.TB) *slog.Logger { return testenv.Logger(t) }
-
-// rmqEnv is the RocketMQ of the test environment.
-type rmqEnv struct {
-	namesrv []string
-	broker  string // address of the (single) broker, for topic creation
-	admin   admin.Admin
-}
-
-var (
-	envMu  sync.Mutex
-	shared *rmqEnv
-)
-
-// rocketEnv returns the test environment's RocketMQ, or skips (fails under
-// CI) when IDEM_TEST_ROCKETMQ_NAMESRV is unset.
-func rocketEnv(t testing.TB) *rmqEnv {
-	t.Helper()
-	ns := testenv.RocketMQNamesrv(t)
-	envMu.Lock()
-	defer envMu.Unlock()
-	if shared != nil {
-		return shared
-	}
-	broker, err := brokerAddr(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	adm, err := admin.NewAdmin(admin.WithResolver(primitive.NewPassthroughResolver(ns)))
-	if err != nil {
-		t.Fatalf("rocketmq admin: %v", err)
-	}
-	shared = &rmqEnv{namesrv: ns, broker: broker, admin: adm}
-	return shared
-}
-
-func closeEnv() {
-	envMu.Lock()
-	defer envMu.Unlock()
-	if shared != nil {
-		shared.admin.Close()
-		shared = nil
-	}
-}
-
-// brokerAddr asks the name server, through mqadmin clusterList, for the
-// address of the cluster's master broker.
-func brokerAddr(namesrv []string) (string, error) {
-	out, err := mqadmin("clusterList", "-n", namesrv[0])
-	if err != nil {
-		return "", err
-	}
-	sc := bufio.NewScanner(strings.NewReader(out))
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		// #Cluster Name  #Broker Name  #BID  #Addr ...
-		if len(f) >= 4 && f[2] == "0" && strings.Contains(f[3], ":") {
-			return f[3], nil
-		}
-	}
-	return "", fmt.Errorf("mqadmin clusterList named no master broker:\n%s", out)
-}
 
 // mqadmin runs RocketMQ's own admin tool (MQAdminStartup, from the test
 // environment's jars) and returns its output. It exits 0 even when the
@@ -166,97 +86,6 @@ func mqadmin(args ...string) (string, error) {
 		return string(out), fmt.Errorf("mqadmin %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 	return string(out), nil
-}
-
-// createTopic creates topic with queues read/write queues and waits until
-// the name server routes it.
-func createTopic(t testing.TB, topic string, queues int) []*primitive.MessageQueue {
-	t.Helper()
-	e := rocketEnv(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	err := e.admin.CreateTopic(ctx, admin.WithTopicCreate(topic), admin.WithBrokerAddrCreate(e.broker),
-		admin.WithReadQueueNums(queues), admin.WithWriteQueueNums(queues))
-	if err != nil {
-		t.Fatalf("create topic %s: %v", topic, err)
-	}
-	var mqs []*primitive.MessageQueue
-	waitFor(t, "route of topic "+topic, time.Minute, func() bool {
-		mqs, err = e.admin.FetchPublishMessageQueues(ctx, topic)
-		return err == nil && len(mqs) == queues
-	})
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = e.admin.DeleteTopic(ctx, admin.WithTopicDelete(topic), admin.WithBrokerAddrDelete(e.broker),
-			admin.WithNameSrvAddr(e.namesrv))
-	})
-	return mqs
-}
-
-// waitFor polls cond until it holds, failing the test after timeout. The
-// timeout only bounds a hung test; nothing asserts how long it took.
-func waitFor(t testing.TB, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// newProducer starts a producer for the test's messages.
-func newProducer(t testing.TB, opts ...producer.Option) interface {
-	SendSync(ctx context.Context, msgs ...*primitive.Message) (*primitive.SendResult, error)
-} {
-	t.Helper()
-	e := rocketEnv(t)
-	opts = append([]producer.Option{
-		producer.WithNsResolver(primitive.NewPassthroughResolver(e.namesrv)),
-		producer.WithGroupName(name(t, "pg")),
-		producer.WithInstanceName(name(t, "pi")),
-		producer.WithRetry(2),
-	}, opts...)
-	p, err := producer.NewDefaultProducer(opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Shutdown() })
-	return p
-}
-
-// send sends msgs synchronously, in batches of one topic and queue.
-func send(t testing.TB, p interface {
-	SendSync(ctx context.Context, msgs ...*primitive.Message) (*primitive.SendResult, error)
-}, msgs ...*primitive.Message) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	for len(msgs) > 0 {
-		n := 1
-		// A batch goes to one queue: group consecutive messages without a
-		// chosen queue, or with the same one.
-		for n < len(msgs) && n < 64 && sameQueue(msgs[0], msgs[n]) {
-			n++
-		}
-		res, err := p.SendSync(ctx, msgs[:n]...)
-		if err != nil || res.Status != primitive.SendOK {
-			t.Fatalf("send: %v (%v)", err, res)
-		}
-		msgs = msgs[n:]
-	}
-}
-
-func sameQueue(a, b *primitive.Message) bool {
-	if a.Queue == nil || b.Queue == nil {
-		return a.Queue == b.Queue
-	}
-	return *a.Queue == *b.Queue
 }
 
 // db is one test's Postgres: a fresh schema with the dedup table and an
@@ -366,7 +195,7 @@ func (r *running) kill(t testing.TB) {
 // source builds a Source on the test environment.
 func source(t testing.TB, cfg rocketmq.Config) *rocketmq.Source {
 	t.Helper()
-	cfg.NameServers = rocketEnv(t).namesrv
+	cfg.NameServers = rmqtest.Shared(t).NameServers
 	if cfg.Logger == nil {
 		cfg.Logger = testLogger(t)
 	}
@@ -377,70 +206,12 @@ func source(t testing.TB, cfg rocketmq.Config) *rocketmq.Source {
 	return s
 }
 
-// readTopic consumes topic from the start with a fresh group and no
-// consumer in between (every message acked at once) until it has seen n
-// messages, and returns them.
-func readTopic(t testing.TB, topic string, n int) []*consumer.Message {
+// topicCount returns how many messages topic holds.
+func topicCount(t testing.TB, topic string) int64 {
 	t.Helper()
-	src := source(t, rocketmq.Config{Group: name(t, "reader"), Topics: []string{topic}})
-	var mu sync.Mutex
-	var got []*consumer.Message
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- src.Run(ctx, func(ctx context.Context, m *consumer.Message) error {
-			mu.Lock()
-			got = append(got, m)
-			mu.Unlock()
-			go src.Ack(ctx, []*consumer.Message{m})
-			return nil
-		})
-	}()
-	waitFor(t, fmt.Sprintf("%d messages in %s", n, topic), time.Minute, func() bool {
-		select {
-		case err := <-done:
-			t.Fatalf("reading %s: %v", topic, err)
-		default:
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		return len(got) >= n
-	})
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	return append([]*consumer.Message(nil), got...)
-}
-
-// topicCount returns how many messages topic holds, from mqadmin
-// topicStatus (max offset - min offset over its queues).
-func topicCount(t testing.TB, topic string) int {
-	t.Helper()
-	out, err := mqadmin("topicStatus", "-n", rocketEnv(t).namesrv[0], "-t", topic)
+	n, err := rmqtest.Shared(t).Count(topic)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("messages in %s: %v", topic, err)
 	}
-	total, rows := 0, 0
-	sc := bufio.NewScanner(strings.NewReader(out))
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		// #Broker Name  #QID  #Min Offset  #Max Offset  #Last Updated
-		if len(f) < 4 || strings.HasPrefix(f[0], "#") {
-			continue
-		}
-		minOff, err1 := strconv.Atoi(f[2])
-		maxOff, err2 := strconv.Atoi(f[3])
-		if _, err3 := strconv.Atoi(f[1]); err1 != nil || err2 != nil || err3 != nil {
-			continue
-		}
-		total += maxOff - minOff
-		rows++
-	}
-	if rows == 0 {
-		t.Fatalf("mqadmin topicStatus %s printed no queue:\n%s", topic, out)
-	}
-	return total
+	return n
 }

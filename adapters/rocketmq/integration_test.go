@@ -18,6 +18,8 @@ import (
 	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
+	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/rmqtest"
 )
 
 // insertEffect is a handler that appends one effects row per message.
@@ -88,13 +90,13 @@ func failing(d *db, runs *attempts, fail func(key string, attempt int) error) co
 // txns, in order.
 func oneQueue(t *testing.T, txns ...int) (topic string) {
 	topic = name(t, "t")
-	createTopic(t, topic, 1)
-	createTopic(t, topic+"_DLQ", 1)
+	rmqtest.Shared(t).CreateTopic(t, topic, 1)
+	rmqtest.Shared(t).CreateTopic(t, topic+"_DLQ", 1)
 	var msgs []*primitive.Message
 	for _, i := range txns {
 		msgs = append(msgs, payment(topic, i, 100+i))
 	}
-	send(t, newProducer(t), msgs...)
+	rmqtest.Send(t, rmqtest.Shared(t).NewProducer(t), msgs...)
 	return topic
 }
 
@@ -139,7 +141,7 @@ func TestTransientFailureTwiceThenSuccess(t *testing.T) {
 		}),
 		Clock: consumertest.NewClock(), Logger: testLogger(t),
 	})
-	waitFor(t, "3 effects", time.Minute, func() bool { return d.count(t, "") >= 3 })
+	testenv.WaitUntil(t, time.Minute, "3 effects", func() bool { return d.count(t, "") >= 3 })
 	r.stop(t)
 	st := r.c.Stats()
 	for _, k := range []string{"T00001", "T00002", "T00003"} {
@@ -167,7 +169,7 @@ func TestPermanentFailureDeadLetteredOnce(t *testing.T) {
 		Handler: failing(d, &runs, rejectT00001),
 		Clock:   consumertest.NewClock(), Logger: testLogger(t),
 	})
-	waitFor(t, "2 effects and a dead letter", time.Minute, func() bool {
+	testenv.WaitUntil(t, time.Minute, "2 effects and a dead letter", func() bool {
 		return d.count(t, "") >= 2 && r.c.Stats().DeadLettered >= 1
 	})
 	r.stop(t)
@@ -183,13 +185,13 @@ func TestPermanentFailureDeadLetteredOnce(t *testing.T) {
 		t.Fatalf("dedup row of T00001: %q %q %v", outcome, reason, err)
 	}
 
-	letters := readTopic(t, topic+"_DLQ", 1)
+	letters := rmqtest.ReadTopic(t, rmqtest.Shared(t), topic+"_DLQ", 1)
 	l := letters[0]
 	mx := l.Raw.(*primitive.MessageExt)
 	want := map[string]string{
-		rocketmq.PropReason: "permanent: order o-1 unknown", rocketmq.PropAttempts: "1",
-		rocketmq.PropTopic: topic, rocketmq.PropKeyScope: "ledger", rocketmq.PropKey: "T00001",
-		rocketmq.PropOffset: "0", rocketmq.PropQueue: topic + "/" + mx.Queue.BrokerName + "/0",
+		consumer.MetaReason: "permanent: order o-1 unknown", consumer.MetaAttempts: "1",
+		consumer.MetaTopic: topic, consumer.MetaKeyScope: "ledger", consumer.MetaKey: "T00001",
+		consumer.MetaOffset: "0", consumer.MetaLane: topic + "/" + mx.Queue.BrokerName + "/0",
 	}
 	for k, v := range want {
 		if got, _ := l.Header(k); string(got) != v {
@@ -225,7 +227,7 @@ func TestPanickingHandlerDoesNotPinQueue(t *testing.T) {
 		}),
 		Retry: consumer.RetryPolicy{MaxAttempts: 3}, Clock: consumertest.NewClock(), Logger: testLogger(t),
 	})
-	waitFor(t, "3 effects and a dead letter", time.Minute, func() bool {
+	testenv.WaitUntil(t, time.Minute, "3 effects and a dead letter", func() bool {
 		return d.count(t, "") >= 3 && r.c.Stats().DeadLettered >= 1
 	})
 	r.stop(t)
@@ -237,11 +239,11 @@ func TestPanickingHandlerDoesNotPinQueue(t *testing.T) {
 	if runs.get("T00001") != 3 || r.c.Stats().DeadLettered != 1 {
 		t.Fatalf("handler runs for T00001: %d, stats %+v; want 3 runs, 1 dead letter", runs.get("T00001"), r.c.Stats())
 	}
-	l := readTopic(t, topic+"_DLQ", 1)[0]
-	if k, _ := l.Header(rocketmq.PropKey); string(k) != "T00001" {
+	l := rmqtest.ReadTopic(t, rmqtest.Shared(t), topic+"_DLQ", 1)[0]
+	if k, _ := l.Header(consumer.MetaKey); string(k) != "T00001" {
 		t.Fatalf("dead letter for %q, want T00001", k)
 	}
-	if reason, _ := l.Header(rocketmq.PropReason); !strings.Contains(string(reason), "panicked") {
+	if reason, _ := l.Header(consumer.MetaReason); !strings.Contains(string(reason), "panicked") {
 		t.Fatalf("dead-letter reason %q does not say the handler panicked", reason)
 	}
 }
@@ -255,8 +257,8 @@ func TestOrderlyKeepsQueueOrder(t *testing.T) {
 	t.Parallel()
 	const queues, perQueue = 4, 100
 	topic := name(t, "t")
-	mqs := createTopic(t, topic, queues)
-	createTopic(t, topic+"_DLQ", 1)
+	mqs := rmqtest.Shared(t).CreateTopic(t, topic, queues)
+	rmqtest.Shared(t).CreateTopic(t, topic+"_DLQ", 1)
 	var msgs []*primitive.Message
 	for q, mq := range mqs {
 		for seq := range perQueue {
@@ -266,14 +268,14 @@ func TestOrderlyKeepsQueueOrder(t *testing.T) {
 			msgs = append(msgs, m)
 		}
 	}
-	send(t, newProducer(t, producer.WithQueueSelector(producer.NewManualQueueSelector())), msgs...)
+	rmqtest.Send(t, rmqtest.Shared(t).NewProducer(t, producer.WithQueueSelector(producer.NewManualQueueSelector())), msgs...)
 	d := newDB(t)
 	src := source(t, rocketmq.Config{Group: name(t, "g"), Topics: []string{topic}, Orderly: true, BatchMaxSize: 8})
 	r := start(t, consumer.Config[pgx.Tx]{
 		Name: "ledger", Source: src, DeadLetter: src, Store: d.store, Key: consumer.ByMessageID(),
 		Handler: failing(d, &attempts{}, orderlyFailures), Clock: consumertest.NewClock(), Logger: testLogger(t),
 	})
-	waitFor(t, "400 effects", 2*time.Minute, func() bool { return d.count(t, "") >= queues*perQueue })
+	testenv.WaitUntil(t, 2*time.Minute, "400 effects", func() bool { return d.count(t, "") >= queues*perQueue })
 	r.stop(t)
 	st := r.c.Stats()
 	if n := d.count(t, ""); n != queues*perQueue {
@@ -317,22 +319,22 @@ func TestOrderlyKeepsQueueOrder(t *testing.T) {
 func TestJavaToolingMessagesDedupByKeys(t *testing.T) {
 	t.Parallel()
 	topic := name(t, "t")
-	createTopic(t, topic, 2)
-	createTopic(t, topic+"_DLQ", 1)
+	rmqtest.Shared(t).CreateTopic(t, topic, 2)
+	rmqtest.Shared(t).CreateTopic(t, topic+"_DLQ", 1)
 	d := newDB(t)
 	src := source(t, rocketmq.Config{Group: name(t, "g"), Topics: []string{topic}})
 	r := start(t, consumer.Config[pgx.Tx]{
 		Name: "ledger", Source: src, DeadLetter: src, Store: d.store, Key: consumer.ByRecordKey(),
 		Handler: insertEffect(d, 1), Logger: testLogger(t),
 	})
-	ns := rocketEnv(t).namesrv[0]
+	ns := rmqtest.Shared(t).NameServers[0]
 	for _, key := range []string{"K1", "K1", "K2"} {
 		out, err := mqadmin("sendMessage", "-n", ns, "-t", topic, "-p", "payment callback "+key, "-k", key)
 		if err != nil || !strings.Contains(out, "SEND_OK") {
 			t.Fatalf("mqadmin sendMessage: %v\n%s", err, out)
 		}
 	}
-	waitFor(t, "three messages settled", time.Minute, func() bool {
+	testenv.WaitUntil(t, time.Minute, "three messages settled", func() bool {
 		st := r.c.Stats()
 		return st.Applied+st.Duplicates >= 3
 	})
@@ -361,13 +363,13 @@ func TestBrokerDeadLetterQueue(t *testing.T) {
 				Name: "ledger", Source: src, DeadLetter: src, Store: d.store, Key: consumer.ByJSONField("txn_id"),
 				Handler: failing(d, &attempts{}, rejectT00001), Logger: testLogger(t),
 			})
-			waitFor(t, "T00002 applied", time.Minute, func() bool { return d.count(t, "") >= 1 })
+			testenv.WaitUntil(t, time.Minute, "T00002 applied", func() bool { return d.count(t, "") >= 1 })
 			dlq := "%DLQ%" + group
-			waitFor(t, "the broker to create "+dlq, time.Minute, func() bool {
-				mqs, err := rocketEnv(t).admin.FetchPublishMessageQueues(context.Background(), dlq)
+			testenv.WaitUntil(t, time.Minute, "the broker to create "+dlq, func() bool {
+				mqs, err := rmqtest.Shared(t).Admin.FetchPublishMessageQueues(context.Background(), dlq)
 				return err == nil && len(mqs) > 0
 			})
-			l := readTopic(t, dlq, 1)[0]
+			l := rmqtest.ReadTopic(t, rmqtest.Shared(t), dlq, 1)[0]
 			r.stop(t)
 			st := r.c.Stats()
 			if string(l.Key) != "T00001" || !strings.Contains(string(l.Value), `"txn_id":"T00001"`) {
@@ -397,7 +399,7 @@ func TestGivenBackMessagesComeBackThroughRetryTopic(t *testing.T) {
 	// The broker creates the retry topic when the group first shows up, and
 	// a client that started before finds its route only at its next route
 	// refresh (30s): create it first.
-	createTopic(t, "%RETRY%"+group, 1)
+	rmqtest.Shared(t).CreateTopic(t, "%RETRY%"+group, 1)
 	d := newDB(t)
 	src := source(t, rocketmq.Config{Group: group, Topics: []string{topic}, RetryDelayLevel: 1})
 	effect := insertEffect(d, 1)
@@ -412,7 +414,7 @@ func TestGivenBackMessagesComeBackThroughRetryTopic(t *testing.T) {
 		Retry: consumer.RetryPolicy{MaxAttempts: 2}, OnExhausted: consumer.StopLaneOnExhausted,
 		Clock: consumertest.NewClock(), Logger: testLogger(t),
 	})
-	waitFor(t, "3 effects", time.Minute, func() bool { return d.count(t, "") >= 3 })
+	testenv.WaitUntil(t, time.Minute, "3 effects", func() bool { return d.count(t, "") >= 3 })
 	r.stop(t)
 	retryLane := "%RETRY%" + group + "/"
 	for _, k := range []string{"T00001", "T00002", "T00003"} {

@@ -14,10 +14,13 @@ import (
 )
 
 // The RocketMQ client logs through one process-wide logger (package rlog),
-// by default logrus at INFO to stdout, and it logs whole messages, bodies
-// included, when a consume call fails. idem replaces it, once, with a bridge
-// into slog that drops everything below its level and replaces messages by
-// their IDs.
+// by default logrus at INFO (ROCKETMQ_GO_LOG_LEVEL) to stdout, and it logs
+// whole messages, bodies included, when a consume call fails. New leaves it
+// alone: a library that replaced it behind a constructor would override a
+// program's own choice (rlog.SetLogger, its logrus setup), and two Sources
+// with different Config values would fight over one process-wide setting.
+// SetClientLogger replaces it, on request, with a bridge into slog that
+// drops everything below its level and replaces messages by their IDs.
 
 // clientLog is where the bridge writes; nil logger means slog.Default().
 type clientLog struct {
@@ -31,20 +34,24 @@ var (
 )
 
 // SetClientLogger sends the RocketMQ client library's logs at level and
-// above to l (nil: slog.Default()). Until it is called they go to
-// slog.Default() at slog.LevelError and above. The client has one logger per
-// process, so this is process-wide, unlike Config.Logger. Message bodies are
-// never logged: a message in the client's log fields is replaced by its ID.
+// above to l (nil: slog.Default()), with every message in the client's log
+// fields replaced by its ID, so that no body reaches the logs. Until it is
+// called, the client logs as it does by itself: logrus, INFO and above
+// (ROCKETMQ_GO_LOG_LEVEL), on stdout, bodies included.
+//
+// The client has one logger per process, so this is process-wide, unlike
+// Config.Logger: call it once, at start-up, before the first Source or
+// other client of the library starts (the client reads its logger without
+// synchronisation). Later calls only change where the logs go and their
+// level, and are safe at any time.
 func SetClientLogger(l *slog.Logger, level slog.Level) {
 	bridgeDest.Store(&clientLog{logger: l, level: level})
 	installClientLogger()
 }
 
+// installClientLogger makes the bridge the client's logger, once.
 func installClientLogger() {
-	bridgeOnce.Do(func() {
-		bridgeDest.CompareAndSwap(nil, &clientLog{level: slog.LevelError})
-		rlog.SetLogger(bridge{})
-	})
+	bridgeOnce.Do(func() { rlog.SetLogger(bridge{}) })
 }
 
 // bridge is an rlog.Logger writing to slog.

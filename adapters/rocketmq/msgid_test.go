@@ -13,6 +13,8 @@ import (
 	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
+	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/rmqtest"
 )
 
 // delivery is what the handler saw of one delivery.
@@ -43,12 +45,12 @@ func TestRetriedMessageWithoutUniqKeyAppliedOnce(t *testing.T) {
 		t.Run(path, func(t *testing.T) {
 			t.Parallel()
 			topic, group := name(t, "t"), name(t, "g")
-			createTopic(t, topic, 1)
-			createTopic(t, topic+"_DLQ", 1)
-			createTopic(t, "%RETRY%"+group, 1) // see TestGivenBackMessagesComeBackThroughRetryTopic
+			rmqtest.Shared(t).CreateTopic(t, topic, 1)
+			rmqtest.Shared(t).CreateTopic(t, topic+"_DLQ", 1)
+			rmqtest.Shared(t).CreateTopic(t, "%RETRY%"+group, 1) // see TestGivenBackMessagesComeBackThroughRetryTopic
 			// One SendSync of two messages: a batch, whose inner messages
 			// carry no UNIQ_KEY.
-			send(t, newProducer(t), payment(topic, 1, 101), payment(topic, 2, 102))
+			rmqtest.Send(t, rmqtest.Shared(t).NewProducer(t), payment(topic, 1, 101), payment(topic, 2, 102))
 
 			d := newDB(t)
 			effect := insertEffect(d, 1)
@@ -79,7 +81,7 @@ func TestRetriedMessageWithoutUniqKeyAppliedOnce(t *testing.T) {
 				Retry: consumer.RetryPolicy{MaxAttempts: 1}, OnExhausted: consumer.StopLaneOnExhausted,
 				Clock: consumertest.NewClock(), Logger: testLogger(t),
 			})
-			waitFor(t, "T00002 applied from the retry topic and T00001's copy settled", 2*time.Minute, func() bool {
+			testenv.WaitUntil(t, 2*time.Minute, "T00002 applied from the retry topic and T00001's copy settled", func() bool {
 				st := r.c.Stats()
 				return d.count(t, "key = 'T00002'") >= 1 && st.Applied+st.Duplicates >= 3
 			})

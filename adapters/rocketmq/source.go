@@ -16,6 +16,10 @@ import (
 	"github.com/idemkit/idem/consumer"
 )
 
+// ErrNotRunning is what Source.DeadLetter returns outside Source.Run: the
+// consumer calls it only while Run runs.
+var ErrNotRunning = errors.New("rocketmq: Source.Run is not running")
+
 // Source is a consumer.Source over a RocketMQ push consumer, and a
 // consumer.DeadLetter (see Config.DeadLetter). Create it with New and give it
 // to consumer.Config as both Source and DeadLetter. Safe for concurrent use.
@@ -33,8 +37,8 @@ type Source struct {
 }
 
 // New validates cfg and returns a Source. The error names every field that
-// is wrong. New also routes the client library's logging into slog once per
-// process (see SetClientLogger).
+// is wrong. New leaves the client library's process-wide logger alone; see
+// SetClientLogger.
 func New(cfg Config) (*Source, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -42,7 +46,6 @@ func New(cfg Config) (*Source, error) {
 	cfg.setDefaults()
 	cfg.NameServers = append([]string(nil), cfg.NameServers...)
 	cfg.Topics = append([]string(nil), cfg.Topics...)
-	installClientLogger()
 	return &Source{
 		cfg: cfg,
 		log: cfg.Logger.With(slog.String("group", cfg.Group)),

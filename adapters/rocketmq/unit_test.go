@@ -138,27 +138,28 @@ func TestConfigValidate(t *testing.T) {
 
 func TestLetter(t *testing.T) {
 	s := &Source{cfg: *testConfig(false, DeadLetterTopic)}
-	s.cfg.MaxDeadLetterBodyBytes = 8
+	s.cfg.DeadLetterMaxBytes = 8
 	mx := batch(1, 3)[0]
 	mx.WithProperty(primitive.PropertyKeys, "K1")
 	mx.WithProperty("tenant", "acme")
-	mx.WithProperty(PropReason, "stale reason of an earlier dead letter")
+	mx.WithProperty(consumer.MetaReason, "stale reason of an earlier dead letter")
 	m := toMessage(mx, laneOf(mx.Queue))
 	m.Value = []byte("a body longer than eight bytes")
 	l := s.letter(consumer.Letter{Message: m, Key: dedup.Key{Scope: "ledger", ID: "K1"},
 		Reason: errors.New("bad\x01input\x02here"), Attempts: 3})
 	want := map[string]string{
-		PropReason: "bad input here", PropAttempts: "3", PropTopic: "t", PropQueue: "t/b/3",
-		PropOffset: "0", PropMessageID: "ida", PropKeyScope: "ledger", PropKey: "K1", PropAttempt: "1",
-		PropValueSize: "30", primitive.PropertyKeys: "K1", "tenant": "acme",
+		consumer.MetaReason: "bad input here", consumer.MetaAttempts: "3", consumer.MetaTopic: "t",
+		consumer.MetaPartition: "3", consumer.MetaLane: "t/b/3", consumer.MetaOffset: "0",
+		consumer.MetaMessageID: "ida", consumer.MetaKeyScope: "ledger", consumer.MetaKey: "K1",
+		consumer.MetaAttempt: "1", consumer.MetaValueSize: "30", primitive.PropertyKeys: "K1", "tenant": "acme",
 	}
 	for k, v := range want {
 		if got := l.GetProperty(k); got != v {
 			t.Errorf("property %s = %q, want %q", k, got, v)
 		}
 	}
-	if l.Topic != "t_DLQ" || bytes.Contains(l.Body, []byte("eight")) || l.GetProperty(PropValueSHA256) == "" {
-		t.Fatalf("letter to %s with body %q", l.Topic, l.Body)
+	if l.Topic != "t_DLQ" || !bytes.HasPrefix(l.Body, []byte("idem: value left out")) || len(l.GetProperty(consumer.MetaValueSHA256)) != 64 {
+		t.Fatalf("letter to %s with body %q, %s %q", l.Topic, l.Body, consumer.MetaValueSHA256, l.GetProperty(consumer.MetaValueSHA256))
 	}
 }
 
@@ -198,8 +199,8 @@ func TestDeadLetterOutsideRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.DeadLetter(context.Background(), consumer.Letter{Message: &consumer.Message{}}); err == nil {
-		t.Fatal("DeadLetter outside Run succeeded")
+	if err := s.DeadLetter(context.Background(), consumer.Letter{Message: &consumer.Message{}}); !errors.Is(err, ErrNotRunning) {
+		t.Fatalf("DeadLetter outside Run: %v, want ErrNotRunning", err)
 	}
 	s.Ack(context.Background(), []*consumer.Message{{}}) // no Run: a no-op
 	s.Release([]*consumer.Message{{}}, consumer.ErrStopped)

@@ -502,7 +502,7 @@ func (t *timedSource) Ack(ctx context.Context, msgs []*consumer.Message) error {
 var quiet = slog.New(slog.DiscardHandler)
 
 func runIdem(ctx context.Context, e *env, group string, n int, sc string, batch int, lat *latencies) error {
-	src, err := kafka.New(kafka.Config{Brokers: e.brokers, Topics: []string{e.topic}, GroupID: group, MaxBytes: 4 << 20, Logger: quiet})
+	src, err := kafka.New(kafka.Config{Brokers: e.brokers, Topics: []string{e.topic}, Group: group, MaxBytes: 4 << 20, Logger: quiet})
 	if err != nil {
 		return err
 	}

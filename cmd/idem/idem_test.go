@@ -225,16 +225,12 @@ func (p *payments) start() {
 	if err := store.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	src, err := kafka.New(kafka.Config{Brokers: p.brokers, Topics: []string{p.topic}, GroupID: p.topic, Logger: testenv.Logger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dlw, err := kafka.NewDeadLetterWriter(kafka.DeadLetterConfig{Brokers: p.brokers, Topic: p.dlq})
+	src, err := kafka.New(kafka.Config{Brokers: p.brokers, Topics: []string{p.topic}, Group: p.topic, DeadLetterTopic: p.dlq, Logger: testenv.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c, err := consumer.New(consumer.Config[pgx.Tx]{
-		Name: "pay", Source: src, Store: store, DeadLetter: dlw, Logger: testenv.Logger(t),
+		Name: "pay", Source: src, Store: store, DeadLetter: src, Logger: testenv.Logger(t),
 		Key: consumer.ByJSONField("txn_id"),
 		Handler: consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			var cb struct {
@@ -272,7 +268,6 @@ func (p *payments) start() {
 		if err := <-done; err != nil {
 			t.Error(err)
 		}
-		dlw.Close()
 	}
 	t.Cleanup(p.stop)
 }

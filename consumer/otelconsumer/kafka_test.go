@@ -87,18 +87,13 @@ func TestKafkaPostgres(t *testing.T) {
 	if err := store.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	src, err := kafka.New(kafka.Config{Brokers: brokers, Topics: []string{topic}, GroupID: group, Logger: testenv.Logger(t)})
+	src, err := kafka.New(kafka.Config{Brokers: brokers, Topics: []string{topic}, Group: group, DeadLetterTopic: dlq, Logger: testenv.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	dlw, err := kafka.NewDeadLetterWriter(kafka.DeadLetterConfig{Brokers: brokers, Topic: dlq})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dlw.Close()
 	c, err := consumer.New(consumer.Config[pgx.Tx]{
 		Name: "payments", Source: src, Store: store, Key: consumer.ByJSONField("txn_id"), Logger: testenv.Logger(t),
-		Observer: tel, DeadLetter: tel.DeadLetter(dlw),
+		Observer: tel, DeadLetter: tel.DeadLetter(src),
 		Handler: consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			id, err := consumer.ByJSONField("txn_id")(m)
 			if err != nil {

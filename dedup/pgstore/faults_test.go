@@ -506,3 +506,65 @@ func (c *gatedConn) SetReadDeadline(t time.Time) error {
 	c.deadline.Store(&t)
 	return c.Conn.SetReadDeadline(t)
 }
+
+// TestOverrunsDoNotExcuseEachOther: a transaction whose handler overran on a
+// healthy database is judged lost only on evidence — its own connection
+// dying, a failed ping, another transaction's connection dying meanwhile —
+// and such a verdict is no evidence for others. Before (found by review), it
+// counted as a loss itself: after one unrelated dropped connection, handlers
+// that always overrun excused each other for ever and their lanes never
+// moved on.
+func TestOverrunsDoNotExcuseEachOther(t *testing.T) {
+	rig := newFaultRig(t, "idem-fault-overrun-chain")
+	const maxAttempts, ceiling, lanes = 3, 30, 4
+	var mu sync.Mutex
+	calls := map[string]int{}
+	var dropOnce sync.Once
+	dropped := make(chan bool, 1)
+	h := consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		id, _ := consumer.ByJSONField("txn_id")(m)
+		mu.Lock()
+		calls[id]++
+		n, all := calls[id], len(calls) == lanes
+		mu.Unlock()
+		if n > ceiling {
+			return consumer.Permanent(errors.New("retried without bound")) // ends the run; the check below fails
+		}
+		if all {
+			dropOnce.Do(func() {
+				go func() { // one unrelated connection dies while the handlers overrun
+					err := rig.st.InTx(context.Background(), func(ctx context.Context, tx pgx.Tx) error {
+						_, err := tx.Exec(ctx, `SELECT pg_terminate_backend(pg_backend_pid())`)
+						return err
+					})
+					dropped <- rig.st.ClassifyError(err) == dedup.ClassUnavailable
+				}()
+			})
+		}
+		_, err := tx.Exec(ctx, `SELECT pg_sleep(5)`)
+		return err
+	})
+	var msgs []*consumer.Message
+	for i := range lanes {
+		msgs = append(msgs, consumertest.Message("payments", int32(i), 0, "", fmt.Sprintf(`{"txn_id":"P%d"}`, i+1)))
+	}
+	res := consumertest.Run(t, consumer.Config[pgx.Tx]{
+		Name: "payments", Store: rig.st, Handler: h, Key: consumer.ByJSONField("txn_id"),
+		Middleware: []consumer.Middleware[pgx.Tx]{consumer.Timeout[pgx.Tx](300 * time.Millisecond)},
+		Retry:      consumer.RetryPolicy{MaxAttempts: maxAttempts}, Logger: quiet,
+	}, consumertest.Script{}, msgs...)
+	if !<-dropped {
+		t.Fatal("the unrelated connection was not lost: the test proved nothing")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for id, n := range calls {
+		// One overrun may be excused by the drop; the rest count.
+		if n > maxAttempts+1 {
+			t.Errorf("%s: handler ran %d times for Retry.MaxAttempts %d", id, n, maxAttempts)
+		}
+	}
+	if len(res.DeadLetters) != lanes {
+		t.Errorf("%d dead letters, want the %d overrunning messages", len(res.DeadLetters), lanes)
+	}
+}

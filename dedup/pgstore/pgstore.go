@@ -174,8 +174,14 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx
 		if !closed || ctx.Err() != nil {
 			return
 		}
-		if !isContextErr(err) || s.lostSince(began) || !s.answers(ctx) {
-			s.markLost()
+		switch {
+		case !isContextErr(err):
+			s.markLost() // direct evidence: the connection died under the statement
+			err = &ConnLostError{Err: err}
+		case s.lostSince(began) || !s.answers(ctx):
+			// Evidence from elsewhere (answers marks a failed ping). Not
+			// marked again: a verdict is no evidence, and marking it would
+			// let overrunning handlers excuse each other for ever.
 			err = &ConnLostError{Err: err}
 		}
 	}()
@@ -214,10 +220,11 @@ func (s *Store) Check(ctx context.Context) error {
 	case errors.As(err, &pgErr) && pgErr.Code == "42P01":
 		return fmt.Errorf("%w: pgstore: %s does not exist: call Store.Migrate before Run", dedup.ErrNotMigrated, versions)
 	case err != nil:
-		if ctx.Err() == nil && Classify(err) == dedup.ClassUnknown {
-			return fmt.Errorf("pgstore: check: %w", err)
+		var connErr *pgconn.ConnectError
+		if ctx.Err() == nil && !errors.As(err, &pgErr) && !errors.As(err, &connErr) {
+			return &ConnLostError{Err: err} // the pool's connection died under the query
 		}
-		return &ConnLostError{Err: err}
+		return fmt.Errorf("pgstore: check: %w", err) // Classify reads the SQLSTATE or the failed connect
 	case table == nil || int(have) < ms[len(ms)-1].version:
 		return fmt.Errorf("%w: pgstore: table %s is at migration %d of %d: call Store.Migrate before Run", dedup.ErrNotMigrated, s.table, have, ms[len(ms)-1].version)
 	}
@@ -475,17 +482,21 @@ func (s *Store) ClassifyError(err error) dedup.ErrorClass { return Classify(err)
 //   - 40001 serialization failure, 40P01 deadlock, 55P03 lock not available:
 //     conflict (retried whole, not counted against the message);
 //   - 57014 statement timeout: retryable (bounded);
-//   - 57P01..57P03 (shutdown, cannot connect now), 53300 too many
-//     connections, class 08 (connection exceptions), a *ConnLostError (InTx
-//     saw its connection die) or a failed connect: unavailable (waited out,
-//     never dead-lettered). An EOF or network error a handler got from
+//   - 57P01..57P03 (shutdown, cannot connect now), class 53 (disk full, out
+//     of memory, too many connections), class 58 (I/O error), 25006 (a
+//     read-only transaction: a demoted primary), class 08 (connection
+//     exceptions), a *ConnLostError (InTx saw its connection die) or a
+//     failed connect: unavailable (waited out, never dead-lettered). An EOF or network error a handler got from
 //     somewhere else is not: it counts against the message's retries;
 //   - class 23 (integrity constraint violation), class 22 (data exception),
 //     and pgx.ErrTxCommitRollback (a COMMIT that became ROLLBACK because a
 //     statement failed and the error was swallowed): permanent;
 //   - class 42 (undefined table or column, syntax error, 42501 insufficient
 //     privilege), 3F000 (no such schema), 0A000 (feature not supported):
-//     fatal — a broken deployment stops the consumer, nothing dead-lettered;
+//     fatal — a broken deployment stops the consumer, nothing dead-lettered.
+//     A handler whose SQL depends on the message (a table per tenant) and
+//     can meet such an error for one message alone wraps it in
+//     consumer.Permanent, which dead-letters that message instead;
 //   - anything else: unknown, retried within the message's budget.
 func Classify(err error) dedup.ErrorClass {
 	if err == nil {
@@ -501,7 +512,12 @@ func Classify(err error) dedup.ErrorClass {
 			return dedup.ClassConflict
 		case code == "57014":
 			return dedup.ClassRetryable
-		case code == "57P01", code == "57P02", code == "57P03", code == "53300", code[:2] == "08":
+		case code == "57P01", code == "57P02", code == "57P03", code[:2] == "08",
+			code[:2] == "53", code[:2] == "58", code == "25006":
+			// Shut down, insufficient resources (disk full, out of memory,
+			// too many connections), system I/O errors, a read-only
+			// transaction (a connection string that still reaches a
+			// demoted primary): the database cannot take writes now.
 			return dedup.ClassUnavailable
 		case code[:2] == "23", code[:2] == "22":
 			return dedup.ClassPermanent

@@ -124,6 +124,9 @@ func TestClassify(t *testing.T) {
 		{&pgconn.PgError{Code: "23503"}, dedup.ClassPermanent},
 		{&pgconn.PgError{Code: "22P02"}, dedup.ClassPermanent},
 		{&pgconn.PgError{Code: "57P01"}, dedup.ClassUnavailable},
+		{&pgconn.PgError{Code: "25006"}, dedup.ClassUnavailable}, // read-only: a demoted primary
+		{&pgconn.PgError{Code: "53100"}, dedup.ClassUnavailable}, // disk full
+		{&pgconn.PgError{Code: "58030"}, dedup.ClassUnavailable}, // I/O error
 		{&pgconn.PgError{Code: "08006"}, dedup.ClassUnavailable},
 		{&pgconn.PgError{Code: "42P01"}, dedup.ClassFatal},   // undefined table: a broken deployment
 		{&pgconn.PgError{Code: "42501"}, dedup.ClassFatal},   // insufficient privilege

@@ -400,6 +400,10 @@ func Classify(err error) dedup.ErrorClass {
 		return dedup.ClassPermanent
 	case sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM, sqlite3.SQLITE_AUTH:
 		return dedup.ClassFatal
+	case sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_NOMEM, sqlite3.SQLITE_CANTOPEN:
+		// A full disk, an I/O error, no memory: the database cannot take
+		// writes now; waited out, never a message's fault.
+		return dedup.ClassUnavailable
 	case sqlite3.SQLITE_ERROR:
 		// SQLite reports a missing table or column only in the message
 		// (SQLITE_ERROR is also a syntax error): all of them are a broken

@@ -60,7 +60,7 @@ func consume(t *testing.T, ch channels.Channel, f channels.Fixture, tweak func(*
 	a.produce(t, topic, msgs)
 
 	src, err := kafka.New(kafka.Config{
-		Brokers: brokers, Topics: []string{topic}, GroupID: topic,
+		Brokers: brokers, Topics: []string{topic}, Group: topic,
 		MaxWait: 100 * time.Millisecond, RequestTimeout: 3 * time.Second, ReconnectBackoff: 500 * time.Millisecond,
 		SessionTimeout: 6 * time.Second, HeartbeatInterval: 200 * time.Millisecond, RebalanceTimeout: 10 * time.Second,
 		JoinGroupBackoff: 200 * time.Millisecond, CloseTimeout: 10 * time.Second, Logger: testenv.Logger(t),
@@ -68,12 +68,7 @@ func consume(t *testing.T, ch channels.Channel, f channels.Fixture, tweak func(*
 	if err != nil {
 		t.Fatal(err)
 	}
-	dlw, err := kafka.NewDeadLetterWriter(kafka.DeadLetterConfig{Brokers: brokers})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { dlw.Close() })
-	s := newSeen(dlw)
+	s := newSeen(src) // the Source writes the dead letters (to topic.dlq)
 
 	cfg := channels.Config(ch, func(tx pgx.Tx) payments.DB { return payments.Pgx(tx) })
 	cfg.Source, cfg.Store, cfg.DeadLetter = src, store, s
@@ -193,12 +188,12 @@ func (r *result) check(t *testing.T, f channels.Fixture, whole bool) {
 			switch h.Key {
 			case lineHeader:
 				line, _ = strconv.Atoi(string(h.Value))
-			case kafka.HeaderReason:
+			case consumer.MetaReason:
 				reason = len(h.Value) > 0
 			}
 		}
 		if !reason {
-			t.Errorf("dead letter of line %d has no %s", line, kafka.HeaderReason)
+			t.Errorf("dead letter of line %d has no %s", line, consumer.MetaReason)
 		}
 		lettered[line] = true
 	}

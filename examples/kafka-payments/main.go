@@ -96,15 +96,12 @@ func run(brokerList, pgURL, topic, group string, demo bool, listen string, log *
 		}
 	}
 
-	src, err := kafka.New(kafka.Config{Brokers: brokers, Topics: []string{topic}, GroupID: group, Logger: log})
+	// The Source is the consumer's dead-letter sink too: <topic>.dlq.
+	src, err := kafka.New(kafka.Config{Brokers: brokers, Topics: []string{topic}, Group: group,
+		DeadLetterAutoCreate: true, Logger: log})
 	if err != nil {
 		return err
 	}
-	dlq, err := kafka.NewDeadLetterWriter(kafka.DeadLetterConfig{Brokers: brokers, AllowAutoTopicCreation: true})
-	if err != nil {
-		return err
-	}
-	defer dlq.Close()
 	var obs consumer.Observer
 	var health atomic.Pointer[consumer.Consumer[pgx.Tx]]
 	if listen != "" {
@@ -138,7 +135,7 @@ func run(brokerList, pgURL, topic, group string, demo bool, listen string, log *
 		Source:          src,
 		Store:           store,
 		Handler:         payments.Handler(func(tx pgx.Tx) payments.DB { return payments.Pgx(tx) }),
-		DeadLetter:      dlq,
+		DeadLetter:      src,
 		Key:             consumer.ByJSONField(payments.KeyField),
 		MaxPayloadBytes: payments.MaxPayload,
 		DrainTimeout:    30 * time.Second,

@@ -216,7 +216,7 @@ func printSummary(w io.Writer, s Summary, report payments.Report) {
 type backend struct {
 	db      payments.DB
 	dedup   string
-	consume func(ctx context.Context, cfg kafka.Config, dl consumer.DeadLetter, logger *slog.Logger, obs consumer.Observer) (*runner, error)
+	consume func(ctx context.Context, cfg kafka.Config, dl *countingDeadLetter, logger *slog.Logger, obs consumer.Observer) (*runner, error)
 	close   func()
 }
 
@@ -262,13 +262,8 @@ func run(ctx context.Context, kafkaAddr, pgURL string, n int, seed uint64, logge
 		return sum, payments.Report{}, err
 	}
 
-	dlw, err := kafka.NewDeadLetterWriter(kafka.DeadLetterConfig{Brokers: brokers, Topic: runDLQ})
-	if err != nil {
-		return sum, payments.Report{}, err
-	}
-	defer dlw.Close()
-	dl := &countingDeadLetter{next: dlw, seen: map[string]bool{}}
-	cfg := kafka.Config{Brokers: brokers, Topics: []string{runTopic}, GroupID: group, Logger: logger,
+	dl := &countingDeadLetter{seen: map[string]bool{}}
+	cfg := kafka.Config{Brokers: brokers, Topics: []string{runTopic}, Group: group, DeadLetterTopic: runDLQ, Logger: logger,
 		SessionTimeout: 6 * time.Second, HeartbeatInterval: time.Second}
 	lagDone := func() bool { lag, err := groupLag(ctx, brokers, group, runTopic); return err == nil && lag == 0 }
 
@@ -358,7 +353,7 @@ func openBackend(ctx context.Context, pgURL string) (*backend, error) {
 		h := payments.Handler(func(tx *sql.Tx) payments.DB { return payments.SQL(tx) })
 		return &backend{
 			db: payments.SQL(db), dedup: `"idem_dedup"`,
-			consume: func(ctx context.Context, cfg kafka.Config, dl consumer.DeadLetter, logger *slog.Logger, obs consumer.Observer) (*runner, error) {
+			consume: func(ctx context.Context, cfg kafka.Config, dl *countingDeadLetter, logger *slog.Logger, obs consumer.Observer) (*runner, error) {
 				return start(ctx, cfg, dl, st, h, logger, obs)
 			},
 			close: func() { db.Close(); os.RemoveAll(dir) },
@@ -396,7 +391,7 @@ func openBackend(ctx context.Context, pgURL string) (*backend, error) {
 	h := payments.Handler(func(tx pgx.Tx) payments.DB { return payments.Pgx(tx) })
 	return &backend{
 		db: payments.Pgx(pool), dedup: st.Table(),
-		consume: func(ctx context.Context, cfg kafka.Config, dl consumer.DeadLetter, logger *slog.Logger, obs consumer.Observer) (*runner, error) {
+		consume: func(ctx context.Context, cfg kafka.Config, dl *countingDeadLetter, logger *slog.Logger, obs consumer.Observer) (*runner, error) {
 			return start(ctx, cfg, dl, st, h, logger, obs)
 		},
 		close: func() {
@@ -426,13 +421,13 @@ func (r *runner) Stop(ctx context.Context) error {
 	return errors.Join(err, <-r.done)
 }
 
-func start[TTx any](ctx context.Context, cfg kafka.Config, dl consumer.DeadLetter, st dedup.Store[TTx], h consumer.Handler[TTx], logger *slog.Logger, obs consumer.Observer) (*runner, error) {
+func start[TTx any](ctx context.Context, cfg kafka.Config, dl *countingDeadLetter, st dedup.Store[TTx], h consumer.Handler[TTx], logger *slog.Logger, obs consumer.Observer) (*runner, error) {
 	src, err := kafka.New(cfg)
 	if err != nil {
 		return nil, err
 	}
 	c, err := consumer.New(consumer.Config[TTx]{
-		Name: scope, Source: src, Store: st, Handler: h, DeadLetter: dl,
+		Name: scope, Source: src, Store: st, Handler: h, DeadLetter: dl.of(src), // src writes to Config.DeadLetterTopic
 		Key: consumer.ByJSONField(payments.KeyField), MaxPayloadBytes: payments.MaxPayload,
 		Logger: logger, Observer: obs,
 	})
@@ -578,21 +573,24 @@ func createTopicsNamed(ctx context.Context, addr string, names ...string) error 
 }
 
 // countingDeadLetter counts distinct dead-lettered messages (a redelivery
-// after the crash may dead-letter one twice: at-least-once).
+// after the crash may dead-letter one twice: at-least-once) of the sinks
+// that of wraps.
 type countingDeadLetter struct {
-	next consumer.DeadLetter
 	mu   sync.Mutex
 	seen map[string]bool
 }
 
-func (d *countingDeadLetter) DeadLetter(ctx context.Context, l consumer.Letter) error {
-	if err := d.next.DeadLetter(ctx, l); err != nil {
-		return err
-	}
-	d.mu.Lock()
-	d.seen[l.Message.ID] = true
-	d.mu.Unlock()
-	return nil
+// of returns next, counting the letters it wrote.
+func (d *countingDeadLetter) of(next consumer.DeadLetter) consumer.DeadLetter {
+	return consumer.DeadLetterFunc(func(ctx context.Context, l consumer.Letter) error {
+		if err := next.DeadLetter(ctx, l); err != nil {
+			return err
+		}
+		d.mu.Lock()
+		d.seen[l.Message.ID] = true
+		d.mu.Unlock()
+		return nil
+	})
 }
 
 func (d *countingDeadLetter) count() int {

@@ -187,21 +187,16 @@ func (spec *childSpec) run() error {
 			closeTimeout = 3 * time.Second
 		}
 		s, err := kafka.New(kafka.Config{
-			Brokers: spec.Brokers, Topics: []string{spec.Topic}, GroupID: spec.Group,
+			Brokers: spec.Brokers, Topics: []string{spec.Topic}, Group: spec.Group,
 			MaxWait: 100 * time.Millisecond, RequestTimeout: 3 * time.Second, ReconnectBackoff: 500 * time.Millisecond,
 			SessionTimeout: 3 * time.Second, HeartbeatInterval: 200 * time.Millisecond,
 			RebalanceTimeout: 10 * time.Second, JoinGroupBackoff: 200 * time.Millisecond,
-			CloseTimeout: closeTimeout, Logger: log,
+			DeadLetterTimeout: 5 * time.Second, CloseTimeout: closeTimeout, Logger: log,
 		})
 		if err != nil {
 			return err
 		}
-		w, err := kafka.NewDeadLetterWriter(kafka.DeadLetterConfig{Brokers: spec.Brokers, WriteTimeout: 5 * time.Second})
-		if err != nil {
-			return err
-		}
-		defer w.Close()
-		src, dl = s, w
+		src, dl = s, s
 	case "rocketmq":
 		rocketmq.SetClientLogger(slog.New(slog.NewTextHandler(io.Discard, nil)), slog.LevelError)
 		s, err := rocketmq.New(rocketmq.Config{NameServers: spec.Brokers, Group: spec.Group, Topics: []string{spec.Topic},

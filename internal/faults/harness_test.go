@@ -142,7 +142,7 @@ func newRigOn(t *testing.T, b broker, scenario string, parts int, base *pgxpool.
 // idem's dedup table in r.schema.
 func (r *rig) setupDB(t *testing.T) {
 	t.Helper()
-	ctx := ctxTimeout(t, time.Minute)
+	ctx := testenv.Context(t, time.Minute)
 	url := r.base.Config().ConnString()
 	r.pool = schemaPool(t, url, r.schema)
 	if _, err := r.pool.Exec(ctx, `CREATE TABLE effects_audit (
@@ -189,12 +189,6 @@ func schemaPool(t *testing.T, url, schema string) *pgxpool.Pool {
 	return p
 }
 
-func ctxTimeout(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // stream is a generated payment stream, split in what is sent first and the
 // conflicting re-uses of a txn_id with another amount, sent once the first
 // part is applied (RocketMQ's concurrent mode does not keep queue order,
@@ -220,7 +214,7 @@ var (
 func (r *rig) newStream(tenant string, n int, seed uint64) stream {
 	r.t.Helper()
 	s := payments.Generate(n, seed)
-	if err := payments.CreateOrders(ctxTimeout(r.t, time.Minute), payments.Pgx(r.pools[tenant]), s.Orders); err != nil {
+	if err := payments.CreateOrders(testenv.Context(r.t, time.Minute), payments.Pgx(r.pools[tenant]), s.Orders); err != nil {
 		r.t.Fatal(err)
 	}
 	r.expected[tenant] = append(r.expected[tenant], s.Expected...)
@@ -469,24 +463,6 @@ func (c *child) checkRaces(t *testing.T) {
 
 // --- waiting and checking -------------------------------------------------
 
-// waitUntil polls cond until it holds, failing the test after d with what
-// and the progress cond last reported. The wait bounds a hang; nothing
-// asserts how long it took.
-func waitUntil(t *testing.T, d time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		ok, progress := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up after %v waiting until %s (%s)", d, what, progress)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // ledgerRows counts the ledger rows of all tenants.
 func (r *rig) ledgerRows() int64 {
 	var total int64
@@ -516,7 +492,7 @@ func (r *rig) waitApplied(n int64, alive ...*child) {
 			r.diagnose()
 		}
 	}()
-	waitUntil(r.t, waitApplyFor, fmt.Sprintf("%d payments applied", n), func() (bool, string) {
+	testenv.WaitUntilProgress(r.t, waitApplyFor, fmt.Sprintf("%d payments applied", n), func() (bool, string) {
 		for _, c := range alive {
 			c.requireAlive(r.t)
 		}
@@ -572,7 +548,7 @@ func (r *rig) finish() {
 func (r *rig) check(letters []letter) {
 	t := r.t
 	t.Helper()
-	ctx := ctxTimeout(t, 2*time.Minute)
+	ctx := testenv.Context(t, 2*time.Minute)
 	// Reconciliation, per tenant.
 	for _, tn := range r.tenantList() {
 		scope := "payments"
@@ -644,7 +620,7 @@ func (r *rig) tenantList() []string {
 // a transaction, none at all once the children exited.
 func (r *rig) checkNoOpenTx(t *testing.T) {
 	t.Helper()
-	waitUntil(t, 30*time.Second, "no backend of the consumer is left", func() (bool, string) {
+	testenv.WaitUntilProgress(t, 30*time.Second, "no backend of the consumer is left", func() (bool, string) {
 		rows, err := r.base.Query(context.Background(),
 			`SELECT pid, state, coalesce(left(query, 60), '') FROM pg_stat_activity WHERE application_name = $1`, r.app)
 		if err != nil {
@@ -682,7 +658,7 @@ func (r *rig) midReconcile(when string) {
 		if tn != "" {
 			scope += "/" + tn
 		}
-		rep, err := payments.Reconcile(ctxTimeout(r.t, time.Minute), payments.Pgx(r.pools[tn]),
+		rep, err := payments.Reconcile(testenv.Context(r.t, time.Minute), payments.Pgx(r.pools[tn]),
 			pgx.Identifier{r.schema, "idem_dedup"}.Sanitize(), scope, nil)
 		if err != nil {
 			r.t.Fatal(err)
@@ -791,21 +767,17 @@ type givingBackBroker interface {
 // committed offset passed that no consumer had acked (checked against the
 // retry topic at the end).
 type offsetSampler struct {
+	*testenv.OffsetSampler
 	b            broker
 	t            *testing.T
 	topic, group string
 	ackLogs      func() []string // the files the consumers record their acks in
 	fenced       bool
 
-	stop, done chan struct{}
-	once       sync.Once
-	mu         sync.Mutex
-	last       map[int]int64 // partition -> last committed offset seen
-	acks       ackLog
-	errs       []string          // fenced: offsets that went down or disappeared
-	ahead      map[string]string // not fenced: message ID -> the committed offset that passed it unacked
-	downs      int               // not fenced: offsets seen going down (a queue's new owner started lower)
-	n          int
+	mu    sync.Mutex
+	acks  ackLog
+	errs  []string          // not fenced: the ack logs could not be read
+	ahead map[string]string // not fenced: message ID -> the committed offset that passed it unacked
 }
 
 // sampleOffsets samples the group's committed offsets for the rest of the
@@ -827,57 +799,23 @@ const ackLogName = "acked"
 // (read only for a givingBackBroker).
 func newOffsetSampler(t *testing.T, b broker, topic, group string, ackLogs func() []string) *offsetSampler {
 	_, givesBack := b.(givingBackBroker)
-	s := &offsetSampler{b: b, t: t, topic: topic, group: group, ackLogs: ackLogs, fenced: !givesBack,
-		stop: make(chan struct{}), done: make(chan struct{}), last: map[int]int64{}, ahead: map[string]string{}}
-	go func() {
-		defer close(s.done)
-		tick := time.NewTicker(100 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-s.stop:
-				return
-			case <-tick.C:
-			}
-			s.sample()
-		}
-	}()
-	t.Cleanup(s.finish)
+	s := &offsetSampler{b: b, t: t, topic: topic, group: group, ackLogs: ackLogs, fenced: !givesBack, ahead: map[string]string{}}
+	var each func(map[int]int64)
+	if !s.fenced {
+		each = s.checkAcked
+	}
+	s.OffsetSampler = testenv.SampleOffsets(t, 100*time.Millisecond,
+		func(ctx context.Context) (map[int]int64, error) { return b.offsets(ctx, topic, group) }, each)
 	return s
 }
 
-// sample takes one sample. The committed offsets are read first: what was
+// checkAcked records the messages below the committed offsets got that no
+// consumer had acked. The committed offsets were read first: what was
 // acked before they were committed is in the ack logs by the time they are
 // read.
-func (s *offsetSampler) sample() {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	got, err := s.b.offsets(ctx, s.topic, s.group)
-	cancel()
-	if err != nil {
-		return // the broker may be down
-	}
+func (s *offsetSampler) checkAcked(got map[int]int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.n++
-	if s.fenced {
-		for p, prev := range s.last {
-			off, ok := got[p]
-			switch {
-			case !ok:
-				s.errs = append(s.errs, fmt.Sprintf("partition %d: committed offset %d disappeared", p, prev))
-			case off < prev:
-				s.errs = append(s.errs, fmt.Sprintf("partition %d: committed offset went from %d to %d", p, prev, off))
-			}
-		}
-		maps.Copy(s.last, got)
-		return
-	}
-	for p, prev := range s.last {
-		if off, ok := got[p]; ok && off < prev {
-			s.downs++
-		}
-	}
-	maps.Copy(s.last, got)
 	if err := s.acks.update(s.ackLogs(), s.topic); err != nil {
 		if !slices.Contains(s.errs, err.Error()) {
 			s.errs = append(s.errs, err.Error())
@@ -958,27 +896,30 @@ func (a *ackLog) update(files []string, topic string) error {
 	return nil
 }
 
-func (s *offsetSampler) finish() {
-	s.once.Do(func() { close(s.stop) })
-	<-s.done
-}
-
 // problems stops sampling and returns what broke the broker's rule: for
-// RocketMQ, the messages a committed offset passed unacked that the group
-// did not give back to the retry topic either.
+// Kafka, committed offsets that went down or disappeared; for RocketMQ, the
+// messages a committed offset passed unacked that the group did not give
+// back to the retry topic either.
 func (s *offsetSampler) problems(t *testing.T) []string {
 	t.Helper()
-	s.finish()
+	s.Stop()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	probs := append([]string(nil), s.errs...)
-	if s.n == 0 {
+	var probs []string
+	if s.fenced {
+		probs = s.Decreases()
+	} else {
+		probs = slices.Clone(s.errs)
+	}
+	n := s.Samples()
+	if n == 0 {
 		probs = append(probs, "no committed offset was sampled")
 	}
 	if s.fenced {
 		return probs
 	}
-	t.Logf("%d offset samples, %d acks logged; committed offsets seen going down %d times (redelivery)", s.n, len(s.acks.acked), s.downs)
+	t.Logf("%d offset samples, %d acks logged; committed offsets seen going down %d times (redelivery)",
+		n, len(s.acks.acked), len(s.Decreases()))
 	if len(s.ahead) == 0 {
 		return probs
 	}

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemkit/idem/internal/testenv"
 )
 
 // TestUnackedBelow: a committed offset at or below the acked messages is
@@ -65,36 +67,32 @@ func TestOffsetCheckFindsCommitAheadOfAcks(t *testing.T) {
 		t.Fatalf("positions %v", at)
 	}
 	var log []byte
-	lane := func(q int) string { return topic + "/" + b.bname + "/" + strconv.Itoa(q) }
+	lane := func(q int) string { return topic + "/" + b.Name + "/" + strconv.Itoa(q) }
 	for off := range int64(6) {
 		if off < 4 {
 			log = appendAck(log, lane(0), 0, off)
 		}
 		log = appendAck(log, lane(1), 1, off)
 	}
-	log = appendAck(log, "%RETRY%"+group+"/"+b.bname+"/0", 0, 5) // another topic's queue 0
-	log = append(log, lane(0)+" 0 5"...)                         // no newline: not passed on yet
+	log = appendAck(log, "%RETRY%"+group+"/"+b.Name+"/0", 0, 5) // another topic's queue 0
+	log = append(log, lane(0)+" 0 5"...)                        // no newline: not passed on yet
 	ackFile := filepath.Join(t.TempDir(), "acked")
 	if err := os.WriteFile(ackFile, log, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	b.produce(t, "%RETRY%"+group, []outMsg{{ID: at[pos{0, 4}], Value: []byte(`{"n":4}`)}})
 
-	if _, _, _, err := remotingBody(b.broker, reqUpdateSubGroup, nil, []byte(`{"groupName":"`+group+`"}`)); err != nil {
-		t.Fatalf("create group %s: %v", group, err)
-	}
 	for q := range 2 {
-		_, _, _, err := remoting(b.broker, reqUpdateConsumerOffset, map[string]string{"consumerGroup": group, "topic": topic,
-			"queueId": strconv.Itoa(q), "commitOffset": "6", "bname": b.bname})
-		if err != nil {
+		if err := b.CommitOffset(group, topic, q, 6); err != nil {
 			t.Fatalf("commit offset of queue %d: %v", q, err)
 		}
 	}
 	s := newOffsetSampler(t, b, topic, group, func() []string { return []string{ackFile, ackFile + ".none"} })
-	waitUntil(t, time.Minute, "a sample of the committed offsets", func() (bool, string) {
+	testenv.WaitUntilProgress(t, time.Minute, "a sample of the committed offsets", func() (bool, string) {
+		last := s.Last()
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		return s.last[0] == 6 && s.last[1] == 6 && len(s.ahead) > 0, fmt.Sprintf("committed %v", s.last)
+		return last[0] == 6 && last[1] == 6 && len(s.ahead) > 0, fmt.Sprintf("committed %v", last)
 	})
 	probs := s.problems(t)
 	if len(probs) != 1 || !strings.Contains(probs[0], at[pos{0, 5}]+" at offset 5") {

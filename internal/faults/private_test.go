@@ -17,6 +17,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/rmqtest"
 )
 
 // freePort returns a port nothing listens on now.
@@ -245,7 +248,7 @@ func (p *privateRocket) launch(name, main, ready string, heap ...string) *exec.C
 	if err := c.Start(); err != nil {
 		p.t.Fatalf("start %s: %v", name, err)
 	}
-	waitUntil(p.t, 2*time.Minute, name+" boots", func() (bool, string) {
+	testenv.WaitUntilProgress(p.t, 2*time.Minute, name+" boots", func() (bool, string) {
 		b, _ := os.ReadFile(out)
 		if strings.Contains(string(b), ready) {
 			return true, ""
@@ -265,8 +268,8 @@ func (p *privateRocket) startBroker() {
 	p.br = p.launch("broker", "org.apache.rocketmq.broker.BrokerStartup", "boot success",
 		"-Xms256m", "-Xmx512m", "-XX:MaxDirectMemorySize=256m")
 	ns := []string{"127.0.0.1:" + strconv.Itoa(p.nsPort)}
-	waitUntil(p.t, 2*time.Minute, "the private broker registers with its name server", func() (bool, string) {
-		_, _, err := clusterBroker(ns[0])
+	testenv.WaitUntilProgress(p.t, 2*time.Minute, "the private broker registers with its name server", func() (bool, string) {
+		_, _, err := rmqtest.ClusterBroker(ns[0])
 		return err == nil, fmt.Sprint(err)
 	})
 	if p.rocketBroker == nil {

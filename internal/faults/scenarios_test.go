@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/examples/payments"
+	"github.com/idemkit/idem/internal/testenv"
 )
 
 // scenario is one fault, run for each broker it names.
@@ -78,7 +79,7 @@ func concurrentDuplicates(t *testing.T, b, title string) {
 	r.sampleOffsets()
 	s := r.newStream("", 200, 1)
 	hot := payments.Order{ID: "HOT-ORDER", Account: "merchant-hot", SKU: "sku-hot", Amount: 4242}
-	if err := payments.CreateOrders(ctxTimeout(t, time.Minute), payments.Pgx(r.pool), []payments.Order{hot}); err != nil {
+	if err := payments.CreateOrders(testenv.Context(t, time.Minute), payments.Pgx(r.pool), []payments.Order{hot}); err != nil {
 		t.Fatal(err)
 	}
 	r.expected[""] = append(r.expected[""], payments.Expected{TxnID: "HOT-TXN", Amount: hot.Amount})
@@ -102,8 +103,8 @@ func concurrentDuplicates(t *testing.T, b, title string) {
 		r.start(fp)
 	}
 	if k, ok := br.(*kafkaBroker); ok {
-		waitUntil(t, time.Minute, "4 consumers in the group", func() (bool, string) {
-			n := k.stableMembers(r.group)
+		testenv.WaitUntilProgress(t, time.Minute, "4 consumers in the group", func() (bool, string) {
+			n := k.StableMembers(r.group)
 			return n == 4, fmt.Sprintf("%d stable members", n)
 		})
 	} // RocketMQ: the broker notifies the members of each join and they rebalance at once
@@ -190,7 +191,7 @@ func (r *rig) appliedPastCommitted(c *child) int {
 // they cannot be read.
 func (r *rig) committed() map[int]int64 {
 	r.t.Helper()
-	got, err := r.b.offsets(ctxTimeout(r.t, 10*time.Second), r.topic, r.group)
+	got, err := r.b.offsets(testenv.Context(r.t, 10*time.Second), r.topic, r.group)
 	if err != nil {
 		r.t.Fatalf("committed offsets of %s: %v", r.group, err)
 	}
@@ -616,14 +617,14 @@ func brokerRestart(t *testing.T, b, title string) {
 	case "kafka":
 		k := newKafka(t, true)
 		if out, err := exec.Command(scriptPath("kafka.sh"), "status").CombinedOutput(); err != nil {
-			t.Fatalf("the broker at %v is not managed by scripts/testenv/kafka.sh: %s", k.brokers, out)
+			t.Fatalf("the broker at %v is not managed by scripts/testenv/kafka.sh: %s", k.Brokers, out)
 		}
 		t.Cleanup(func() { kafkaScript(t, "start") }) // whatever happened, leave a broker running
 		br = k
 		kill = func() { kafkaScript(t, "kill") }
 		restart = func() {
 			kafkaScript(t, "start")
-			k.tr.CloseIdleConnections()
+			k.Transport.CloseIdleConnections()
 		}
 	default:
 		p := startPrivateRocket(t)
@@ -705,7 +706,7 @@ func orderedPoison(t *testing.T, b, title string) {
 	r.produce(s.first)
 	blocking := func(sp *childSpec) { sp.StopLane, sp.Orderly, sp.Attempts, sp.Reconsume = true, true, 3, 2 }
 	c := r.start(failpoints{Transient: []string{poison}}, blocking)
-	waitUntil(t, 2*time.Minute, "the poison's lane stopped", func() (bool, string) {
+	testenv.WaitUntilProgress(t, 2*time.Minute, "the poison's lane stopped", func() (bool, string) {
 		c.requireAlive(t)
 		return strings.Contains(c.out.String(), "idem: lane stopped"), ""
 	})
@@ -715,7 +716,7 @@ func orderedPoison(t *testing.T, b, title string) {
 		ends[p.Part] = max(ends[p.Part], p.Off+1)
 	}
 	poisonOff := positions[at.ID].Off
-	waitUntil(t, time.Minute, "the other partitions committed to their ends", func() (bool, string) {
+	testenv.WaitUntilProgress(t, time.Minute, "the other partitions committed to their ends", func() (bool, string) {
 		got, err := r.b.offsets(context.Background(), r.topic, r.group)
 		if err != nil {
 			return false, err.Error()

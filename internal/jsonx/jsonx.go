@@ -679,7 +679,7 @@ func splitNumber(n []byte) (neg bool, intPart, frac []byte, exp int) {
 			e = e[1:]
 		}
 		for _, c := range e {
-			if exp < 1<<30 {
+			if exp < 1<<26 { // past any exponent that matters; no overflow of a 32-bit int
 				exp = exp*10 + int(c-'0')
 			}
 		}

@@ -2,6 +2,12 @@
 // scripts/testenv.sh starts. A missing service skips the test locally, with
 // a message saying how to start it, and fails it under CI=true: in CI an
 // integration test never skips silently.
+//
+// It also has what the tests of several packages share: waiting on a
+// condition (WaitUntil), unique topic and group names (Name), sampling a
+// group's committed offsets (SampleOffsets). The broker clients are in
+// kafkatest and rmqtest, apart, so that a test of one broker (or of none)
+// does not build the other's client library.
 package testenv
 
 import (
