@@ -9,7 +9,7 @@
 //	c, err := consumer.New(consumer.Config[pgx.Tx]{
 //		...
 //		Observer:   tel,
-//		DeadLetter: tel.DeadLetter(dlq), // trace context into the dead letters
+//		DeadLetter: tel.DeadLetter(src), // the source writes the letters, with trace context
 //	})
 //
 // Metrics, with messaging.system, messaging.destination.name,
