@@ -25,7 +25,7 @@
 //	idem.consumer.released               counter    = Stats.Released
 //	idem.consumer.retries                counter    = Stats.Retries, by error.type (the failure's class)
 //	idem.consumer.conflicts              counter    transactions that collided with another
-//	idem.consumer.transactions           counter    by idem.transaction.outcome; commits = Stats.Commits
+//	idem.consumer.transactions           counter    by idem.transaction.outcome (error.type on rollback); commits = Stats.Commits
 //	idem.consumer.transaction.size       histogram  messages claimed in one transaction
 //	idem.consumer.claim.duration         histogram  s, the store's claim statement
 //	idem.consumer.commit.duration        histogram  s, COMMIT

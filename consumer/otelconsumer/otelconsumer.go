@@ -153,10 +153,11 @@ var consumerKind = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindCons
 
 // lane holds a lane's attributes, built once.
 type lane struct {
-	topic string
-	span  string // the batch span's name: process <topic>
-	attrs []attribute.KeyValue
-	set   metric.MeasurementOption // attrs as one set
+	topic     string
+	span      string // the batch span's name: process <topic>
+	attrs     []attribute.KeyValue
+	set       metric.MeasurementOption // attrs as one set
+	commitSet metric.MeasurementOption // attrs and idem.transaction.outcome=commit
 	// attrs and messaging.operation.name, for the conventions' metrics
 	process    []attribute.KeyValue
 	processSet metric.MeasurementOption
@@ -185,6 +186,7 @@ func (t *Telemetry) lane(b consumer.Batch) *lane {
 	}
 	l.attrs = attrs
 	l.set = metric.WithAttributeSet(attribute.NewSet(attrs...))
+	l.commitSet = metric.WithAttributeSet(attribute.NewSet(append(attrs[:len(attrs):len(attrs)], AttrOutcome.String("commit"))...))
 	l.process = append(attrs[:len(attrs):len(attrs)], semconv.MessagingOperationName("process"))
 	l.processSet = metric.WithAttributeSet(attribute.NewSet(l.process...))
 	actual, _ := t.lanes.LoadOrStore(b.Lane, l)
@@ -275,7 +277,11 @@ func (t *Telemetry) TxEnd(ctx context.Context, tx consumer.TxEvent) {
 			errType = "_OTHER"
 		}
 	}
-	t.txs.Add(ctx, 1, metric.WithAttributes(append(b.lane.attrs[:len(b.lane.attrs):len(b.lane.attrs)], AttrOutcome.String(outcome))...))
+	if tx.Err == nil {
+		t.txs.Add(ctx, 1, b.lane.commitSet)
+	} else {
+		t.txs.Add(ctx, 1, metric.WithAttributes(append(b.lane.attrs[:len(b.lane.attrs):len(b.lane.attrs)], AttrOutcome.String(outcome), semconv.ErrorTypeKey.String(errType))...))
+	}
 	t.txSize.Record(ctx, int64(tx.Messages), set)
 	if tx.Class == dedup.ClassConflict {
 		t.conflicts.Add(ctx, 1, set)
