@@ -29,9 +29,9 @@ testenv-up: ## start the services and print their environment
 testenv-down: ## stop the services
 	@scripts/testenv.sh down $(SERVICES)
 
-bench: ## go test benchmarks of the claim path and the engine (needs Postgres)
+bench: ## go test benchmarks of the claim path, the engine and its telemetry (needs Postgres)
 	@set -e; out=$$(scripts/testenv.sh up postgres); eval "$$out"; \
-	go test -run '^$$' -bench . -benchmem -count 1 ./consumer/ ./dedup/...
+	go test -run '^$$' -bench . -benchmem -count 1 ./consumer/... ./dedup/...
 
 fmt: ## gofmt the tree
 	gofmt -w $$(git ls-files '*.go')

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/idemkit/idem/dedup"
 )
@@ -57,6 +58,7 @@ type attempt[TTx any] struct {
 	results []dedup.Result
 	fresh   []*Message // a BatchHandler's messages
 	freshAt []int      // their positions in the items
+	tx      TxEvent    // what the Observer is told of the transaction
 }
 
 // run runs the transaction. It returns nil when it committed, with each
@@ -74,9 +76,14 @@ func (a *attempt[TTx]) run(ctx context.Context, its []*item) *failure {
 	}
 	results := a.results[:len(its)]
 	f := failure{blame: blameNone, phase: phaseClaim}
-	err := c.cfg.Store.InTx(ctx, func(ctx context.Context, tx TTx) error {
+	a.tx = TxEvent{Messages: len(its), Start: time.Now()}
+	txCtx := c.cfg.Observer.TxStart(ctx, len(its))
+	err := c.cfg.Store.InTx(txCtx, func(ctx context.Context, tx TTx) error {
 		clear(results)
-		if err := c.cfg.Store.Claim(ctx, tx, claims, results); err != nil {
+		a.tx.ClaimStart = time.Now()
+		a.tx.ClaimErr = c.cfg.Store.Claim(ctx, tx, claims, results)
+		a.tx.ClaimEnd = time.Now()
+		if err := a.tx.ClaimErr; err != nil {
 			return err
 		}
 		f.phase = phaseHandle
@@ -88,27 +95,17 @@ func (a *attempt[TTx]) run(ctx context.Context, its []*item) *failure {
 			}
 			it.status, it.reason, it.firstAt = results[i].Status, results[i].Reason, results[i].FirstAt
 		}
-		if c.batch != nil {
-			if err := a.handleBatch(ctx, tx, its, &f); err != nil {
-				return err
-			}
-			f.phase = phaseCommit
-			return nil
-		}
-		for i, it := range its {
-			if it.status != dedup.StatusNew {
-				continue
-			}
-			if err := c.handler.Handle(ctx, tx, it.msg); err != nil {
-				f.blame, f.at = blameMessage, i
-				return err
-			}
+		if err := a.handle(ctx, tx, its, &f); err != nil {
+			return err
 		}
 		f.phase = phaseCommit
+		a.tx.CommitStart = time.Now()
 		return nil
 	})
+	a.tx.End = time.Now()
 	if err == nil {
 		c.stats.commits.Add(1)
+		c.cfg.Observer.TxEnd(txCtx, a.tx)
 		return nil
 	}
 	f.err = err
@@ -120,6 +117,8 @@ func (a *attempt[TTx]) run(ctx context.Context, its []*item) *failure {
 			f.class = dedup.ClassPermanent
 		}
 	}
+	a.tx.Err, a.tx.Class = err, f.class
+	c.cfg.Observer.TxEnd(txCtx, a.tx)
 	if f.class.NotTheMessage() {
 		f.blame = blameNone // the database or a concurrent transaction failed under the handler
 	}
@@ -139,6 +138,24 @@ func (a *attempt[TTx]) run(ctx context.Context, its []*item) *failure {
 		}
 	}
 	return &f
+}
+
+// handle runs the handler for the new items, or the BatchHandler for all
+// of them, and records on f which message failed.
+func (a *attempt[TTx]) handle(ctx context.Context, tx TTx, its []*item, f *failure) error {
+	if a.c.batch != nil {
+		return a.handleBatch(ctx, tx, its, f)
+	}
+	for i, it := range its {
+		if it.status != dedup.StatusNew {
+			continue
+		}
+		if err := a.c.handler.Handle(ctx, tx, it.msg); err != nil {
+			f.blame, f.at = blameMessage, i
+			return err
+		}
+	}
+	return nil
 }
 
 // handleBatch calls the BatchHandler with the new messages of its and

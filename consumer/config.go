@@ -132,6 +132,10 @@ type Config[TTx any] struct {
 	// signal.NotifyContext is all a graceful shutdown needs.
 	DrainTimeout time.Duration
 
+	// Observer sees the engine's events: consumer/otelconsumer makes
+	// OpenTelemetry metrics and traces of them. Default none.
+	Observer Observer
+
 	// Logger receives the consumer's logs; default slog.Default().
 	Logger *slog.Logger
 	// Clock is used for retry delays; default the system clock.
@@ -224,6 +228,9 @@ func (c *Config[TTx]) setDefaults() {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.Observer == nil {
+		c.Observer = NopObserver{}
 	}
 	if c.Clock == nil {
 		c.Clock = retry.SystemClock{}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/internal/retry"
@@ -34,6 +35,8 @@ type Consumer[TTx any] struct {
 	stopWork context.CancelFunc
 	fatalErr error // guarded by runMu: why the consumer stopped itself
 	done     chan struct{}
+
+	progress atomic.Int64 // when a batch was last acknowledged, Unix ns; see Health
 }
 
 // New validates cfg and returns a Consumer. The error names every field that
@@ -87,6 +90,7 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 		return errors.New("consumer: Run called twice")
 	}
 	c.started = true
+	c.progress.Store(time.Now().UnixNano())
 	parent := ctx
 	if c.cfg.DrainTimeout > 0 {
 		parent = context.WithoutCancel(ctx) // ctx's end drains: see drainOnCancel
@@ -216,6 +220,7 @@ func (c *Consumer[TTx]) deliver(ctx, workCtx context.Context, m *Message) error 
 	// Sending under lanesMu would block other lanes; the channel is closed only
 	// after Source.Run returned, when no deliver is in flight any more.
 	c.lanesMu.Unlock()
+	m.DeliveredAt = time.Now()
 	c.stats.delivered.Add(1)
 	select {
 	case l.in <- m:

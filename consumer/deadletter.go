@@ -13,7 +13,7 @@ import (
 // The metadata of a dead letter: the headers (Kafka) or user properties
 // (RocketMQ) every adapter puts on the letters it writes, defined once. The
 // original message's own headers come first, except earlier idem-* ones
-// (MetaPrefix), which are replaced.
+// (MetaPrefix), which are replaced — but for the redrive lineage.
 const (
 	MetaPrefix    = "idem-"
 	MetaReason    = "idem-reason"             // why: the error text, at most dedup.MaxReasonLen bytes
@@ -31,12 +31,22 @@ const (
 	// it was.
 	MetaValueSHA256 = "idem-value-sha256" // hex
 	MetaValueSize   = "idem-value-size"   // bytes, decimal
+	// Lineage, set by `idem redrive` on a dead letter it sends back to its
+	// topic, beside the Meta*Original* coordinates it copies from the
+	// letter. A letter keeps them when the redriven message is dead-lettered
+	// again.
+	MetaRedriveCount = "idem-redrive-count" // how often the message was redriven, decimal
+	MetaRedrivenFrom = "idem-redriven-from" // the dead letter it was redriven from: topic/partition/offset
 )
+
+// lineage reports the idem-* headers a letter keeps from its message.
+func lineage(k string) bool { return k == MetaRedriveCount || k == MetaRedrivenFrom }
 
 // DeadLetterRecord is a Letter laid out for a broker: what an adapter writes.
 type DeadLetterRecord struct {
 	// Headers are the original message's headers (earlier idem-* ones
-	// left out), then the metadata above. Values carry no control
+	// left out, but for the lineage of a redriven message), then the
+	// metadata above. Values carry no control
 	// characters (they become spaces), which some brokers' encodings
 	// cannot hold.
 	Headers []Header
@@ -50,7 +60,7 @@ func (l Letter) Record(maxValue int) DeadLetterRecord {
 	m := l.Message
 	headers := make([]Header, 0, len(m.Headers)+12)
 	for _, h := range m.Headers {
-		if !strings.HasPrefix(h.Key, MetaPrefix) {
+		if !strings.HasPrefix(h.Key, MetaPrefix) || lineage(h.Key) {
 			headers = append(headers, h)
 		}
 	}

@@ -55,3 +55,26 @@ func TestDeadLetterRecord(t *testing.T) {
 		}
 	}
 }
+
+// TestLetterKeepsLineage: a redriven message dead-lettered again keeps its
+// redrive count and origin; its other idem-* headers are replaced.
+func TestLetterKeepsLineage(t *testing.T) {
+	m := &consumer.Message{Topic: "pay", Value: []byte("x"), Headers: []consumer.Header{
+		{Key: consumer.MetaRedriveCount, Value: []byte("2")},
+		{Key: consumer.MetaRedrivenFrom, Value: []byte("pay.dlq/0/7")},
+		{Key: consumer.MetaReason, Value: []byte("old reason")},
+	}}
+	got := map[string][]string{}
+	for _, h := range (consumer.Letter{Message: m, Reason: errors.New("new reason")}).Record(1 << 20).Headers {
+		got[h.Key] = append(got[h.Key], string(h.Value))
+	}
+	if c := got[consumer.MetaRedriveCount]; len(c) != 1 || c[0] != "2" {
+		t.Errorf("redrive count %v", c)
+	}
+	if f := got[consumer.MetaRedrivenFrom]; len(f) != 1 || f[0] != "pay.dlq/0/7" {
+		t.Errorf("redriven from %v", f)
+	}
+	if r := got[consumer.MetaReason]; len(r) != 1 || r[0] != "new reason" {
+		t.Errorf("reason %v", r)
+	}
+}

@@ -23,4 +23,9 @@
 // Config.Retry, and then handled by Config.OnExhausted. A failing message in a
 // batch is isolated without savepoints: the batch is split and the messages
 // before it commit on their own.
+//
+// Operating: [Consumer.Stats] counts what the lanes did; an [Observer]
+// (Config.Observer, consumer/otelconsumer for OpenTelemetry) sees the same
+// events one by one; [Consumer.Health] is what a readiness or liveness probe
+// looks at.
 package consumer

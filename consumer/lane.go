@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"time"
 )
 
 // A lane processes one partition's or queue's messages in order. Its data
@@ -69,31 +70,33 @@ func (l *lane[TTx]) run(ctx context.Context, c *Consumer[TTx]) {
 		if !ok {
 			return
 		}
-		switch {
-		case l.stopped():
-			c.releaseAll(batch, ErrLaneStopped)
-		case ctx.Err() != nil:
-			c.releaseAll(batch, ctx.Err())
-		default:
-			l.process(ctx, c, batch)
-		}
+		l.process(ctx, c, batch)
 	}
 }
 
 // process settles one batch in order — bad input is dead-lettered in its
 // place, the keyed messages between are committed — then acknowledges the
-// settled messages and releases the others.
+// settled messages and releases the others. A stopped lane releases them all.
 func (l *lane[TTx]) process(ctx context.Context, c *Consumer[TTx], batch []*Message) {
+	ctx = c.cfg.Observer.BatchStart(ctx, Batch{Consumer: c.cfg.Name, Lane: l.name, Messages: batch})
 	items := l.items[:0]
 	for _, m := range batch {
 		items = append(items, item{msg: m})
 	}
 	l.items = items
-	err := l.settleInOrder(ctx, c, items)
-	if err != nil && !errors.Is(err, ErrLaneStopped) && ctx.Err() == nil {
-		c.cfg.Logger.Error("idem: batch not settled", slog.String("lane", l.name), slog.Any("error", err))
+	var err error
+	switch {
+	case l.stopped():
+		err = ErrLaneStopped
+	case ctx.Err() != nil:
+		err = ctx.Err()
+	default:
+		err = l.settleInOrder(ctx, c, items)
+		if err != nil && !errors.Is(err, ErrLaneStopped) && ctx.Err() == nil {
+			c.cfg.Logger.Error("idem: batch not settled", slog.String("lane", l.name), slog.Any("error", err))
+		}
 	}
-	l.finish(ctx, c, items, err)
+	l.finish(ctx, c, batch, items, err)
 	clear(items) // drop message references until the next batch
 }
 
@@ -116,7 +119,7 @@ func (l *lane[TTx]) settleInOrder(ctx context.Context, c *Consumer[TTx], items [
 			}
 			run = run[:0]
 		}
-		if err := c.deadLetter(ctx, it, kerr); err != nil {
+		if err := c.deadLetter(ctx, it, kerr, CauseBadInput); err != nil {
 			return err
 		}
 	}
@@ -128,7 +131,7 @@ func (l *lane[TTx]) settleInOrder(ctx context.Context, c *Consumer[TTx], items [
 
 // finish acknowledges the settled items and releases the others; err says
 // why they were not settled.
-func (l *lane[TTx]) finish(ctx context.Context, c *Consumer[TTx], items []item, err error) {
+func (l *lane[TTx]) finish(ctx context.Context, c *Consumer[TTx], batch []*Message, items []item, err error) {
 	acks, rel := l.acks[:0], l.release[:0]
 	for i := range items {
 		if items[i].settled {
@@ -137,12 +140,14 @@ func (l *lane[TTx]) finish(ctx context.Context, c *Consumer[TTx], items []item, 
 			rel = append(rel, items[i].msg)
 		}
 	}
+	var aerr error
 	if len(acks) > 0 {
-		if aerr := c.cfg.Source.Ack(ctx, acks); aerr != nil && ctx.Err() == nil {
+		if aerr = c.cfg.Source.Ack(ctx, acks); aerr != nil && ctx.Err() == nil {
 			// Committed but not acknowledged: the broker redelivers and the
 			// claim skips the messages as duplicates.
 			c.cfg.Logger.Warn("idem: ack failed", slog.String("lane", l.name), slog.Any("error", aerr))
 		}
+		c.progress.Store(time.Now().UnixNano())
 	}
 	if len(rel) > 0 {
 		if err == nil {
@@ -150,6 +155,7 @@ func (l *lane[TTx]) finish(ctx context.Context, c *Consumer[TTx], items []item, 
 		}
 		c.releaseAll(rel, err)
 	}
+	c.cfg.Observer.BatchEnd(ctx, Batch{Consumer: c.cfg.Name, Lane: l.name, Messages: batch, Acked: acks, Released: rel, AckErr: aerr})
 	clear(acks)
 	clear(rel)
 	l.acks, l.release = acks[:0], rel[:0]

@@ -22,6 +22,10 @@ type Message struct {
 	// Lane names the ordered lane: messages of one lane are handled one batch
 	// at a time, in delivery order. Sources set it to the partition or queue.
 	Lane string
+	// DeliveredAt is when the source handed the message to the consumer; the
+	// consumer sets it. A Source must not deliver one *Message again while
+	// it is in flight.
+	DeliveredAt time.Time
 	// Raw is the underlying broker message (*kafka.Message,
 	// *primitive.MessageExt), for handlers that need more.
 	Raw any

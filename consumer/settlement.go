@@ -16,17 +16,18 @@ func (c *Consumer[TTx]) committed(ctx context.Context, its []*item) error {
 		switch it.status {
 		case dedup.StatusNew:
 			c.stats.applied.Add(1)
+			c.cfg.Observer.Settled(ctx, Settlement{Message: it.msg, Key: it.claim.Key, Outcome: OutcomeApplied})
 		case dedup.StatusDuplicate:
 			c.duplicate(ctx, it)
 		case dedup.StatusMismatch:
 			err := fmt.Errorf("%w: key %q was processed before with another payload", dedup.ErrFingerprintMismatch, it.claim.Key.ID)
-			if err := c.deadLetter(ctx, it, err); err != nil {
+			if err := c.deadLetter(ctx, it, err, CauseMismatch); err != nil {
 				return err
 			}
 			continue
 		case dedup.StatusFailed:
 			err := fmt.Errorf("%w: key %q: %s", dedup.ErrFailedBefore, it.claim.Key.ID, it.reason)
-			if err := c.deadLetter(ctx, it, err); err != nil {
+			if err := c.deadLetter(ctx, it, err, CauseFailedBefore); err != nil {
 				return err
 			}
 			continue
@@ -59,12 +60,16 @@ func (c *Consumer[TTx]) fail(ctx context.Context, it *item, reason error, record
 			}
 		}
 	}
-	return c.deadLetter(ctx, it, reason)
+	cause := CauseExhausted
+	if record {
+		cause = CausePermanent
+	}
+	return c.deadLetter(ctx, it, reason, cause)
 }
 
 // deadLetter writes it to the dead-letter sink, retrying until it succeeds or
 // ctx ends, and marks it settled.
-func (c *Consumer[TTx]) deadLetter(ctx context.Context, it *item, reason error) error {
+func (c *Consumer[TTx]) deadLetter(ctx context.Context, it *item, reason error, cause Cause) error {
 	w := c.newWait(c.infra)
 	for {
 		err := c.cfg.DeadLetter.DeadLetter(ctx, Letter{Message: it.msg, Key: it.claim.Key, Reason: reason, Attempts: it.attempts})
@@ -79,6 +84,7 @@ func (c *Consumer[TTx]) deadLetter(ctx context.Context, it *item, reason error) 
 		}
 	}
 	c.stats.deadLettered.Add(1)
+	c.cfg.Observer.Settled(ctx, Settlement{Message: it.msg, Key: it.claim.Key, Outcome: OutcomeDeadLettered, Reason: reason, Cause: cause, Attempts: it.attempts})
 	it.settled = true
 	c.cfg.Logger.Warn("idem: message dead-lettered",
 		slog.String("message", it.msg.Coordinates()), slog.String("key", it.claim.Key.String()),

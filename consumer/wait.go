@@ -10,7 +10,7 @@ import (
 // retryWait is one retry sequence with its logging.
 type retryWait struct {
 	c interface {
-		logRetry(l string, n int, err error)
+		logRetry(ctx context.Context, lane string, n int, err error)
 	}
 	b *retry.Backoff
 	n int
@@ -20,8 +20,9 @@ func (c *Consumer[TTx]) newWait(p retry.Policy) *retryWait {
 	return &retryWait{c: c, b: p.New()}
 }
 
-func (c *Consumer[TTx]) logRetry(lane string, n int, err error) {
+func (c *Consumer[TTx]) logRetry(ctx context.Context, lane string, n int, err error) {
 	c.stats.retries.Add(1)
+	c.cfg.Observer.Retry(ctx, RetryEvent{Lane: lane, N: n, Err: err, Class: classify(err, c.cfg.Store.ClassifyError)})
 	lvl := slog.LevelDebug
 	if n >= 3 {
 		lvl = slog.LevelWarn
@@ -40,7 +41,7 @@ func (w *retryWait) next(ctx context.Context, l interface{ laneName() string }, 
 	if l != nil {
 		name = l.laneName()
 	}
-	w.c.logRetry(name, w.n, err)
+	w.c.logRetry(ctx, name, w.n, err)
 	return true, nil
 }
 

@@ -202,3 +202,10 @@ func TestInTxContextErrorIsNotConnLost(t *testing.T) {
 		})
 	}
 }
+
+func TestAdmin(t *testing.T) {
+	deduptest.RunAdmin(t, func(t *testing.T) (dedup.Store[pgx.Tx], dedup.Admin) {
+		st := newStore(t, pgstore.Config{ScopeRetention: map[string]time.Duration{"hour": time.Hour}})
+		return st, st.Admin()
+	})
+}

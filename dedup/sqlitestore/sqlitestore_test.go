@@ -143,3 +143,21 @@ func TestMissingBusinessTableStopsTheConsumer(t *testing.T) {
 		t.Errorf("acked %d, dead letters %v", src.Acked(m.ID), res.DeadLetters)
 	}
 }
+
+func TestAdmin(t *testing.T) {
+	deduptest.RunAdmin(t, func(t *testing.T) (dedup.Store[*sql.Tx], dedup.Admin) {
+		db, err := sqlitestore.Open(filepath.Join(t.TempDir(), "idem.db"), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		st, err := sqlitestore.New(db, sqlitestore.Config{ScopeRetention: map[string]time.Duration{"hour": time.Hour}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Migrate(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		return st, st.Admin()
+	})
+}

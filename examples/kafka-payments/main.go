@@ -19,6 +19,13 @@
 // three orders and publish each callback three times:
 //
 //	go run ./examples/kafka-payments -demo
+//
+// With -listen it serves /metrics (Prometheus' text format, from
+// consumer/otelconsumer through OpenTelemetry's Prometheus exporter) and
+// /healthz (consumer.Health as JSON: 200 when ready and live, 503 when not;
+// ?probe=ready for a readiness probe, ?probe=live for a liveness probe):
+//
+//	go run ./examples/kafka-payments -demo -listen 127.0.0.1:9464
 package main
 
 import (
@@ -28,9 +35,11 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -40,7 +49,9 @@ import (
 
 	"github.com/idemkit/idem/adapters/kafka"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/otelconsumer"
 	"github.com/idemkit/idem/dedup/pgstore"
+	"github.com/idemkit/idem/examples/observe"
 	"github.com/idemkit/idem/examples/payments"
 )
 
@@ -50,15 +61,16 @@ func main() {
 	topic := flag.String("topic", "payment-callbacks", "topic of the channel's callbacks")
 	group := flag.String("group", "payments-ledger", "consumer group")
 	demo := flag.Bool("demo", false, "create three orders and publish each callback three times")
+	listen := flag.String("listen", "", "serve /metrics and /healthz on this address, e.g. 127.0.0.1:9464")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := run(*brokers, *pgURL, *topic, *group, *demo, log); err != nil {
+	if err := run(*brokers, *pgURL, *topic, *group, *demo, *listen, log); err != nil {
 		log.Error("kafka-payments", slog.Any("error", err))
 		os.Exit(1)
 	}
 }
 
-func run(brokerList, pgURL, topic, group string, demo bool, log *slog.Logger) error {
+func run(brokerList, pgURL, topic, group string, demo bool, listen string, log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	brokers := strings.Split(brokerList, ",")
@@ -90,6 +102,34 @@ func run(brokerList, pgURL, topic, group string, demo bool, log *slog.Logger) er
 	if err != nil {
 		return err
 	}
+	var obs consumer.Observer
+	var health atomic.Pointer[consumer.Consumer[pgx.Tx]]
+	if listen != "" {
+		mp, metrics, err := observe.Metrics()
+		if err != nil {
+			return err
+		}
+		defer mp.Shutdown(context.Background()) //nolint:errcheck
+		tel, err := otelconsumer.New(otelconsumer.Config{System: "kafka", Group: group, MeterProvider: mp})
+		if err != nil {
+			return err
+		}
+		obs = tel
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", metrics)
+		mux.Handle("/healthz", observe.Health(func(ctx context.Context) consumer.Health {
+			if c := health.Load(); c != nil {
+				return c.Health(ctx)
+			}
+			return consumer.Health{} // not built yet: not running
+		}, 2*time.Minute))
+		addr, stop, err := observe.Serve(listen, mux)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		log.Info("serving", slog.String("metrics", "http://"+addr+"/metrics"), slog.String("health", "http://"+addr+"/healthz"))
+	}
 	c, err := consumer.New(consumer.Config[pgx.Tx]{
 		Name:            "payments-ledger",
 		Source:          src,
@@ -100,10 +140,12 @@ func run(brokerList, pgURL, topic, group string, demo bool, log *slog.Logger) er
 		MaxPayloadBytes: payments.MaxPayload,
 		DrainTimeout:    30 * time.Second,
 		Logger:          log,
+		Observer:        obs,
 	})
 	if err != nil {
 		return err
 	}
+	health.Store(c)
 
 	log.Info("consuming; Ctrl-C to stop", slog.String("topic", topic), slog.String("group", group))
 	err = c.Run(ctx) // Ctrl-C drains: what is in flight is finished and acknowledged

@@ -4,6 +4,7 @@
 //	go run ./examples/quickstart            # a human summary
 //	go run ./examples/quickstart -json      # the last line is one JSON object
 //	go run ./examples/quickstart -kafka 127.0.0.1:9092 -postgres 'postgres://postgres@127.0.0.1:5432/idem_test'
+//	go run ./examples/quickstart -metrics 127.0.0.1:9464   # and curl http://127.0.0.1:9464/metrics
 //
 // It produces a stream of payment callbacks with the duplicates real channels
 // make (gateway retries, a channel re-sending its callback three times) and
@@ -32,10 +33,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -45,9 +49,11 @@ import (
 
 	"github.com/idemkit/idem/adapters/kafka"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/otelconsumer"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/dedup/sqlitestore"
+	"github.com/idemkit/idem/examples/observe"
 	"github.com/idemkit/idem/examples/payments"
 )
 
@@ -115,13 +121,24 @@ func main() {
 	seed := flag.Uint64("seed", 1, "seed of the generated stream")
 	asJSON := flag.Bool("json", false, "print the summary as one JSON object on the last line")
 	verbose := flag.Bool("v", false, "log what idem does")
+	metricsAddr := flag.String("metrics", "", "serve the consumers' metrics on this address (e.g. 127.0.0.1:9464) at /metrics, in Prometheus' text format, and keep serving after the run until Ctrl-C")
 	flag.Parse()
 
 	logger := slog.New(slog.DiscardHandler)
 	if *verbose {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
-	sum, report, err := run(context.Background(), *kafkaAddr, *pgURL, *n, *seed, logger, os.Stderr)
+	var obs consumer.Observer
+	if *metricsAddr != "" {
+		tel, stop, err := serveMetrics(*metricsAddr, os.Stderr)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "quickstart:", err)
+			os.Exit(2)
+		}
+		defer stop()
+		obs = tel
+	}
+	sum, report, err := run(context.Background(), *kafkaAddr, *pgURL, *n, *seed, logger, os.Stderr, obs)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "quickstart:", err)
 		os.Exit(2)
@@ -136,9 +153,37 @@ func main() {
 	} else {
 		printSummary(os.Stdout, sum, report)
 	}
+	if *metricsAddr != "" {
+		fmt.Fprintf(os.Stderr, "still serving the metrics at http://%s/metrics; Ctrl-C to stop\n", *metricsAddr)
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		<-ctx.Done()
+		stop()
+	}
 	if !sum.Reconciled {
 		os.Exit(1)
 	}
+}
+
+// serveMetrics serves OpenTelemetry's Prometheus exporter at
+// http://addr/metrics, says where on w, and returns the Observer that
+// records into it (consumer/otelconsumer).
+func serveMetrics(addr string, w io.Writer) (consumer.Observer, func(), error) {
+	mp, h, err := observe.Metrics()
+	if err != nil {
+		return nil, nil, err
+	}
+	tel, err := otelconsumer.New(otelconsumer.Config{System: "kafka", MeterProvider: mp})
+	if err != nil {
+		return nil, nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", h)
+	at, stop, err := observe.Serve(addr, mux)
+	if err != nil {
+		return nil, nil, err
+	}
+	fmt.Fprintf(w, "metrics: http://%s/metrics (curl it while the run goes on, or after)\n", at)
+	return tel, func() { stop(); _ = mp.Shutdown(context.Background()) }, nil
 }
 
 func printSummary(w io.Writer, s Summary, report payments.Report) {
@@ -171,11 +216,12 @@ func printSummary(w io.Writer, s Summary, report payments.Report) {
 type backend struct {
 	db      payments.DB
 	dedup   string
-	consume func(ctx context.Context, cfg kafka.Config, dl *countingDeadLetter, logger *slog.Logger) (*runner, error)
+	consume func(ctx context.Context, cfg kafka.Config, dl *countingDeadLetter, logger *slog.Logger, obs consumer.Observer) (*runner, error)
 	close   func()
 }
 
-func run(ctx context.Context, kafkaAddr, pgURL string, n int, seed uint64, logger *slog.Logger, progress io.Writer) (Summary, payments.Report, error) {
+// run runs the quickstart; obs, when not nil, observes both consumers.
+func run(ctx context.Context, kafkaAddr, pgURL string, n int, seed uint64, logger *slog.Logger, progress io.Writer, obs consumer.Observer) (Summary, payments.Report, error) {
 	var sum Summary
 	brokers := []string{kafkaAddr}
 	if kafkaAddr == "" {
@@ -225,7 +271,7 @@ func run(ctx context.Context, kafkaAddr, pgURL string, n int, seed uint64, logge
 	// First consumer: settles the first half and commits its offsets, then
 	// crashes. The crash comes at a settled point, so that a run depends on
 	// its seed alone.
-	first, err := b.consume(ctx, cfg, dl, logger)
+	first, err := b.consume(ctx, cfg, dl, logger, obs)
 	if err != nil {
 		return sum, payments.Report{}, err
 	}
@@ -245,7 +291,7 @@ func run(ctx context.Context, kafkaAddr, pgURL string, n int, seed uint64, logge
 		return sum, payments.Report{}, err
 	}
 	// Second consumer: same group, starts from the committed offsets.
-	second, err := b.consume(ctx, cfg, dl, logger)
+	second, err := b.consume(ctx, cfg, dl, logger, obs)
 	if err != nil {
 		return sum, payments.Report{}, err
 	}
@@ -307,8 +353,8 @@ func openBackend(ctx context.Context, pgURL string) (*backend, error) {
 		h := payments.Handler(func(tx *sql.Tx) payments.DB { return payments.SQL(tx) })
 		return &backend{
 			db: payments.SQL(db), dedup: `"idem_dedup"`,
-			consume: func(ctx context.Context, cfg kafka.Config, dl *countingDeadLetter, logger *slog.Logger) (*runner, error) {
-				return start(ctx, cfg, dl, st, h, logger)
+			consume: func(ctx context.Context, cfg kafka.Config, dl *countingDeadLetter, logger *slog.Logger, obs consumer.Observer) (*runner, error) {
+				return start(ctx, cfg, dl, st, h, logger, obs)
 			},
 			close: func() { db.Close(); os.RemoveAll(dir) },
 		}, nil
@@ -345,8 +391,8 @@ func openBackend(ctx context.Context, pgURL string) (*backend, error) {
 	h := payments.Handler(func(tx pgx.Tx) payments.DB { return payments.Pgx(tx) })
 	return &backend{
 		db: payments.Pgx(pool), dedup: st.Table(),
-		consume: func(ctx context.Context, cfg kafka.Config, dl *countingDeadLetter, logger *slog.Logger) (*runner, error) {
-			return start(ctx, cfg, dl, st, h, logger)
+		consume: func(ctx context.Context, cfg kafka.Config, dl *countingDeadLetter, logger *slog.Logger, obs consumer.Observer) (*runner, error) {
+			return start(ctx, cfg, dl, st, h, logger, obs)
 		},
 		close: func() {
 			pool.Close()
@@ -375,7 +421,7 @@ func (r *runner) Stop(ctx context.Context) error {
 	return errors.Join(err, <-r.done)
 }
 
-func start[TTx any](ctx context.Context, cfg kafka.Config, dl *countingDeadLetter, st dedup.Store[TTx], h consumer.Handler[TTx], logger *slog.Logger) (*runner, error) {
+func start[TTx any](ctx context.Context, cfg kafka.Config, dl *countingDeadLetter, st dedup.Store[TTx], h consumer.Handler[TTx], logger *slog.Logger, obs consumer.Observer) (*runner, error) {
 	src, err := kafka.New(cfg)
 	if err != nil {
 		return nil, err
@@ -383,7 +429,7 @@ func start[TTx any](ctx context.Context, cfg kafka.Config, dl *countingDeadLette
 	c, err := consumer.New(consumer.Config[TTx]{
 		Name: scope, Source: src, Store: st, Handler: h, DeadLetter: dl.of(src), // src writes to Config.DeadLetterTopic
 		Key: consumer.ByJSONField(payments.KeyField), MaxPayloadBytes: payments.MaxPayload,
-		Logger: logger,
+		Logger: logger, Observer: obs,
 	})
 	if err != nil {
 		return nil, err

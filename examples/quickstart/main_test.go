@@ -4,7 +4,12 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net/http"
+	"strings"
 	"testing"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/idemkit/idem/internal/testenv"
 )
@@ -37,7 +42,7 @@ func check(t *testing.T, sum Summary, report any) {
 func TestQuickstartZeroSetup(t *testing.T) {
 	var sums []Summary
 	for range 2 {
-		sum, report, err := run(context.Background(), "", "", 600, 3, quiet, io.Discard)
+		sum, report, err := run(context.Background(), "", "", 600, 3, quiet, io.Discard, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -57,9 +62,64 @@ func TestQuickstartZeroSetup(t *testing.T) {
 func TestQuickstartRealServices(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	pg := testenv.PostgresURL(t)
-	sum, report, err := run(context.Background(), brokers[0], pg, 600, 4, quiet, io.Discard)
+	sum, report, err := run(context.Background(), brokers[0], pg, 600, 4, quiet, io.Discard, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	check(t, sum, report)
+}
+
+// TestQuickstartMetrics runs the quickstart as -metrics does: it prints
+// where /metrics is served, and what a scrape reads there adds up to the
+// summary's counts.
+func TestQuickstartMetrics(t *testing.T) {
+	var where strings.Builder
+	obs, stop, err := serveMetrics("127.0.0.1:0", &where)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	url := strings.Fields(strings.TrimPrefix(where.String(), "metrics: "))[0]
+	if !strings.HasPrefix(where.String(), "metrics: http://127.0.0.1:") || !strings.HasSuffix(url, "/metrics") {
+		t.Fatalf("the quickstart says %q", where.String())
+	}
+	sum, report, err := run(context.Background(), "", "", 300, 5, quiet, io.Discard, obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(t, sum, report)
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counter := func(name string) int64 {
+		var n float64
+		for _, m := range fams[name].GetMetric() {
+			n += m.GetCounter().GetValue()
+		}
+		return int64(n)
+	}
+	for name, want := range map[string]int64{
+		"messaging_client_consumed_messages_total": sum.Delivered,
+		"idem_consumer_applied_total":              sum.Applied,
+		"idem_consumer_duplicates_total":           sum.DuplicatesSkipped,
+		"idem_consumer_dead_letters_total":         sum.DeadLetterWrites,
+	} {
+		if got := counter(name); got != want {
+			t.Errorf("%s = %d, the summary says %d", name, got, want)
+		}
+	}
+	var ages uint64
+	for _, m := range fams["idem_consumer_duplicate_age_seconds"].GetMetric() {
+		ages += m.GetHistogram().GetSampleCount()
+	}
+	if int64(ages) != sum.DuplicatesSkipped {
+		t.Errorf("%d duplicate ages, %d duplicates", ages, sum.DuplicatesSkipped)
+	}
 }

@@ -13,7 +13,7 @@
 //     and dlq (a consumer.DeadLetter), as the README's handler block builds
 //     them; and the imports listed in fragmentImports — the
 //     standard library packages a handler uses, pgx, and idem's own packages
-//     under their last path element (consumer, consumertest, dedup, memstore,
+//     under their last path element (consumer, consumertest, otelconsumer, dedup, memstore,
 //     pgstore, sqlitestore, kafka, rocketmq). A fragment declares everything
 //     else it uses and checks its errors, as code a user copies should.
 //   - A block whose first line is "// readme: not compiled: <reason>" is left

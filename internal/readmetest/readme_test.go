@@ -40,6 +40,7 @@ var fragmentImports = []struct{ path, use string }{
 	{"github.com/idemkit/idem/adapters/rocketmq", "rocketmq.New"},
 	{"github.com/idemkit/idem/consumer", "consumer.Permanent"},
 	{"github.com/idemkit/idem/consumer/consumertest", "consumertest.Message"},
+	{"github.com/idemkit/idem/consumer/otelconsumer", "otelconsumer.New"},
 	{"github.com/idemkit/idem/dedup", "dedup.FingerprintOf"},
 	{"github.com/idemkit/idem/dedup/memstore", "memstore.New"},
 	{"github.com/idemkit/idem/dedup/pgstore", "pgstore.New"},

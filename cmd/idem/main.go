@@ -1,0 +1,223 @@
+// Command idem operates idem's dedup table: migrate it, see what it holds,
+// let failed keys through again, send dead letters back to their topic,
+// purge expired rows, and check retention against the duplicates seen.
+//
+//	idem status                      rows by scope and outcome
+//	idem release --scope pay 4200…   delete a failed row, after a confirmation
+//	idem redrive --topic pay.dlq     send dead letters whose keys were released back
+//
+// Run `idem --help` for every subcommand and its flags. Postgres is chosen
+// with --pg or IDEM_PG_URL, SQLite with --sqlite or IDEM_SQLITE; Kafka's
+// brokers with --brokers or IDEM_KAFKA_BROKERS.
+//
+// Exit status: 0 done; 1 an error (the database or broker failed); 2 a
+// usage error; 3 done in part: a key not found or not released, a dead
+// letter refused, retention below the duplicates seen; 4 not confirmed,
+// nothing changed.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Exit statuses.
+const (
+	exitOK           = 0
+	exitError        = 1
+	exitUsage        = 2
+	exitPartial      = 3
+	exitNotConfirmed = 4
+)
+
+// env is what a command runs with: its streams and the environment.
+type env struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	getenv         func(string) string
+	interactive    bool // stdin is a terminal: ask before changing anything
+}
+
+// command is one subcommand.
+type command struct {
+	name, args, short string
+	long              string
+	run               func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) int
+}
+
+// commands lists the subcommands, in the order --help shows them.
+func commands() []command {
+	return []command{
+		{"migrate", "", "create or upgrade the dedup table", "Creates the dedup table (and on Postgres its migrations table) when missing, as Store.Migrate does.", runMigrate},
+		{"status", "", "rows by scope and outcome, the oldest of each", "Counts the rows by scope and outcome, with the oldest key of each, the rows expired and waiting for purge, and the retention the rows were written with.", runStatus},
+		{"show", "KEY", "a key's outcome, when, fingerprint, reason", "Shows the rows of KEY: in --scope, or in every scope (a scan of the table).", runShow},
+		{"failed", "", "list failed keys (filter by scope, age, reason)", "Lists failed rows, oldest first: keys whose message failed for good and was dead-lettered. A later message with such a key is dead-lettered without running the handler until the row is released.", runFailed},
+		{"release", "KEY...", "delete failed rows, so a redelivery runs again", "Deletes the failed rows of the keys in --scope (never a done row), so that the next message with the key runs the handler. It shows what it will delete and asks first; --yes does not ask, --dry-run only shows.", runRelease},
+		{"redrive", "", "send dead letters back to their topic", "Reads a Kafka dead-letter topic from where the last redrive stopped (a consumer group's offsets, --group) to its end as it was at the start, and sends each letter back to its original topic and partition with lineage headers (idem-original-*, idem-redrive-count, idem-redriven-from). A letter whose key is not released — a failed row (unless --release) or a done row — is refused: its partition stops there, so that a later run starts with it. A letter without a key, or whose value was left out, is refused too (--skip passes refused letters by).", runRedrive},
+		{"purge", "", "delete expired rows now", "Deletes the rows past their retention in bounded batches, as a cron job calling Purge would.", runPurge},
+		{"retention", "", "check retention against the ages of duplicates", "Compares each scope's retention with the ages at which duplicates arrived: from a consumer's Prometheus /metrics (--metrics URL, the histogram idem_consumer_duplicate_age_seconds of consumer/otelconsumer). Retention should stay above the 99.9th percentile of those ages, with a margin.", runRetention},
+	}
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	fi, err := os.Stdin.Stat()
+	interactive := err == nil && fi.Mode()&os.ModeCharDevice != 0
+	os.Exit(run(ctx, os.Args[1:], &env{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv, interactive: interactive}))
+}
+
+func usage(w io.Writer) {
+	fmt.Fprint(w, `idem operates idem's dedup table and dead letters.
+
+Usage: idem COMMAND [flags] [args]
+
+Commands:
+`)
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-10s %-8s %s\n", c.name, c.args, c.short)
+	}
+	fmt.Fprint(w, `
+The store: --pg URL or IDEM_PG_URL (Postgres; --schema/IDEM_PG_SCHEMA, default
+public), or --sqlite PATH or IDEM_SQLITE; --table/IDEM_TABLE, default idem_dedup.
+Kafka (redrive): --brokers or IDEM_KAFKA_BROKERS, host:port[,host:port].
+Every command takes --json: one JSON document on stdout.
+
+Exit status: 0 done; 1 an error; 2 a usage error; 3 done in part (a key not
+found or not released, a dead letter refused, retention too short); 4 not
+confirmed, nothing changed.
+
+Run 'idem COMMAND --help' for a command's flags.
+`)
+}
+
+func run(ctx context.Context, args []string, e *env) int {
+	if len(args) == 0 {
+		usage(e.stderr)
+		return exitUsage
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		usage(e.stdout)
+		return exitOK
+	}
+	for _, c := range commands() {
+		if c.name != args[0] {
+			continue
+		}
+		fs := flag.NewFlagSet("idem "+c.name, flag.ContinueOnError)
+		fs.SetOutput(e.stderr)
+		fs.Usage = func() {
+			fmt.Fprintf(fs.Output(), "Usage: idem %s [flags] %s\n\n%s\n\nFlags:\n", c.name, c.args, wrap(c.long, 78))
+			fs.PrintDefaults()
+		}
+		return c.run(ctx, e, fs, args[1:])
+	}
+	fmt.Fprintf(e.stderr, "idem: unknown command %q\n\n", args[0])
+	usage(e.stderr)
+	return exitUsage
+}
+
+// parse parses flags, allowing them after the positional arguments too
+// (idem show KEY --scope pay).
+func parse(fs *flag.FlagSet, args []string) ([]string, int, bool) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, exitOK, false
+			}
+			return nil, exitUsage, false
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, 0, true
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+func fail(e *env, err error) int {
+	fmt.Fprintln(e.stderr, "idem:", err)
+	return exitError
+}
+
+func usageErr(e *env, fs *flag.FlagSet, format string, args ...any) int {
+	fmt.Fprintf(e.stderr, "idem %s: %s\n", strings.TrimPrefix(fs.Name(), "idem "), fmt.Sprintf(format, args...))
+	return exitUsage
+}
+
+func printJSON(e *env, v any) {
+	enc := json.NewEncoder(e.stdout)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// confirm asks a yes/no question on stdin; anything but y or yes is no.
+func confirm(e *env, question string) bool {
+	fmt.Fprintf(e.stderr, "%s [y/N] ", question)
+	var answer string
+	_, _ = fmt.Fscanln(e.stdin, &answer)
+	answer = strings.ToLower(strings.TrimSpace(answer))
+	return answer == "y" || answer == "yes"
+}
+
+// age prints how long ago t was, roughly.
+func age(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return duration(time.Since(t))
+}
+
+func duration(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "0s"
+	case d < time.Minute:
+		return d.Round(time.Second).String()
+	case d < time.Hour:
+		return d.Round(time.Minute).String()
+	case d < 48*time.Hour:
+		return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
+	default:
+		return fmt.Sprintf("%.1fd", d.Hours()/24)
+	}
+}
+
+func wrap(s string, width int) string {
+	var b strings.Builder
+	line := 0
+	for _, w := range strings.Fields(s) {
+		if line > 0 && line+1+len(w) > width {
+			b.WriteByte('\n')
+			line = 0
+		} else if line > 0 {
+			b.WriteByte(' ')
+			line++
+		}
+		b.WriteString(w)
+		line += len(w)
+	}
+	return b.String()
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,73 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/dedup/pgstore"
+	"github.com/idemkit/idem/dedup/sqlitestore"
+)
+
+// storeFlags choose the store.
+type storeFlags struct {
+	pg, sqlite, schema, table string
+	json                      bool
+}
+
+func (f *storeFlags) register(fs *flag.FlagSet, e *env) {
+	fs.StringVar(&f.pg, "pg", e.getenv("IDEM_PG_URL"), "Postgres URL (env IDEM_PG_URL)")
+	fs.StringVar(&f.sqlite, "sqlite", e.getenv("IDEM_SQLITE"), "SQLite database file (env IDEM_SQLITE)")
+	fs.StringVar(&f.schema, "schema", or(e.getenv("IDEM_PG_SCHEMA"), "public"), "Postgres schema of the table (env IDEM_PG_SCHEMA)")
+	fs.StringVar(&f.table, "table", or(e.getenv("IDEM_TABLE"), "idem_dedup"), "the dedup table (env IDEM_TABLE)")
+	fs.BoolVar(&f.json, "json", false, "print one JSON document")
+}
+
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+var errNoStore = errors.New("no store: set --pg or IDEM_PG_URL (Postgres), or --sqlite or IDEM_SQLITE")
+
+// open opens the store the flags name; close it when done. Only migrate
+// creates an SQLite file that is not there.
+func (f *storeFlags) open(ctx context.Context, create bool) (dedup.Admin, func(), error) {
+	switch {
+	case f.pg != "" && f.sqlite != "":
+		return nil, nil, errors.New("both a Postgres URL and an SQLite file: choose one")
+	case f.pg != "":
+		pool, err := pgxpool.New(ctx, f.pg)
+		if err != nil {
+			return nil, nil, fmt.Errorf("postgres: %w", err)
+		}
+		st, err := pgstore.New(pool, pgstore.Config{Schema: f.schema, Table: f.table})
+		if err != nil {
+			pool.Close()
+			return nil, nil, err
+		}
+		return st.Admin(), pool.Close, nil
+	case f.sqlite != "":
+		if _, err := os.Stat(f.sqlite); err != nil && !create {
+			return nil, nil, fmt.Errorf("sqlite: %w", err)
+		}
+		db, err := sqlitestore.Open(f.sqlite, 0)
+		if err != nil {
+			return nil, nil, err
+		}
+		st, err := sqlitestore.New(db, sqlitestore.Config{Table: f.table})
+		if err != nil {
+			db.Close()
+			return nil, nil, err
+		}
+		return st.Admin(), func() { _ = db.Close() }, nil
+	}
+	return nil, nil, errNoStore
+}

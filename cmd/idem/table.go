@@ -1,0 +1,321 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/idemkit/idem/dedup"
+)
+
+// rowJSON is a dedup row as --json prints it.
+type rowJSON struct {
+	Scope       string     `json:"scope"`
+	Key         string     `json:"key"`
+	Outcome     string     `json:"outcome"`
+	Reason      string     `json:"reason,omitempty"`
+	Source      string     `json:"source,omitempty"`
+	Fingerprint string     `json:"fingerprint"`
+	CreatedAt   time.Time  `json:"created_at"`
+	ExpiresAt   *time.Time `json:"expires_at"` // null: kept for ever
+}
+
+func toJSON(rows []dedup.Row) []rowJSON {
+	out := make([]rowJSON, 0, len(rows))
+	for _, r := range rows {
+		j := rowJSON{Scope: r.Key.Scope, Key: r.Key.ID, Outcome: r.Outcome, Reason: r.Reason, Source: r.Source,
+			Fingerprint: hex.EncodeToString(r.Fingerprint[:]), CreatedAt: r.CreatedAt.UTC()}
+		if !r.ExpiresAt.IsZero() {
+			exp := r.ExpiresAt.UTC()
+			j.ExpiresAt = &exp
+		}
+		out = append(out, j)
+	}
+	return out
+}
+
+func printRows(e *env, rows []dedup.Row) {
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SCOPE\tKEY\tOUTCOME\tAGE\tSOURCE\tREASON")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Key.Scope, r.Key.ID, r.Outcome, age(r.CreatedAt), r.Source, oneLine(r.Reason, 80))
+	}
+	tw.Flush()
+}
+
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > n {
+		s = s[:n-1] + "…"
+	}
+	return s
+}
+
+func runMigrate(ctx context.Context, e *env, fs *flag.FlagSet, args []string) int {
+	var sf storeFlags
+	sf.register(fs, e)
+	if _, code, ok := parse(fs, args); !ok {
+		return code
+	}
+	admin, closeStore, err := sf.open(ctx, true)
+	if err != nil {
+		return fail(e, err)
+	}
+	defer closeStore()
+	if err := admin.Migrate(ctx); err != nil {
+		return fail(e, err)
+	}
+	if sf.json {
+		printJSON(e, map[string]any{"migrated": sf.table})
+	} else {
+		fmt.Fprintf(e.stdout, "migrated %s\n", sf.table)
+	}
+	return exitOK
+}
+
+type summaryJSON struct {
+	Scope        string    `json:"scope"`
+	Outcome      string    `json:"outcome"`
+	Rows         int64     `json:"rows"`
+	Expired      int64     `json:"expired"`
+	OldestKey    string    `json:"oldest_key"`
+	OldestAt     time.Time `json:"oldest_at"`
+	RetentionSec float64   `json:"retention_seconds"` // the longest among the rows
+	Forever      bool      `json:"forever"`           // some rows are kept for ever
+}
+
+func runStatus(ctx context.Context, e *env, fs *flag.FlagSet, args []string) int {
+	var sf storeFlags
+	sf.register(fs, e)
+	if _, code, ok := parse(fs, args); !ok {
+		return code
+	}
+	admin, closeStore, err := sf.open(ctx, false)
+	if err != nil {
+		return fail(e, err)
+	}
+	defer closeStore()
+	sum, err := admin.Summary(ctx)
+	if err != nil {
+		return fail(e, err)
+	}
+	if sf.json {
+		out := make([]summaryJSON, 0, len(sum))
+		for _, s := range sum {
+			out = append(out, summaryJSON{s.Scope, s.Outcome, s.Rows, s.Expired, s.OldestKey, s.OldestAt.UTC(), s.Retention.Seconds(), s.Forever})
+		}
+		printJSON(e, out)
+		return exitOK
+	}
+	if len(sum) == 0 {
+		fmt.Fprintln(e.stdout, "no rows")
+		return exitOK
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "SCOPE\tOUTCOME\tROWS\tEXPIRED\tOLDEST\tRETENTION\t OLDEST KEY\t")
+	for _, s := range sum {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t %s\t\n", s.Scope, s.Outcome, s.Rows, s.Expired, age(s.OldestAt), retention(s), s.OldestKey)
+	}
+	tw.Flush()
+	return exitOK
+}
+
+func retention(s dedup.ScopeSummary) string {
+	switch {
+	case s.Forever:
+		return "forever"
+	case s.Retention == 0:
+		return "-"
+	}
+	return duration(s.Retention)
+}
+
+func runShow(ctx context.Context, e *env, fs *flag.FlagSet, args []string) int {
+	var sf storeFlags
+	sf.register(fs, e)
+	scope := fs.String("scope", e.getenv("IDEM_SCOPE"), "the key's scope, the consumer's Name (env IDEM_SCOPE); empty: every scope")
+	pos, code, ok := parse(fs, args)
+	if !ok {
+		return code
+	}
+	if len(pos) != 1 {
+		return usageErr(e, fs, "want one KEY, got %d arguments", len(pos))
+	}
+	admin, closeStore, err := sf.open(ctx, false)
+	if err != nil {
+		return fail(e, err)
+	}
+	defer closeStore()
+	rows, err := admin.Find(ctx, *scope, pos[0])
+	if err != nil {
+		return fail(e, err)
+	}
+	if sf.json {
+		printJSON(e, toJSON(rows))
+	} else {
+		for i, r := range rows {
+			if i > 0 {
+				fmt.Fprintln(e.stdout)
+			}
+			exp := "never"
+			if !r.ExpiresAt.IsZero() {
+				exp = r.ExpiresAt.UTC().Format(time.RFC3339) + " (in " + duration(time.Until(r.ExpiresAt)) + ")"
+			}
+			fmt.Fprintf(e.stdout, "scope        %s\nkey          %s\noutcome      %s\ncreated      %s (%s ago)\nexpires      %s\nfingerprint  %x\nsource       %s\n",
+				r.Key.Scope, r.Key.ID, r.Outcome, r.CreatedAt.UTC().Format(time.RFC3339), age(r.CreatedAt), exp, r.Fingerprint[:], r.Source)
+			if r.Reason != "" {
+				fmt.Fprintf(e.stdout, "reason       %s\n", r.Reason)
+			}
+		}
+	}
+	if len(rows) == 0 {
+		fmt.Fprintf(e.stderr, "idem: key %q not found\n", pos[0])
+		return exitPartial
+	}
+	return exitOK
+}
+
+func runFailed(ctx context.Context, e *env, fs *flag.FlagSet, args []string) int {
+	var sf storeFlags
+	sf.register(fs, e)
+	var f dedup.RowFilter
+	fs.StringVar(&f.Scope, "scope", e.getenv("IDEM_SCOPE"), "only this scope (env IDEM_SCOPE)")
+	fs.DurationVar(&f.OlderThan, "older-than", 0, "only rows at least this old (e.g. 24h)")
+	fs.DurationVar(&f.NewerThan, "newer-than", 0, "only rows at most this old")
+	fs.StringVar(&f.Reason, "reason", "", "only rows whose reason contains this text")
+	fs.IntVar(&f.Limit, "limit", 100, "at most this many rows, oldest first")
+	if _, code, ok := parse(fs, args); !ok {
+		return code
+	}
+	admin, closeStore, err := sf.open(ctx, false)
+	if err != nil {
+		return fail(e, err)
+	}
+	defer closeStore()
+	rows, err := admin.Failed(ctx, f)
+	if err != nil {
+		return fail(e, err)
+	}
+	if sf.json {
+		printJSON(e, toJSON(rows))
+		return exitOK
+	}
+	if len(rows) == 0 {
+		fmt.Fprintln(e.stdout, "no failed rows")
+		return exitOK
+	}
+	printRows(e, rows)
+	return exitOK
+}
+
+func runRelease(ctx context.Context, e *env, fs *flag.FlagSet, args []string) int {
+	var sf storeFlags
+	sf.register(fs, e)
+	scope := fs.String("scope", e.getenv("IDEM_SCOPE"), "the keys' scope, the consumer's Name (env IDEM_SCOPE); required")
+	dry := fs.Bool("dry-run", false, "show what would be released; change nothing")
+	yes := fs.Bool("yes", false, "do not ask")
+	pos, code, ok := parse(fs, args)
+	if !ok {
+		return code
+	}
+	switch {
+	case *scope == "":
+		return usageErr(e, fs, "--scope is required: a key is released in one scope")
+	case len(pos) == 0:
+		return usageErr(e, fs, "no KEY given")
+	}
+	keys := make([]dedup.Key, len(pos))
+	for i, id := range pos {
+		keys[i] = dedup.Key{Scope: *scope, ID: id}
+	}
+	admin, closeStore, err := sf.open(ctx, false)
+	if err != nil {
+		return fail(e, err)
+	}
+	defer closeStore()
+	rows, err := admin.Release(ctx, keys, true)
+	if err != nil {
+		return fail(e, err)
+	}
+	if !*dry && len(rows) > 0 {
+		if !*yes {
+			if !sf.json {
+				printRows(e, rows)
+			}
+			if !confirm(e, fmt.Sprintf("release %d failed key(s) in %s, so that their next message runs the handler again?", len(rows), *scope)) {
+				fmt.Fprintln(e.stderr, "idem: not confirmed; nothing released (--yes does not ask)")
+				return exitNotConfirmed
+			}
+		}
+		if rows, err = admin.Release(ctx, keys, false); err != nil {
+			return fail(e, err)
+		}
+	}
+	released := map[string]bool{}
+	for _, r := range rows {
+		released[r.Key.ID] = true
+	}
+	var missing []string
+	for _, id := range pos {
+		if !released[id] {
+			missing = append(missing, id)
+		}
+	}
+	verb := "released"
+	if *dry {
+		verb = "would release"
+	}
+	if sf.json {
+		printJSON(e, map[string]any{"dry_run": *dry, "released": toJSON(rows), "not_failed": missing})
+	} else {
+		for _, r := range rows {
+			fmt.Fprintf(e.stdout, "%s %s %s (failed %s ago: %s)\n", verb, r.Key.Scope, r.Key.ID, age(r.CreatedAt), oneLine(r.Reason, 100))
+		}
+	}
+	if len(missing) > 0 {
+		fmt.Fprintf(e.stderr, "idem: not released, no failed row in %s (not found, or done): %s\n", *scope, strings.Join(missing, " "))
+		return exitPartial
+	}
+	return exitOK
+}
+
+func runPurge(ctx context.Context, e *env, fs *flag.FlagSet, args []string) int {
+	var sf storeFlags
+	sf.register(fs, e)
+	limit := fs.Int("limit", 1000, "rows per batch (one short transaction each)")
+	maxBatches := fs.Int("max-batches", 0, "stop after this many batches; 0: until no expired row is left")
+	if _, code, ok := parse(fs, args); !ok {
+		return code
+	}
+	if *limit <= 0 {
+		return usageErr(e, fs, "--limit must be positive")
+	}
+	admin, closeStore, err := sf.open(ctx, false)
+	if err != nil {
+		return fail(e, err)
+	}
+	defer closeStore()
+	total, batches := 0, 0
+	for *maxBatches == 0 || batches < *maxBatches {
+		n, err := admin.Purge(ctx, *limit)
+		if err != nil {
+			fmt.Fprintf(e.stderr, "idem: purged %d rows before: %v\n", total, err)
+			return exitError
+		}
+		total += n
+		batches++
+		if n < *limit {
+			break
+		}
+	}
+	if sf.json {
+		printJSON(e, map[string]any{"purged": total, "batches": batches})
+	} else {
+		fmt.Fprintf(e.stdout, "purged %d expired rows in %d batches\n", total, batches)
+	}
+	return exitOK
+}

@@ -1,0 +1,94 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+)
+
+// Health is what a probe should look at: whether the consumer runs, whether
+// its store answers, whether any lane stopped, and whether the messages it
+// holds make progress.
+type Health struct {
+	Running bool // Run was called and has not returned
+	// Fatal is why the consumer stopped itself (a broken deployment).
+	Fatal error
+	// Store is Store.Check's error: nil when the database answers and the
+	// table is migrated.
+	Store error
+	// StoppedLanes are lanes stopped by StopLaneOnExhausted or a broken
+	// deployment: nothing more of their partitions is processed until the
+	// consumer restarts.
+	StoppedLanes []string
+	// InFlight is how many delivered messages are not settled or released
+	// yet; LastProgress is when a batch was last acknowledged, or Run
+	// started (zero: not started).
+	InFlight     int64
+	LastProgress time.Time
+}
+
+// Health checks the store (Store.Check, bounded by ctx) and reports the
+// consumer's state. It is safe to call at any time, from any goroutine.
+func (c *Consumer[TTx]) Health(ctx context.Context) Health {
+	h := Health{Store: c.cfg.Store.Check(ctx)}
+	c.runMu.Lock()
+	h.Fatal = c.fatalErr
+	h.Running = c.started && !c.isDone()
+	c.runMu.Unlock()
+	c.lanesMu.Lock()
+	for name, l := range c.lanes {
+		if l.stopped() {
+			h.StoppedLanes = append(h.StoppedLanes, name)
+		}
+	}
+	c.lanesMu.Unlock()
+	sort.Strings(h.StoppedLanes)
+	s := c.Stats()
+	h.InFlight = s.Delivered - s.Applied - s.Duplicates - s.DeadLettered - s.Released
+	if ns := c.progress.Load(); ns != 0 {
+		h.LastProgress = time.Unix(0, ns)
+	}
+	return h
+}
+
+func (c *Consumer[TTx]) isDone() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Ready reports whether the consumer can do its work — a readiness probe:
+// it runs and its store answers. A database that went away makes it not
+// ready; the consumer waits it out.
+func (h Health) Ready() error {
+	switch {
+	case !h.Running:
+		return errors.New("consumer: not running")
+	case h.Store != nil:
+		return fmt.Errorf("consumer: store: %w", h.Store)
+	}
+	return nil
+}
+
+// Live reports whether the consumer is doing its work — a liveness probe:
+// it did not stop itself, no lane stopped, and when it holds messages, a
+// batch was acknowledged within stall. An idle consumer is live, and so is
+// one waiting for its store (that is Ready's business: a restart would not
+// bring the database back). A stopped lane needs an operator (the message
+// that stopped it is in the log) and a restart; so does a broken deployment.
+func (h Health) Live(stall time.Duration) error {
+	switch {
+	case h.Fatal != nil:
+		return fmt.Errorf("consumer: stopped: %w", h.Fatal)
+	case len(h.StoppedLanes) > 0:
+		return fmt.Errorf("consumer: lanes stopped: %v", h.StoppedLanes)
+	case h.Store == nil && h.InFlight > 0 && !h.LastProgress.IsZero() && time.Since(h.LastProgress) > stall:
+		return fmt.Errorf("consumer: %d messages in flight, no progress for %v", h.InFlight, time.Since(h.LastProgress).Round(time.Second))
+	}
+	return nil
+}

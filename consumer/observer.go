@@ -1,0 +1,159 @@
+package consumer
+
+import (
+	"context"
+	"time"
+
+	"github.com/idemkit/idem/dedup"
+)
+
+// An Observer sees the engine's events. Telemetry is a view of them:
+// consumer/otelconsumer turns them into OpenTelemetry metrics and traces, as
+// Stats counts them. Config.Observer; default none.
+//
+// A lane calls its Observer from its own goroutine, per batch in this order:
+//
+//	BatchStart            a lane took messages into a batch
+//	  TxStart, TxEnd      per transaction: the batch's first, a retry, a part of a split batch
+//	  Settled             per message: applied, skipped as a duplicate, or dead-lettered
+//	  Retry               before each wait to retry
+//	BatchEnd              the settled messages were acknowledged, the rest released
+//
+// Lanes call concurrently. An Observer must be quick (the lane waits for it)
+// and must not keep the slices it is given past the call; the messages
+// themselves stay valid. Embed NopObserver to implement only some methods.
+type Observer interface {
+	// BatchStart returns the batch's context: its transactions, handlers,
+	// dead letters and acknowledgements run under it, so that a tracer's
+	// span for the batch is their parent.
+	BatchStart(ctx context.Context, b Batch) context.Context
+	// TxStart returns the context of a transaction over n of the batch's
+	// messages: the store and the handlers run under it.
+	TxStart(ctx context.Context, n int) context.Context
+	// TxEnd is called with TxStart's context when the transaction ended.
+	TxEnd(ctx context.Context, t TxEvent)
+	// Settled is called for each message the batch settled.
+	Settled(ctx context.Context, s Settlement)
+	// Retry is called before the lane waits to retry after a failure.
+	Retry(ctx context.Context, r RetryEvent)
+	// BatchEnd is called with BatchStart's context, after the acknowledgement.
+	BatchEnd(ctx context.Context, b Batch)
+}
+
+// Batch is one batch of a lane.
+type Batch struct {
+	Consumer string     // Config.Name
+	Lane     string     // the partition or queue
+	Messages []*Message // in delivery order
+	// At BatchEnd: what was acknowledged (settled) and released (given back
+	// unacknowledged, for the broker to deliver again), and the Source's
+	// error from Ack, if any.
+	Acked, Released []*Message
+	AckErr          error
+}
+
+// TxEvent is one transaction: one claim of every key, the handlers of the new
+// ones, one COMMIT.
+type TxEvent struct {
+	Messages int // claimed in it
+	Start    time.Time
+	// ClaimStart and ClaimEnd bracket Store.Claim; zero when the
+	// transaction failed before it (BEGIN). ClaimErr is Claim's error.
+	ClaimStart, ClaimEnd time.Time
+	ClaimErr             error
+	// CommitStart is when the handlers were done and COMMIT began; zero
+	// when the transaction failed before COMMIT.
+	CommitStart time.Time
+	End         time.Time
+	// Err is why the transaction failed (nil: committed), Class what the
+	// consumer made of it: a conflict (deadlock, serialization failure, a
+	// key in flight) is dedup.ClassConflict.
+	Err   error
+	Class dedup.ErrorClass
+}
+
+// Outcome is how a message was settled.
+type Outcome uint8
+
+const (
+	OutcomeApplied      Outcome = iota + 1 // its handler's effects committed
+	OutcomeDuplicate                       // skipped: its key was claimed before
+	OutcomeDeadLettered                    // written to the dead-letter sink
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case OutcomeApplied:
+		return "applied"
+	case OutcomeDuplicate:
+		return "duplicate"
+	case OutcomeDeadLettered:
+		return "dead_lettered"
+	}
+	return "unknown"
+}
+
+// Cause says why a message was dead-lettered.
+type Cause uint8
+
+const (
+	CauseBadInput     Cause = iota + 1 // no key, an invalid key, Validate refused it, too large: no row recorded
+	CauseMismatch                      // its key was applied before with another payload
+	CauseFailedBefore                  // its key was recorded as failed before
+	CausePermanent                     // Permanent, a constraint violation: recorded as failed
+	CauseExhausted                     // its retries ran out
+)
+
+func (c Cause) String() string {
+	switch c {
+	case CauseBadInput:
+		return "bad_input"
+	case CauseMismatch:
+		return "fingerprint_mismatch"
+	case CauseFailedBefore:
+		return "failed_before"
+	case CausePermanent:
+		return "permanent"
+	case CauseExhausted:
+		return "exhausted"
+	}
+	return "unknown"
+}
+
+// Settlement is one message settled.
+type Settlement struct {
+	Message *Message
+	Key     dedup.Key // zero for CauseBadInput
+	Outcome Outcome
+	// OutcomeDuplicate: when the key was first claimed (store clock) and how old
+	// it was when the duplicate arrived, as in Duplicate.
+	FirstAt time.Time
+	Age     time.Duration
+	// OutcomeDeadLettered: why, and the failures charged to the message.
+	Reason   error
+	Cause    Cause
+	Attempts int
+}
+
+// RetryEvent is a wait before a retry.
+type RetryEvent struct {
+	Lane string // empty for the store's and the dead-letter sink's retries
+	N    int    // 1 for the first retry of a sequence
+	Err  error
+	// Class: dedup.ClassConflict for a conflict with another transaction,
+	// ClassUnavailable for the database away.
+	Class dedup.ErrorClass
+}
+
+// NopObserver observes nothing. Embed it to implement some of Observer's
+// methods.
+type NopObserver struct{}
+
+func (NopObserver) BatchStart(ctx context.Context, _ Batch) context.Context { return ctx }
+func (NopObserver) TxStart(ctx context.Context, _ int) context.Context      { return ctx }
+func (NopObserver) TxEnd(context.Context, TxEvent)                          {}
+func (NopObserver) Settled(context.Context, Settlement)                     {}
+func (NopObserver) Retry(context.Context, RetryEvent)                       {}
+func (NopObserver) BatchEnd(context.Context, Batch)                         {}
+
+var _ Observer = NopObserver{}

@@ -1,0 +1,140 @@
+package otelconsumer_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/consumertest"
+	"github.com/idemkit/idem/consumer/otelconsumer"
+	"github.com/idemkit/idem/dedup/memstore"
+)
+
+// BenchmarkTelemetry is consumer's BenchmarkEngine (lanes, batches, claim on
+// the in-memory store, handler, ack) four ways in one run: without an
+// Observer; with a Telemetry on otel's global providers and no SDK
+// installed (the no-op case); with the SDK's metrics and no tracer; and
+// with the SDK recording every metric and sampling every span (exported
+// nowhere, so the cost is the recording).
+func BenchmarkTelemetry(b *testing.B) {
+	for _, batch := range []int{1, 100} {
+		for _, mode := range []string{"none", "noop", "metrics", "sdk"} {
+			b.Run(fmt.Sprintf("batch=%d/telemetry=%s", batch, mode), func(b *testing.B) {
+				var obs consumer.Observer
+				switch mode {
+				case "noop":
+					tel, err := otelconsumer.New(otelconsumer.Config{System: "kafka"})
+					if err != nil {
+						b.Fatal(err)
+					}
+					obs = tel
+				case "metrics":
+					mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+					defer mp.Shutdown(context.Background())
+					tel, err := otelconsumer.New(otelconsumer.Config{System: "kafka", MeterProvider: mp})
+					if err != nil {
+						b.Fatal(err)
+					}
+					obs = tel
+				case "sdk":
+					mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+					tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()))
+					defer mp.Shutdown(context.Background())
+					defer tp.Shutdown(context.Background())
+					tel, err := otelconsumer.New(otelconsumer.Config{System: "kafka", MeterProvider: mp, TracerProvider: tp})
+					if err != nil {
+						b.Fatal(err)
+					}
+					obs = tel
+				}
+				msgs := make([]*consumer.Message, b.N)
+				for i := range msgs {
+					msgs[i] = consumertest.Message("payments", int32(i%4), int64(i), "", fmt.Sprintf(`{"txn_id":"T%09d","amount":%d}`, i, i))
+				}
+				cfg := consumer.Config[*memstore.Tx]{
+					Name:      "payments",
+					Store:     memstore.New(memstore.Config{}),
+					Handler:   consumer.HandlerFunc[*memstore.Tx](func(context.Context, *memstore.Tx, *consumer.Message) error { return nil }),
+					Key:       consumer.ByJSONField("txn_id"),
+					BatchSize: batch,
+					Observer:  obs,
+					Logger:    quiet,
+				}
+				b.ReportAllocs()
+				b.ResetTimer()
+				res := consumertest.Run(b, cfg, consumertest.Script{}, msgs...)
+				if res.Stats.Applied != int64(b.N) {
+					b.Fatalf("applied %d of %d", res.Stats.Applied, b.N)
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkObserverCalls is what one batch costs the Observer alone — the
+// calls the engine makes for a batch of n new messages in one transaction —
+// without the engine around it, whose own cost and noise hide it in
+// BenchmarkTelemetry: consumer.NopObserver (what an unset Config.Observer
+// is), a Telemetry with no SDK installed, with the SDK's metrics only, and
+// with metrics and every span.
+func BenchmarkObserverCalls(b *testing.B) {
+	for _, n := range []int{1, 100} {
+		msgs := make([]*consumer.Message, n)
+		for i := range msgs {
+			msgs[i] = consumertest.Message("payments", 0, int64(i), "", "{}")
+			msgs[i].DeliveredAt = time.Now()
+		}
+		for _, mode := range []string{"none", "noop", "metrics", "sdk"} {
+			b.Run(fmt.Sprintf("batch=%d/telemetry=%s", n, mode), func(b *testing.B) {
+				var obs consumer.Observer = consumer.NopObserver{}
+				switch mode {
+				case "noop":
+					tel, err := otelconsumer.New(otelconsumer.Config{System: "kafka"})
+					if err != nil {
+						b.Fatal(err)
+					}
+					obs = tel
+				case "metrics":
+					mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+					defer mp.Shutdown(context.Background())
+					tel, err := otelconsumer.New(otelconsumer.Config{System: "kafka", MeterProvider: mp})
+					if err != nil {
+						b.Fatal(err)
+					}
+					obs = tel
+				case "sdk":
+					mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+					tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()))
+					defer mp.Shutdown(context.Background())
+					defer tp.Shutdown(context.Background())
+					tel, err := otelconsumer.New(otelconsumer.Config{System: "kafka", MeterProvider: mp, TracerProvider: tp})
+					if err != nil {
+						b.Fatal(err)
+					}
+					obs = tel
+				}
+				ctx := context.Background()
+				batch := consumer.Batch{Consumer: "payments", Lane: "payments/0", Messages: msgs}
+				now := time.Now()
+				tx := consumer.TxEvent{Messages: n, Start: now, ClaimStart: now, ClaimEnd: now, CommitStart: now, End: now}
+				b.ReportAllocs()
+				for b.Loop() {
+					bctx := obs.BatchStart(ctx, batch)
+					tctx := obs.TxStart(bctx, n)
+					obs.TxEnd(tctx, tx)
+					for _, m := range msgs {
+						obs.Settled(bctx, consumer.Settlement{Message: m, Outcome: consumer.OutcomeApplied})
+					}
+					end := batch
+					end.Acked = msgs
+					obs.BatchEnd(bctx, end)
+				}
+			})
+		}
+	}
+}
