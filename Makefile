@@ -1,7 +1,7 @@
 SHELL := /bin/bash
-# Services the tests need; scripts/testenv.sh starts them (installing Postgres
-# when missing, downloading the broker jars once).
-SERVICES ?= postgres kafka rocketmq
+# Services the tests need; scripts/testenv.sh starts them (installing Postgres,
+# MariaDB and Redis when missing, downloading the broker jars once).
+SERVICES ?= postgres kafka rocketmq mariadb redis
 PKGS ?= ./...
 
 .PHONY: help test test-short testenv-up testenv-down bench bench-e2e fmt vet
