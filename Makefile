@@ -29,8 +29,8 @@ testenv-up: ## start the services and print their environment
 testenv-down: ## stop the services
 	@scripts/testenv.sh down $(SERVICES)
 
-bench: ## go test benchmarks of the claim path and the engine (needs Postgres)
-	@set -e; out=$$(scripts/testenv.sh up postgres); eval "$$out"; \
+bench: ## go test benchmarks of the claim path, the engine and the Redis front (Postgres, MariaDB, Redis)
+	@set -e; out=$$(scripts/testenv.sh up postgres mariadb redis); eval "$$out"; \
 	go test -run '^$$' -bench . -benchmem -count 1 ./consumer/ ./dedup/...
 
 fmt: ## gofmt the tree
