@@ -28,13 +28,13 @@ import (
 func TestMain(m *testing.M) {
 	// The driver logs broken connections to stderr; the fault tests break
 	// them on purpose.
-	_ = mysql.SetLogger(log{})
+	_ = mysql.SetLogger(discard{})
 	goleak.VerifyTestMain(m)
 }
 
-type log struct{}
+type discard struct{}
 
-func (log) Print(...any) {}
+func (discard) Print(...any) {}
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
