@@ -143,7 +143,6 @@ launch() {
   setsid nohup mariadbd --defaults-file="$CNF" >/dev/null 2>&1 </dev/null 9>&- &
   pid=$!
   disown "$pid" 2>/dev/null || true
-  echo "$pid" >"$PIDFILE.launch"
   if ! wait_ready "$pid"; then
     stop_pid "$pid" KILL
     die "mariadbd did not start"
