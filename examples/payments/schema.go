@@ -23,7 +23,7 @@ var schema = []string{
     account_id VARCHAR(100) NOT NULL,
     sku        VARCHAR(100) NOT NULL,
     amount     BIGINT NOT NULL CHECK (amount > 0),
-    status     VARCHAR(6) NOT NULL DEFAULT 'UNPAID' CHECK (status IN ('UNPAID', 'PAID')),
+    status     VARCHAR(32) NOT NULL DEFAULT 'UNPAID' CHECK (status IN ('UNPAID', 'PAID')),
     paid_txn   VARCHAR(100),
     FOREIGN KEY (account_id) REFERENCES accounts (id),
     FOREIGN KEY (sku) REFERENCES inventory (sku)
