@@ -46,7 +46,9 @@ type counter interface{ Load() int64 }
 func stream[TTx any](b *testing.B, inner dedup.Store[TTx], txs counter, withFront bool, batch, dups int) {
 	st := inner
 	if withFront {
-		st = front(b, inner, frontConfig(newClient(b, false), nil))
+		cfg := frontConfig(newClient(b, false), nil)
+		cfg.Timeout = 0 // the default
+		st = front(b, inner, cfg)
 	}
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(1, uint64(dups)))

@@ -180,6 +180,7 @@ func TestRedisFaultsChangeNothing(t *testing.T) {
 			got := paymentsRun(t, func(st dedup.Store[*sql.Tx]) dedup.Store[*sql.Tx] {
 				inner = &counting[*sql.Tx]{Store: st}
 				cfg := frontConfig(c, nil)
+				cfg.Timeout = 50 * time.Millisecond // shorter than the pause
 				cfg.RetryAfter = 100 * time.Millisecond
 				f = front(t, dedup.Store[*sql.Tx](inner), cfg)
 				return f

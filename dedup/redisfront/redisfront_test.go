@@ -62,11 +62,14 @@ func newClient(t testing.TB, exclusive bool) *redis.Client {
 	return c
 }
 
-// frontConfig is a front with keys of its own (a prefix unique to the test).
+// frontConfig is a front with keys of its own (a prefix unique to the
+// test). Its timeout is generous: on a loaded machine a Redis round trip
+// can outlast the default 50ms, and a test that counts what Redis answered
+// must not depend on that; the fault tests set their own.
 func frontConfig(c *redis.Client, retention map[string]time.Duration) redisfront.Config {
 	return redisfront.Config{
 		Client: c, Prefix: fmt.Sprintf("idemtest:%d:%d:", os.Getpid(), prefixes.Add(1)),
-		ScopeRetention: retention, Logger: quiet,
+		ScopeRetention: retention, Logger: quiet, Timeout: 10 * time.Second,
 	}
 }
 
