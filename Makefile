@@ -1,7 +1,7 @@
 SHELL := /bin/bash
-# Services the tests need; scripts/testenv.sh starts them (installing Postgres
-# when missing, downloading the broker jars once).
-SERVICES ?= postgres kafka rocketmq
+# Services the tests need; scripts/testenv.sh starts them (installing Postgres,
+# MariaDB and Redis when missing, downloading the broker jars once).
+SERVICES ?= postgres kafka rocketmq mariadb redis
 PKGS ?= ./...
 
 .PHONY: help test test-short testenv-up testenv-down bench bench-e2e fmt vet
@@ -29,8 +29,8 @@ testenv-up: ## start the services and print their environment
 testenv-down: ## stop the services
 	@scripts/testenv.sh down $(SERVICES)
 
-bench: ## go test benchmarks of the claim path, the engine and its telemetry (needs Postgres)
-	@set -e; out=$$(scripts/testenv.sh up postgres); eval "$$out"; \
+bench: ## go test benchmarks of the claim path, the engine and its telemetry, and the Redis front (Postgres, MariaDB, Redis)
+	@set -e; out=$$(scripts/testenv.sh up postgres mariadb redis); eval "$$out"; \
 	go test -run '^$$' -bench . -benchmem -count 1 ./consumer/... ./dedup/...
 
 fmt: ## gofmt the tree

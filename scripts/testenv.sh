@@ -5,9 +5,10 @@
 #   scripts/testenv.sh down [service...]   stop
 #   scripts/testenv.sh env  [service...]   print the environment (export lines)
 #
-# Services: postgres, kafka, rocketmq (default: $IDEM_TESTENV_SERVICES, else all).
-# `eval "$(scripts/testenv.sh up)"` sets IDEM_TEST_PG_URL, IDEM_TEST_KAFKA_BROKERS and
-# IDEM_TEST_ROCKETMQ_NAMESRV. Running `up` twice is harmless. Progress goes to stderr.
+# Services: postgres, kafka, rocketmq, mariadb, redis (default: $IDEM_TESTENV_SERVICES,
+# else all). `eval "$(scripts/testenv.sh up)"` sets IDEM_TEST_PG_URL,
+# IDEM_TEST_KAFKA_BROKERS, IDEM_TEST_ROCKETMQ_NAMESRV, IDEM_TEST_MYSQL_DSN and
+# IDEM_TEST_REDIS_ADDR. Running `up` twice is harmless. Progress goes to stderr.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cmd=${1:-}
@@ -15,7 +16,7 @@ cmd=${1:-}
 if [ $# -gt 0 ]; then
   services=("$@")
 else
-  read -r -a services <<<"${IDEM_TESTENV_SERVICES:-postgres kafka rocketmq}"
+  read -r -a services <<<"${IDEM_TESTENV_SERVICES:-postgres kafka rocketmq mariadb redis}"
 fi
 case "$cmd" in
   up)
@@ -29,7 +30,7 @@ case "$cmd" in
     for s in "${services[@]}"; do "$here/testenv/$s.sh" env; done
     ;;
   *)
-    echo "usage: $0 up|down|env [postgres|kafka|rocketmq ...]" >&2
+    echo "usage: $0 up|down|env [postgres|kafka|rocketmq|mariadb|redis ...]" >&2
     exit 2
     ;;
 esac

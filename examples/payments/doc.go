@@ -14,6 +14,7 @@
 // payment, no double effect, balances equal ledger sums, inventory equals paid
 // orders, dedup rows and ledger rows match both ways, nothing stuck.
 //
-// The same code runs on Postgres (pgx) and SQLite (database/sql): the SQL is
-// portable and reaches the database through the small DB interface.
+// The same code runs on Postgres (pgx), SQLite and MySQL or MariaDB
+// (database/sql): the SQL is portable and reaches the database through the
+// small DB interface (the MySQL adapter rewrites the placeholders).
 package payments

@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/dedup/mysqlstore"
 	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/dedup/sqlitestore"
 	"github.com/idemkit/idem/examples/payments"
@@ -101,9 +102,40 @@ func postgresBackend(t *testing.T) backend {
 	}
 }
 
+func mysqlBackend(t *testing.T) backend {
+	dsn := testenv.MySQLDatabase(t, testenv.MySQLDSN(t))
+	cfg := mysqlstore.Config{}
+	db, err := mysqlstore.Open(dsn, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	st, err := mysqlstore.New(db, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	h := payments.Handler(func(tx *sql.Tx) payments.DB { return payments.MySQL(tx) })
+	return backend{
+		db:    payments.MySQL(db),
+		dedup: st.Table(),
+		drive: func(t *testing.T, script consumertest.Script, msgs []*consumer.Message) consumertest.Result {
+			return consumertest.Run(t, config(st, h), script, msgs...)
+		},
+		rawCredit: func(t *testing.T, account string, amount int64) {
+			if _, err := db.Exec(`UPDATE accounts SET balance = balance + ? WHERE id = ?`, amount, account); err != nil {
+				t.Fatal(err)
+			}
+		},
+	}
+}
+
 func eachBackend(t *testing.T, f func(t *testing.T, b backend)) {
 	t.Run("sqlite", func(t *testing.T) { f(t, sqliteBackend(t)) })
 	t.Run("postgres", func(t *testing.T) { f(t, postgresBackend(t)) })
+	t.Run("mysql", func(t *testing.T) { f(t, mysqlBackend(t)) })
 }
 
 // messages puts payloads on four partitions by order, as a producer keyed
@@ -286,7 +318,7 @@ func TestReconcileCatchesEachCorruption(t *testing.T) {
 		counter func(r payments.Report) int64
 	}{
 		{"ledger row without dedup row", func(t *testing.T, b backend, s payments.Stream) {
-			b.exec(t, `DELETE FROM `+b.dedup+` WHERE key = $1`, s.Expected[0].TxnID)
+			b.exec(t, `DELETE FROM `+b.dedup+` WHERE `+b.dedup+`.key = $1`, s.Expected[0].TxnID)
 		}, func(r payments.Report) int64 { return r.LedgerNoDedup }},
 		{"dedup row without ledger row", func(t *testing.T, b backend, s payments.Stream) {
 			b.exec(t, `DELETE FROM ledger WHERE txn_id = $1`, s.Expected[1].TxnID)

@@ -5,29 +5,37 @@ import (
 	"fmt"
 )
 
+// The schema is portable across Postgres, SQLite and MySQL: keys and
+// columns with defaults are VARCHAR (MySQL indexes no TEXT without a prefix
+// length and gives TEXT no literal default), foreign keys are table
+// constraints (MySQL ignores them written on a column).
 var schema = []string{
 	`CREATE TABLE IF NOT EXISTS accounts (
-    id      TEXT PRIMARY KEY,
+    id      VARCHAR(100) PRIMARY KEY,
     balance BIGINT NOT NULL DEFAULT 0
 )`,
 	`CREATE TABLE IF NOT EXISTS inventory (
-    sku  TEXT PRIMARY KEY,
+    sku  VARCHAR(100) PRIMARY KEY,
     sold BIGINT NOT NULL DEFAULT 0
 )`,
 	`CREATE TABLE IF NOT EXISTS orders (
-    id         TEXT PRIMARY KEY,
-    account_id TEXT NOT NULL REFERENCES accounts (id),
-    sku        TEXT NOT NULL REFERENCES inventory (sku),
+    id         VARCHAR(100) PRIMARY KEY,
+    account_id VARCHAR(100) NOT NULL,
+    sku        VARCHAR(100) NOT NULL,
     amount     BIGINT NOT NULL CHECK (amount > 0),
-    status     TEXT NOT NULL DEFAULT 'UNPAID' CHECK (status IN ('UNPAID', 'PAID')),
-    paid_txn   TEXT
+    status     VARCHAR(32) NOT NULL DEFAULT 'UNPAID' CHECK (status IN ('UNPAID', 'PAID')),
+    paid_txn   VARCHAR(100),
+    FOREIGN KEY (account_id) REFERENCES accounts (id),
+    FOREIGN KEY (sku) REFERENCES inventory (sku)
 )`,
 	`CREATE TABLE IF NOT EXISTS ledger (
-    txn_id     TEXT PRIMARY KEY,
-    order_id   TEXT NOT NULL REFERENCES orders (id),
-    account_id TEXT NOT NULL REFERENCES accounts (id),
+    txn_id     VARCHAR(100) PRIMARY KEY,
+    order_id   VARCHAR(100) NOT NULL,
+    account_id VARCHAR(100) NOT NULL,
     amount     BIGINT NOT NULL,
-    channel    TEXT NOT NULL
+    channel    TEXT NOT NULL,
+    FOREIGN KEY (order_id) REFERENCES orders (id),
+    FOREIGN KEY (account_id) REFERENCES accounts (id)
 )`,
 }
 

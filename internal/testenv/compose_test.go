@@ -41,6 +41,8 @@ func TestComposeMatchesTestEnvironment(t *testing.T) {
 		{"kafka", "IDEM_TEST_KAFKA_BROKERS", "apache/kafka:4.1"},
 		{"rocketmq-namesrv", "IDEM_TEST_ROCKETMQ_NAMESRV", "apache/rocketmq:5.3"},
 		{"rocketmq-broker", "", "apache/rocketmq:5.3"},
+		{"mysql", "IDEM_TEST_MYSQL_DSN", "mysql:8"},
+		{"redis", "IDEM_TEST_REDIS_ADDR", "redis:7"},
 	}
 	for _, w := range want {
 		svc, ok := compose.Services[w.service]

@@ -1,0 +1,190 @@
+#!/usr/bin/env bash
+# Redis from Debian's packages for the Redis front's tests, run as its own
+# server: state under the test dir, 127.0.0.1:6380, no persistence. The
+# machine's system service (port 6379) is left alone.
+#
+# Usage: scripts/testenv/redis.sh up|down|env|kill|start|status
+#   up     install redis-server when missing, start it unless it answers
+#   down   stop the server (SHUTDOWN NOSAVE, then SIGKILL)
+#   env    print the environment for the tests (eval "$(redis.sh env)")
+#   kill   kill -9 the server (a crash: everything it held is gone)
+#   start  start the server again (empty)
+#   status exit 0 if the server is running and answering
+#
+# Environment:
+#   IDEM_TESTENV_DIR   runtime state (default /tmp/idem-testenv)
+#   IDEM_REDIS_PORT    port (default 6380)
+#
+# Progress goes to stderr; only `env` writes to stdout.
+set -euo pipefail
+
+HOST=127.0.0.1
+PORT="${IDEM_REDIS_PORT:-6380}"
+STATE="${IDEM_TESTENV_DIR:-/tmp/idem-testenv}/redis"
+CONF="$STATE/redis.conf"
+PIDFILE="$STATE/redis.pid"
+LOGFILE="$STATE/redis.log"
+READY_TIMEOUT=30
+
+log() { printf 'redis.sh: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+install() {
+  command -v redis-server >/dev/null && command -v redis-cli >/dev/null && return 0
+  [ "$(id -u)" = 0 ] || die "redis-server is not installed and this is not root"
+  log "installing redis-server from Debian's packages"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends redis-server redis-tools >/dev/null
+  command -v redis-server >/dev/null || die "redis-server not found after installing it"
+}
+
+write_config() {
+  mkdir -p "$STATE"
+  cat >"$CONF.tmp" <<CONF
+# written by scripts/testenv/redis.sh
+bind $HOST
+port $PORT
+protected-mode no
+daemonize no
+dir $STATE
+pidfile $PIDFILE
+logfile $LOGFILE
+save ""
+appendonly no
+maxmemory 256mb
+maxmemory-policy volatile-lru
+CONF
+  mv "$CONF.tmp" "$CONF"
+}
+
+is_ours() {
+  local pid=$1 comm
+  [[ -n "$pid" && -r "/proc/$pid/cmdline" ]] || return 1
+  read -r comm <"/proc/$pid/comm" 2>/dev/null || return 1
+  [[ "$comm" == redis-server* ]] || return 1
+  # redis-server rewrites its title to "redis-server 127.0.0.1:PORT".
+  [[ "$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" == *"$HOST:$PORT"* ]]
+}
+
+find_pid() {
+  local pid=""
+  [[ -f "$PIDFILE" ]] && pid="$(cat "$PIDFILE" 2>/dev/null || true)"
+  if is_ours "$pid"; then echo "$pid"; return 0; fi
+  local p
+  for p in /proc/[0-9]*; do
+    p=${p#/proc/}
+    if is_ours "$p"; then echo "$p"; return 0; fi
+  done
+  return 1
+}
+
+answers() { [[ "$(redis-cli -h "$HOST" -p "$PORT" ping 2>/dev/null)" == PONG ]]; }
+port_open() { (exec 3<>"/dev/tcp/$HOST/$PORT") 2>/dev/null; }
+
+launch() {
+  port_open && die "$HOST:$PORT is already in use by another process (not the server under $STATE)"
+  local pid deadline=$((SECONDS + READY_TIMEOUT))
+  log "starting redis-server on $HOST:$PORT (log: $LOGFILE)"
+  setsid nohup redis-server "$CONF" >/dev/null 2>&1 </dev/null 9>&- &
+  pid=$!
+  disown "$pid" 2>/dev/null || true
+  while ((SECONDS < deadline)); do
+    # setsid forks when its caller leads a process group: find the server.
+    kill -0 "$pid" 2>/dev/null || pid="$(find_pid)" || true
+    if ! kill -0 "$pid" 2>/dev/null; then
+      tail -n 20 "$LOGFILE" >&2 || true
+      die "redis-server exited during startup"
+    fi
+    if answers; then
+      log "redis-server ready on $HOST:$PORT (pid $pid)"
+      return 0
+    fi
+    sleep 0.1
+  done
+  kill -KILL "$pid" 2>/dev/null || true
+  die "redis-server not ready after ${READY_TIMEOUT}s"
+}
+
+stop_pid() {
+  local pid=$1 i
+  kill -KILL "$pid" 2>/dev/null || true
+  for i in $(seq 1 100); do
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.05
+  done
+}
+
+lock() {
+  mkdir -p "$STATE"
+  exec 9>"$STATE/.lock"
+  flock 9
+}
+
+cmd_up() {
+  install
+  lock
+  local pid
+  if pid="$(find_pid)" && answers; then
+    log "redis-server already running on $HOST:$PORT (pid $pid)"
+    return 0
+  fi
+  [[ -n "${pid:-}" ]] && stop_pid "$pid"
+  write_config
+  launch
+}
+
+cmd_start() {
+  lock
+  if find_pid >/dev/null && answers; then
+    log "redis-server already running on $HOST:$PORT"
+    return 0
+  fi
+  write_config
+  launch
+}
+
+cmd_down() {
+  lock
+  local pid
+  if pid="$(find_pid)"; then
+    log "stopping redis-server (pid $pid)"
+    redis-cli -h "$HOST" -p "$PORT" shutdown nosave >/dev/null 2>&1 || true
+    stop_pid "$pid"
+  else
+    log "redis-server not running"
+  fi
+}
+
+cmd_kill() {
+  lock
+  local pid
+  if pid="$(find_pid)"; then
+    log "killing redis-server (pid $pid) with SIGKILL"
+    stop_pid "$pid"
+  else
+    log "redis-server not running"
+  fi
+}
+
+cmd_status() {
+  if find_pid >/dev/null && answers; then
+    log "redis-server running on $HOST:$PORT"
+    return 0
+  fi
+  log "redis-server not running"
+  return 1
+}
+
+case "${1:-}" in
+  up) cmd_up ;;
+  down) cmd_down ;;
+  env) echo "export IDEM_TEST_REDIS_ADDR=$HOST:$PORT" ;;
+  kill) cmd_kill ;;
+  start) cmd_start ;;
+  status) cmd_status ;;
+  *)
+    echo "usage: $0 up|down|env|kill|start|status" >&2
+    exit 2
+    ;;
+esac
