@@ -12,8 +12,10 @@ import (
 
 // The metadata of a dead letter: the headers (Kafka) or user properties
 // (RocketMQ) every adapter puts on the letters it writes, defined once. The
-// original message's own headers come first, except earlier idem-* ones
-// (MetaPrefix), which are replaced.
+// original message's own headers come first, except earlier ones of these
+// names, which are replaced. Other idem-* headers, such as an outbox
+// message's identity and lineage (idem-outbox-*), are the message's own and
+// stay: a letter redriven later keeps the key it is deduplicated by.
 const (
 	MetaPrefix    = "idem-"
 	MetaReason    = "idem-reason"             // why: the error text, at most dedup.MaxReasonLen bytes
@@ -50,7 +52,7 @@ func (l Letter) Record(maxValue int) DeadLetterRecord {
 	m := l.Message
 	headers := make([]Header, 0, len(m.Headers)+12)
 	for _, h := range m.Headers {
-		if !strings.HasPrefix(h.Key, MetaPrefix) {
+		if !isMeta(h.Key) {
 			headers = append(headers, h)
 		}
 	}
@@ -80,6 +82,15 @@ func (l Letter) Record(maxValue int) DeadLetterRecord {
 	}
 	return DeadLetterRecord{Headers: headers, Value: value}
 }
+
+var metaNames = map[string]bool{
+	MetaReason: true, MetaAttempts: true, MetaTopic: true, MetaPartition: true, MetaLane: true,
+	MetaOffset: true, MetaMessageID: true, MetaAttempt: true, MetaKeyScope: true, MetaKey: true,
+	MetaValueSHA256: true, MetaValueSize: true,
+}
+
+// isMeta reports whether a header is dead-letter metadata.
+func isMeta(k string) bool { return strings.HasPrefix(k, MetaPrefix) && metaNames[k] }
 
 // clean replaces control characters with spaces.
 func clean(s string) string {
