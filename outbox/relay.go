@@ -163,8 +163,9 @@ type Relay struct {
 
 // shardState is a shard's backoff after a failed publish.
 type shardState struct {
-	until time.Time
-	b     *backoff.ExponentialBackOff
+	until    time.Time
+	b        *backoff.ExponentialBackOff
+	failures int // rounds in a row with a failed record
 }
 
 // NewRelay validates cfg and returns a Relay. The error names every field
@@ -518,7 +519,8 @@ func (r *Relay) backoffShards(tried []int32, failed map[int16]error) {
 		err, bad := failed[int16(s)]
 		if !bad {
 			if st.b != nil {
-				st.b, st.until = nil, time.Time{}
+				r.cfg.Logger.Info("idem outbox: the shard publishes again", slog.Int("shard", int(s)), slog.Int("failed_rounds", st.failures))
+				*st = shardState{}
 			}
 			continue
 		}
@@ -530,8 +532,13 @@ func (r *Relay) backoffShards(tried []int32, failed map[int16]error) {
 		}
 		d := st.b.NextBackOff()
 		st.until = now.Add(d)
-		r.cfg.Logger.Warn("idem outbox: publish failed; the shard's messages wait and are retried",
-			slog.Int("shard", int(s)), slog.Duration("retry_in", d), slog.Any("error", err))
+		st.failures++
+		level := slog.LevelDebug
+		if st.failures == 1 || st.failures%20 == 0 {
+			level = slog.LevelWarn // the first failure, then now and then
+		}
+		r.cfg.Logger.Log(context.Background(), level, "idem outbox: publish failed; the shard's messages wait and are retried",
+			slog.Int("shard", int(s)), slog.Int("failed_rounds", st.failures), slog.Duration("retry_in", d), slog.Any("error", err))
 	}
 }
 
