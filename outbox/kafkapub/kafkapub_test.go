@@ -14,7 +14,7 @@ import (
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/outbox"
-	"github.com/idemkit/idem/outbox/internal/relaytest"
+	"github.com/idemkit/idem/internal/relaytest"
 	"github.com/idemkit/idem/outbox/kafkapub"
 )
 
