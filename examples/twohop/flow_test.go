@@ -15,9 +15,9 @@ import (
 	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/examples/payments"
 	"github.com/idemkit/idem/examples/twohop"
+	"github.com/idemkit/idem/internal/relaytest"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/outbox"
-	"github.com/idemkit/idem/internal/relaytest"
 )
 
 // world is one test's database: the payments and shipping tables, the dedup
