@@ -231,17 +231,16 @@ func TestRelayPostgresRestart(t *testing.T) {
 			}
 			w := newWorld(t, pool, "twohop", 300, 41)
 			topic := b.newTopic(t)
+			waitBooked(t, w.book(t, topic, w.callbacks()))
 			g := &gate{inner: b.publisher(t), entered: make(chan struct{}), release: make(chan struct{})}
 			g.armed.Store(true)
-			relay := relaytest.StartRelay(t, outbox.RelayConfig{Outbox: w.ob, Publisher: g, BatchSize: 40,
+			relay := relaytest.StartRelay(t, outbox.RelayConfig{Outbox: w.ob, Publisher: g, BatchSize: 40, PublishTimeout: 3 * time.Minute,
 				Backoff: consumer.RetryPolicy{Initial: 50 * time.Millisecond, Max: time.Second}})
-			booked := w.book(t, topic, w.callbacks())
 			select {
 			case <-g.entered:
 			case <-time.After(3 * time.Minute):
 				t.Fatal("the relay never published")
 			}
-			waitBooked(t, booked)
 			pg.Stop("immediate")
 			pg.Start()
 			pool.Reset()
