@@ -10,7 +10,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"unicode"
 	"unicode/utf8"
 
@@ -77,8 +76,7 @@ type Outbox struct {
 	dead   string // sanitized schema.table_dead
 	lockID int32  // the relay's advisory lock class for this table
 
-	mu      sync.Mutex
-	inserts map[int]string // n messages -> INSERT statement
+	insertSQL string
 }
 
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
@@ -102,14 +100,30 @@ func New(pool *pgxpool.Pool, cfg Config) (*Outbox, error) {
 	}
 	h := fnv.New32a()
 	h.Write([]byte("idem.outbox:" + cfg.Schema + "." + cfg.Table))
-	return &Outbox{
-		pool:    pool,
-		cfg:     cfg,
-		table:   pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize(),
-		dead:    pgx.Identifier{cfg.Schema, cfg.Table + "_dead"}.Sanitize(),
-		lockID:  int32(h.Sum32()),
-		inserts: map[int]string{},
-	}, nil
+	o := &Outbox{
+		pool:   pool,
+		cfg:    cfg,
+		table:  pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize(),
+		dead:   pgx.Identifier{cfg.Schema, cfg.Table + "_dead"}.Sanitize(),
+		lockID: int32(h.Sum32()),
+	}
+	o.insertSQL = `WITH m AS (
+    SELECT u.*, (sum(u.hc) OVER (ORDER BY u.ord) - u.hc)::int AS h0,
+           (row_number() OVER (PARTITION BY u.scope, u.pkey ORDER BY u.ord) - 1)::int AS i
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bytea[], $6::int2[], $7::int4[])
+        WITH ORDINALITY AS u(scope, pkey, topic, key, value, shard, hc, ord)),
+base AS (
+    SELECT p.scope, p.pkey, (SELECT count(*) FROM ` + o.table + ` t
+        WHERE t.parent_scope = p.scope AND t.parent_key = p.pkey AND t.tx = pg_current_xact_id())::int AS n
+    FROM (SELECT DISTINCT scope, pkey FROM m) p)
+INSERT INTO ` + o.table + ` (id, parent_scope, parent_key, position, shard, topic, key, value, header_keys, header_values)
+SELECT left(encode(sha256(convert_to('idem-outbox' || chr(31) || m.scope || chr(31) || m.pkey || chr(31) || (base.n + m.i)::text, 'UTF8')), 'hex'), 32),
+       m.scope, m.pkey, base.n + m.i, m.shard, m.topic, m.key, m.value,
+       ($8::text[])[m.h0 + 1 : m.h0 + m.hc], ($9::bytea[])[m.h0 + 1 : m.h0 + m.hc]
+FROM m JOIN base ON base.scope = m.scope AND base.pkey = m.pkey
+ORDER BY m.ord
+ON CONFLICT (parent_scope, parent_key, position) DO UPDATE SET tx = EXCLUDED.tx`
+	return o, nil
 }
 
 // Table returns the sanitized, schema-qualified outbox table.
@@ -130,12 +144,6 @@ func (o *Outbox) DeadTable() string { return o.dead }
 func MessageID(parent dedup.Key, position int) string {
 	sum := sha256.Sum256([]byte("idem-outbox\x1f" + parent.Scope + "\x1f" + parent.ID + "\x1f" + strconv.Itoa(position)))
 	return hex.EncodeToString(sum[:16])
-}
-
-// idSQL computes MessageID on the server from the parent ($1, $2) and a
-// position expression.
-func idSQL(pos string) string {
-	return `left(encode(sha256(convert_to('idem-outbox' || chr(31) || $1::text || chr(31) || $2::text || chr(31) || (` + pos + `)::text, 'UTF8')), 'hex'), 32)`
 }
 
 // Enqueue writes msgs into the outbox in tx, the transaction the consumer
@@ -172,61 +180,80 @@ func (o *Outbox) EnqueueFor(ctx context.Context, tx pgx.Tx, parent dedup.Key, ms
 			return consumer.Permanent(fmt.Errorf("outbox: message %d: %w", i, err))
 		}
 	}
-	for len(msgs) > 0 {
-		n := min(len(msgs), maxPerStatement)
-		args := make([]any, 0, 2+perMessage*n)
-		args = append(args, parent.Scope, parent.ID)
-		for _, m := range msgs[:n] {
-			hk, hv := make([]string, len(m.Headers)), make([][]byte, len(m.Headers))
-			for j, h := range m.Headers {
-				hk[j], hv[j] = h.Key, h.Value
-				if hv[j] == nil {
-					hv[j] = []byte{}
-				}
-			}
-			args = append(args, m.Topic, m.Key, m.Value, hk, hv, shardOf(parent, m))
-		}
-		if _, err := tx.Exec(ctx, o.insertSQL(n), args...); err != nil {
-			return fmt.Errorf("outbox: enqueue: %w", err)
-		}
-		msgs = msgs[n:]
-	}
-	return nil
+	var rows insertRows
+	rows.add(parent, msgs)
+	return o.insert(ctx, tx, &rows)
 }
 
-const (
-	maxPerStatement = 100
-	perMessage      = 6 // parameters per message
-)
+// Outgoing is what one handled message sends, for EnqueueAll.
+type Outgoing struct {
+	From     *consumer.Message
+	Messages []Message
+}
 
-// insertSQL returns the INSERT of n messages: positions continue from the
-// rows this transaction wrote under the parent before.
-func (o *Outbox) insertSQL(n int) string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if s, ok := o.inserts[n]; ok {
-		return s
-	}
-	var b strings.Builder
-	b.WriteString(`WITH base AS (
-    SELECT count(*)::int AS n FROM ` + o.table + `
-    WHERE parent_scope = $1 AND parent_key = $2 AND tx = pg_current_xact_id())
-INSERT INTO ` + o.table + ` (id, parent_scope, parent_key, position, shard, topic, key, value, header_keys, header_values)
-SELECT ` + idSQL("base.n + v.i") + `, $1, $2, base.n + v.i, v.shard, v.topic, v.key, v.value, v.hk, v.hv
-FROM base, (VALUES `)
-	for i := range n {
-		p := 3 + perMessage*i
-		if i > 0 {
-			b.WriteString(", ")
+// EnqueueAll is Enqueue for many handled messages at once — a
+// BatchHandler's — in one statement. The messages of each Outgoing are numbered as Enqueue numbers
+// them; one From may appear more than once, its messages numbered on in
+// order.
+func (o *Outbox) EnqueueAll(ctx context.Context, tx pgx.Tx, out []Outgoing) error {
+	var rows insertRows
+	for i, og := range out {
+		if og.From == nil {
+			return consumer.Permanent(fmt.Errorf("outbox: Outgoing %d has no From", i))
 		}
-		fmt.Fprintf(&b, "($%d::text, $%d::bytea, $%d::bytea, $%d::text[], $%d::bytea[], $%d::smallint, %d)", p, p+1, p+2, p+3, p+4, p+5, i)
+		parent, ok := og.From.DedupKey()
+		if !ok {
+			return consumer.Permanent(fmt.Errorf("outbox: message %s has no dedup key: EnqueueAll in a handler the consumer called", og.From.Coordinates()))
+		}
+		for j := range og.Messages {
+			if err := og.Messages[j].validate(); err != nil {
+				return consumer.Permanent(fmt.Errorf("outbox: message %d of Outgoing %d: %w", j, i, err))
+			}
+		}
+		rows.add(parent, og.Messages)
 	}
-	b.WriteString(`) AS v(topic, key, value, hk, hv, shard, i)
-ORDER BY v.i
-ON CONFLICT (parent_scope, parent_key, position) DO UPDATE SET tx = EXCLUDED.tx`)
-	s := b.String()
-	o.inserts[n] = s
-	return s
+	return o.insert(ctx, tx, &rows)
+}
+
+// insertRows are the INSERT's parameters: one array per column, the
+// headers of all messages in two flat arrays with a count per message.
+type insertRows struct {
+	scopes, pkeys, topics []string
+	keys, values          [][]byte
+	shards                []int16
+	hcounts               []int32
+	hkeys                 []string
+	hvalues               [][]byte
+}
+
+func (r *insertRows) add(parent dedup.Key, msgs []Message) {
+	for _, m := range msgs {
+		r.scopes, r.pkeys, r.topics = append(r.scopes, parent.Scope), append(r.pkeys, parent.ID), append(r.topics, m.Topic)
+		r.keys, r.values = append(r.keys, m.Key), append(r.values, m.Value)
+		r.shards, r.hcounts = append(r.shards, shardOf(parent, m)), append(r.hcounts, int32(len(m.Headers)))
+		for _, h := range m.Headers {
+			v := h.Value
+			if v == nil {
+				v = []byte{}
+			}
+			r.hkeys, r.hvalues = append(r.hkeys, h.Key), append(r.hvalues, v)
+		}
+	}
+}
+
+// insert writes rows in one statement: positions count on from the rows
+// this transaction wrote under each parent before, per parent in order.
+func (o *Outbox) insert(ctx context.Context, tx pgx.Tx, r *insertRows) error {
+	if len(r.scopes) == 0 {
+		return nil
+	}
+	if r.hkeys == nil {
+		r.hkeys, r.hvalues = []string{}, [][]byte{}
+	}
+	if _, err := tx.Exec(ctx, o.insertSQL, r.scopes, r.pkeys, r.topics, r.keys, r.values, r.shards, r.hcounts, r.hkeys, r.hvalues); err != nil {
+		return fmt.Errorf("outbox: enqueue: %w", err)
+	}
+	return nil
 }
 
 // shardOf hashes the message's topic and key; a message without a key goes

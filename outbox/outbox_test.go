@@ -257,3 +257,54 @@ func TestEnqueueInAConsumer(t *testing.T) {
 		}
 	}
 }
+
+// TestEnqueueAllInABatchHandler: a BatchHandler enqueues two events per
+// payment for the whole batch in one call (the second Outgoing of a
+// message numbered after its first); the outbox holds exactly two per
+// payment, positions 0 and 1, however often the payments were delivered.
+func TestEnqueueAllInABatchHandler(t *testing.T) {
+	ob, pool, schema := newOutbox(t)
+	store, err := pgstore.New(pool, pgstore.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var msgs []*consumer.Message
+	for i := range 150 {
+		msgs = append(msgs, consumertest.Message("payments", int32(i%3), int64(i/3), "", fmt.Sprintf(`{"txn_id":"T%03d"}`, i)))
+	}
+	res := consumertest.Run(t, consumer.Config[pgx.Tx]{
+		Name: "payments", Store: store, Key: consumer.ByJSONField("txn_id"), Logger: quiet, BatchSize: 32,
+		BatchHandler: consumer.BatchHandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, ms []*consumer.Message) error {
+			var out []outbox.Outgoing
+			for _, m := range ms {
+				out = append(out, outbox.Outgoing{From: m, Messages: []outbox.Message{msg("order.paid", "", "paid")}})
+			}
+			for _, m := range ms {
+				out = append(out, outbox.Outgoing{From: m, Messages: []outbox.Message{msg("order.receipt", "", "receipt")}})
+			}
+			return ob.EnqueueAll(ctx, tx, out)
+		}),
+	}, consumertest.Script{MinDeliveries: 1, MaxDeliveries: 3, ReorderWindow: 8, CrashAfterCommitEvery: 3}, msgs...)
+	if res.Stats.Duplicates == 0 {
+		t.Fatalf("no duplicates delivered: the test proves nothing (%v)", res)
+	}
+	got := rows(t, pool, ob.Table())
+	if len(got) != 300 {
+		t.Fatalf("%d outbox rows for 150 payments, want 300 (%v)", len(got), res)
+	}
+	for _, r := range got {
+		want := map[string]int{"order.paid": 0, "order.receipt": 1}[r.Topic]
+		if r.Position != want || r.ID != outbox.MessageID(dedup.Key{Scope: r.Scope, ID: r.Key}, want) {
+			t.Fatalf("row %+v: want position %d", r, want)
+		}
+	}
+	err = inTx(t, pool, func(tx pgx.Tx) error {
+		return ob.EnqueueAll(context.Background(), tx, []outbox.Outgoing{{From: consumertest.Message("p", 0, 0, "", "{}"), Messages: []outbox.Message{msg("t", "", "")}}})
+	})
+	if !consumer.IsPermanent(err) {
+		t.Fatalf("EnqueueAll from a message no consumer keyed: %v", err)
+	}
+}
