@@ -15,6 +15,7 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
 	"github.com/idemkit/idem/internal/relaytest"
+	"github.com/idemkit/idem/internal/relaytest/rmqtest"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/outbox/kafkapub"
@@ -46,7 +47,7 @@ func newBroker(t *testing.T, name string) broker {
 	case "kafka":
 		return &kafkaBroker{k: relaytest.NewKafka(t, testenv.KafkaBrokers(t))}
 	default:
-		return &rocketBroker{r: relaytest.NewRocketMQ(t, testenv.RocketMQNamesrv(t))}
+		return &rocketBroker{r: rmqtest.NewRocketMQ(t, testenv.RocketMQNamesrv(t))}
 	}
 }
 
@@ -102,7 +103,7 @@ func (b *kafkaBroker) copies(t *testing.T, topic string) map[string]int {
 	return out
 }
 
-type rocketBroker struct{ r *relaytest.RocketMQ }
+type rocketBroker struct{ r *rmqtest.RocketMQ }
 
 func (b *rocketBroker) name() string    { return "rocketmq" }
 func (b *rocketBroker) addrs() []string { return b.r.NameServers }

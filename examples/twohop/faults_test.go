@@ -19,6 +19,7 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
 	"github.com/idemkit/idem/internal/relaytest"
+	"github.com/idemkit/idem/internal/relaytest/rmqtest"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/outbox"
 )
@@ -128,8 +129,8 @@ func TestRelayBrokerDown(t *testing.T) {
 				restart = func() { relaytest.KafkaScript(t, "start"); k.CloseIdle() }
 			default:
 				testenv.RocketMQNamesrv(t) // skips (fails under CI) without RocketMQ
-				p := relaytest.StartRocketMQ(t)
-				b = &rocketBroker{r: relaytest.NewRocketMQ(t, p.NameServers())}
+				p := rmqtest.StartRocketMQ(t)
+				b = &rocketBroker{r: rmqtest.NewRocketMQ(t, p.NameServers())}
 				kill, restart = p.KillBroker, p.StartBroker
 			}
 			pool, schema := testenv.SchemaPool(t)

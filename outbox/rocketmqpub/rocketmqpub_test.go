@@ -20,6 +20,7 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/internal/relaytest"
+	"github.com/idemkit/idem/internal/relaytest/rmqtest"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/outbox/rocketmqpub"
@@ -51,7 +52,7 @@ func newPublisher(t *testing.T, cfg rocketmqpub.Config) *rocketmqpub.Publisher {
 }
 
 // read returns topic's messages in queue order, as CheckKeyOrder wants them.
-func read(t *testing.T, r *relaytest.RocketMQ, topic string, queues int) []*consumer.Message {
+func read(t *testing.T, r *rmqtest.RocketMQ, topic string, queues int) []*consumer.Message {
 	got := r.Read(t, topic, queues)
 	sort.Slice(got, func(i, j int) bool {
 		a, b := got[i], got[j]
@@ -73,7 +74,7 @@ func delivered(ms []*consumer.Message) []relaytest.Delivered {
 // key on one queue in order, with the identity and lineage as user
 // properties.
 func TestRelayToRocketMQ(t *testing.T) {
-	r := relaytest.NewRocketMQ(t, testenv.RocketMQNamesrv(t))
+	r := rmqtest.NewRocketMQ(t, testenv.RocketMQNamesrv(t))
 	topic := relaytest.Name(t, "t")
 	r.CreateTopic(t, topic, 4)
 	ob, pool, _ := relaytest.NewOutbox(t)
@@ -110,7 +111,7 @@ func TestRelayToRocketMQ(t *testing.T) {
 // have and a header by a system property's name. All four land in the
 // dead-letter table with the reason; the others are published, in order.
 func TestRefusalsAreDeadLettered(t *testing.T) {
-	r := relaytest.NewRocketMQ(t, testenv.RocketMQNamesrv(t))
+	r := rmqtest.NewRocketMQ(t, testenv.RocketMQNamesrv(t))
 	topic := relaytest.Name(t, "t")
 	r.CreateTopic(t, topic, 2)
 	ob, pool, _ := relaytest.NewOutbox(t)

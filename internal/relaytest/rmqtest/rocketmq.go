@@ -1,4 +1,4 @@
-package relaytest
+package rmqtest
 
 import (
 	"context"
@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/relaytest"
 )
 
 // RocketMQ is a name server and its (single) broker, for topic setup and
@@ -36,7 +37,7 @@ type RocketMQ struct {
 func NewRocketMQ(t testing.TB, namesrv []string) *RocketMQ {
 	t.Helper()
 	var addr, name string
-	WaitFor(t, 2*time.Minute, "a broker registered with "+namesrv[0], func() (bool, string) {
+	relaytest.WaitFor(t, 2*time.Minute, "a broker registered with "+namesrv[0], func() (bool, string) {
 		var err error
 		addr, name, err = clusterBroker(namesrv[0])
 		return err == nil, fmt.Sprint(err)
@@ -53,13 +54,13 @@ func NewRocketMQ(t testing.TB, namesrv []string) *RocketMQ {
 // the name server routes it, and deletes it when the test ends.
 func (r *RocketMQ) CreateTopic(t testing.TB, topic string, queues int) {
 	t.Helper()
-	ctx := Ctx(t, time.Minute)
+	ctx := relaytest.Ctx(t, time.Minute)
 	err := r.admin.CreateTopic(ctx, admin.WithTopicCreate(topic), admin.WithBrokerAddrCreate(r.Broker),
 		admin.WithReadQueueNums(queues), admin.WithWriteQueueNums(queues))
 	if err != nil {
 		t.Fatalf("create topic %s: %v", topic, err)
 	}
-	WaitFor(t, time.Minute, "route of topic "+topic, func() (bool, string) {
+	relaytest.WaitFor(t, time.Minute, "route of topic "+topic, func() (bool, string) {
 		mqs, err := r.admin.FetchPublishMessageQueues(ctx, topic)
 		return err == nil && len(mqs) == queues, fmt.Sprint(err)
 	})
@@ -97,7 +98,7 @@ func (r *RocketMQ) Read(t testing.TB, topic string, queues int) []*consumer.Mess
 	if err != nil {
 		t.Fatalf("count %s: %v", topic, err)
 	}
-	src, err := rocketmq.New(rocketmq.Config{NameServers: r.NameServers, Group: Name(t, "reader"), Topics: []string{topic},
+	src, err := rocketmq.New(rocketmq.Config{NameServers: r.NameServers, Group: relaytest.Name(t, "reader"), Topics: []string{topic},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -119,7 +120,7 @@ func (r *RocketMQ) Read(t testing.TB, topic string, queues int) []*consumer.Mess
 		cancel()
 		<-done
 	}()
-	WaitFor(t, 2*time.Minute, fmt.Sprintf("%d messages read from %s", n, topic), func() (bool, string) {
+	relaytest.WaitFor(t, 2*time.Minute, fmt.Sprintf("%d messages read from %s", n, topic), func() (bool, string) {
 		mu.Lock()
 		defer mu.Unlock()
 		return int64(len(got)) >= n, fmt.Sprintf("%d read", len(got))
