@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
+	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/outbox"
@@ -100,4 +102,51 @@ func BenchmarkConsumerBatch(b *testing.B) {
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 		})
 	}
+}
+
+// BenchmarkRelayDrain is the relay's database side alone: rounds of 500
+// rows (1,000 keys, 256-byte values) read, handed to a publisher that
+// returns at once, deleted and committed. It bounds what a relay can
+// publish whatever the broker.
+func BenchmarkRelayDrain(b *testing.B) {
+	pool, schema := testenv.SchemaPool(b)
+	ctx := context.Background()
+	ob, err := outbox.New(pool, outbox.Config{Schema: schema})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := ob.Migrate(ctx); err != nil {
+		b.Fatal(err)
+	}
+	value := []byte(fmt.Sprintf("%0256d", 0))
+	for i := 0; i < b.N; i += 500 {
+		var msgs []outbox.Message
+		for j := i; j < min(i+500, b.N); j++ {
+			msgs = append(msgs, outbox.Message{Topic: "order.paid", Key: []byte(fmt.Sprintf("O-%06d", j%1000)), Value: value})
+		}
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			return ob.EnqueueFor(ctx, tx, dedup.Key{Scope: "payments", ID: fmt.Sprint(i)}, msgs...)
+		}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	relay, err := outbox.NewRelay(outbox.RelayConfig{Outbox: ob, Publisher: outbox.PublisherFunc(func(context.Context, []outbox.Record, []error) {}),
+		BatchSize: 500, PollInterval: time.Millisecond, Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+	done := make(chan error, 1)
+	b.ResetTimer()
+	go func() { done <- relay.Run(ctx) }()
+	for relay.Stats().Published < int64(b.N) {
+		time.Sleep(time.Millisecond)
+	}
+	b.StopTimer()
+	if err := relay.Stop(ctx); err != nil {
+		b.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 }

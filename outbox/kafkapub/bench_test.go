@@ -55,18 +55,24 @@ func BenchmarkPublish(b *testing.B) {
 		b.StopTimer()
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 	})
-	b.Run("relay", func(b *testing.B) {
-		topic := relaytest.Name(b, "bench")
-		k.CreateTopic(b, topic, 8, nil)
-		ob, pool, _ := relaytest.NewOutbox(b)
-		fill(b, pool, ob, topic, b.N)
-		pub, err := kafkapub.New(kafkapub.Config{Brokers: k.Brokers})
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer pub.Close()
-		runRelay(b, ob, pub)
-	})
+	for _, relays := range []int{1, 2} {
+		b.Run(fmt.Sprintf("relays=%d", relays), func(b *testing.B) {
+			topic := relaytest.Name(b, "bench")
+			k.CreateTopic(b, topic, 8, nil)
+			ob, pool, _ := relaytest.NewOutbox(b)
+			fill(b, pool, ob, topic, b.N)
+			var pubs []outbox.Publisher
+			for range relays {
+				pub, err := kafkapub.New(kafkapub.Config{Brokers: k.Brokers})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer pub.Close()
+				pubs = append(pubs, pub)
+			}
+			runRelays(b, ob, pubs)
+		})
+	}
 }
 
 // fill enqueues n messages in transactions of 500, outside the timer.
@@ -93,17 +99,33 @@ func fill(b *testing.B, pool interface {
 	}
 }
 
-// runRelay times one relay draining the outbox.
-func runRelay(b *testing.B, ob *outbox.Outbox, pub outbox.Publisher) {
+// runRelays times relays, one per publisher, draining the outbox together.
+func runRelays(b *testing.B, ob *outbox.Outbox, pubs []outbox.Publisher) {
 	b.Helper()
-	relay, err := outbox.NewRelay(outbox.RelayConfig{Outbox: ob, Publisher: pub, BatchSize: 500, PollInterval: time.Millisecond, Logger: testenv.Logger(b)})
-	if err != nil {
-		b.Fatal(err)
+	var relays []*outbox.Relay
+	for _, pub := range pubs {
+		relay, err := outbox.NewRelay(outbox.RelayConfig{Outbox: ob, Publisher: pub, BatchSize: 500, PollInterval: time.Millisecond, Logger: testenv.Logger(b)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		relays = append(relays, relay)
 	}
-	done := make(chan error, 1)
+	published := func() (n int64, rounds int64) {
+		for _, r := range relays {
+			st := r.Stats()
+			if st.Failed != 0 {
+				b.Fatalf("stats %+v", st)
+			}
+			n, rounds = n+st.Published, rounds+st.Rounds
+		}
+		return n, rounds
+	}
+	done := make(chan error, len(relays))
 	b.ResetTimer()
-	go func() { done <- relay.Run(context.Background()) }()
-	for relay.Stats().Published < int64(b.N) {
+	for _, r := range relays {
+		go func() { done <- r.Run(context.Background()) }()
+	}
+	for n, _ := published(); n < int64(b.N); n, _ = published() {
 		select {
 		case err := <-done:
 			b.Fatalf("relay stopped: %v", err)
@@ -111,16 +133,18 @@ func runRelay(b *testing.B, ob *outbox.Outbox, pub outbox.Publisher) {
 		}
 	}
 	b.StopTimer()
-	if err := relay.Stop(context.Background()); err != nil {
-		b.Fatal(err)
+	for _, r := range relays {
+		if err := r.Stop(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			b.Fatal(err)
+		}
 	}
-	if err := <-done; err != nil {
-		b.Fatal(err)
-	}
-	st := relay.Stats()
-	if st.Failed != 0 || st.Published != int64(b.N) {
-		b.Fatalf("stats %+v", st)
+	n, rounds := published()
+	if n != int64(b.N) {
+		b.Fatalf("published %d of %d", n, b.N)
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
-	b.ReportMetric(float64(st.Published)/float64(st.Rounds), "msgs/round")
+	b.ReportMetric(float64(n)/float64(rounds), "msgs/round")
 }
