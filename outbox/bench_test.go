@@ -23,13 +23,14 @@ import (
 // ledger row per message, and Enqueue per message; "+notify" adds the
 // NOTIFY a LISTENing relay would need (the wakeup the relay does not use;
 // see the package doc). batch/*: a BatchHandler inserting the batch's
-// ledger rows in one statement, and EnqueueAll for the batch. Run it on a
+// ledger rows in one statement, and EnqueueAll for the batch (and one
+// NOTIFY per transaction). Run it on a
 // durable Postgres to see what NOTIFY's commit lock costs:
 //
 //	IDEM_TEST_PG_URL=$IDEM_BENCH_PG_URL go test -run '^$' -bench ConsumerBatch -benchtime 20000x ./outbox/
 func BenchmarkConsumerBatch(b *testing.B) {
 	payload := `{"txn_id":"T%09d","order_id":"O-%06d","amount":%d,"currency":"CNY","channel":"wechat","status":"SUCCESS"}`
-	for _, mode := range []string{"handler/no-outbox", "handler/outbox", "handler/outbox+notify", "batch/no-outbox", "batch/outbox"} {
+	for _, mode := range []string{"handler/no-outbox", "handler/outbox", "handler/outbox+notify", "batch/no-outbox", "batch/outbox", "batch/outbox+notify"} {
 		b.Run(mode, func(b *testing.B) {
 			pool, schema := testenv.SchemaPool(b)
 			ctx := context.Background()
@@ -77,14 +78,18 @@ func BenchmarkConsumerBatch(b *testing.B) {
 				for i, m := range ms {
 					k, _ := m.DedupKey()
 					ids[i] = k.ID
-					if mode == "batch/outbox" {
+					if mode != "batch/no-outbox" {
 						out = append(out, outbox.Outgoing{From: m, Messages: []outbox.Message{{Topic: "order.paid", Key: m.Key, Value: m.Value}}})
 					}
 				}
 				if _, err := tx.Exec(ctx, `INSERT INTO ledger (txn_id, amount) SELECT unnest($1::text[]), 1`, ids); err != nil {
 					return err
 				}
-				return ob.EnqueueAll(ctx, tx, out)
+				if err := ob.EnqueueAll(ctx, tx, out); err != nil || mode != "batch/outbox+notify" {
+					return err
+				}
+				_, err := tx.Exec(ctx, `SELECT pg_notify('idem_outbox', '')`)
+				return err
 			})
 			cfg := consumer.Config[pgx.Tx]{Name: "payments", Store: st, Key: consumer.ByJSONField("txn_id"), BatchSize: 100, Logger: quiet}
 			if strings.HasPrefix(mode, "batch/") {
