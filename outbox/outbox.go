@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode"
 	"unicode/utf8"
 
@@ -76,7 +77,10 @@ type Outbox struct {
 	dead   string // sanitized schema.table_dead
 	lockID int32  // the relay's advisory lock class for this table
 
-	insertSQL string
+	insertSQL string // EnqueueAll's: arrays, any number of parents
+
+	mu        sync.Mutex
+	valuesSQL map[int]string // EnqueueFor's, per number of messages
 }
 
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
@@ -101,27 +105,28 @@ func New(pool *pgxpool.Pool, cfg Config) (*Outbox, error) {
 	h := fnv.New32a()
 	h.Write([]byte("idem.outbox:" + cfg.Schema + "." + cfg.Table))
 	o := &Outbox{
-		pool:   pool,
-		cfg:    cfg,
-		table:  pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize(),
-		dead:   pgx.Identifier{cfg.Schema, cfg.Table + "_dead"}.Sanitize(),
-		lockID: int32(h.Sum32()),
+		pool:      pool,
+		cfg:       cfg,
+		table:     pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize(),
+		dead:      pgx.Identifier{cfg.Schema, cfg.Table + "_dead"}.Sanitize(),
+		lockID:    int32(h.Sum32()),
+		valuesSQL: map[int]string{},
 	}
-	o.insertSQL = `WITH m AS (
-    SELECT u.*, (sum(u.hc) OVER (ORDER BY u.ord) - u.hc)::int AS h0,
-           (row_number() OVER (PARTITION BY u.scope, u.pkey ORDER BY u.ord) - 1)::int AS i
-    FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bytea[], $6::int2[], $7::int4[])
-        WITH ORDINALITY AS u(scope, pkey, topic, key, value, shard, hc, ord)),
-base AS (
-    SELECT p.scope, p.pkey, (SELECT count(*) FROM ` + o.table + ` t
-        WHERE t.parent_scope = p.scope AND t.parent_key = p.pkey AND t.tx = pg_current_xact_id())::int AS n
-    FROM (SELECT DISTINCT scope, pkey FROM m) p)
-INSERT INTO ` + o.table + ` (id, parent_scope, parent_key, position, shard, topic, key, value, header_keys, header_values)
-SELECT left(encode(sha256(convert_to('idem-outbox' || chr(31) || m.scope || chr(31) || m.pkey || chr(31) || (base.n + m.i)::text, 'UTF8')), 'hex'), 32),
-       m.scope, m.pkey, base.n + m.i, m.shard, m.topic, m.key, m.value,
-       ($8::text[])[m.h0 + 1 : m.h0 + m.hc], ($9::bytea[])[m.h0 + 1 : m.h0 + m.hc]
-FROM m JOIN base ON base.scope = m.scope AND base.pkey = m.pkey
-ORDER BY m.ord
+	// Positions: the count of rows this transaction wrote under the parent
+	// before (LATERAL, one index probe per row; rows of this statement are
+	// not in its snapshot) plus the row's index among its parent's in this
+	// call, numbered in Go. Postgres plans it afresh each time (the array
+	// sizes make a custom plan look cheaper than the generic one), a cost
+	// a batch's worth of messages shares.
+	o.insertSQL = `INSERT INTO ` + o.table + ` (id, parent_scope, parent_key, position, shard, topic, key, value, header_keys, header_values)
+SELECT left(encode(sha256(convert_to('idem-outbox' || chr(31) || u.scope || chr(31) || u.pkey || chr(31) || (b.n + u.i)::text, 'UTF8')), 'hex'), 32),
+       u.scope, u.pkey, b.n + u.i, u.shard, u.topic, u.key, u.value,
+       ($10::text[])[u.h0 + 1 : u.h0 + u.hc], ($11::bytea[])[u.h0 + 1 : u.h0 + u.hc]
+FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bytea[], $6::int2[], $7::int4[], $8::int4[], $9::int4[])
+    WITH ORDINALITY AS u(scope, pkey, topic, key, value, shard, i, h0, hc, ord)
+CROSS JOIN LATERAL (SELECT count(*)::int AS n FROM ` + o.table + ` t
+    WHERE t.parent_scope = u.scope AND t.parent_key = u.pkey AND t.tx = pg_current_xact_id()) AS b
+ORDER BY u.ord
 ON CONFLICT (parent_scope, parent_key, position) DO UPDATE SET tx = EXCLUDED.tx`
 	return o, nil
 }
@@ -180,9 +185,69 @@ func (o *Outbox) EnqueueFor(ctx context.Context, tx pgx.Tx, parent dedup.Key, ms
 			return consumer.Permanent(fmt.Errorf("outbox: message %d: %w", i, err))
 		}
 	}
-	var rows insertRows
-	rows.add(parent, msgs)
-	return o.insert(ctx, tx, &rows)
+	for len(msgs) > 0 {
+		n := min(len(msgs), maxPerStatement)
+		if _, err := tx.Exec(ctx, o.values(n), valuesArgs(parent, msgs[:n])...); err != nil {
+			return fmt.Errorf("outbox: enqueue: %w", err)
+		}
+		msgs = msgs[n:]
+	}
+	return nil
+}
+
+const (
+	maxPerStatement = 100
+	perMessage      = 6 // parameters per message
+)
+
+// values returns the INSERT of n messages under one parent ($1, $2), the
+// rest of the parameters a VALUES list: no arrays, so that after five runs
+// Postgres keeps one generic plan instead of planning every call. Positions
+// go on from the rows this transaction wrote under the parent before.
+func (o *Outbox) values(n int) string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if s, ok := o.valuesSQL[n]; ok {
+		return s
+	}
+	var b strings.Builder
+	b.WriteString(`WITH base AS (
+    SELECT count(*)::int AS n FROM ` + o.table + `
+    WHERE parent_scope = $1 AND parent_key = $2 AND tx = pg_current_xact_id())
+INSERT INTO ` + o.table + ` (id, parent_scope, parent_key, position, shard, topic, key, value, header_keys, header_values)
+SELECT left(encode(sha256(convert_to('idem-outbox' || chr(31) || $1::text || chr(31) || $2::text || chr(31) || (base.n + v.i)::text, 'UTF8')), 'hex'), 32),
+       $1, $2, base.n + v.i, v.shard, v.topic, v.key, v.value, v.hk, v.hv
+FROM base, (VALUES `)
+	for i := range n {
+		p := 3 + perMessage*i
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "($%d::text, $%d::bytea, $%d::bytea, $%d::text[], $%d::bytea[], $%d::smallint, %d)", p, p+1, p+2, p+3, p+4, p+5, i)
+	}
+	b.WriteString(`) AS v(topic, key, value, hk, hv, shard, i)
+ORDER BY v.i
+ON CONFLICT (parent_scope, parent_key, position) DO UPDATE SET tx = EXCLUDED.tx`)
+	s := b.String()
+	o.valuesSQL[n] = s
+	return s
+}
+
+// valuesArgs lays msgs out as values' parameters.
+func valuesArgs(parent dedup.Key, msgs []Message) []any {
+	args := make([]any, 0, 2+perMessage*len(msgs))
+	args = append(args, parent.Scope, parent.ID)
+	for _, m := range msgs {
+		hk, hv := make([]string, len(m.Headers)), make([][]byte, len(m.Headers))
+		for j, h := range m.Headers {
+			hk[j], hv[j] = h.Key, h.Value
+			if hv[j] == nil {
+				hv[j] = []byte{}
+			}
+		}
+		args = append(args, m.Topic, m.Key, m.Value, hk, hv, shardOf(parent, m))
+	}
+	return args
 }
 
 // Outgoing is what one handled message sends, for EnqueueAll.
@@ -221,16 +286,23 @@ type insertRows struct {
 	scopes, pkeys, topics []string
 	keys, values          [][]byte
 	shards                []int16
-	hcounts               []int32
+	idx                   []int32 // the row's index among its parent's in this call
+	hstart, hcounts       []int32
 	hkeys                 []string
 	hvalues               [][]byte
+	seen                  map[dedup.Key]int32
 }
 
 func (r *insertRows) add(parent dedup.Key, msgs []Message) {
+	if r.seen == nil {
+		r.seen = map[dedup.Key]int32{}
+	}
 	for _, m := range msgs {
 		r.scopes, r.pkeys, r.topics = append(r.scopes, parent.Scope), append(r.pkeys, parent.ID), append(r.topics, m.Topic)
 		r.keys, r.values = append(r.keys, m.Key), append(r.values, m.Value)
-		r.shards, r.hcounts = append(r.shards, shardOf(parent, m)), append(r.hcounts, int32(len(m.Headers)))
+		r.shards, r.idx = append(r.shards, shardOf(parent, m)), append(r.idx, r.seen[parent])
+		r.seen[parent]++
+		r.hstart, r.hcounts = append(r.hstart, int32(len(r.hkeys))), append(r.hcounts, int32(len(m.Headers)))
 		for _, h := range m.Headers {
 			v := h.Value
 			if v == nil {
@@ -241,8 +313,7 @@ func (r *insertRows) add(parent dedup.Key, msgs []Message) {
 	}
 }
 
-// insert writes rows in one statement: positions count on from the rows
-// this transaction wrote under each parent before, per parent in order.
+// insert writes rows in one statement.
 func (o *Outbox) insert(ctx context.Context, tx pgx.Tx, r *insertRows) error {
 	if len(r.scopes) == 0 {
 		return nil
@@ -250,7 +321,7 @@ func (o *Outbox) insert(ctx context.Context, tx pgx.Tx, r *insertRows) error {
 	if r.hkeys == nil {
 		r.hkeys, r.hvalues = []string{}, [][]byte{}
 	}
-	if _, err := tx.Exec(ctx, o.insertSQL, r.scopes, r.pkeys, r.topics, r.keys, r.values, r.shards, r.hcounts, r.hkeys, r.hvalues); err != nil {
+	if _, err := tx.Exec(ctx, o.insertSQL, r.scopes, r.pkeys, r.topics, r.keys, r.values, r.shards, r.idx, r.hstart, r.hcounts, r.hkeys, r.hvalues); err != nil {
 		return fmt.Errorf("outbox: enqueue: %w", err)
 	}
 	return nil
