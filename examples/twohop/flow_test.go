@@ -182,8 +182,12 @@ func TestReconcileCatchesSecondHopFaults(t *testing.T) {
 	w := newWorld(t, pool, schema, 40, 5)
 	w.bookPayments(t, "order.paid")
 	lb := &loopback{}
-	relaytest.StartRelay(t, outbox.RelayConfig{Outbox: w.ob, Publisher: lb})
+	relay := relaytest.StartRelay(t, outbox.RelayConfig{Outbox: w.ob, Publisher: lb})
 	relaytest.WaitFor(t, time.Minute, "the outbox drained", func() (bool, string) { return relaytest.Pending(t, pool, w.ob) == 0, "" })
+	// Stopped, so that the event put into the outbox below stays there.
+	if err := relay.Stop(relaytest.Ctx(t, time.Minute)); err != nil {
+		t.Fatal(err)
+	}
 	lb.mu.Lock()
 	msgs := lb.msgs
 	lb.mu.Unlock()
