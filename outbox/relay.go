@@ -297,7 +297,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	wait = dbWait.New()
 	for loopCtx.Err() == nil {
-		n, err := r.round(loopCtx, workCtx)
+		n, err := r.round(workCtx)
 		switch {
 		case err != nil && loopCtx.Err() != nil:
 			return nil
@@ -312,10 +312,10 @@ func (r *Relay) Run(ctx context.Context) error {
 			continue
 		}
 		wait = dbWait.New()
+		r.purge(loopCtx)
 		if n > 0 {
 			continue // there may be more
 		}
-		r.purge(loopCtx)
 		if err := r.cfg.Clock.Sleep(loopCtx, r.idleWait()); err != nil {
 			return nil
 		}
@@ -376,9 +376,9 @@ func (r *Relay) eligible(now time.Time) []int32 {
 }
 
 // round reads, publishes and marks one batch; it returns how many rows it
-// read. Waiting and the choice of shards follow loopCtx; the transaction and
-// the publish follow workCtx, so a graceful stop lets them finish.
-func (r *Relay) round(loopCtx, workCtx context.Context) (int, error) {
+// read. It follows workCtx, which a graceful stop leaves alone: the round in
+// flight finishes.
+func (r *Relay) round(workCtx context.Context) (int, error) {
 	shards := r.eligible(r.cfg.Clock.Now())
 	if len(shards) == 0 {
 		return 0, nil
@@ -401,6 +401,10 @@ func (r *Relay) round(loopCtx, workCtx context.Context) (int, error) {
 
 	var sent, dead []int64
 	var reasons []string
+	read := map[int16]bool{}
+	for _, sh := range shardOf {
+		read[sh] = true
+	}
 	failedShards := map[int16]error{}
 	failedKeys := map[string]bool{}
 	for i := range recs {
@@ -447,7 +451,7 @@ func (r *Relay) round(loopCtx, workCtx context.Context) (int, error) {
 		r.cfg.Logger.Warn("idem outbox: messages refused by the broker, moved to the dead-letter table",
 			slog.Int("count", len(dead)), slog.String("table", r.o.dead), slog.String("first_reason", reasons[0]))
 	}
-	r.backoffShards(shards, failedShards)
+	r.backoffShards(read, failedShards)
 	return len(recs), nil
 }
 
@@ -510,13 +514,13 @@ func (r *Relay) read(ctx context.Context, tx pgx.Tx, shards []int32) ([]Record, 
 	return recs, shardOf, nil
 }
 
-// backoffShards delays the shards with a failed record (jittered,
+// backoffShards delays the shards read with a failed record (jittered,
 // exponential per shard) and clears the backoff of those that went through.
-func (r *Relay) backoffShards(tried []int32, failed map[int16]error) {
+func (r *Relay) backoffShards(read map[int16]bool, failed map[int16]error) {
 	now := r.cfg.Clock.Now()
-	for _, s := range tried {
+	for s := range read {
 		st := &r.shards[s]
-		err, bad := failed[int16(s)]
+		err, bad := failed[s]
 		if !bad {
 			if st.b != nil {
 				r.cfg.Logger.Info("idem outbox: the shard publishes again", slog.Int("shard", int(s)), slog.Int("failed_rounds", st.failures))
