@@ -144,6 +144,11 @@ func BenchmarkRelayDrain(b *testing.B) {
 	b.ResetTimer()
 	go func() { done <- relay.Run(ctx) }()
 	for relay.Stats().Published < int64(b.N) {
+		if b.Elapsed() > 5*time.Minute {
+			_ = relay.Stop(ctx)
+			<-done
+			b.Fatalf("stats %+v after 5 minutes", relay.Stats())
+		}
 		time.Sleep(time.Millisecond)
 	}
 	b.StopTimer()
