@@ -49,7 +49,7 @@ func TestRelayToKafka(t *testing.T) {
 	ob, pool, _ := relaytest.NewOutbox(t)
 	relay := relaytest.StartRelay(t, outbox.RelayConfig{Outbox: ob, Publisher: newPublisher(t, kafkapub.Config{Brokers: k.Brokers}), BatchSize: 200})
 	want := relaytest.Enqueue(t, pool, ob, 40, 25, topic)
-	relaytest.WaitFor(t, 2*time.Minute, "the outbox drained", func() (bool, string) {
+	relaytest.WaitFor(t, 5*time.Minute, "the outbox drained", func() (bool, string) {
 		n := relaytest.Pending(t, pool, ob)
 		return n == 0, strconv.Itoa(n) + " pending"
 	})
@@ -103,7 +103,7 @@ func TestRefusalsAreDeadLettered(t *testing.T) {
 		t.Fatal(err)
 	}
 	relay := relaytest.StartRelay(t, outbox.RelayConfig{Outbox: ob, Publisher: newPublisher(t, kafkapub.Config{Brokers: k.Brokers})})
-	relaytest.WaitFor(t, 2*time.Minute, "the outbox drained", func() (bool, string) { return relaytest.Pending(t, pool, ob) == 0, "" })
+	relaytest.WaitFor(t, 5*time.Minute, "the outbox drained", func() (bool, string) { return relaytest.Pending(t, pool, ob) == 0, "" })
 	relaytest.CheckKeyOrder(t, read(t, k, topic, 2), 3)
 	dead := relaytest.DeadLetters(t, pool, ob)
 	if len(dead) != 3 {

@@ -80,7 +80,7 @@ func TestRelayToRocketMQ(t *testing.T) {
 	ob, pool, _ := relaytest.NewOutbox(t)
 	relay := relaytest.StartRelay(t, outbox.RelayConfig{Outbox: ob, Publisher: newPublisher(t, rocketmqpub.Config{NameServers: r.NameServers}), BatchSize: 100})
 	want := relaytest.Enqueue(t, pool, ob, 30, 10, topic)
-	relaytest.WaitFor(t, 2*time.Minute, "the outbox drained", func() (bool, string) {
+	relaytest.WaitFor(t, 5*time.Minute, "the outbox drained", func() (bool, string) {
 		n := relaytest.Pending(t, pool, ob)
 		return n == 0, strconv.Itoa(n) + " pending"
 	})
@@ -135,8 +135,10 @@ func TestRefusalsAreDeadLettered(t *testing.T) {
 		t.Fatal(err)
 	}
 	relay := relaytest.StartRelay(t, outbox.RelayConfig{Outbox: ob,
-		Publisher: newPublisher(t, rocketmqpub.Config{NameServers: r.NameServers, MaxBodyBytes: 8 << 20})})
-	relaytest.WaitFor(t, 2*time.Minute, "the outbox drained", func() (bool, string) { return relaytest.Pending(t, pool, ob) == 0, "" })
+		Publisher: newPublisher(t, rocketmqpub.Config{NameServers: r.NameServers, MaxBodyBytes: 8 << 20, SendTimeout: 30 * time.Second})})
+	// Generous: a 5 MiB send to a broker on a loaded machine can time out
+	// (transient, retried) several times before the broker refuses it.
+	relaytest.WaitFor(t, 5*time.Minute, "the outbox drained", func() (bool, string) { return relaytest.Pending(t, pool, ob) == 0, "" })
 	relaytest.CheckKeyOrder(t, delivered(read(t, r, topic, 2)), 3)
 	dead := relaytest.DeadLetters(t, pool, ob)
 	if len(dead) != 4 {
