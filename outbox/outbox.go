@@ -257,9 +257,9 @@ type Outgoing struct {
 }
 
 // EnqueueAll is Enqueue for many handled messages at once — a
-// BatchHandler's — in one statement. The messages of each Outgoing are numbered as Enqueue numbers
-// them; one From may appear more than once, its messages numbered on in
-// order.
+// BatchHandler's — in one statement. The messages of each Outgoing are
+// numbered as Enqueue numbers them; one From may appear more than once, its
+// messages numbered on in order.
 func (o *Outbox) EnqueueAll(ctx context.Context, tx pgx.Tx, out []Outgoing) error {
 	var rows insertRows
 	for i, og := range out {
