@@ -4,7 +4,7 @@ SHELL := /bin/bash
 SERVICES ?= postgres kafka rocketmq mariadb redis
 PKGS ?= ./...
 
-.PHONY: help test test-short testenv-up testenv-down bench bench-e2e fmt vet
+.PHONY: help test test-short testenv-up testenv-down bench bench-outbox bench-e2e fmt vet
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -39,6 +39,10 @@ fmt: ## gofmt the tree
 vet: ## go vet and a gofmt check
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 	go vet ./...
+
+bench-outbox: ## the outbox: what it costs a consumer, the relay against a raw producer (Kafka, RocketMQ), the relay's database side
+	@set -e; out=$$(scripts/testenv.sh up postgres kafka rocketmq); eval "$$out"; \
+	go test -run '^$$' -bench . -benchtime 20000x -count 1 ./outbox/...
 
 bench-e2e: ## idem vs raw kafka-go, hand-written dedup and the database ceiling (real Kafka, durable Postgres)
 	@set -e; out=$$(scripts/testenv.sh up kafka rocketmq postgres-durable); eval "$$out"; \

@@ -12,8 +12,11 @@ import (
 
 // The metadata of a dead letter: the headers (Kafka) or user properties
 // (RocketMQ) every adapter puts on the letters it writes, defined once. The
-// original message's own headers come first, except earlier idem-* ones
-// (MetaPrefix), which are replaced — but for the redrive lineage.
+// original message's own headers come first, except earlier ones of these
+// names, which are replaced. Other idem-* headers, such as the redrive
+// lineage below and an outbox message's identity (idem-outbox-*), are the
+// message's own and stay: a letter redriven later keeps the key it is
+// deduplicated by.
 const (
 	MetaPrefix    = "idem-"
 	MetaReason    = "idem-reason"             // why: the error text, at most dedup.MaxReasonLen bytes
@@ -39,14 +42,11 @@ const (
 	MetaRedrivenFrom = "idem-redriven-from" // the dead letter it was redriven from: topic/partition/offset
 )
 
-// lineage reports the idem-* headers a letter keeps from its message.
-func lineage(k string) bool { return k == MetaRedriveCount || k == MetaRedrivenFrom }
-
 // DeadLetterRecord is a Letter laid out for a broker: what an adapter writes.
 type DeadLetterRecord struct {
-	// Headers are the original message's headers (earlier idem-* ones
-	// left out, but for the lineage of a redriven message), then the
-	// metadata above. Values carry no control
+	// Headers are the original message's headers (earlier dead-letter
+	// metadata left out; the redrive lineage and an outbox identity stay),
+	// then the metadata above. Values carry no control
 	// characters (they become spaces), which some brokers' encodings
 	// cannot hold.
 	Headers []Header
@@ -60,7 +60,7 @@ func (l Letter) Record(maxValue int) DeadLetterRecord {
 	m := l.Message
 	headers := make([]Header, 0, len(m.Headers)+12)
 	for _, h := range m.Headers {
-		if !strings.HasPrefix(h.Key, MetaPrefix) || lineage(h.Key) {
+		if !isMeta(h.Key) {
 			headers = append(headers, h)
 		}
 	}
@@ -90,6 +90,15 @@ func (l Letter) Record(maxValue int) DeadLetterRecord {
 	}
 	return DeadLetterRecord{Headers: headers, Value: value}
 }
+
+var metaNames = map[string]bool{
+	MetaReason: true, MetaAttempts: true, MetaTopic: true, MetaPartition: true, MetaLane: true,
+	MetaOffset: true, MetaMessageID: true, MetaAttempt: true, MetaKeyScope: true, MetaKey: true,
+	MetaValueSHA256: true, MetaValueSize: true,
+}
+
+// isMeta reports whether a header is dead-letter metadata.
+func isMeta(k string) bool { return strings.HasPrefix(k, MetaPrefix) && metaNames[k] }
 
 // clean replaces control characters with spaces.
 func clean(s string) string {

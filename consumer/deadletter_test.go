@@ -11,8 +11,9 @@ import (
 
 func TestDeadLetterRecord(t *testing.T) {
 	m := &consumer.Message{Topic: "pay", Partition: 3, Offset: 42, ID: "pay/3/42", Lane: "pay/3", Attempt: 2,
-		Value:   []byte(`{"txn_id":"T1"}`),
-		Headers: []consumer.Header{{Key: "trace", Value: []byte("t1")}, {Key: consumer.MetaReason, Value: []byte("an earlier one")}}}
+		Value: []byte(`{"txn_id":"T1"}`),
+		Headers: []consumer.Header{{Key: "trace", Value: []byte("t1")}, {Key: consumer.MetaReason, Value: []byte("an earlier one")},
+			{Key: "idem-outbox-id", Value: []byte("0f1e")}}}
 	l := consumer.Letter{Message: m, Key: dedup.Key{Scope: "payments", ID: "T1"}, Reason: errors.New("bad\namount"), Attempts: 3}
 	rec := l.Record(1 << 20)
 	got := map[string]string{}
@@ -23,7 +24,7 @@ func TestDeadLetterRecord(t *testing.T) {
 		got[h.Key] = string(h.Value)
 	}
 	want := map[string]string{
-		"trace": "t1", consumer.MetaReason: "bad amount", consumer.MetaAttempts: "3", consumer.MetaTopic: "pay",
+		"trace": "t1", "idem-outbox-id": "0f1e", consumer.MetaReason: "bad amount", consumer.MetaAttempts: "3", consumer.MetaTopic: "pay",
 		consumer.MetaPartition: "3", consumer.MetaLane: "pay/3", consumer.MetaOffset: "42", consumer.MetaMessageID: "pay/3/42",
 		consumer.MetaAttempt: "2", consumer.MetaKeyScope: "payments", consumer.MetaKey: "T1",
 	}

@@ -62,5 +62,6 @@ func (c *Consumer[TTx]) keyItem(it *item) error {
 		return fmt.Errorf("fingerprint: %w", err)
 	}
 	it.claim = dedup.Claim{Key: k, Fingerprint: fp, Source: src}
+	m.dedupKey = k
 	return nil
 }

@@ -1,6 +1,10 @@
 package consumer
 
-import "time"
+import (
+	"time"
+
+	"github.com/idemkit/idem/dedup"
+)
 
 // Message is the broker-neutral envelope a Source delivers.
 type Message struct {
@@ -29,6 +33,20 @@ type Message struct {
 	// Raw is the underlying broker message (*kafka.Message,
 	// *primitive.MessageExt), for handlers that need more.
 	Raw any
+
+	// dedupKey is the key the consumer claimed for the message; see DedupKey.
+	dedupKey dedup.Key
+}
+
+// DedupKey returns the dedup key the consumer derived for m — its scope (the
+// consumer's Name, plus the tenant) and ID — and whether there is one. A
+// handler and a BatchHandler see it on every message they are given: their
+// effects commit with that key's row. Work that flows on from the message
+// (an outbox message, see package outbox) takes its identity from it, so
+// that every re-run of the handler produces the same identities. A message
+// the consumer has not keyed (one built by hand) has none.
+func (m *Message) DedupKey() (dedup.Key, bool) {
+	return m.dedupKey, m.dedupKey != (dedup.Key{})
 }
 
 // Header is one message header or user property.

@@ -1,0 +1,7 @@
+//go:build !linux
+
+package twohop_test
+
+import "os/exec"
+
+func dieWithParent(*exec.Cmd) {}

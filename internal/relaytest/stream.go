@@ -1,0 +1,93 @@
+package relaytest
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/outbox"
+)
+
+// Enqueue enqueues perKey messages for each of keys keys ("k000", ...) to
+// topic, from keys/3 goroutines (a key is always written by the same one,
+// in order), in transactions of 1 to 4 messages per key. Values are
+// "<key> <n>". It returns how many messages it enqueued.
+func Enqueue(t testing.TB, pool *pgxpool.Pool, ob *outbox.Outbox, keys, perKey int, topic string) int {
+	t.Helper()
+	writers := max(1, keys/3)
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; n < perKey; {
+				size := 1 + (n+w)%4
+				err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+					var msgs []outbox.Message
+					for i := 0; i < size && n+i < perKey; i++ {
+						for k := w; k < keys; k += writers {
+							key := fmt.Sprintf("k%03d", k)
+							msgs = append(msgs, outbox.Message{Topic: topic, Key: []byte(key), Value: []byte(key + " " + strconv.Itoa(n+i))})
+						}
+					}
+					return ob.EnqueueFor(context.Background(), tx, dedup.Key{Scope: "producer", ID: fmt.Sprintf("w%d-%d", w, n)}, msgs...)
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+				n += size
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	return keys * perKey
+}
+
+// Delivered is a message as a broker gave it back.
+type Delivered struct{ ID, Key, Value string }
+
+// CheckKeyOrder checks messages from Enqueue, read back per partition or
+// queue in order: the first copy of each (by ID) comes in its key's order,
+// all want of them are there. It returns how many copies were duplicates.
+func CheckKeyOrder(t testing.TB, got []Delivered, want int) int {
+	t.Helper()
+	seen := map[string]bool{}
+	next := map[string]int{}
+	dups := 0
+	for _, d := range got {
+		if d.ID == "" {
+			t.Fatalf("message %q without %s", d.Value, outbox.HeaderID)
+		}
+		if seen[d.ID] {
+			dups++
+			continue
+		}
+		seen[d.ID] = true
+		key, nstr, _ := strings.Cut(d.Value, " ")
+		n, _ := strconv.Atoi(nstr)
+		if key != d.Key {
+			t.Fatalf("message %s: value %q under key %q", d.ID, d.Value, d.Key)
+		}
+		if n != next[key] {
+			t.Fatalf("key %s: message %d arrived (first copy) when %d was due", key, n, next[key])
+		}
+		next[key]++
+	}
+	if len(seen) != want {
+		t.Fatalf("%d distinct messages arrived, want %d", len(seen), want)
+	}
+	return dups
+}
