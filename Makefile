@@ -53,8 +53,8 @@ stress: ## run packages again and again under -race, with extra CPU load: make s
 	scripts/stress.sh -n $(or $(RUNS),10) -load $(or $(LOAD),0) $(if $(RUN),-run '$(RUN)') $(PKGS)
 
 .PHONY: test-faults
-test-faults: ## the fault-injection suite alone (child consumers, SIGKILLs, restarts), with its summary table
+test-faults: ## the fault-injection suite alone (child consumers, SIGKILLs, restarts) with its summary table, and the outbox relay's faults (examples/twohop)
 	@set -e; out=$$(scripts/testenv.sh up $(SERVICES)); eval "$$out"; \
 	summary=$$(mktemp); trap 'rm -f $$summary' EXIT; \
-	IDEM_FAULTS_SUMMARY=$$summary go test -race -count=1 -timeout 20m ./internal/faults; \
+	IDEM_FAULTS_SUMMARY=$$summary go test -race -count=1 -timeout 20m ./internal/faults ./examples/twohop; \
 	cat $$summary

@@ -55,6 +55,8 @@ JVM_OPTS=(
 
 log() { printf 'kafka.sh: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
+# shellcheck source=tests_lock.sh
+. "$(dirname "${BASH_SOURCE[0]}")/tests_lock.sh"
 
 # --- jars -----------------------------------------------------------------
 
@@ -240,6 +242,7 @@ lock() {
 # --- commands -------------------------------------------------------------
 
 cmd_up() {
+  wait_tests_done kafka
   lock
   local pid
   if pid="$(find_pid)"; then

@@ -39,6 +39,8 @@ STOP_TIMEOUT=60
 
 log() { printf 'mariadb.sh: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
+# shellcheck source=tests_lock.sh
+. "$(dirname "${BASH_SOURCE[0]}")/tests_lock.sh"
 
 dsn() { echo "root@tcp($HOST:$PORT)/$DB"; }
 
@@ -186,6 +188,7 @@ lock() {
 
 cmd_up() {
   install
+  wait_tests_done mariadb
   lock
   local pid
   if pid="$(find_pid)"; then

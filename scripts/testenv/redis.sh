@@ -28,6 +28,8 @@ READY_TIMEOUT=30
 
 log() { printf 'redis.sh: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
+# shellcheck source=tests_lock.sh
+. "$(dirname "${BASH_SOURCE[0]}")/tests_lock.sh"
 
 install() {
   command -v redis-server >/dev/null && command -v redis-cli >/dev/null && return 0
@@ -123,6 +125,7 @@ lock() {
 
 cmd_up() {
   install
+  wait_tests_done redis
   lock
   local pid
   if pid="$(find_pid)" && answers; then
