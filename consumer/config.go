@@ -112,6 +112,20 @@ type Config[TTx any] struct {
 	// LaneBuffer is how many delivered messages a lane queues before deliver
 	// blocks; default 2*BatchSize.
 	LaneBuffer int
+	// KeyLanes, above 1, spreads each partition's (queue's) messages over
+	// that many lanes by record key (Message.Key; FNV-1a modulo KeyLanes):
+	// messages of one key stay in one lane and in order, messages of other
+	// keys commit beside them in their own transactions. For topics with
+	// fewer partitions than the store has room for transactions. The
+	// broker's offset still moves only past a contiguous run of settled
+	// messages (the adapters commit the watermark), so a crash or rebalance
+	// redelivers what lies behind the slowest key lane, and the dedup store
+	// skips it. Order between keys is not kept; messages without a key all
+	// share one key lane. Pick a record key that is the dedup key's
+	// partitioning (a business key in the record key): two messages with one
+	// dedup key in two key lanes wait for each other's transaction.
+	// Default 0 (or 1): one lane per partition; at most 256.
+	KeyLanes int
 
 	// Retry bounds the retries of transient failures.
 	Retry RetryPolicy
@@ -196,6 +210,9 @@ func (c *Config[TTx]) validate() error {
 	}
 	if c.LaneBuffer < 0 {
 		add("LaneBuffer is negative (%d)", c.LaneBuffer)
+	}
+	if c.KeyLanes < 0 || c.KeyLanes > 256 {
+		add("KeyLanes is %d, want 0..256 (0 or 1: one lane per partition)", c.KeyLanes)
 	}
 	r := c.Retry
 	if r.Initial < 0 || r.Max < 0 || r.MaxElapsed < 0 || r.MaxAttempts < 0 || r.Multiplier < 0 {

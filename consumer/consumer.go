@@ -14,7 +14,8 @@ import (
 )
 
 // Consumer runs a Source through a Handler with deduplication: one ordered
-// lane per partition or queue, lanes in parallel, each batch one transaction.
+// lane per partition or queue (or Config.KeyLanes per partition, by record
+// key), lanes in parallel, each batch one transaction.
 type Consumer[TTx any] struct {
 	cfg     Config[TTx]
 	handler Handler[TTx]      // nil when batch is set
@@ -24,7 +25,7 @@ type Consumer[TTx any] struct {
 	stats   counters
 
 	lanesMu sync.Mutex
-	lanes   map[string]*lane[TTx]
+	lanes   map[laneID]*lane[TTx]
 	closed  bool // guarded by lanesMu: no new messages are taken
 	lanesWG sync.WaitGroup
 
@@ -64,7 +65,7 @@ func New[TTx any](cfg Config[TTx]) (*Consumer[TTx], error) {
 		batch:   cfg.BatchHandler,
 		policy:  policy,
 		infra:   infra,
-		lanes:   make(map[string]*lane[TTx]),
+		lanes:   make(map[laneID]*lane[TTx]),
 		done:    make(chan struct{}),
 	}, nil
 }
@@ -210,10 +211,11 @@ func (c *Consumer[TTx]) deliver(ctx, workCtx context.Context, m *Message) error 
 		c.lanesMu.Unlock()
 		return ErrStopped
 	}
-	l, ok := c.lanes[m.Lane]
+	id := c.laneOf(m)
+	l, ok := c.lanes[id]
 	if !ok {
-		l = newLane(c, m.Lane)
-		c.lanes[m.Lane] = l
+		l = newLane(c, id.String())
+		c.lanes[id] = l
 		c.lanesWG.Add(1)
 		go l.run(workCtx, c)
 	}

@@ -38,9 +38,9 @@ func (c *Consumer[TTx]) Health(ctx context.Context) Health {
 	h.Running = c.started && !c.isDone()
 	c.runMu.Unlock()
 	c.lanesMu.Lock()
-	for name, l := range c.lanes {
+	for _, l := range c.lanes {
 		if l.stopped() {
-			h.StoppedLanes = append(h.StoppedLanes, name)
+			h.StoppedLanes = append(h.StoppedLanes, l.name)
 		}
 	}
 	c.lanesMu.Unlock()

@@ -8,7 +8,41 @@ import (
 	"time"
 )
 
-// A lane processes one partition's or queue's messages in order. Its data
+// laneID names a lane: the source's lane (Message.Lane, a partition or
+// queue) and, with Config.KeyLanes, which of its key lanes.
+type laneID struct {
+	lane string
+	key  int // 0..KeyLanes-1; -1 without key lanes
+}
+
+// String is the lane's name in logs, observers and Health: the source's
+// lane, with "#k" for key lane k when Config.KeyLanes is above 1.
+func (id laneID) String() string {
+	if id.key < 0 {
+		return id.lane
+	}
+	return id.lane + "#" + itoa(int64(id.key))
+}
+
+// laneOf returns the lane m goes to: its source lane or, with KeyLanes above
+// 1, the key lane its record key hashes to (FNV-1a), so that the messages of
+// one key stay in one lane, in order. Messages without a key share key lane
+// of the empty key.
+func (c *Consumer[TTx]) laneOf(m *Message) laneID {
+	n := c.cfg.KeyLanes
+	if n <= 1 {
+		return laneID{lane: m.Lane, key: -1}
+	}
+	h := uint32(2166136261)
+	for _, b := range m.Key {
+		h ^= uint32(b)
+		h *= 16777619
+	}
+	return laneID{lane: m.Lane, key: int(h % uint32(n))}
+}
+
+// A lane processes one partition's or queue's messages in order (with
+// Config.KeyLanes, the messages of some of its keys). Its data
 // flows through four stages, each a type of its own:
 //
 //	batcher     fills a batch from the lane's channel (batcher.go)
