@@ -54,6 +54,7 @@ type childSpec struct {
 	StopLane   bool          // consumer.StopLaneOnExhausted instead of dead-lettering
 	Orderly    bool          // RocketMQ orderly mode
 	Reconsume  int           // rocketmq.Config.MaxReconsumeTimes; default the adapter's
+	KeyLanes   int           // consumer.Config.KeyLanes
 }
 
 // failpoints are the faults a child injects into itself. Keys are txn_ids.
@@ -233,6 +234,7 @@ func (spec *childSpec) run() error {
 		BatchSize:       spec.BatchSize,
 		Retry:           consumer.RetryPolicy{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond, MaxAttempts: attempts},
 		Logger:          log,
+		KeyLanes:        spec.KeyLanes,
 	}
 	if spec.Tenants {
 		ccfg.Tenant = consumer.ByHeader(tenantHeader)
@@ -351,8 +353,8 @@ func (spec *childSpec) handler(st *childState) consumer.Handler[pgx.Tx] {
 			}
 			// Swallowed: the transaction is aborted, the handler says nothing.
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO `+audit+` (tenant, txn_id, lane, part, off, pid) VALUES ($1, $2, $3, $4, $5, $6)`,
-			tenant, txn, m.Lane, m.Partition, m.Offset, pid)
+		_, err := tx.Exec(ctx, `INSERT INTO `+audit+` (tenant, txn_id, lane, part, off, pid, rkey) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+			tenant, txn, m.Lane, m.Partition, m.Offset, pid, string(m.Key))
 		if swallowed[txn] {
 			return nil
 		}

@@ -65,6 +65,9 @@ type outMsg struct {
 	Value  []byte
 	Part   int
 	Tenant string
+	// Key is the record key; default the ID. A message keyed otherwise
+	// carries its ID in the idHeader header (Kafka).
+	Key string
 }
 
 // letter is a dead letter read back from the broker.
@@ -147,7 +150,7 @@ func (r *rig) setupDB(t *testing.T) {
 	r.pool = schemaPool(t, url, r.schema)
 	if _, err := r.pool.Exec(ctx, `CREATE TABLE effects_audit (
 		id bigserial PRIMARY KEY, tenant text NOT NULL, txn_id text NOT NULL, lane text NOT NULL,
-		part int NOT NULL, off bigint NOT NULL, pid int NOT NULL)`); err != nil {
+		part int NOT NULL, off bigint NOT NULL, pid int NOT NULL, rkey text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
 	if err := migrate(ctx, r.pool, r.schema); err != nil {

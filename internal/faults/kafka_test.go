@@ -54,6 +54,10 @@ func (k *kafkaBroker) produce(t *testing.T, topic string, msgs []outMsg) {
 		if m.Tenant != "" {
 			km[i].Headers = []kafkago.Header{{Key: tenantHeader, Value: []byte(m.Tenant)}}
 		}
+		if m.Key != "" {
+			km[i].Key = []byte(m.Key)
+			km[i].Headers = append(km[i].Headers, kafkago.Header{Key: idHeader, Value: []byte(m.ID)})
+		}
 	}
 	k.Produce(t, topic, km...)
 }
@@ -68,9 +72,9 @@ func (k *kafkaBroker) deadLetters(t *testing.T, topic string, want int) []letter
 		seen := map[string]bool{}
 		for _, m := range k.ReadAll(t, topic+".dlq") {
 			h := func(key string) string { return kafkatest.Header(m, key) }
-			letters = append(letters, letter{ID: string(m.Key), Reason: h(consumer.MetaReason),
+			letters = append(letters, letter{ID: idOf(m), Reason: h(consumer.MetaReason),
 				Attempts: h(consumer.MetaAttempts), Key: h(consumer.MetaKey), Scope: h(consumer.MetaKeyScope)})
-			seen[string(m.Key)] = true
+			seen[idOf(m)] = true
 		}
 		return len(seen) >= want, fmt.Sprintf("%d distinct", len(seen))
 	})
@@ -99,7 +103,18 @@ func (k *kafkaBroker) positions(t *testing.T, topic string) map[string]pos {
 	t.Helper()
 	out := map[string]pos{}
 	for _, m := range k.ReadAll(t, topic) {
-		out[string(m.Key)] = pos{Part: m.Partition, Off: m.Offset}
+		out[idOf(m)] = pos{Part: m.Partition, Off: m.Offset}
 	}
 	return out
+}
+
+// idHeader carries a message's ID when its record key is not the ID.
+const idHeader = "faults-id"
+
+// idOf returns the ID of a message the rig produced (or its dead letter).
+func idOf(m kafkago.Message) string {
+	if id := kafkatest.Header(m, idHeader); id != "" {
+		return id
+	}
+	return string(m.Key)
 }

@@ -3,7 +3,9 @@ package faults_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -38,6 +40,7 @@ var scenarios = []scenario{
 	{12, "constraint-violations", []string{"kafka", "rocketmq"}, constraintViolations},
 	{13, "sigterm-mid-batch", []string{"kafka", "rocketmq"}, sigtermMidBatch},
 	{14, "ordered-poison", []string{"kafka", "rocketmq"}, orderedPoison},
+	{15, "key-lanes", []string{"kafka"}, keyLanes},
 }
 
 // TestFaults runs every scenario for every broker it applies to; each
@@ -779,4 +782,123 @@ func (r *rig) ledgerTxns() map[string]bool {
 		out[txn] = true
 	}
 	return out
+}
+
+// 15. Key lanes (Config.KeyLanes 8) on 2 partitions, with record keys
+// coarser than the payments (ten groups of orders, so that a key has many
+// payments): a consumer SIGKILLed between its database commits and its
+// offset commit, then members joining, stopping and killed mid-stream.
+// Besides every payment once and the offsets never ahead of the settled
+// messages: each record key's payments applied in offset order within
+// their partition, whichever process applied them, and the key lanes ran
+// beside each other (a partition's acks out of offset order).
+func keyLanes(t *testing.T, b, title string) {
+	r := newRig(t, env(t, b), title, 2)
+	r.sampleOffsets()
+	s := r.newStream("", 600, 15)
+	for _, ms := range [][]outMsg{s.first, s.conflicts} {
+		for i := range ms {
+			h := uint32(0)
+			for _, c := range payments.PartitionKey(ms[i].Value) {
+				h = h*31 + uint32(c)
+			}
+			ms[i].Key = fmt.Sprintf("g%d", h%10)
+		}
+	}
+	// The stream goes out in four parts, so that the member changes fall
+	// on partitions with messages in flight however fast the machine is.
+	parts := [][]outMsg{}
+	for i := range 4 {
+		parts = append(parts, s.first[i*len(s.first)/4:(i+1)*len(s.first)/4])
+	}
+	lanes := func(sp *childSpec) { sp.KeyLanes, sp.BatchSize = 8, 10 }
+	fp := failpoints{Slow: 2 * time.Millisecond}
+	kill := fp
+	kill.KillInAck = 100
+	r.produce(parts[0])
+	c1 := r.start(kill, lanes)
+	c1.waitExit(t, 2*time.Minute, "its SIGKILL in Ack")
+	if !killed(c1) {
+		t.Fatalf("child 1 was not killed by its failpoint: %v\n%s", c1.err, tail(c1.out.String(), 2048))
+	}
+	past := r.appliedPastCommitted(c1)
+	t.Logf("applied by the killed consumer past the committed offsets: %d", past)
+	if past == 0 {
+		t.Fatal("the kill did not land between the database commit and the offset commit")
+	}
+	members := []*child{r.start(fp, lanes), r.start(fp, lanes)}
+	for i, part := range parts[1:] {
+		before := r.ledgerRows()
+		r.produce(part)
+		r.waitApplied(before+10, members...) // the lanes are busy with the part
+		members = append(members, r.start(fp, lanes))
+		old := members[0]
+		members = members[1:]
+		if i%2 == 0 {
+			old.kill()
+		} else {
+			old.stop(t)
+		}
+		t.Logf("member change %d: %d payments applied", i+1, r.ledgerRows())
+	}
+	r.waitApplied(int64(r.wantPayments()), members...)
+	r.produce(s.conflicts)
+	r.finish()
+
+	var moved int
+	if err := r.pool.QueryRow(context.Background(), `SELECT count(*) FROM (SELECT part FROM effects_audit
+		GROUP BY part HAVING count(DISTINCT pid) > 1) m`).Scan(&moved); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d of %d partitions were applied by more than one process", moved, r.parts)
+	if moved == 0 {
+		t.Error("no partition changed hands mid-stream")
+	}
+	var keys, back int
+	if err := r.pool.QueryRow(context.Background(), `SELECT count(DISTINCT (part, rkey)), count(*) FILTER (WHERE back)
+		FROM (SELECT part, rkey, off < lag(off) OVER (PARTITION BY part, rkey ORDER BY id) AS back FROM effects_audit) a`).Scan(&keys, &back); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d record keys across the partitions; %d payments applied before an earlier one of their key", keys, back)
+	if keys < 10 || back != 0 {
+		t.Errorf("%d payments applied out of their key's order (of %d keys)", back, keys)
+	}
+	behind := acksBehind(t, filepath.Join(r.dir, "child-*", ackLogName))
+	t.Logf("acks behind an earlier ack of their partition: %d", behind)
+	if behind == 0 {
+		t.Error("every partition was acked in offset order: the key lanes did not run beside each other")
+	}
+}
+
+// acksBehind counts, in the ack logs matching glob ("lane partition offset"
+// lines in ack order), the acks of an offset below one acked before it in
+// the same lane by the same process.
+func acksBehind(t *testing.T, glob string) int {
+	t.Helper()
+	files, err := filepath.Glob(glob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		high := map[string]int64{}
+		for _, line := range strings.Split(string(b), "\n") {
+			var lane string
+			var part int
+			var off int64
+			if _, err := fmt.Sscan(line, &lane, &part, &off); err != nil {
+				continue // the last line, or a partial one
+			}
+			if h, ok := high[lane]; ok && off < h {
+				n++
+			} else {
+				high[lane] = off
+			}
+		}
+	}
+	return n
 }
