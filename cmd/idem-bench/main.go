@@ -16,6 +16,10 @@
 //	idem-b100      idem, batch size 100
 //	pg-ceiling     the same claim and business insert in batches of 100 from two
 //	               connections, no broker (the database ceiling)
+//	p1-idem        idem (batch -p1-batch, default 100) on a topic of one
+//	               partition: one lane, one transaction at a time
+//	p1-idem-keylanes  the same with Config.KeyLanes (-key-lanes, default 8):
+//	               the partition's keys over lanes that commit side by side
 //	rmq-raw        rocketmq-client-go push consumer (concurrent mode) returning
 //	               ConsumeSuccess for every message; no database (the RocketMQ ceiling)
 //	rmq-idem-b100  idem over adapters/rocketmq, batch size 100
@@ -64,6 +68,9 @@ type settings struct {
 	Rows         string  `json:"rows"`
 	Rounds       int     `json:"rounds"`
 	CeilingConns int     `json:"ceiling_connections"`
+	P1Messages   int     `json:"one_partition_messages"`
+	KeyLanes     int     `json:"key_lanes"`
+	P1Batch      int     `json:"one_partition_batch"`
 
 	// The RocketMQ rows' client settings (both rows use the same).
 	RMQBroker     string `json:"rocketmq_broker,omitempty"`
@@ -76,8 +83,9 @@ type settings struct {
 // The rows, in their default order, and the broker each needs.
 var (
 	kafkaRows = []string{"raw", "naive", "idem-b1", "idem-b100"}
+	p1Rows    = []string{"p1-idem", "p1-idem-keylanes"}
 	rmqRows   = []string{"rmq-raw", "rmq-idem-b100"}
-	allRows   = []string{"raw", "naive", "idem-b1", "idem-b100", "pg-ceiling", "rmq-raw", "rmq-idem-b100"}
+	allRows   = []string{"raw", "naive", "idem-b1", "idem-b100", "pg-ceiling", "p1-idem", "p1-idem-keylanes", "rmq-raw", "rmq-idem-b100"}
 )
 
 // Row is one measured configuration.
@@ -106,6 +114,9 @@ func main() {
 	flag.StringVar(&s.Rows, "rows", strings.Join(allRows, ","), "rows to run, in this order")
 	flag.IntVar(&s.Rounds, "rounds", 1, "run the rows this many times, alternating, and keep each row's best")
 	flag.IntVar(&s.CeilingConns, "ceiling-conns", 2, "connections of the pg-ceiling row")
+	flag.IntVar(&s.P1Messages, "p1-messages", 50000, "messages the one-partition rows (p1-*) drain, from a topic of one partition")
+	flag.IntVar(&s.KeyLanes, "key-lanes", 8, "Config.KeyLanes of the p1-idem-keylanes row")
+	flag.IntVar(&s.P1Batch, "p1-batch", 100, "BatchSize of the one-partition rows")
 	flag.StringVar(&s.RMQBroker, "rmq-broker", "", "RocketMQ broker address to create the topic on; default: asked from mqadmin clusterList (scripts/testenv/rocketmq.sh)")
 	flag.IntVar(&s.RMQPullBatch, "rmq-pull-batch", 32, "RocketMQ rows: messages pulled from a queue at once (PullBatchSize; the broker caps a pull at maxTransferCountOnMessageInMemory, 32 by default)")
 	flag.IntVar(&s.RMQCallBatch, "rmq-consume-batch", 32, "RocketMQ rows: most messages per consume call (ConsumeMessageBatchMaxSize; a call never spans two pulls)")
@@ -167,6 +178,7 @@ type env struct {
 	s        settings
 	brokers  []string // Kafka
 	topic    string   // Kafka topic
+	topic1   string   // Kafka topic of one partition (the p1-* rows)
 	rmq      *rmqEnv  // nil without RocketMQ rows
 	pool     *pgxpool.Pool
 	pgServer int // pid of the Postgres server (postmaster) when it runs on this machine, else 0
@@ -211,6 +223,16 @@ func bench(ctx context.Context, s settings, pgURL string, log io.Writer) (result
 		res.prefill["kafka"] = time.Since(t0).Seconds()
 		fmt.Fprintf(log, "  prefilled in %.1f s\n", res.prefill["kafka"])
 	}
+	if uses(p1Rows) {
+		e.topic1 = e.topic + "-p1"
+		n := min(s.P1Messages, len(payloads))
+		fmt.Fprintf(log, "prefilling Kafka topic %s: %d messages, 1 partition\n", e.topic1, n)
+		t0 := time.Now()
+		if err := prefill(ctx, e.brokers, e.topic1, 1, payloads[:n]); err != nil {
+			return res, err
+		}
+		fmt.Fprintf(log, "  prefilled in %.1f s\n", time.Since(t0).Seconds())
+	}
 	if uses(rmqRows) {
 		if s.NameServers == "" {
 			return res, errors.New("the RocketMQ rows need a name server: -namesrv or $IDEM_TEST_ROCKETMQ_NAMESRV")
@@ -240,6 +262,9 @@ func bench(ctx context.Context, s settings, pgURL string, log io.Writer) (result
 			n := s.Messages
 			if name == "naive" || name == "idem-b1" {
 				n = min(n, s.SlowMessages)
+			}
+			if slices.Contains(p1Rows, name) {
+				n = min(n, s.P1Messages)
 			}
 			fmt.Fprintf(log, "round %d: %s over %d messages...\n", round+1, name, n)
 			r, err := runRow(ctx, e, name, n)
@@ -355,9 +380,13 @@ func runRow(ctx context.Context, e *env, name string, n int) (Row, error) {
 	case "naive":
 		err = runNaive(ctx, e.brokers, e.topic, group, n, pool, sc, lat)
 	case "idem-b1":
-		err = runIdem(ctx, e, group, n, sc, 1, lat)
+		err = runIdem(ctx, e, e.topic, group, n, sc, 1, 0, lat)
 	case "idem-b100":
-		err = runIdem(ctx, e, group, n, sc, 100, lat)
+		err = runIdem(ctx, e, e.topic, group, n, sc, 100, 0, lat)
+	case "p1-idem":
+		err = runIdem(ctx, e, e.topic1, group, n, sc, e.s.P1Batch, 0, lat)
+	case "p1-idem-keylanes":
+		err = runIdem(ctx, e, e.topic1, group, n, sc, e.s.P1Batch, e.s.KeyLanes, lat)
 	case "pg-ceiling":
 		err = runCeiling(ctx, pool, sc, e.payloads[:n], e.s.CeilingConns, lat)
 	case "rmq-raw":
@@ -501,18 +530,18 @@ func (t *timedSource) Ack(ctx context.Context, msgs []*consumer.Message) error {
 
 var quiet = slog.New(slog.DiscardHandler)
 
-func runIdem(ctx context.Context, e *env, group string, n int, sc string, batch int, lat *latencies) error {
-	src, err := kafka.New(kafka.Config{Brokers: e.brokers, Topics: []string{e.topic}, Group: group, MaxBytes: 4 << 20, Logger: quiet})
+func runIdem(ctx context.Context, e *env, topic, group string, n int, sc string, batch, keyLanes int, lat *latencies) error {
+	src, err := kafka.New(kafka.Config{Brokers: e.brokers, Topics: []string{topic}, Group: group, MaxBytes: 4 << 20, Logger: quiet})
 	if err != nil {
 		return err
 	}
-	return runEngine(ctx, e, src, n, sc, batch, lat, 0)
+	return runEngine(ctx, e, src, n, sc, batch, keyLanes, lat, 0)
 }
 
 // runEngine runs idem over src with the business insert of sc until n
 // messages were acked, then stops it gracefully. stall > 0 fails the row
 // when no message was acked for that long.
-func runEngine(ctx context.Context, e *env, src consumer.Source, n int, sc string, batch int, lat *latencies, stall time.Duration) error {
+func runEngine(ctx context.Context, e *env, src consumer.Source, n int, sc string, batch, keyLanes int, lat *latencies, stall time.Duration) error {
 	st, err := pgstore.New(e.pool, pgstore.Config{Schema: sc})
 	if err != nil {
 		return err
@@ -523,7 +552,7 @@ func runEngine(ctx context.Context, e *env, src consumer.Source, n int, sc strin
 	ts := &timedSource{Source: src, lat: lat}
 	c, err := consumer.New(consumer.Config[pgx.Tx]{
 		Name: "bench", Source: ts, Store: st, BatchHandler: insertEffects(sc),
-		Key: consumer.ByJSONField("txn_id"), BatchSize: batch, Logger: quiet,
+		Key: consumer.ByJSONField("txn_id"), BatchSize: batch, KeyLanes: keyLanes, Logger: quiet,
 		DeadLetter: consumer.DeadLetterFunc(func(ctx context.Context, l consumer.Letter) error {
 			return fmt.Errorf("unexpected dead letter: %v", l.Reason)
 		}),
@@ -645,6 +674,7 @@ func ratiosOf(rows []Row) []ratio {
 	add("idem-b100", "idem-b1", 20, ">=")
 	add("idem-b100", "pg-ceiling", 0.7, ">=")
 	add("idem-b1", "naive", 0.8, ">=")
+	add("p1-idem-keylanes", "p1-idem", 2, ">=")
 	add("rmq-idem-b100", "rmq-raw", 0, "")
 	add("rmq-idem-b100", "idem-b100", 0, "")
 	return out
@@ -654,6 +684,9 @@ func printTable(w io.Writer, s settings, res result, ratios []ratio) {
 	rows := res.rows
 	fmt.Fprintf(w, "\n%d messages of %d bytes, %d partitions, %.0f%% duplicate keys; per-message rows on %d messages; pg-ceiling on %d connections; best of %d round(s)\n",
 		s.Messages, s.Size, s.Partitions, s.DupRate*100, s.SlowMessages, s.CeilingConns, s.Rounds)
+	if slices.ContainsFunc(rows, func(r Row) bool { return slices.Contains(p1Rows, r.Name) }) {
+		fmt.Fprintf(w, "one-partition rows (p1-*): %d messages from a topic of 1 partition, BatchSize %d; KeyLanes %d\n", s.P1Messages, s.P1Batch, s.KeyLanes)
+	}
 	if slices.ContainsFunc(rows, func(r Row) bool { return slices.Contains(rmqRows, r.Name) }) {
 		fmt.Fprintf(w, "RocketMQ rows: %d queues, PullBatchSize %d, ConsumeMessageBatchMaxSize %d, ConsumeGoroutineNums %d, concurrent mode\n",
 			s.Partitions, s.RMQPullBatch, s.RMQCallBatch, s.RMQGoroutines)

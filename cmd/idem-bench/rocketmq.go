@@ -351,5 +351,5 @@ func runRMQIdem(ctx context.Context, e *env, group string, n int, sc string, bat
 	if err != nil {
 		return err
 	}
-	return runEngine(ctx, e, src, n, sc, batch, lat, rmqStall)
+	return runEngine(ctx, e, src, n, sc, batch, 0, lat, rmqStall)
 }
