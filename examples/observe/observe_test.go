@@ -69,8 +69,16 @@ func TestHealthzAndMetrics(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &h); err != nil || code != http.StatusOK || !h.Ready || !h.Live || h.InFlight != 0 {
 		t.Errorf("running: %d %s", code, body)
 	}
-	if code, body := get(t, metrics, "/metrics"); code != http.StatusOK || !strings.Contains(body, `idem_consumer_applied_total{idem_consumer_name="healthz"`) {
-		t.Errorf("/metrics: %d %s", code, body)
+	// The batch's counters are recorded when the batch ends, just after its
+	// acknowledgement, which is what made the source idle: wait for them.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		code, body := get(t, metrics, "/metrics")
+		if code == http.StatusOK && strings.Contains(body, `idem_consumer_applied_total{idem_consumer_name="healthz"`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/metrics: %d %s", code, body)
+		}
 	}
 	if err := c.Stop(ctx); err != nil {
 		t.Fatal(err)
