@@ -30,11 +30,13 @@ func (s *Store) migrations() ([]migration, error) {
 		return nil, err
 	}
 	data := struct {
-		Table string
-		Index func(string) string
+		Table   string
+		Offsets string
+		Index   func(string) string
 	}{
-		Table: s.table,
-		Index: func(suffix string) string { return pgx.Identifier{s.cfg.Table + "_" + suffix}.Sanitize() },
+		Table:   s.table,
+		Offsets: s.offsets,
+		Index:   func(suffix string) string { return pgx.Identifier{s.cfg.Table + "_" + suffix}.Sanitize() },
 	}
 	var ms []migration
 	for _, e := range entries {
