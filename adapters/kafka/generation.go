@@ -41,7 +41,14 @@ func (s *Source) startGeneration(ctx context.Context, kg *kafkago.Generation, de
 	g := &generation{kg: kg, wake: make(chan struct{}, 1)}
 	assigned := make([]string, 0, 8)
 	for _, topic := range s.cfg.Topics {
-		for _, a := range kg.Assignments[topic] {
+		assignments := kg.Assignments[topic]
+		stored := s.startOffsets(ctx, topic, assignments)
+		for _, a := range assignments {
+			if next, ok := stored[int32(a.ID)]; ok && next > a.Offset {
+				s.log.Debug("kafka: partition starts at the store's next offset", slog.String("topic", topic),
+					slog.Int("partition", a.ID), slog.Int64("group_offset", a.Offset), slog.Int64("store_offset", next))
+				a.Offset = next
+			}
 			p := newPartition(g, topic, a)
 			g.parts = append(g.parts, p)
 			assigned = append(assigned, p.lane)
@@ -244,4 +251,21 @@ func (s *Source) partitionCounts(ctx context.Context, conn **kafkago.Conn, attem
 		counts[topic] = len(parts)
 	}
 	return counts, nil
+}
+
+// startOffsets asks Config.StartOffsets where topic's partitions start. A
+// failure is logged and the group's offsets are used: the consumer skips
+// what lies below the store's offsets anyway, this only spares fetching it.
+func (s *Source) startOffsets(ctx context.Context, topic string, assignments []kafkago.PartitionAssignment) map[int32]int64 {
+	if s.cfg.StartOffsets == nil || len(assignments) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
+	defer cancel()
+	stored, err := s.cfg.StartOffsets(ctx, topic)
+	if err != nil {
+		s.log.Warn("kafka: StartOffsets failed; starting from the group's offsets", slog.String("topic", topic), slog.Any("error", err))
+		return nil
+	}
+	return stored
 }

@@ -96,6 +96,7 @@ func (p *partition) message(km *kafkago.Message) *consumer.Message {
 		Topic:     p.topic,
 		Partition: int32(p.id),
 		Offset:    km.Offset,
+		LogEnd:    km.HighWaterMark,
 		ID:        p.idPrefix + strconv.FormatInt(km.Offset, 10),
 		Key:       km.Key,
 		Value:     km.Value,
