@@ -70,7 +70,7 @@ func (a *attempt[TTx]) claimOffsets(ctx context.Context, tx TTx, its []*item, re
 		return -1, err
 	}
 	for _, it := range its {
-		if end := it.msg.LogEnd; end > 0 && expected > end {
+		if end := it.msg.LogEnd; end > 0 && expected > end && c.assigned(it.msg) {
 			return -1, fmt.Errorf("%w: %s/%d: the store's next offset is %d, the log ends at %d (message %s): "+
 				"the topic was deleted and created again, or its log truncated; stop the consumers of %q, "+
 				"reset the partition's offsets (pgstore: Store.ResetOffsets) and start them again",
@@ -164,4 +164,11 @@ func (l *lane[TTx]) advancePast(ctx context.Context, c *Consumer[TTx], m *Messag
 			return err
 		}
 	}
+}
+
+// assigned reports whether m belongs to an assignment the source still
+// holds; true when the source cannot tell.
+func (c *Consumer[TTx]) assigned(m *Message) bool {
+	ac, ok := c.cfg.Source.(AssignmentChecker)
+	return !ok || ac.Assigned(m)
 }

@@ -46,6 +46,17 @@ type Source interface {
 	Release(msgs []*Message, reason error)
 }
 
+// AssignmentChecker is a Source whose partitions move between consumers
+// (Kafka's rebalances) and that can tell whether a message it delivered
+// still belongs to an assignment this consumer holds. With Config.Offsets
+// the consumer asks it before it refuses a message below a stored next
+// offset that lies past the message's LogEnd: a message of an assignment
+// that ended was fetched before the partition's new owner moved the offset
+// on, and is a duplicate, not a sign of a recreated topic.
+type AssignmentChecker interface {
+	Assigned(m *Message) bool
+}
+
 // Letter is a message the consumer could not process, with why.
 type Letter struct {
 	Message *Message

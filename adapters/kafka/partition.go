@@ -268,6 +268,21 @@ func (p *partition) end() {
 	p.mu.Unlock()
 }
 
+// holds reports whether m was delivered by this assignment, which has not
+// ended, and is neither acked nor released yet.
+func (p *partition) holds(m *consumer.Message) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ended {
+		return false
+	}
+	if i := p.find(m); i >= 0 {
+		return p.pending[i].state == delivered
+	}
+	_, ok := p.stale[m]
+	return ok
+}
+
 // busy reports whether delivered messages wait for an ack or a release.
 func (p *partition) busy() bool {
 	p.mu.Lock()
