@@ -514,7 +514,9 @@ func insertEffects(sc string) consumer.BatchHandlerFunc[pgx.Tx] {
 // re-sent business keys), as a business table's own unique key does when no
 // key table stands in front of it.
 func upsertEffects(sc string) consumer.BatchHandlerFunc[pgx.Tx] {
-	q := `INSERT INTO ` + sc + `.effects (txn_id, amount) SELECT * FROM unnest($1::text[], $2::bigint[]) ON CONFLICT (txn_id) DO NOTHING`
+	// In key order: two batches holding one re-sent key lock it in one
+	// order, so they never deadlock.
+	q := `INSERT INTO ` + sc + `.effects (txn_id, amount) SELECT * FROM unnest($1::text[], $2::bigint[]) ORDER BY 1 ON CONFLICT (txn_id) DO NOTHING`
 	return func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
 		ids, amounts := make([]string, len(msgs)), make([]int64, len(msgs))
 		for i, m := range msgs {
