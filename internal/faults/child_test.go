@@ -55,6 +55,7 @@ type childSpec struct {
 	Orderly    bool          // RocketMQ orderly mode
 	Reconsume  int           // rocketmq.Config.MaxReconsumeTimes; default the adapter's
 	KeyLanes   int           // consumer.Config.KeyLanes
+	Offsets    bool          // consumer.Config.Offsets: offsets in the store, business keys beside them
 }
 
 // failpoints are the faults a child injects into itself. Keys are txn_ids.
@@ -241,6 +242,9 @@ func (spec *childSpec) run() error {
 	}
 	if spec.StopLane {
 		ccfg.OnExhausted = consumer.StopLaneOnExhausted
+	}
+	if spec.Offsets {
+		ccfg.Offsets = ps
 	}
 	c, err := consumer.New(ccfg)
 	if err != nil {
