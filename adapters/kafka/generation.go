@@ -40,16 +40,21 @@ func (g *generation) wakeCommitter() {
 func (s *Source) startGeneration(ctx context.Context, kg *kafkago.Generation, deliver consumer.DeliverFunc) {
 	g := &generation{kg: kg, wake: make(chan struct{}, 1)}
 	assigned := make([]string, 0, 8)
+	fromStore := false
 	for _, topic := range s.cfg.Topics {
 		assignments := kg.Assignments[topic]
 		stored := s.startOffsets(ctx, topic, assignments)
 		for _, a := range assignments {
+			p := newPartition(g, topic, a)
 			if next, ok := stored[int32(a.ID)]; ok && next > a.Offset {
+				// Below the store's next offset everything is settled: fetch
+				// from there, and bring the group's (advisory) offset up to
+				// it, even when nothing more arrives.
 				s.log.Debug("kafka: partition starts at the store's next offset", slog.String("topic", topic),
 					slog.Int("partition", a.ID), slog.Int64("group_offset", a.Offset), slog.Int64("store_offset", next))
-				a.Offset = next
+				p.start, p.next = next, next
+				fromStore = true
 			}
-			p := newPartition(g, topic, a)
 			g.parts = append(g.parts, p)
 			assigned = append(assigned, p.lane)
 		}
@@ -63,6 +68,9 @@ func (s *Source) startGeneration(ctx context.Context, kg *kafkago.Generation, de
 		slog.String("member", kg.MemberID), slog.Any("partitions", assigned))
 
 	kg.Start(func(gctx context.Context) { s.commitLoop(gctx, g) })
+	if fromStore {
+		g.wakeCommitter()
+	}
 	if s.cfg.PartitionWatchInterval > 0 {
 		kg.Start(s.watchPartitions)
 	}

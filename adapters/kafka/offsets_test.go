@@ -243,3 +243,45 @@ func TestKafkaOffsetsTopicRecreated(t *testing.T) {
 	}
 	b.requireOffsetsLedger(t, a, topic, want)
 }
+
+// TestKafkaOffsetsStartFromStore: the store's offsets are at the log's end
+// and the group's are not (a consumer committed its batches to the database
+// and died before the group commit). A consumer with Config.StartOffsets
+// fetches nothing below them, brings the group's offsets up to them although
+// nothing new arrives, and books what comes next.
+func TestKafkaOffsetsStartFromStore(t *testing.T) {
+	const partitions = 2
+	brokers, a, topic, group := kafkaTest(t, partitions)
+	b := newTestBank(t)
+	old, _ := uniquePayments("old", 20, partitions)
+	a.Produce(t, topic, old...)
+	ctx := ctxTimeout(t, time.Minute)
+	for p, hwm := range a.highWatermarks(t, topic) {
+		err := b.store.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			ok, err := b.store.AdvanceOffset(ctx, tx, dedup.Partition{Scope: "payments", Topic: topic, Partition: int32(p)}, 0, hwm)
+			if err == nil && !ok {
+				err = errors.New("refused")
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatalf("partition %d: %v", p, err)
+		}
+	}
+	scfg := realSourceConfig(t, brokers, topic, group)
+	scfg.StartOffsets = kafka.StoreOffsets(b.store, "payments")
+	r := start(t, b.offsetsConfig(t, b.store, newSource(t, scfg)))
+	a.WaitNoLag(t, group, topic)
+	if st := r.c.Stats(); st.Delivered != 0 {
+		t.Fatalf("%+v; want nothing below the store's offsets delivered", st)
+	}
+	more, want := uniquePayments("new", 4, partitions)
+	a.Produce(t, topic, more...)
+	waitUntil(t, time.Minute, "the new payments booked", func() bool { rows, _ := b.rows(t); return rows >= len(want) })
+	a.WaitNoLag(t, group, topic)
+	r.stop(t)
+	if st := r.c.Stats(); st.Delivered != int64(len(want)) || st.Duplicates != 0 {
+		t.Fatalf("%+v; want the %d new payments delivered, no duplicate", st, len(want))
+	}
+	b.requireOffsetsLedger(t, a, topic, want)
+}
