@@ -9,6 +9,11 @@
 // on the primary key; that wait is bounded by Config.LockTimeout
 // (lock_timeout, SQLSTATE 55P03) and surfaces as dedup.ErrInFlight, which the
 // consumer retries. Expiry times come from the database clock (now()).
+//
+// Config.Distributed adapts the store to CockroachDB and YugabyteDB, which
+// lack ctid and (some releases) advisory locks, limit DDL in transactions and
+// do not all honour lock_timeout; DISTRIBUTED.md at the repository's root
+// lists the differences and how the mode meets each.
 package pgstore
 
 import (
