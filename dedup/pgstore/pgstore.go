@@ -228,8 +228,21 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx
 	if s.cfg.Distributed {
 		opts.IsoLevel = pgx.Serializable
 	}
-	tx, err := s.pool.BeginTx(ctx, opts)
+	// The connection is held until the deferred function is done with it:
+	// a pool transaction hands its connection back to the pool in Commit,
+	// also a failed one (40001 at COMMIT under SERIALIZABLE), and asking it
+	// then whether it is closed would read another transaction's connection.
+	pc, err := s.pool.Acquire(ctx)
 	if err != nil {
+		if ctx.Err() != nil {
+			return err
+		}
+		s.markLost()
+		return &ConnLostError{Err: err}
+	}
+	tx, err := pc.BeginTx(ctx, opts)
+	if err != nil {
+		pc.Release() // destroyed by the pool when broken
 		if ctx.Err() != nil {
 			return err
 		}
@@ -239,8 +252,9 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx
 	defer func() {
 		// Always: also when fn panicked or called runtime.Goexit (t.Fatal);
 		// a no-op after COMMIT; closes a broken connection.
-		closed := err != nil && tx.Conn().IsClosed()
+		closed := err != nil && pc.Conn().IsClosed()
 		_ = tx.Rollback(ctx)
+		pc.Release()
 		if !closed || ctx.Err() != nil {
 			return
 		}
