@@ -57,9 +57,9 @@ type Config struct {
 	// databases (CockroachDB, YugabyteDB); default false: plain Postgres.
 	// DISTRIBUTED.md lists each difference and its source. In this mode the
 	// store
-	//   - runs InTx under SERIALIZABLE, their default; a serialization
-	//     failure (40001) or deadlock (40P01) is a conflict the consumer
-	//     retries whole;
+	//   - runs InTx under SERIALIZABLE (CockroachDB's default; YugabyteDB
+	//     supports it); a serialization failure (40001) or deadlock (40P01)
+	//     is a conflict the consumer retries whole;
 	//   - gives the table a hash shard column first in its primary key
 	//     (shard, scope, key), so that monotonic keys spread over ranges;
 	//   - purges by primary key in batches of Purge's limit, without ctid;
