@@ -30,11 +30,13 @@ func (s *Store) migrations() ([]migration, error) {
 		return nil, err
 	}
 	data := struct {
-		Table string
-		Index func(string) string
+		Table       string
+		Distributed bool
+		Index       func(string) string
 	}{
-		Table: s.table,
-		Index: func(suffix string) string { return pgx.Identifier{s.cfg.Table + "_" + suffix}.Sanitize() },
+		Table:       s.table,
+		Distributed: s.cfg.Distributed,
+		Index:       func(suffix string) string { return pgx.Identifier{s.cfg.Table + "_" + suffix}.Sanitize() },
 	}
 	var ms []migration
 	for _, e := range entries {
@@ -63,11 +65,16 @@ func (s *Store) migrations() ([]migration, error) {
 
 // Migrate creates or upgrades the store's schema and table. It is safe to run
 // from many processes at once: it holds a transaction-scoped advisory lock and
-// records applied versions per table in idem_schema_migrations.
+// records applied versions per table in idem_schema_migrations. In
+// distributed mode it holds a lock row instead and runs one DDL statement per
+// transaction; see migrateDistributed.
 func (s *Store) Migrate(ctx context.Context) error {
 	ms, err := s.migrations()
 	if err != nil {
 		return err
+	}
+	if s.cfg.Distributed {
+		return s.migrateDistributed(ctx, ms)
 	}
 	return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('idem.pgstore.migrate'))`); err != nil {
