@@ -126,7 +126,7 @@ func main() {
 	flag.StringVar(&s.RMQBroker, "rmq-broker", "", "RocketMQ broker address to create the topic on; default: asked from mqadmin clusterList (scripts/testenv/rocketmq.sh)")
 	flag.IntVar(&s.RMQPullBatch, "rmq-pull-batch", 32, "RocketMQ rows: messages pulled from a queue at once (PullBatchSize; the broker caps a pull at maxTransferCountOnMessageInMemory, 32 by default)")
 	flag.IntVar(&s.RMQCallBatch, "rmq-consume-batch", 32, "RocketMQ rows: most messages per consume call (ConsumeMessageBatchMaxSize; a call never spans two pulls)")
-	flag.IntVar(&s.RMQGoroutines, "rmq-goroutines", 20, "RocketMQ rows: consume calls in flight per topic (ConsumeGoroutineNums)")
+	flag.IntVar(&s.RMQGoroutines, "rmq-goroutines", 64, "RocketMQ rows: consume calls in flight per topic (ConsumeGoroutineNums; adapters/rocketmq's default 64)")
 	flag.StringVar(&s.RMQClientLog, "rmq-client-log", "off", "RocketMQ client library logs to stderr at this level and above: off, debug, info, warn, error")
 	asJSON := flag.Bool("json", false, "print one JSON object with every row and ratio")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of this process, prefill and rows, to this file")

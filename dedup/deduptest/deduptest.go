@@ -33,9 +33,26 @@ type Config struct {
 // Factory returns a fresh, empty store for one test, cleaned up by t.Cleanup.
 type Factory[TTx any] func(t *testing.T, cfg Config) dedup.Store[TTx]
 
+// Options adapt the suite to a store.
+type Options struct {
+	// Serializable says the store runs claims under SERIALIZABLE isolation
+	// (a distributed SQL database's default). There a claim that meets a
+	// key another transaction committed after its snapshot fails with a
+	// conflict (dedup.ClassConflict) instead of reporting a duplicate, and
+	// the consumer retries it. The suite then retries conflicts where it
+	// otherwise wants every claim of concurrent batches to succeed the first
+	// time; it still wants every key new exactly once.
+	Serializable bool
+}
+
 // Run runs the conformance suite.
 func Run[TTx any](t *testing.T, newStore Factory[TTx]) {
-	s := suite[TTx]{newStore: newStore}
+	RunWith(t, newStore, Options{})
+}
+
+// RunWith runs the conformance suite with options.
+func RunWith[TTx any](t *testing.T, newStore Factory[TTx], opts Options) {
+	s := suite[TTx]{newStore: newStore, opts: opts}
 	t.Run("NewThenDuplicate", s.newThenDuplicate)
 	t.Run("RollbackForgetsClaim", s.rollbackForgets)
 	t.Run("SameKeyTwiceInBatch", s.sameKeyTwiceInBatch)
@@ -61,7 +78,10 @@ func (s suite[TTx]) checkAfterMigrate(t *testing.T) {
 	}
 }
 
-type suite[TTx any] struct{ newStore Factory[TTx] }
+type suite[TTx any] struct {
+	newStore Factory[TTx]
+	opts     Options
+}
 
 func (s suite[TTx]) store(t *testing.T, cfg Config) dedup.Store[TTx] {
 	if cfg.LockTimeout == 0 {
@@ -447,6 +467,7 @@ func (s suite[TTx]) overlappingBatches(t *testing.T) {
 	st, ctx := s.store(t, Config{LockTimeout: 20 * time.Second}), ctxFor(t)
 	const workers, rounds, keys, perBatch = 6, 12, 40, 20
 	news := make([]atomic.Int64, keys)
+	var conflicts atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, workers*rounds)
 	for w := range workers {
@@ -458,6 +479,11 @@ func (s suite[TTx]) overlappingBatches(t *testing.T) {
 					cs[i] = Claim("overlap", fmt.Sprint("k", k), "p")
 				}
 				res, err := claimTx(ctx, st, cs...)
+				for attempt := 0; err != nil && s.opts.Serializable && st.ClassifyError(err) == dedup.ClassConflict && attempt < 100; attempt++ {
+					conflicts.Add(1)
+					time.Sleep(time.Duration(attempt+1) * time.Millisecond)
+					res, err = claimTx(ctx, st, cs...)
+				}
 				if err != nil {
 					errs <- err
 					return
@@ -472,6 +498,9 @@ func (s suite[TTx]) overlappingBatches(t *testing.T) {
 	}
 	wg.Wait()
 	close(errs)
+	if s.opts.Serializable {
+		t.Logf("%d serialization conflicts retried", conflicts.Load())
+	}
 	for err := range errs {
 		t.Errorf("claim of overlapping batches: %v", err)
 	}

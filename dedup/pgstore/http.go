@@ -27,6 +27,14 @@ import (
 // it. Two keys with one hash make one of them Busy for a moment, never run
 // twice: the primary key decides what is new.
 
+// ErrDistributedHTTP: RunRequest and AcquireLease of a store in distributed
+// mode. They find a key another transaction executes right now with
+// pg_try_advisory_xact_lock, which CockroachDB long stubbed as a no-op and
+// YugabyteDB lacked until 2025.1; the row itself is written only when the
+// handler is done, so there is no row to lock NOWAIT before. Keep HTTP keys
+// in a store without Distributed.
+var ErrDistributedHTTP = errors.New("pgstore: httpidem needs advisory locks, which Config.Distributed does without: keep HTTP Idempotency-Keys in a Store without Distributed")
+
 // httpQueries are a store's HTTP statements, built once for its table.
 type httpQueries struct {
 	look, save, acquire, takeover, finish, extend, end, stuck, relse string
@@ -153,6 +161,9 @@ func millis(d time.Duration) int64 {
 // rolls back.
 func (s *Store) RunRequest(ctx context.Context, c dedup.Claim, retention time.Duration,
 	fn func(ctx context.Context, tx pgx.Tx) (httpidem.Response, error)) (rec httpidem.Record, err error) {
+	if s.cfg.Distributed {
+		return rec, ErrDistributedHTTP
+	}
 	began := s.now()
 	pc, err := s.pool.Acquire(ctx)
 	if err != nil {
@@ -329,6 +340,9 @@ func (r errRow) Scan(...any) error { return r.err }
 // AcquireLease takes c.Key under a lease in a transaction of its own; see
 // httpidem.Store.
 func (s *Store) AcquireLease(ctx context.Context, c dedup.Claim, retention, lease time.Duration) (httpidem.Record, error) {
+	if s.cfg.Distributed {
+		return httpidem.Record{}, ErrDistributedHTTP
+	}
 	var rec httpidem.Record
 	err := s.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		var r lookRow

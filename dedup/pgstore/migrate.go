@@ -30,13 +30,15 @@ func (s *Store) migrations() ([]migration, error) {
 		return nil, err
 	}
 	data := struct {
-		Table   string
-		Offsets string
-		Index   func(string) string
+		Table       string
+		Offsets     string
+		Distributed bool
+		Index       func(string) string
 	}{
-		Table:   s.table,
-		Offsets: s.offsets,
-		Index:   func(suffix string) string { return pgx.Identifier{s.cfg.Table + "_" + suffix}.Sanitize() },
+		Table:       s.table,
+		Offsets:     s.offsets,
+		Distributed: s.cfg.Distributed,
+		Index:       func(suffix string) string { return pgx.Identifier{s.cfg.Table + "_" + suffix}.Sanitize() },
 	}
 	var ms []migration
 	for _, e := range entries {
@@ -65,11 +67,16 @@ func (s *Store) migrations() ([]migration, error) {
 
 // Migrate creates or upgrades the store's schema and table. It is safe to run
 // from many processes at once: it holds a transaction-scoped advisory lock and
-// records applied versions per table in idem_schema_migrations.
+// records applied versions per table in idem_schema_migrations. In
+// distributed mode it holds a lock row instead and runs one DDL statement per
+// transaction; see migrateDistributed.
 func (s *Store) Migrate(ctx context.Context) error {
 	ms, err := s.migrations()
 	if err != nil {
 		return err
+	}
+	if s.cfg.Distributed {
+		return s.migrateDistributed(ctx, ms)
 	}
 	return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('idem.pgstore.migrate'))`); err != nil {

@@ -65,19 +65,37 @@ func (s *Store) AdvanceOffset(ctx context.Context, tx pgx.Tx, p dedup.Partition,
 	if expected < 0 || next <= expected {
 		return false, fmt.Errorf("pgstore: advance %s: next offset %d is not above the expected %d", partName(p), next, expected)
 	}
+	// The wait on a concurrent writer is bounded as a claim's is: by
+	// lock_timeout, or in distributed mode by statement_timeout around the
+	// statement alone.
 	var b pgx.Batch
-	b.Queue(`SELECT set_config('lock_timeout', $1, true)`, s.lockTimeout)
+	before := 1 // statements before the write
+	if s.cfg.Distributed {
+		b.Queue(s.boundSQL[0])
+		b.Queue(s.boundSQL[1], s.lockTimeout)
+		before = 2
+	} else {
+		b.Queue(`SELECT set_config('lock_timeout', $1, true)`, s.lockTimeout)
+	}
 	if expected == 0 {
 		b.Queue(s.offSQL.insert, p.Scope, p.Topic, p.Partition, next)
 	} else {
 		b.Queue(s.offSQL.advance, p.Scope, p.Topic, p.Partition, expected, next)
 	}
+	if s.cfg.Distributed {
+		b.Queue(s.boundSQL[2])
+	}
 	br := tx.SendBatch(ctx, &b)
-	if _, err := br.Exec(); err != nil {
-		br.Close()
-		return false, s.offsetErr("advance", p, err)
+	for range before {
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return false, s.offsetErr("advance", p, err)
+		}
 	}
 	tag, err := br.Exec()
+	if err == nil && s.cfg.Distributed {
+		_, err = br.Exec()
+	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
@@ -128,6 +146,9 @@ func (s *Store) offsetErr(op string, p dedup.Partition, err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
 		return fmt.Errorf("%w: offset of %s (lock_timeout %s): %w", dedup.ErrInFlight, partName(p), s.lockTimeout, err)
+	}
+	if s.cfg.Distributed && errors.As(err, &pgErr) && pgErr.Code == "57014" {
+		return fmt.Errorf("%w: offset of %s (statement_timeout %s): %w", dedup.ErrInFlight, partName(p), s.lockTimeout, err)
 	}
 	return fmt.Errorf("pgstore: %s offset of %s: %w", op, partName(p), err)
 }

@@ -9,6 +9,11 @@
 // on the primary key; that wait is bounded by Config.LockTimeout
 // (lock_timeout, SQLSTATE 55P03) and surfaces as dedup.ErrInFlight, which the
 // consumer retries. Expiry times come from the database clock (now()).
+//
+// Config.Distributed adapts the store to CockroachDB and YugabyteDB, which
+// lack ctid and (some releases) advisory locks, limit DDL in transactions and
+// do not all honour lock_timeout; DISTRIBUTED.md at the repository's root
+// lists the differences and how the mode meets each.
 package pgstore
 
 import (
@@ -48,6 +53,25 @@ type Config struct {
 	// ScopeRetention overrides Retention for the scopes it names (a scope is
 	// the consumer's Name, or Name/tenant).
 	ScopeRetention map[string]time.Duration
+	// Distributed adapts the store to Postgres-wire distributed SQL
+	// databases (CockroachDB, YugabyteDB); default false: plain Postgres.
+	// DISTRIBUTED.md lists each difference and its source. In this mode the
+	// store
+	//   - runs InTx under SERIALIZABLE (CockroachDB's default; YugabyteDB
+	//     supports it); a serialization failure (40001) or deadlock (40P01)
+	//     is a conflict the consumer retries whole;
+	//   - gives the table a hash shard column first in its primary key
+	//     (shard, scope, key), so that monotonic keys spread over ranges;
+	//   - purges by primary key in batches of Purge's limit, without ctid;
+	//   - migrates under a lock row with a lease instead of an advisory
+	//     lock, one DDL statement per transaction;
+	//   - bounds the wait on an in-flight key with statement_timeout set
+	//     around the claim's INSERT alone, not lock_timeout (LockTimeout
+	//     then bounds the whole INSERT, not only its wait);
+	//   - refuses httpidem's RunRequest and AcquireLease
+	//     (ErrDistributedHTTP): they need advisory locks.
+	// The mode is the table's: Check refuses a table made in the other one.
+	Distributed bool
 }
 
 // Store is a dedup.Store[pgx.Tx] on a pgx pool. Safe for concurrent use.
@@ -59,6 +83,7 @@ type Store struct {
 	offSQL  offsetQueries
 
 	lockTimeout string
+	boundSQL    [3]string // the statements around the claim's INSERT that bound its wait
 	insertSQL   string
 	lookupSQL   string
 	bufs        sync.Pool
@@ -115,24 +140,49 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		cfg:         cfg,
 		table:       t,
 		lockTimeout: strconv.FormatInt(cfg.LockTimeout.Milliseconds(), 10) + "ms",
-		insertSQL: `WITH input AS (` + inputSQL + `),
+	}
+	// The primary key, and in distributed mode the shard computed from the
+	// key (see shardOf).
+	pk, shardCol, shardIns, shardFail, shardJoin := "scope, key", "", "", "", ""
+	if cfg.Distributed {
+		pk, shardCol = "shard, scope, key", "shard, "
+		shardIns = shardOf("s", "k") + ", "
+		shardFail = shardOf("$1::text", "$2::text") + ", "
+		shardJoin = "t.shard = " + shardOf("input.s", "input.k") + " AND "
+	}
+	st.insertSQL = `WITH input AS (` + inputSQL + `),
 ins AS (
-    INSERT INTO ` + t + ` (scope, key, fingerprint, source, expires_at)
-    SELECT s, k, f, src, CASE WHEN r IS NULL THEN NULL ELSE now() + r * interval '1 millisecond' END
+    INSERT INTO ` + t + ` (` + shardCol + `scope, key, fingerprint, source, expires_at)
+    SELECT ` + shardIns + `s, k, f, src, CASE WHEN r IS NULL THEN NULL ELSE now() + r * interval '1 millisecond' END
     FROM input ORDER BY s, k, i -- one lock order for every transaction: no claim deadlocks
-    ON CONFLICT (scope, key) DO NOTHING
+    ON CONFLICT (` + pk + `) DO NOTHING
     RETURNING scope, key)
 SELECT min(input.i)::int4 FROM input JOIN ins ON ins.scope = input.s AND ins.key = input.k
-GROUP BY input.s, input.k`,
-		lookupSQL: `WITH input AS (` + inputSQL + `)
+GROUP BY input.s, input.k`
+	st.lookupSQL = `WITH input AS (` + inputSQL + `)
 SELECT input.i::int4, t.fingerprint = input.f, t.outcome = 'failed', coalesce(t.reason, ''), t.created_at
-FROM input JOIN ` + t + ` t ON t.scope = input.s AND t.key = input.k
-WHERE input.i = ANY (string_to_array($6, ',')::int8[])`,
-		failSQL: `INSERT INTO ` + t + ` (scope, key, fingerprint, source, outcome, reason, expires_at)
-VALUES ($1, $2, $3, $4, 'failed', $5, CASE WHEN $6::bigint < 0 THEN NULL ELSE now() + $6::bigint * interval '1 millisecond' END)
-ON CONFLICT (scope, key) DO NOTHING`,
-		purgeSQL: `DELETE FROM ` + t + ` WHERE ctid IN (
-SELECT ctid FROM ` + t + ` WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED)`,
+FROM input JOIN ` + t + ` t ON ` + shardJoin + `t.scope = input.s AND t.key = input.k
+WHERE input.i = ANY (string_to_array($6, ',')::int8[])`
+	st.failSQL = `INSERT INTO ` + t + ` (` + shardCol + `scope, key, fingerprint, source, outcome, reason, expires_at)
+VALUES (` + shardFail + `$1, $2, $3, $4, 'failed', $5, CASE WHEN $6::bigint < 0 THEN NULL ELSE now() + $6::bigint * interval '1 millisecond' END)
+ON CONFLICT (` + pk + `) DO NOTHING`
+	if cfg.Distributed {
+		// By primary key: CockroachDB and YugabyteDB have no ctid. Without
+		// SKIP LOCKED (YugabyteDB refuses it under SERIALIZABLE): a row
+		// another transaction holds makes this purge wait or fail with a
+		// conflict, and the next call goes on.
+		st.purgeSQL = `DELETE FROM ` + t + ` WHERE (shard, scope, key) IN (
+SELECT shard, scope, key FROM ` + t + ` WHERE expires_at < now() LIMIT $1)`
+		// statement_timeout, saved and restored around the INSERT, so that
+		// it bounds the claim's wait and not the handler's statements.
+		st.boundSQL = [3]string{
+			`SELECT set_config('idem.saved_statement_timeout', current_setting('statement_timeout'), true)`,
+			`SELECT set_config('statement_timeout', $1, true)`,
+			`SELECT set_config('statement_timeout', current_setting('idem.saved_statement_timeout'), true)`,
+		}
+	} else {
+		st.purgeSQL = `DELETE FROM ` + t + ` WHERE ctid IN (
+SELECT ctid FROM ` + t + ` WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED)`
 	}
 	st.bufs.New = func() any { return new(claimBuf) }
 	st.http = newHTTPQueries(t)
@@ -142,10 +192,24 @@ SELECT ctid FROM ` + t + ` WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOC
 	return st, nil
 }
 
+// Shards is the number of hash shards of a distributed-mode table.
+const Shards = 16
+
+// shardOf is the SQL of a key's shard, 0 to Shards-1: the first hex digit
+// of md5(scope, U+001F, key). md5, left and strpos are in Postgres,
+// CockroachDB and YugabyteDB alike (hashtext is not in CockroachDB), and
+// the value is computed in each INSERT rather than by a generated column,
+// which older YugabyteDB releases lack.
+func shardOf(scope, key string) string {
+	return `(strpos('0123456789abcdef', left(md5(` + scope + ` || E'\x1f' || ` + key + `), 1)) - 1)::int2`
+}
+
 // Table returns the sanitized, schema-qualified table name.
 func (s *Store) Table() string { return s.table }
 
-// InTx runs fn in a READ COMMITTED transaction; see dedup.Store.
+// InTx runs fn in a transaction of the database's default isolation (READ
+// COMMITTED on Postgres), or SERIALIZABLE in distributed mode; see
+// dedup.Store.
 //
 // When the transaction fails because its connection died (or no connection
 // could be had), the error is wrapped in a *ConnLostError, which Classify
@@ -164,8 +228,25 @@ func (s *Store) Table() string { return s.table }
 // outage that ended before the ping still shows in the connections it broke.
 func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) (err error) {
 	began := s.now()
-	tx, err := s.pool.Begin(ctx)
+	var opts pgx.TxOptions
+	if s.cfg.Distributed {
+		opts.IsoLevel = pgx.Serializable
+	}
+	// The connection is held until the deferred function is done with it:
+	// a pool transaction hands its connection back to the pool in Commit,
+	// also a failed one (40001 at COMMIT under SERIALIZABLE), and asking it
+	// then whether it is closed would read another transaction's connection.
+	pc, err := s.pool.Acquire(ctx)
 	if err != nil {
+		if ctx.Err() != nil {
+			return err
+		}
+		s.markLost()
+		return &ConnLostError{Err: err}
+	}
+	tx, err := pc.BeginTx(ctx, opts)
+	if err != nil {
+		pc.Release() // destroyed by the pool when broken
 		if ctx.Err() != nil {
 			return err
 		}
@@ -175,8 +256,9 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx
 	defer func() {
 		// Always: also when fn panicked or called runtime.Goexit (t.Fatal);
 		// a no-op after COMMIT; closes a broken connection.
-		closed := err != nil && tx.Conn().IsClosed()
+		closed := err != nil && pc.Conn().IsClosed()
 		_ = tx.Rollback(ctx)
+		pc.Release()
 		if !closed || ctx.Err() != nil {
 			return
 		}
@@ -219,8 +301,10 @@ func (s *Store) Check(ctx context.Context) error {
 	versions := pgx.Identifier{s.cfg.Schema, "idem_schema_migrations"}.Sanitize()
 	var have int32
 	var table *string
-	err = s.pool.QueryRow(ctx, `SELECT coalesce((SELECT max(version) FROM `+versions+` WHERE table_name = $1), 0), to_regclass($2)::text`,
-		s.cfg.Table, s.table).Scan(&have, &table)
+	var sharded bool
+	err = s.pool.QueryRow(ctx, `SELECT coalesce((SELECT max(version) FROM `+versions+` WHERE table_name = $1), 0), to_regclass($2)::text,
+    EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = $3 AND table_name = $1 AND column_name = 'shard')`,
+		s.cfg.Table, s.table, s.cfg.Schema).Scan(&have, &table, &sharded)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.As(err, &pgErr) && pgErr.Code == "42P01":
@@ -233,8 +317,22 @@ func (s *Store) Check(ctx context.Context) error {
 		return fmt.Errorf("pgstore: check: %w", err) // Classify reads the SQLSTATE or the failed connect
 	case table == nil || int(have) < ms[len(ms)-1].version:
 		return fmt.Errorf("%w: pgstore: table %s is at migration %d of %d: call Store.Migrate before Run", dedup.ErrNotMigrated, s.table, have, ms[len(ms)-1].version)
+	case sharded != s.cfg.Distributed:
+		return s.mismatch(sharded)
 	}
 	return nil
+}
+
+// ErrModeMismatch: the table was made in the other mode than the store's
+// Config.Distributed. The modes' primary keys differ; a table does not
+// change mode.
+var ErrModeMismatch = errors.New("pgstore: the table and Config.Distributed disagree")
+
+func (s *Store) mismatch(sharded bool) error {
+	if sharded {
+		return fmt.Errorf("%w: %s has a shard column (made with Distributed: true), the store has Distributed: false", ErrModeMismatch, s.table)
+	}
+	return fmt.Errorf("%w: %s has no shard column (made with Distributed: false), the store has Distributed: true", ErrModeMismatch, s.table)
 }
 
 func (s *Store) now() int64 { return int64(time.Since(s.epoch)) + 1 }
@@ -311,12 +409,24 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, claims []dedup.Claim, resu
 	buf.encode(claims, s.retentionMillis)
 
 	var b pgx.Batch
-	b.Queue(`SELECT set_config('lock_timeout', $1, true)`, s.lockTimeout)
+	before := 1 // statements before the INSERT
+	if s.cfg.Distributed {
+		b.Queue(s.boundSQL[0])
+		b.Queue(s.boundSQL[1], s.lockTimeout)
+		before = 2
+	} else {
+		b.Queue(`SELECT set_config('lock_timeout', $1, true)`, s.lockTimeout)
+	}
 	b.Queue(s.insertSQL, buf.args[:]...)
+	if s.cfg.Distributed {
+		b.Queue(s.boundSQL[2])
+	}
 	br := tx.SendBatch(ctx, &b)
-	if _, err := br.Exec(); err != nil {
-		br.Close()
-		return s.claimErr(err)
+	for range before {
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return s.claimErr(err)
+		}
 	}
 	rows, err := br.Query()
 	if err != nil {
@@ -338,6 +448,12 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, claims []dedup.Claim, resu
 	if err := rows.Err(); err != nil {
 		br.Close()
 		return s.claimErr(err)
+	}
+	if s.cfg.Distributed {
+		if _, err := br.Exec(); err != nil { // statement_timeout restored
+			br.Close()
+			return s.claimErr(err)
+		}
 	}
 	if err := br.Close(); err != nil {
 		return s.claimErr(err)
@@ -448,11 +564,17 @@ func appendClean(dst []byte, s string) []byte {
 	return dst
 }
 
-// claimErr turns a lock timeout into dedup.ErrInFlight.
+// claimErr turns a lock timeout into dedup.ErrInFlight; in distributed
+// mode, a statement timeout too: the claim's INSERT ran out of
+// statement_timeout, most likely waiting on a key another transaction holds
+// (or slow enough that retrying later is right anyway).
 func (s *Store) claimErr(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
 		return fmt.Errorf("%w (lock_timeout %s): %w", dedup.ErrInFlight, s.lockTimeout, err)
+	}
+	if s.cfg.Distributed && errors.As(err, &pgErr) && pgErr.Code == "57014" {
+		return fmt.Errorf("%w (statement_timeout %s on the claim): %w", dedup.ErrInFlight, s.lockTimeout, err)
 	}
 	return fmt.Errorf("pgstore: claim: %w", err)
 }
@@ -503,6 +625,7 @@ func (s *Store) ClassifyError(err error) dedup.ErrorClass { return Classify(err)
 //     A handler whose SQL depends on the message (a table per tenant) and
 //     can meet such an error for one message alone wraps it in
 //     consumer.Permanent, which dead-letters that message instead;
+//   - ErrDistributedHTTP and ErrModeMismatch: fatal;
 //   - anything else: unknown, retried within the message's budget.
 func Classify(err error) dedup.ErrorClass {
 	if err == nil {
@@ -510,6 +633,9 @@ func Classify(err error) dedup.ErrorClass {
 	}
 	if errors.Is(err, pgx.ErrTxCommitRollback) {
 		return dedup.ClassPermanent
+	}
+	if errors.Is(err, ErrDistributedHTTP) || errors.Is(err, ErrModeMismatch) {
+		return dedup.ClassFatal
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {

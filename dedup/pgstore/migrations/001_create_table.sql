@@ -1,4 +1,7 @@
 CREATE TABLE IF NOT EXISTS {{.Table}} (
+{{- if .Distributed}}
+    shard       int2        NOT NULL CHECK (shard BETWEEN 0 AND 15), -- hash of (scope, key) computed by each INSERT: distributed mode
+{{- end}}
     scope       text        NOT NULL CHECK (octet_length(scope) BETWEEN 1 AND 128),
     key         text        NOT NULL CHECK (octet_length(key) BETWEEN 1 AND 256),
     fingerprint bytea       NOT NULL CHECK (octet_length(fingerprint) = 32),
@@ -7,6 +10,6 @@ CREATE TABLE IF NOT EXISTS {{.Table}} (
     source      text,
     created_at  timestamptz NOT NULL DEFAULT now(),
     expires_at  timestamptz,
-    PRIMARY KEY (scope, key)
+    PRIMARY KEY ({{if .Distributed}}shard, {{end}}scope, key)
 );
 CREATE INDEX IF NOT EXISTS {{call .Index "expires"}} ON {{.Table}} (expires_at) WHERE expires_at IS NOT NULL;

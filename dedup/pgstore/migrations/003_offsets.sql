@@ -2,7 +2,8 @@
 -- partition, the next offset not yet settled. Every offset below it
 -- committed (or was dead-lettered) before; one row update per batch
 -- replaces one key row per message. Rows are updated in place, often: a
--- low fillfactor leaves room on the page for HOT updates.
+-- low fillfactor leaves room on the page for HOT updates (Postgres; the
+-- distributed databases store rows otherwise and are not given one).
 CREATE TABLE IF NOT EXISTS {{.Offsets}} (
     scope       text        NOT NULL CHECK (octet_length(scope) BETWEEN 1 AND 128),
     topic       text        NOT NULL CHECK (octet_length(topic) BETWEEN 1 AND 255),
@@ -10,4 +11,5 @@ CREATE TABLE IF NOT EXISTS {{.Offsets}} (
     next_offset bigint      NOT NULL CHECK (next_offset > 0),
     updated_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (scope, topic, partition)
-) WITH (fillfactor = 50);
+)
+{{- if not .Distributed}} WITH (fillfactor = 50){{end}};

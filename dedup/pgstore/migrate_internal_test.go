@@ -1,0 +1,49 @@
+package pgstore
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// TestSplitStatements: distributed mode runs the embedded migrations
+// statement by statement. Each piece is one statement (no semicolon left
+// inside), the pieces are the files' statements in order, and no literal
+// holds "--" or ";" that the split would cut.
+func TestSplitStatements(t *testing.T) {
+	st, err := New(new(pgxpool.Pool), Config{Schema: "s", Table: "t", Distributed: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := st.migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[int][]string{
+		1: {"CREATE TABLE IF NOT EXISTS", "CREATE INDEX IF NOT EXISTS"},
+		2: {"ALTER TABLE", "ALTER TABLE", "CREATE INDEX IF NOT EXISTS"},
+		3: {"CREATE TABLE IF NOT EXISTS"},
+	}
+	for _, m := range ms {
+		got := splitStatements(m.sql)
+		w, ok := want[m.version]
+		if !ok {
+			t.Fatalf("migration %s: add its statements to this test", m.name)
+		}
+		if len(got) != len(w) {
+			t.Fatalf("migration %s split into %d statements, want %d: %q", m.name, len(got), len(w), got)
+		}
+		for i, stmt := range got {
+			if !strings.HasPrefix(stmt, w[i]) || strings.Contains(stmt, ";") || strings.Contains(stmt, "--") {
+				t.Errorf("migration %s statement %d: %q, want one statement starting %q", m.name, i+1, stmt, w[i])
+			}
+		}
+		if !strings.Contains(got[0], "shard") && m.version == 1 {
+			t.Errorf("distributed migration 1 has no shard column: %s", got[0])
+		}
+		if strings.Contains(got[0], "fillfactor") && m.version == 3 {
+			t.Errorf("distributed migration 3 sets a Postgres storage parameter: %s", got[0])
+		}
+	}
+}
