@@ -186,7 +186,7 @@ launch() {
   log "starting Kafka $KAFKA_VERSION on $BROKERS (log: $OUT)"
   # setsid+nohup: survive the calling shell; fd 9 (our lock) must not leak.
   setsid nohup "$JAVA" "${opts[@]}" kafka.Kafka "$CONF" \
-    >"$OUT" 2>&1 </dev/null 9>&- &
+    >"$OUT" 2>&1 </dev/null 8>&- 9>&- &
   pid=$!
   disown "$pid" 2>/dev/null || true
   # $! is java itself (setsid and nohup exec); fall back to a scan in case
