@@ -268,8 +268,8 @@ func clusterLeaderKill(t *testing.T, _, title string) {
 	c1, c2 := r.start(fp), r.start(fp)
 	r.waitApplied(100, c1, c2)
 	victim := c.busiestLeader(r.topic, s.first)
-	c.kill(victim)
 	at := r.ledgerRows()
+	c.kill(victim)
 	t.Logf("%d payments applied when node %d was killed", at, victim)
 	r.produce(s.first[half:])
 	want := int64(r.wantPayments())
@@ -295,8 +295,9 @@ func clusterBrokerLost(t *testing.T, _, title string) {
 	c1, c2 := r.start(fp), r.start(fp)
 	r.waitApplied(100, c1, c2)
 	victim := c.leaders("__consumer_offsets")[0]
+	at := r.ledgerRows()
 	c.kill(victim)
-	t.Logf("node %d (the group coordinator) lost with %d payments applied", victim, r.ledgerRows())
+	t.Logf("node %d (the group coordinator) lost with %d payments applied", victim, at)
 	r.produce(s.first[half:])
 	r.waitApplied(int64(r.wantPayments()), c1, c2)
 	r.produce(s.conflicts)
@@ -364,17 +365,20 @@ func clusterControllerFailover(t *testing.T, _, title string) {
 	s := r.newStream("", 900, 19)
 	half := len(s.first) / 2
 	r.produce(s.first[:half])
+	// Asked first: the JVM of kafka-metadata-quorum takes seconds, in
+	// which the consumers would finish the first half.
+	victim := c.controller()
 	fp := failpoints{Slow: 5 * time.Millisecond}
 	c1, c2 := r.start(fp), r.start(fp)
 	r.waitApplied(100, c1, c2)
-	victim := c.controller()
+	killedAt := r.ledgerRows()
 	c.kill(victim)
 	var next int
 	testenv.WaitUntilProgress(t, 2*time.Minute, "a new active controller", func() (bool, string) {
 		next = c.controller()
 		return next != victim, fmt.Sprintf("node %d", next)
 	})
-	t.Logf("active controller node %d killed with %d payments applied; node %d took over", victim, r.ledgerRows(), next)
+	t.Logf("active controller node %d killed with %d payments applied; node %d took over", victim, killedAt, next)
 	c3 := r.start(fp)
 	r.produce(s.first[half:])
 	at := r.ledgerRows()
