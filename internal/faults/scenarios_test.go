@@ -41,13 +41,18 @@ var scenarios = []scenario{
 	{13, "sigterm-mid-batch", []string{"kafka", "rocketmq"}, sigtermMidBatch},
 	{14, "ordered-poison", []string{"kafka", "rocketmq"}, orderedPoison},
 	{15, "key-lanes", []string{"kafka"}, keyLanes},
+	// On the three-node cluster (cluster_test.go); each has it to itself.
+	{16, "leader-sigkill", []string{"kafka-cluster"}, clusterLeaderKill},
+	{17, "broker-lost", []string{"kafka-cluster"}, clusterBrokerLost},
+	{18, "dead-letters-leader-change", []string{"kafka-cluster"}, clusterDeadLetterLeaderChange},
+	{19, "controller-failover", []string{"kafka-cluster"}, clusterControllerFailover},
 }
 
 // TestFaults runs every scenario for every broker it applies to; each
 // scenario's checks are in rig.finish. Run one alone with
 // go test ./internal/faults -run 'TestFaults/kafka/sigkill-after-commit'.
 func TestFaults(t *testing.T) {
-	for _, b := range []string{"kafka", "rocketmq"} {
+	for _, b := range []string{"kafka", "rocketmq", "kafka-cluster"} {
 		t.Run(b, func(t *testing.T) {
 			t.Parallel()
 			for _, sc := range scenarios {
