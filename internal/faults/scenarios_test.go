@@ -41,6 +41,7 @@ var scenarios = []scenario{
 	{13, "sigterm-mid-batch", []string{"kafka", "rocketmq"}, sigtermMidBatch},
 	{14, "ordered-poison", []string{"kafka", "rocketmq"}, orderedPoison},
 	{15, "key-lanes", []string{"kafka"}, keyLanes},
+	{20, "scale-out", []string{"kafka", "rocketmq"}, scaleOut},
 	// On the three-node cluster (cluster_test.go); each has it to itself.
 	{16, "leader-sigkill", []string{"kafka-cluster"}, clusterLeaderKill},
 	{17, "broker-lost", []string{"kafka-cluster"}, clusterBrokerLost},
@@ -906,4 +907,57 @@ func acksBehind(t *testing.T, glob string) int {
 		}
 	}
 	return n
+}
+
+// 20. Scale-out and back: consumer processes on 8 partitions (queues) grown
+// 1 → 2 → 4 → 6 mid-stream, then stopped (SIGTERM) one size at a time back
+// to 1, which finishes. Nothing lost or applied twice, lag 0 at the end,
+// partitions changed hands; the rate at each size is logged (processes on
+// this machine share two cores and 8 lanes: the point is that the lanes
+// spread and nothing is lost, not speed).
+func scaleOut(t *testing.T, b, title string) {
+	r := newRig(t, env(t, b), title, 8)
+	r.sampleOffsets()
+	s := r.newStream("", 1500, 16)
+	r.produce(s.first)
+	want := int64(r.wantPayments())
+	fp := failpoints{Slow: 5 * time.Millisecond}
+	members := []*child{r.start(fp)}
+	sizes := []int{1, 2, 4, 6, 4, 2, 1}
+	var rates []string
+	for _, next := range sizes[1:] {
+		n0, t0 := r.ledgerRows(), time.Now()
+		r.waitApplied(min(n0+100, want), members...)
+		rates = append(rates, fmt.Sprintf("%d processes: %.0f payments/s", len(members), float64(r.ledgerRows()-n0)/time.Since(t0).Seconds()))
+		for len(members) < next {
+			members = append(members, r.start(fp))
+		}
+		for len(members) > next {
+			old := members[0]
+			members = members[1:]
+			old.stop(t)
+		}
+	}
+	shrunk := r.ledgerRows()
+	r.waitApplied(want, members...)
+	r.produce(s.conflicts)
+	r.finish()
+	t.Logf("rates while each size ran (rebalances included): %s", strings.Join(rates, ", "))
+	t.Logf("%d of %d payments applied when the group was back to one process", shrunk, want)
+	if shrunk >= want {
+		t.Error("the stream was applied before the group shrank back to one process: the scenario proved little")
+	}
+	var moved int
+	if err := r.pool.QueryRow(context.Background(), `SELECT count(*) FROM (SELECT part FROM effects_audit
+		GROUP BY part HAVING count(DISTINCT pid) > 1) m`).Scan(&moved); err != nil {
+		t.Fatal(err)
+	}
+	var procs int
+	if err := r.pool.QueryRow(context.Background(), `SELECT count(DISTINCT pid) FROM effects_audit`).Scan(&procs); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d processes applied payments; %d of %d partitions were applied by more than one", procs, moved, r.parts)
+	if procs < 4 || moved == 0 {
+		t.Errorf("%d processes applied payments and %d partitions changed hands: the lanes did not spread", procs, moved)
+	}
 }
