@@ -34,7 +34,7 @@ const childEnv = "IDEM_FAULTS_CHILD"
 
 // childSpec is what one child consumes and how it misbehaves.
 type childSpec struct {
-	Broker  string   // "kafka" or "rocketmq"
+	Broker  string   // "kafka", "kafka-cluster" or "rocketmq"
 	Brokers []string // Kafka brokers or RocketMQ name servers
 	Topic   string
 	Group   string
@@ -183,7 +183,7 @@ func (spec *childSpec) run() error {
 	var src consumer.Source
 	var dl consumer.DeadLetter
 	switch spec.Broker {
-	case "kafka":
+	case "kafka", "kafka-cluster":
 		closeTimeout := spec.KafkaClose
 		if closeTimeout == 0 {
 			closeTimeout = 3 * time.Second

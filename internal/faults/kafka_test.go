@@ -20,6 +20,7 @@ import (
 // kafkaBroker is the test environment's Kafka, for one test.
 type kafkaBroker struct {
 	*kafkatest.Admin
+	label string // name(); default "kafka"
 }
 
 // newKafka returns the shared Kafka; exclusive keeps every other test of
@@ -32,10 +33,16 @@ func newKafka(t *testing.T, exclusive bool) *kafkaBroker {
 	} else {
 		brokers = testenv.KafkaBrokers(t)
 	}
-	return &kafkaBroker{kafkatest.NewAdmin(t, brokers)}
+	return &kafkaBroker{Admin: kafkatest.NewAdmin(t, brokers)}
 }
 
-func (k *kafkaBroker) name() string    { return "kafka" }
+func (k *kafkaBroker) name() string {
+	if k.label != "" {
+		return k.label
+	}
+	return "kafka"
+}
+
 func (k *kafkaBroker) addrs() []string { return k.Brokers }
 
 func (k *kafkaBroker) newTopic(t *testing.T, n int) (string, string) {

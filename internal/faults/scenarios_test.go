@@ -41,14 +41,20 @@ var scenarios = []scenario{
 	{13, "sigterm-mid-batch", []string{"kafka", "rocketmq"}, sigtermMidBatch},
 	{14, "ordered-poison", []string{"kafka", "rocketmq"}, orderedPoison},
 	{15, "key-lanes", []string{"kafka"}, keyLanes},
-	{16, "offsets-in-store", []string{"kafka"}, offsetsInStore},
+	{20, "scale-out", []string{"kafka", "rocketmq"}, scaleOut},
+	// On the three-node cluster (cluster_test.go); each has it to itself.
+	{16, "leader-sigkill", []string{"kafka-cluster"}, clusterLeaderKill},
+	{17, "broker-lost", []string{"kafka-cluster"}, clusterBrokerLost},
+	{18, "dead-letters-leader-change", []string{"kafka-cluster"}, clusterDeadLetterLeaderChange},
+	{19, "controller-failover", []string{"kafka-cluster"}, clusterControllerFailover},
+	{21, "offsets-in-store", []string{"kafka"}, offsetsInStore},
 }
 
 // TestFaults runs every scenario for every broker it applies to; each
 // scenario's checks are in rig.finish. Run one alone with
 // go test ./internal/faults -run 'TestFaults/kafka/sigkill-after-commit'.
 func TestFaults(t *testing.T) {
-	for _, b := range []string{"kafka", "rocketmq"} {
+	for _, b := range []string{"kafka", "rocketmq", "kafka-cluster"} {
 		t.Run(b, func(t *testing.T) {
 			t.Parallel()
 			for _, sc := range scenarios {
@@ -904,7 +910,70 @@ func acksBehind(t *testing.T, glob string) int {
 	return n
 }
 
-// 16. Offsets in the store (Config.Offsets, business keys beside them): a
+// 20. Scale-out and back: consumer processes on 8 partitions (queues) grown
+// 1 → 2 → 4 → 6, then stopped (SIGTERM) one size at a time back to 1. The
+// stream goes out in one part per size, and each change comes while the
+// part before it is a third applied, so every change moves partitions with
+// messages in flight. Nothing lost or applied twice, lag 0 at the end,
+// partitions changed hands, the last single process applied the last part;
+// the rate at each size is logged (processes on this machine share two
+// cores and 8 lanes, and every change is a rebalance: the point is that
+// the lanes spread and nothing is lost, not speed).
+func scaleOut(t *testing.T, b, title string) {
+	r := newRig(t, env(t, b), title, 8)
+	r.sampleOffsets()
+	s := r.newStream("", 1400, 16)
+	want := int64(r.wantPayments())
+	sizes := []int{1, 2, 4, 6, 4, 2, 1}
+	fp := failpoints{Slow: 5 * time.Millisecond}
+	var members []*child
+	var rates []string
+	for i, size := range sizes {
+		for len(members) < size {
+			members = append(members, r.start(fp))
+		}
+		for len(members) > size {
+			old := members[0]
+			members = members[1:]
+			old.stop(t)
+		}
+		n0, t0 := r.ledgerRows(), time.Now()
+		r.produce(s.first[i*len(s.first)/len(sizes) : (i+1)*len(s.first)/len(sizes)])
+		if i == len(sizes)-1 {
+			break
+		}
+		r.waitApplied(n0+60, members...) // about a third of the part
+		rates = append(rates, fmt.Sprintf("%d: %.0f/s", size, float64(r.ledgerRows()-n0)/time.Since(t0).Seconds()))
+	}
+	last := members[0]
+	r.waitApplied(want, members...)
+	r.produce(s.conflicts)
+	r.finish()
+	t.Logf("payments per second at each size, its rebalance included: %s", strings.Join(rates, ", "))
+	var byLast int
+	if err := r.pool.QueryRow(context.Background(), `SELECT count(*) FROM effects_audit WHERE pid = $1`, last.stats().Pid).Scan(&byLast); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the last process alone applied %d payments", byLast)
+	if byLast == 0 {
+		t.Error("the last process applied nothing: the group did not hand it the partitions")
+	}
+	var moved int
+	if err := r.pool.QueryRow(context.Background(), `SELECT count(*) FROM (SELECT part FROM effects_audit
+		GROUP BY part HAVING count(DISTINCT pid) > 1) m`).Scan(&moved); err != nil {
+		t.Fatal(err)
+	}
+	var procs int
+	if err := r.pool.QueryRow(context.Background(), `SELECT count(DISTINCT pid) FROM effects_audit`).Scan(&procs); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d processes applied payments; %d of %d partitions were applied by more than one", procs, moved, r.parts)
+	if procs < 4 || moved == 0 {
+		t.Errorf("%d processes applied payments and %d partitions changed hands: the lanes did not spread", procs, moved)
+	}
+}
+
+// 21. Offsets in the store (Config.Offsets, business keys beside them): a
 // SIGKILL in Source.Ack — the batches' transactions moved the store's
 // offsets, the group's offsets did not — then a second consumer. It is
 // redelivered what the first applied past the group's offsets and skips it

@@ -28,7 +28,14 @@ func KafkaExclusive(t testing.TB) []string {
 
 func kafkaBrokers(t testing.TB) []string {
 	t.Helper()
-	v := Require(t, "IDEM_TEST_KAFKA_BROKERS", "kafka")
+	return splitBrokers(t, "IDEM_TEST_KAFKA_BROKERS", "kafka")
+}
+
+// splitBrokers returns the comma-separated host:port list in the
+// environment variable name (see Require).
+func splitBrokers(t testing.TB, name, service string) []string {
+	t.Helper()
+	v := Require(t, name, service)
 	var brokers []string
 	for _, b := range strings.Split(v, ",") {
 		if b = strings.TrimSpace(b); b != "" {
@@ -36,7 +43,20 @@ func kafkaBrokers(t testing.TB) []string {
 		}
 	}
 	if len(brokers) == 0 {
-		t.Fatalf("IDEM_TEST_KAFKA_BROKERS=%q names no broker", v)
+		t.Fatalf("%s=%q names no broker", name, v)
 	}
+	return brokers
+}
+
+// KafkaClusterExclusive returns the brokers of the three-node cluster in
+// IDEM_TEST_KAFKA_CLUSTER (scripts/testenv/kafka-cluster.sh), or skips
+// (fails under CI) when it is unset. The failover tests kill its nodes, so
+// the test has the cluster to itself until it ends: it waits until no
+// other test (in any package's test process) uses it, and scripts/testenv.sh
+// up waits for it (scripts/testenv/tests_lock.sh).
+func KafkaClusterExclusive(t testing.TB) []string {
+	t.Helper()
+	brokers := splitBrokers(t, "IDEM_TEST_KAFKA_CLUSTER", "kafka-cluster")
+	lockService(t, "kafka-cluster", true)
 	return brokers
 }

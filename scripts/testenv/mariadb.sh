@@ -142,7 +142,7 @@ launch() {
   log "starting mariadbd on $HOST:$PORT (log: $ERRLOG)"
   rm -f "$SOCK"
   # setsid+nohup: survive the calling shell; fd 9 (our lock) must not leak.
-  setsid nohup mariadbd --defaults-file="$CNF" >/dev/null 2>&1 </dev/null 9>&- &
+  setsid nohup mariadbd --defaults-file="$CNF" >/dev/null 2>&1 </dev/null 8>&- 9>&- &
   pid=$!
   disown "$pid" 2>/dev/null || true
   if ! wait_ready "$pid"; then

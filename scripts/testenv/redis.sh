@@ -88,7 +88,7 @@ launch() {
   port_open && die "$HOST:$PORT is already in use by another process (not the server under $STATE)"
   local pid deadline=$((SECONDS + READY_TIMEOUT))
   log "starting redis-server on $HOST:$PORT (log: $LOGFILE)"
-  setsid nohup redis-server "$CONF" >/dev/null 2>&1 </dev/null 9>&- &
+  setsid nohup redis-server "$CONF" >/dev/null 2>&1 </dev/null 8>&- 9>&- &
   pid=$!
   disown "$pid" 2>/dev/null || true
   while ((SECONDS < deadline)); do

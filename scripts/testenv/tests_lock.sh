@@ -6,8 +6,10 @@
 # itself). Without it, an `up` from another checkout's `make test` at that
 # moment found the service down and started a fresh one — for Kafka on a new
 # data dir, wiping the test's topics. The lock is the tests' own flock
-# (internal/testenv); it is held shared until the script exits. Take it
-# before the script's own lock, which the test's `start` needs.
+# (internal/testenv); it is held shared on fd 8 until the script exits, so
+# a service the script launches must not inherit fd 8 (`8>&-`): a server
+# holding it would keep every exclusive test out for as long as it runs.
+# Take it before the script's own lock, which the test's `start` needs.
 wait_tests_done() {
   exec 8>"${TMPDIR:-/tmp}/idem-$1-tests.lock"
   if ! flock -s -n 8; then

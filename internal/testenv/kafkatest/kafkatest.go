@@ -22,6 +22,10 @@ type Admin struct {
 	Brokers   []string
 	Client    *kafkago.Client
 	Transport *kafkago.Transport
+	// ReplicationFactor of the topics CreateTopic creates; default 1.
+	ReplicationFactor int
+	// TopicConfigs are set on the topics CreateTopic creates.
+	TopicConfigs []kafkago.ConfigEntry
 
 	mu    sync.Mutex
 	parts map[string]int // partitions of the topics CreateTopic created
@@ -46,7 +50,8 @@ func (a *Admin) CreateTopic(t testing.TB, topic string, partitions int) {
 	t.Helper()
 	ctx := testenv.Context(t, time.Minute)
 	res, err := a.Client.CreateTopics(ctx, &kafkago.CreateTopicsRequest{
-		Topics: []kafkago.TopicConfig{{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1}},
+		Topics: []kafkago.TopicConfig{{Topic: topic, NumPartitions: partitions,
+			ReplicationFactor: max(a.ReplicationFactor, 1), ConfigEntries: a.TopicConfigs}},
 	})
 	if err == nil {
 		err = res.Errors[topic]
