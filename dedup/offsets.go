@@ -44,8 +44,11 @@ type OffsetStore[TTx any] interface {
 	// expected. A concurrent transaction that advanced p first, committed
 	// or not, makes it report false (after waiting for that transaction to
 	// end, at most the store's lock timeout, or failing with an error
-	// wrapping ErrInFlight). When it reports true, p's row stays locked
-	// until tx ends: no other writer moves it meanwhile.
+	// wrapping ErrInFlight). Under SERIALIZABLE isolation (a distributed
+	// database) it may fail instead with a serialization error its
+	// ClassifyError reports as ClassConflict, which the consumer retries.
+	// When it reports true, p's row stays locked until tx ends: no other
+	// writer moves it meanwhile.
 	AdvanceOffset(ctx context.Context, tx TTx, p Partition, expected, next int64) (bool, error)
 
 	// NextOffsets returns the next offsets of scope's partitions of topic,
