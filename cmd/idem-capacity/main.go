@@ -32,8 +32,11 @@ func main() {
 		log.Fatal(err)
 	}
 	w := os.Stdout
-	fmt.Fprintf(w, "model: T0 %.2f ms, CPU per transaction %.0f µs, per message %.1f µs (store %.0f%%), broker %.1f µs per message, %g cores\n",
-		m.T0*1e3, m.TxCPU*1e6, m.MsgCPU*1e6, m.DBShare*100, m.BrokerCPU*1e6, m.Cores)
+	us := func(c capacity.Cost) string {
+		return fmt.Sprintf("%.0f µs + %.1f µs per message", c.Tx*1e6, c.Msg*1e6)
+	}
+	fmt.Fprintf(w, "model (per batch): wait %s; store CPU %s; consumer CPU %s; broker CPU %s; %g cores\n",
+		us(m.Wait), us(m.Store), us(m.App), us(m.Broker), m.Cores)
 	fmt.Fprintf(w, "one lane at batch %d: %.0f msg/s; the cores' limit: %.0f msg/s\n\n", *batch, m.LaneRate(*batch), m.CPULimit(*batch))
 	fmt.Fprintln(w, "| lanes | batch | measured msg/s | model | simulated | machine busy |")
 	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|")
@@ -41,6 +44,6 @@ func main() {
 		fmt.Fprintf(w, "| %d | %d | %.0f | %.0f | %.0f | %.0f%% |\n", p.Lanes, p.Batch, p.Rate, m.Predict(p.Lanes, p.Batch), m.Simulate(p.Lanes, p.Batch, 2), p.Busy*100)
 	}
 	p := m.PlanFor(*target, *batch, *util)
-	fmt.Fprintf(w, "\n%.0f msg/s at batch %d, cores and lanes at most %.0f%% full: %d partitions, %.1f store cores, %.1f consumer cores (plus the broker's)\n",
-		p.Target, p.Batch, p.Utilisation*100, p.Partitions, p.StoreCores, p.ConsumerCores)
+	fmt.Fprintf(w, "\n%.0f msg/s at batch %d, cores and lanes at most %.0f%% full: %d partitions, %.1f store cores, %.1f consumer cores (their handlers' own work not included), %.1f broker cores\n",
+		p.Target, p.Batch, p.Utilisation*100, p.Partitions, p.StoreCores, p.ConsumerCores, p.BrokerCores)
 }

@@ -1,18 +1,19 @@
 // Package capacity is idem's capacity model: how many messages per second a
 // consumer reaches with a number of lanes (partitions or queues, or key
-// lanes) and a batch size, on a store with a number of cores, fitted to
-// measurements from cmd/idem-bench and checked against them by a small
-// simulation. SCALING.md explains it; cmd/idem-capacity prints it.
+// lanes) and a batch size, fitted to measurements from cmd/idem-bench and
+// checked against them by a small simulation. SCALING.md explains it;
+// cmd/idem-capacity prints it.
 //
-// A lane is a closed loop: it takes a batch, spends CPU on it (idem and the
-// store: the claim, the handler's insert, the commit; Work), then waits for
-// what is not CPU (round trips and the commit's fsync; T0), then takes the
-// next. Lanes share the machine's cores with the broker, whose CPU grows
-// with the rate. So
+// A lane is a closed loop: it takes a batch, waits for the store to do the
+// batch's work (CPU: the claim, the handler's insert, the commit; Store),
+// and for what is not CPU (round trips, writing and flushing the WAL;
+// Wait), then takes the next. The consumer's fetching and decoding and the
+// broker run beside the lanes, on the same cores (Other). Every CPU cost has
+// a part per transaction and a part per message. So
 //
-//	lane rate  = b / (T0 + Work(b))                    (lanes idle-waiting: add lanes)
-//	CPU limit  = Cores / (TxCPU/b + MsgCPU + BrokerCPU) (cores spent: add cores)
-//	rate(L, b) = min(L × lane rate, CPU limit)
+//	lane rate  = b / (Wait(b) + Store(b))                      (lanes wait: add lanes)
+//	CPU limit  = Cores / ((StoreTx+OtherTx)/b + StoreMsg+OtherMsg) (cores spent: add cores)
+//	rate(L, b) ≤ min(L × lane rate, CPU limit)
 package capacity
 
 import (
@@ -33,36 +34,54 @@ type Point struct {
 	Busy                     float64 // share of the machine's cores busy over the run, 0..1
 }
 
-// Model is the fitted capacity model. Times are in seconds.
-type Model struct {
-	Cores     float64 // the machine's cores
-	T0        float64 // a transaction's wait that is not CPU: round trips, fsync
-	TxCPU     float64 // CPU per transaction of idem and the store (BEGIN, claim and COMMIT statements)
-	MsgCPU    float64 // CPU per message of idem and the store
-	BrokerCPU float64 // CPU per message of the broker
-	DBShare   float64 // the store's share of TxCPU and MsgCPU (for store cores)
+// Cost is a CPU or time cost with a part per transaction and a part per
+// message, in seconds.
+type Cost struct{ Tx, Msg float64 }
+
+// Batch is the cost of one batch of b messages.
+func (c Cost) Batch(b int) float64 { return c.Tx + float64(b)*c.Msg }
+
+// PerMessage is the cost per message at batch size b.
+func (c Cost) PerMessage(b int) float64 { return c.Tx/float64(b) + c.Msg }
+
+// fit solves c.PerMessage(b) = v for two batch sizes.
+func fit(b1, v1, b2, v2 float64) Cost {
+	tx := (v1 - v2) / (1/b1 - 1/b2)
+	if tx < 0 {
+		tx = 0 // noise: the smaller batch measured cheaper per message
+	}
+	return Cost{Tx: tx, Msg: math.Max(v2-tx/b2, 0)}
 }
 
-// Work is the CPU a lane spends on one batch of b messages.
-func (m Model) Work(b int) float64 { return m.TxCPU + float64(b)*m.MsgCPU }
-
-// CPUPerMessage is all the CPU one message costs at batch size b.
-func (m Model) CPUPerMessage(b int) float64 { return m.TxCPU/float64(b) + m.MsgCPU + m.BrokerCPU }
+// Model is the fitted capacity model.
+type Model struct {
+	Cores  float64
+	Wait   Cost // a lane's time that is not CPU: round trips, WAL writes and flushes
+	Store  Cost // the store's CPU, on the lane's path
+	App    Cost // the consumer process's CPU: fetching, decoding, idem (beside the lanes)
+	Broker Cost // the broker's CPU (beside the lanes)
+}
 
 // LaneRate is one lane's rate when it has the cores it needs.
-func (m Model) LaneRate(b int) float64 { return float64(b) / (m.T0 + m.Work(b)) }
+func (m Model) LaneRate(b int) float64 { return float64(b) / (m.Wait.Batch(b) + m.Store.Batch(b)) }
+
+// CPUPerMessage is all the CPU one message costs at batch size b.
+func (m Model) CPUPerMessage(b int) float64 {
+	return m.Store.PerMessage(b) + m.App.PerMessage(b) + m.Broker.PerMessage(b)
+}
 
 // CPULimit is the rate at which the machine's cores are spent.
 func (m Model) CPULimit(b int) float64 { return m.Cores / m.CPUPerMessage(b) }
 
-// Predict is the model's rate for lanes lanes at batch size b.
+// Predict is the model's bound for lanes lanes at batch size b.
 func (m Model) Predict(lanes, b int) float64 {
 	return math.Min(float64(lanes)*m.LaneRate(b), m.CPULimit(b))
 }
 
-// Fit fits a model to measurements: TxCPU and MsgCPU from the CPU per
-// message of two batch sizes on one lane, T0 from the one-lane rate at the
-// larger batch, BrokerCPU as the mean over all points.
+// Fit fits a model to measurements: every cost from the one-lane points at
+// two batch sizes (per-message costs at two sizes give the per-transaction
+// and per-message parts; a lane's time per batch, less the store's CPU, is
+// its wait). The points with more lanes are left to check the model.
 func Fit(points []Point, cores float64) (Model, error) {
 	var small, large *Point
 	for i := range points {
@@ -80,76 +99,85 @@ func Fit(points []Point, cores float64) (Model, error) {
 	if small == nil || large == nil || small.Batch == large.Batch {
 		return Model{}, errors.New("capacity: fit needs one-lane measurements at two batch sizes")
 	}
-	m := Model{Cores: cores}
-	as, al := small.AppCPU+small.DBCPU, large.AppCPU+large.DBCPU
 	bs, bl := float64(small.Batch), float64(large.Batch)
-	m.TxCPU = (as - al) / (1/bs - 1/bl)
-	if m.TxCPU < 0 {
-		m.TxCPU = 0 // noise: a smaller batch measured cheaper per message
+	m := Model{
+		Cores:  cores,
+		Store:  fit(bs, small.DBCPU, bl, large.DBCPU),
+		App:    fit(bs, small.AppCPU, bl, large.AppCPU),
+		Broker: fit(bs, small.BrokerCPU, bl, large.BrokerCPU),
 	}
-	m.MsgCPU = al - m.TxCPU/bl
-	m.T0 = bl/large.Rate - m.Work(large.Batch)
-	if m.T0 < 0 {
-		return Model{}, fmt.Errorf("capacity: one lane at batch %d ran at %.0f msg/s, faster than its CPU alone allows", large.Batch, large.Rate)
+	// A lane's time per message less the store's CPU per message.
+	ws, wl := 1/small.Rate-small.DBCPU, 1/large.Rate-large.DBCPU
+	if ws < 0 || wl < 0 {
+		return Model{}, fmt.Errorf("capacity: one lane ran faster than the store's CPU allows (%.0f msg/s at batch %d, %.0f at %d)",
+			small.Rate, small.Batch, large.Rate, large.Batch)
 	}
-	var db, app float64
-	for _, p := range points {
-		m.BrokerCPU += p.BrokerCPU / float64(len(points))
-		db += p.DBCPU
-		app += p.AppCPU
-	}
-	m.DBShare = db / (db + app)
+	m.Wait = fit(bs, ws, bl, wl)
 	return m, nil
 }
 
 // Simulate runs lanes closed-loop lanes of batch b for the given simulated
-// time: each batch needs Work(b) seconds of one core, then waits T0. The
-// broker's work (BrokerCPU per message delivered) is served first, as the
-// messages a lane takes must have been fetched; the lanes share what cores
-// are left equally (processor sharing), each batch at most one core. It
-// returns the messages per second.
+// time. A batch needs Store.Batch(b) seconds of one core, then waits
+// Wait.Batch(b). The consumer's and the broker's work for the messages
+// taken (App and Broker) runs beside the lanes, at most a batch per lane
+// ahead of them; the cores are shared max-min fairly, each lane at most
+// one core. It returns the messages per second.
 func (m Model) Simulate(lanes, b int, seconds float64) float64 {
 	const dt = 5e-6
 	type lane struct {
-		cpuLeft float64 // CPU still needed by the batch; 0 when waiting
+		cpuLeft float64 // store CPU still needed by the batch; 0 when waiting
 		waitEnd float64 // end of the non-CPU wait
 	}
-	// Batches vary (±25% of Work, seeded): identical batches under
-	// processor sharing would keep the lanes in lockstep — all computing,
-	// then all waiting with the cores idle — which real lanes are not.
+	// Batches vary (±25%, seeded): identical batches under processor
+	// sharing would keep the lanes in lockstep — all computing, then all
+	// waiting with the cores idle — which real lanes are not.
 	rng := rand.New(rand.NewPCG(1, uint64(lanes)<<32|uint64(b)))
-	work := func() float64 { return m.Work(b) * (0.75 + 0.5*rng.Float64()) }
+	vary := func(v float64) float64 { return v * (0.75 + 0.5*rng.Float64()) }
 	ls := make([]lane, lanes)
 	for i := range ls {
-		ls[i].cpuLeft = work()
+		ls[i].cpuLeft = vary(m.Store.Batch(b))
 	}
-	brokerLeft := 0.0 // broker CPU owed for delivered messages
+	besideLeft := 0.0 // consumer and broker CPU owed for messages taken
+	ahead := float64(lanes) * (m.App.Batch(b) + m.Broker.Batch(b))
 	done := 0.0
 	for now := 0.0; now < seconds; now += dt {
-		broker := math.Min(brokerLeft, m.Cores*dt)
-		brokerLeft -= broker
 		active := 0
 		for i := range ls {
 			if ls[i].cpuLeft > 0 {
 				active++
 			}
 		}
-		share := dt
-		if active > 0 {
-			share = math.Min(dt, (m.Cores*dt-broker)/float64(active))
+		// Max-min fair shares of the cores: each lane wants one core, the
+		// consumer's and broker's threads up to all of them.
+		capacity, want := m.Cores*dt, math.Min(besideLeft, m.Cores*dt)
+		beside, share := want, dt
+		if want+float64(active)*dt > capacity {
+			switch level := capacity / float64(active+1); {
+			case active == 0:
+				beside = capacity
+			case want <= level:
+				share = (capacity - want) / float64(active)
+			case dt <= level:
+				beside = capacity - float64(active)*dt
+			default:
+				beside, share = level, level
+			}
 		}
+		besideLeft -= beside
 		for i := range ls {
 			l := &ls[i]
 			switch {
 			case l.cpuLeft > 0:
 				l.cpuLeft -= share
 				if l.cpuLeft <= 0 {
-					l.cpuLeft, l.waitEnd = 0, now+m.T0
+					l.cpuLeft, l.waitEnd = 0, now+vary(m.Wait.Batch(b))
 				}
-			case now >= l.waitEnd:
+			case now >= l.waitEnd && besideLeft <= ahead:
+				// The next batch's messages are fetched ahead, but not
+				// beyond a batch per lane: past that the lane waits.
 				done += float64(b)
-				brokerLeft += float64(b) * m.BrokerCPU
-				l.cpuLeft = work()
+				besideLeft += m.App.Batch(b) + m.Broker.Batch(b)
+				l.cpuLeft = vary(m.Store.Batch(b))
 			}
 		}
 	}
@@ -162,21 +190,22 @@ type Plan struct {
 	Batch         int
 	Partitions    int     // lanes: partitions, queues or key lanes
 	StoreCores    float64 // the store's CPU at the target
-	ConsumerCores float64 // idem's and the handlers' CPU at the target
-	Utilisation   float64 // the share of a core the plan fills at most
+	ConsumerCores float64 // the consumers' CPU at the target (the handlers' own work not included)
+	BrokerCores   float64 // the broker's CPU at the target
+	Utilisation   float64 // the share of a core or a lane the plan fills at most
 }
 
 // PlanFor sizes a deployment for target messages per second at batch size
 // b, filling cores and lanes up to util (0.7 leaves room for bursts and
 // retries).
 func (m Model) PlanFor(target float64, b int, util float64) Plan {
-	perMsg := m.TxCPU/float64(b) + m.MsgCPU
 	return Plan{
 		Target:        target,
 		Batch:         b,
 		Partitions:    int(math.Ceil(target / (util * m.LaneRate(b)))),
-		StoreCores:    target * perMsg * m.DBShare / util,
-		ConsumerCores: target * perMsg * (1 - m.DBShare) / util,
+		StoreCores:    target * m.Store.PerMessage(b) / util,
+		ConsumerCores: target * m.App.PerMessage(b) / util,
+		BrokerCores:   target * m.Broker.PerMessage(b) / util,
 		Utilisation:   util,
 	}
 }
