@@ -102,9 +102,13 @@ type Row struct {
 	PerSecond  float64 `json:"messages_per_second"`
 	CPUPer100k float64 `json:"cpu_seconds_per_100k"`
 	DBCPU100k  float64 `json:"postgres_cpu_seconds_per_100k"`
-	P50Ms      float64 `json:"p50_ms"`
-	P99Ms      float64 `json:"p99_ms"`
-	Effects    int64   `json:"effects"`
+	// The broker's CPU per 100k messages (Kafka or RocketMQ on this
+	// machine) and how busy the machine was over the row (0..1, all cores).
+	BrokerCPU100k float64 `json:"broker_cpu_seconds_per_100k"`
+	MachineBusy   float64 `json:"machine_busy"`
+	P50Ms         float64 `json:"p50_ms"`
+	P99Ms         float64 `json:"p99_ms"`
+	Effects       int64   `json:"effects"`
 }
 
 func main() {
@@ -416,6 +420,10 @@ func runRow(ctx context.Context, e *env, name string, n int) (Row, error) {
 	r.PerSecond = float64(n) / r.Seconds
 	r.CPUPer100k = per100k(used.self)
 	r.DBCPU100k = per100k(used.postgres)
+	r.BrokerCPU100k = per100k(used.kafka + used.rocketmq)
+	if used.total > 0 {
+		r.MachineBusy = used.busy.Seconds() / used.total.Seconds()
+	}
 	r.P50Ms, r.P99Ms = lat.pct(0.50), lat.pct(0.99)
 	if sc != "" {
 		_ = pool.QueryRow(ctx, "SELECT count(*) FROM "+sc+".effects").Scan(&r.Effects)

@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/internal/relaytest"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/kafkatest"
 	"github.com/idemkit/idem/outbox"
 )
 
@@ -51,8 +52,8 @@ func TestRelayToKafka(t *testing.T) {
 	}
 	relaytest.WaitFor(t, time.Minute, "the outbox drained", func() (bool, string) { return relaytest.Pending(t, pool, ob) == 0, "" })
 	var got []relaytest.Delivered
-	for _, m := range k.ReadAll(t, topic, 1) {
-		got = append(got, relaytest.Delivered{ID: relaytest.Header(m, outbox.HeaderID), Key: string(m.Key), Value: string(m.Value)})
+	for _, m := range k.ReadAll(t, topic) {
+		got = append(got, relaytest.Delivered{ID: kafkatest.Header(m, outbox.HeaderID), Key: string(m.Key), Value: string(m.Value)})
 	}
 	relaytest.CheckKeyOrder(t, got, 10)
 	if err := syscall.Kill(syscall.Getpid(), syscall.SIGTERM); err != nil {

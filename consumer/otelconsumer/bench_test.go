@@ -25,33 +25,7 @@ func BenchmarkTelemetry(b *testing.B) {
 	for _, batch := range []int{1, 100} {
 		for _, mode := range []string{"none", "noop", "metrics", "sdk"} {
 			b.Run(fmt.Sprintf("batch=%d/telemetry=%s", batch, mode), func(b *testing.B) {
-				var obs consumer.Observer
-				switch mode {
-				case "noop":
-					tel, err := otelconsumer.New(otelconsumer.Config{System: "kafka"})
-					if err != nil {
-						b.Fatal(err)
-					}
-					obs = tel
-				case "metrics":
-					mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
-					defer mp.Shutdown(context.Background())
-					tel, err := otelconsumer.New(otelconsumer.Config{System: "kafka", MeterProvider: mp})
-					if err != nil {
-						b.Fatal(err)
-					}
-					obs = tel
-				case "sdk":
-					mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
-					tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()))
-					defer mp.Shutdown(context.Background())
-					defer tp.Shutdown(context.Background())
-					tel, err := otelconsumer.New(otelconsumer.Config{System: "kafka", MeterProvider: mp, TracerProvider: tp})
-					if err != nil {
-						b.Fatal(err)
-					}
-					obs = tel
-				}
+				obs := benchObserver(b, mode)
 				msgs := make([]*consumer.Message, b.N)
 				for i := range msgs {
 					msgs[i] = consumertest.Message("payments", int32(i%4), int64(i), "", fmt.Sprintf(`{"txn_id":"T%09d","amount":%d}`, i, i))
@@ -91,33 +65,7 @@ func BenchmarkObserverCalls(b *testing.B) {
 		}
 		for _, mode := range []string{"none", "noop", "metrics", "sdk"} {
 			b.Run(fmt.Sprintf("batch=%d/telemetry=%s", n, mode), func(b *testing.B) {
-				var obs consumer.Observer = consumer.NopObserver{}
-				switch mode {
-				case "noop":
-					tel, err := otelconsumer.New(otelconsumer.Config{System: "kafka"})
-					if err != nil {
-						b.Fatal(err)
-					}
-					obs = tel
-				case "metrics":
-					mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
-					defer mp.Shutdown(context.Background())
-					tel, err := otelconsumer.New(otelconsumer.Config{System: "kafka", MeterProvider: mp})
-					if err != nil {
-						b.Fatal(err)
-					}
-					obs = tel
-				case "sdk":
-					mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
-					tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()))
-					defer mp.Shutdown(context.Background())
-					defer tp.Shutdown(context.Background())
-					tel, err := otelconsumer.New(otelconsumer.Config{System: "kafka", MeterProvider: mp, TracerProvider: tp})
-					if err != nil {
-						b.Fatal(err)
-					}
-					obs = tel
-				}
+				obs := benchObserver(b, mode)
 				ctx := context.Background()
 				batch := consumer.Batch{Consumer: "payments", Lane: "payments/0", Messages: msgs}
 				now := time.Now()
@@ -137,4 +85,34 @@ func BenchmarkObserverCalls(b *testing.B) {
 			})
 		}
 	}
+}
+
+// benchObserver is the Observer of a benchmark mode: none (what an unset
+// Config.Observer is), noop (a Telemetry with no SDK installed), metrics
+// (the SDK's metrics only) or sdk (metrics and every span sampled).
+func benchObserver(b *testing.B, mode string) consumer.Observer {
+	b.Helper()
+	var cfg otelconsumer.Config
+	switch mode {
+	case "none":
+		return consumer.NopObserver{}
+	case "noop":
+		cfg = otelconsumer.Config{System: "kafka"}
+	case "metrics", "sdk":
+		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+		b.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+		cfg = otelconsumer.Config{System: "kafka", MeterProvider: mp}
+		if mode == "sdk" {
+			tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()))
+			b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+			cfg.TracerProvider = tp
+		}
+	default:
+		b.Fatalf("unknown telemetry mode %q", mode)
+	}
+	tel, err := otelconsumer.New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return tel
 }

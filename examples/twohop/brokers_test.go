@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idem/internal/relaytest"
 	"github.com/idemkit/idem/internal/relaytest/rmqtest"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/kafkatest"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/outbox/kafkapub"
 	"github.com/idemkit/idem/outbox/rocketmqpub"
@@ -97,8 +98,8 @@ func (b *kafkaBroker) source(t testing.TB, topic string) consumer.Source {
 
 func (b *kafkaBroker) copies(t *testing.T, topic string) map[string]int {
 	out := map[string]int{}
-	for _, m := range b.k.ReadAll(t, topic, parts) {
-		out[relaytest.Header(m, outbox.HeaderID)]++
+	for _, m := range b.k.ReadAll(t, topic) {
+		out[kafkatest.Header(m, outbox.HeaderID)]++
 	}
 	return out
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/internal/relaytest"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/kafkatest"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/outbox/kafkapub"
 )
@@ -33,8 +34,8 @@ func newPublisher(t *testing.T, cfg kafkapub.Config) *kafkapub.Publisher {
 // read returns topic's messages as CheckKeyOrder wants them.
 func read(t *testing.T, k *relaytest.Kafka, topic string, parts int) []relaytest.Delivered {
 	var out []relaytest.Delivered
-	for _, m := range k.ReadAll(t, topic, parts) {
-		out = append(out, relaytest.Delivered{ID: relaytest.Header(m, outbox.HeaderID), Key: string(m.Key), Value: string(m.Value)})
+	for _, m := range k.ReadAll(t, topic) {
+		out = append(out, relaytest.Delivered{ID: kafkatest.Header(m, outbox.HeaderID), Key: string(m.Key), Value: string(m.Value)})
 	}
 	return out
 }
@@ -57,14 +58,14 @@ func TestRelayToKafka(t *testing.T) {
 		t.Fatalf("%d copies without a fault", dups)
 	}
 	parts := map[string]int{}
-	for _, m := range k.ReadAll(t, topic, 4) {
+	for _, m := range k.ReadAll(t, topic) {
 		if p, ok := parts[string(m.Key)]; ok && p != m.Partition {
 			t.Fatalf("key %s on partitions %d and %d", m.Key, p, m.Partition)
 		}
 		parts[string(m.Key)] = m.Partition
-		parent := dedup.Key{Scope: relaytest.Header(m, outbox.HeaderScope), ID: relaytest.Header(m, outbox.HeaderKey)}
-		pos, err := strconv.Atoi(relaytest.Header(m, outbox.HeaderPosition))
-		if err != nil || relaytest.Header(m, outbox.HeaderID) != outbox.MessageID(parent, pos) || parent.Scope != "producer" {
+		parent := dedup.Key{Scope: kafkatest.Header(m, outbox.HeaderScope), ID: kafkatest.Header(m, outbox.HeaderKey)}
+		pos, err := strconv.Atoi(kafkatest.Header(m, outbox.HeaderPosition))
+		if err != nil || kafkatest.Header(m, outbox.HeaderID) != outbox.MessageID(parent, pos) || parent.Scope != "producer" {
 			t.Fatalf("headers %v do not name the message's lineage", m.Headers)
 		}
 	}

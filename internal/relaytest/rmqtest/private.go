@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/internal/relaytest"
+	trmq "github.com/idemkit/idem/internal/testenv/rmqtest"
 )
 
 var uniq atomic.Int64
@@ -162,7 +163,7 @@ func (p *PrivateRocketMQ) StartBroker() {
 	p.br = p.launch("broker", "org.apache.rocketmq.broker.BrokerStartup", "boot success",
 		"-Xms256m", "-Xmx512m", "-XX:MaxDirectMemorySize=256m")
 	relaytest.WaitFor(p.t, 2*time.Minute, "the private broker registers with its name server", func() (bool, string) {
-		_, _, err := clusterBroker(p.NameServers()[0])
+		_, _, err := trmq.ClusterBroker(p.NameServers()[0])
 		return err == nil, fmt.Sprint(err)
 	})
 }

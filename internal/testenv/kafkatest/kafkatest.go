@@ -48,10 +48,17 @@ func NewAdmin(t testing.TB, brokers []string) *Admin {
 // test ends, and waits until each of its partitions has a leader.
 func (a *Admin) CreateTopic(t testing.TB, topic string, partitions int) {
 	t.Helper()
+	a.CreateTopicWith(t, topic, partitions, a.TopicConfigs)
+}
+
+// CreateTopicWith is CreateTopic with these topic configs instead of
+// a.TopicConfigs.
+func (a *Admin) CreateTopicWith(t testing.TB, topic string, partitions int, configs []kafkago.ConfigEntry) {
+	t.Helper()
 	ctx := testenv.Context(t, time.Minute)
 	res, err := a.Client.CreateTopics(ctx, &kafkago.CreateTopicsRequest{
 		Topics: []kafkago.TopicConfig{{Topic: topic, NumPartitions: partitions,
-			ReplicationFactor: max(a.ReplicationFactor, 1), ConfigEntries: a.TopicConfigs}},
+			ReplicationFactor: max(a.ReplicationFactor, 1), ConfigEntries: configs}},
 	})
 	if err == nil {
 		err = res.Errors[topic]
