@@ -81,9 +81,9 @@ type Config[TTx any] struct {
 	// partition's next offset forward (one row per partition, a
 	// compare-and-set: see dedup.OffsetStore), and a message below it is a
 	// duplicate. Usually the Store itself (pgstore.Store is both). For
-	// sources that deliver each partition in offset order — Kafka; not
-	// RocketMQ, whose queues are redelivered through a retry topic — and
-	// not with KeyLanes. The broker's own offsets are still committed, for
+	// sources that deliver each partition in offset order (OffsetOrdered:
+	// Kafka; not RocketMQ, whose failed messages come back through a retry
+	// topic — New refuses such a Source) and not with KeyLanes. The broker's own offsets are still committed, for
 	// lag tooling, but no longer decide what is a duplicate. Messages carry
 	// their partition's log end (Message.LogEnd) so that a stored offset
 	// past it (the topic was created again) stops the consumer with
@@ -228,6 +228,12 @@ func (c *Config[TTx]) validate() error {
 	}
 	if c.LaneBuffer < 0 {
 		add("LaneBuffer is negative (%d)", c.LaneBuffer)
+	}
+	if c.Offsets != nil && c.Source != nil {
+		if o, ok := c.Source.(OffsetOrdered); !ok || !o.InOffsetOrder() {
+			add("Offsets with a Source (%T) that does not deliver each partition in offset order (consumer.OffsetOrdered): "+
+				"a message below the stored offset could still be outstanding and would be skipped; use a key row per message (Key) for this broker", c.Source)
+		}
 	}
 	if c.Offsets != nil && c.KeyLanes > 1 {
 		add("KeyLanes is %d with Offsets: a partition's next offset moves in one order, and key lanes commit a partition out of order", c.KeyLanes)

@@ -45,6 +45,16 @@ func TestOffsetsConfig(t *testing.T) {
 	if _, err := consumer.New(lanes); err == nil || !strings.Contains(err.Error(), "Config.KeyLanes is 4 with Offsets") {
 		t.Errorf("Offsets with KeyLanes: %v", err)
 	}
+	unordered := base
+	unordered.Source = struct{ consumer.Source }{consumertest.NewSource(consumertest.Script{})} // hides InOffsetOrder
+	if _, err := consumer.New(unordered); err == nil || !strings.Contains(err.Error(), "does not deliver each partition in offset order") {
+		t.Errorf("Offsets with a source that does not say it delivers in offset order: %v", err)
+	}
+	reordered := base
+	reordered.Source = consumertest.NewSource(consumertest.Script{ReorderWindow: 4})
+	if _, err := consumer.New(reordered); err == nil || !strings.Contains(err.Error(), "does not deliver each partition in offset order") {
+		t.Errorf("Offsets with a source that reorders: %v", err)
+	}
 	fallback := base
 	fallback.OnMissingKey = consumer.FallBackToMessageID
 	if _, err := consumer.New(fallback); err == nil || !strings.Contains(err.Error(), "Config.OnMissingKey") {

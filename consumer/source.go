@@ -57,6 +57,18 @@ type AssignmentChecker interface {
 	Assigned(m *Message) bool
 }
 
+// OffsetOrdered is a Source that knows whether it delivers each partition's
+// messages in offset order: within an assignment, offset n+1 only after n,
+// and a redelivery starts again from the oldest message not acknowledged, as
+// a Kafka consumer group does. Config.Offsets needs such a source: a message
+// below the partition's stored next offset is skipped as settled, which is
+// only true when nothing below it can still be outstanding. RocketMQ is not
+// one: a queue's message that fails comes back through the group's retry
+// topic, behind later offsets already committed.
+type OffsetOrdered interface {
+	InOffsetOrder() bool
+}
+
 // Letter is a message the consumer could not process, with why.
 type Letter struct {
 	Message *Message

@@ -189,6 +189,11 @@ func (s *Source) Ack(_ context.Context, msgs []*consumer.Message) error {
 	return nil
 }
 
+// InOffsetOrder reports true (consumer.OffsetOrdered): a partition is
+// fetched in offset order, and after a rebalance or restart it starts again
+// from the committed offset (or the store's, with Config.StartOffsets).
+func (s *Source) InOffsetOrder() bool { return true }
+
 // Assigned reports whether m was delivered by a partition assignment this
 // member still holds (consumer.AssignmentChecker): false once a rebalance
 // ended it, while the consumer's lane may still hold m.

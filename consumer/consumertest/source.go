@@ -126,6 +126,11 @@ func (s *Source) enqueue(m *consumer.Message) {
 	}
 }
 
+// InOffsetOrder reports whether the source delivers each partition in the
+// order its messages were pushed (consumer.OffsetOrdered): true unless the
+// script's ReorderWindow is above 1.
+func (s *Source) InOffsetOrder() bool { return s.script.ReorderWindow == 1 }
+
 // Run delivers queued messages until ctx ends.
 func (s *Source) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
 	for {
