@@ -58,9 +58,12 @@ type attempt[TTx any] struct {
 	claimAt []int // with Config.Offsets: the items claimed under business keys
 	results []dedup.Result
 	cursor  *offsetCursor // the lane's, with Config.Offsets
-	fresh   []*Message    // a BatchHandler's messages
-	freshAt []int         // their positions in the items
-	tx      TxEvent       // what the Observer is told of the transaction
+	// with Config.Offsets: when the lane first found the stored offset past
+	// the log end its messages were fetched with (zero: not now)
+	aheadSince time.Time
+	fresh      []*Message // a BatchHandler's messages
+	freshAt    []int      // their positions in the items
+	tx         TxEvent    // what the Observer is told of the transaction
 }
 
 // run runs the transaction. It returns nil when it committed, with each

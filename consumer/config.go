@@ -73,8 +73,10 @@ type Config[TTx any] struct {
 	// ByHeader, ByRecordKey) also a producer's or a payment channel's
 	// re-sends — a choice too important to default. With Offsets, Key is a
 	// business key claimed in the key table for the messages the offsets do
-	// not already skip (nil: none; ByMessageID would only repeat what the
-	// offsets do).
+	// not already skip (nil: none). ByMessageID beside Offsets repeats what
+	// the offsets do, except while an existing consumer switches to them:
+	// its old key rows then still catch what it applied past the group's
+	// offset (README, "Switching an existing consumer to offsets").
 	Key KeyFunc
 	// Offsets, when set, catches broker redeliveries by offset instead of
 	// by a key row per message: each batch's transaction moves its

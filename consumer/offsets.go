@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/idemkit/idem/dedup"
 )
@@ -22,6 +23,22 @@ import (
 // errOffsetMoved: the compare-and-set of a partition's next offset was
 // refused. A conflict, retried whole.
 var errOffsetMoved = errors.New("consumer: the partition's next offset moved under the batch: another consumer of the partition committed first")
+
+// errOffsetsAheadSuspect: the stored next offset lies past the log end a
+// batch's messages were fetched with, within offsetsAheadGrace of the lane
+// first seeing it. A conflict, retried whole: a member that lost the
+// partition without knowing yet (its successor moved the offset on) learns
+// it at its next heartbeat, and the source then disowns the messages
+// (AssignmentChecker), which are skipped.
+var errOffsetsAheadSuspect = errors.New("consumer: the partition's stored next offset is past the log end its messages were fetched with; " +
+	"waiting to learn whether this consumer still holds the partition")
+
+// offsetsAheadGrace is how long a lane waits, retrying, before a stored
+// offset past its messages' log end stops the consumer with
+// dedup.ErrOffsetsAhead: longer than a Kafka member needs to notice that
+// its session ended (a heartbeat interval, 3 s by default, past the session
+// timeout).
+const offsetsAheadGrace = time.Minute
 
 // offsetCursor is a lane's view of its partition's next offset.
 type offsetCursor struct {
@@ -69,13 +86,32 @@ func (a *attempt[TTx]) claimOffsets(ctx context.Context, tx TTx, its []*item, re
 	if err != nil {
 		return -1, err
 	}
+	ahead := false
 	for _, it := range its {
-		if end := it.msg.LogEnd; end > 0 && expected > end && c.assigned(it.msg) {
-			return -1, fmt.Errorf("%w: %s/%d: the store's next offset is %d, the log ends at %d (message %s): "+
-				"the topic was deleted and created again, or its log truncated; stop the consumers of %q, "+
-				"reset the partition's offsets (pgstore: Store.ResetOffsets) and start them again",
-				dedup.ErrOffsetsAhead, p.Topic, p.Partition, expected, end, it.msg.Coordinates(), p.Scope)
+		end := it.msg.LogEnd
+		if end <= 0 || expected <= end || !c.assigned(it.msg) {
+			continue
 		}
+		ahead = true
+		now := c.cfg.Clock.Now()
+		if a.aheadSince.IsZero() {
+			a.aheadSince = now
+		}
+		if now.Sub(a.aheadSince) < offsetsAheadGrace {
+			return -1, fmt.Errorf("%w (%s/%d: stored %d, log end %d at message %s)",
+				errOffsetsAheadSuspect, p.Topic, p.Partition, expected, end, it.msg.Coordinates())
+		}
+		a.aheadSince = time.Time{}
+		return -1, fmt.Errorf("%w: %s/%d: the store's next offset is %d, the log ended at %d when message %s was fetched, "+
+			"and the consumer still held the partition %v later. Either the topic was deleted and created again "+
+			"(stop the consumers of %q, reset the topic's offsets — pgstore: Store.ResetOffsets — and start them again), "+
+			"or the log was truncated (an unclean leader election: the offsets from %d on now name new records; "+
+			"set the partition's stored offset to where they begin), or this member read from a leader whose "+
+			"high watermark lagged (restart it: nothing was applied or acknowledged)",
+			dedup.ErrOffsetsAhead, p.Topic, p.Partition, expected, end, it.msg.Coordinates(), offsetsAheadGrace, p.Scope, end)
+	}
+	if !ahead {
+		a.aheadSince = time.Time{}
 	}
 	running := expected
 	claims, at := a.claims[:0], a.claimAt[:0]

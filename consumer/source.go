@@ -64,7 +64,9 @@ type AssignmentChecker interface {
 // below the partition's stored next offset is skipped as settled, which is
 // only true when nothing below it can still be outstanding. RocketMQ is not
 // one: a queue's message that fails comes back through the group's retry
-// topic, behind later offsets already committed.
+// topic, behind later offsets already committed. A Source that wraps
+// another (to time or log it) must forward InOffsetOrder and
+// AssignmentChecker's Assigned: embedding the Source interface hides them.
 type OffsetOrdered interface {
 	InOffsetOrder() bool
 }

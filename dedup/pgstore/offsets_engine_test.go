@@ -351,3 +351,173 @@ func TestOffsetsStaleLaneNotAhead(t *testing.T) {
 		t.Fatalf("effects %d, want 50", rows)
 	}
 }
+
+// TestOffsetsHeldBackAtARefusedMessage: a re-send whose business key
+// mismatches sits mid-batch; its dead letter is written after the batch
+// commits, and the consumer is stopped hard before that happens (the sink
+// is down: a crash between the commit and the letter). The committed next
+// offset must stop at the refused message, so that the next consumer is
+// redelivered it and dead-letters it, instead of skipping it as settled.
+func TestOffsetsHeldBackAtARefusedMessage(t *testing.T) {
+	pool, _, st, table := effectsRig(t, pgstore.Config{})
+	msgs := paymentMsgs("payments", 1, 10, 0)
+	msgs[4] = consumertest.Message("payments", 0, 4, "", `{"txn_id":"T00001","amount":1}`) // T00001 again, another amount
+	cfg := consumer.Config[pgx.Tx]{
+		Name: "payments", Store: st, Offsets: st, Key: consumer.ByJSONField("txn_id"),
+		Handler: insertEffect(table), BatchSize: 10, Logger: quiet,
+	}
+
+	down := consumer.DeadLetterFunc(func(ctx context.Context, l consumer.Letter) error {
+		return errors.New("dead-letter topic unreachable")
+	})
+	src := consumertest.NewSource(consumertest.Script{})
+	first := cfg
+	first.Source, first.DeadLetter, first.Clock = src, down, consumertest.NewClock()
+	c, err := consumer.New(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	src.Push(msgs...)
+	for rows, _ := countEffects(t, pool, table); rows < 9; rows, _ = countEffects(t, pool, table) { // the batch committed without the re-send
+		select {
+		case err := <-done:
+			t.Fatalf("consumer stopped: %v", err)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	stopCtx, stopCancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer stopCancel()
+	_ = c.Stop(stopCtx) // hard: the letter never written
+	<-done
+	if got := storedOffsets(t, st, "payments", "payments"); got[0] != 4 {
+		t.Fatalf("stored offsets %v after the batch, want 0:4 (held at the refused re-send)", got)
+	}
+
+	again := consumertest.Run(t, cfg, consumertest.Script{}, msgs...)
+	if len(again.DeadLetters) != 1 || again.DeadLetters[0].Message.Offset != 4 ||
+		!errors.Is(again.DeadLetters[0].Reason, dedup.ErrFingerprintMismatch) {
+		t.Fatalf("redelivered: %v, letters %+v; want the re-send dead-lettered", again, again.DeadLetters)
+	}
+	if rows, distinct := countEffects(t, pool, table); rows != 9 || distinct != 9 {
+		t.Fatalf("effects %d (distinct %d), want 9", rows, distinct)
+	}
+	if got := storedOffsets(t, st, "payments", "payments"); got[0] != 10 {
+		t.Fatalf("stored offsets %v, want 0:10", got)
+	}
+}
+
+// TestOffsetsReleasedComeBackFirst: consumer A stops hard with a batch in
+// its handler; the messages it released come back to consumer B ahead of
+// the later ones (as a broker resumes from the first unacknowledged
+// offset), so B neither skips them nor applies anything twice.
+func TestOffsetsReleasedComeBackFirst(t *testing.T) {
+	pool, _, st, table := effectsRig(t, pgstore.Config{})
+	effect := insertEffect(table)
+	blocked := make(chan struct{})
+	var once sync.Once
+	cfg := consumer.Config[pgx.Tx]{
+		Name: "payments", Store: st, Offsets: st, BatchSize: 5, Logger: quiet,
+		Handler: consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			if m.Offset == 5 && m.Attempt == 1 {
+				once.Do(func() { close(blocked) })
+				<-ctx.Done() // until the hard stop
+				return ctx.Err()
+			}
+			return effect(ctx, tx, m)
+		}),
+	}
+	src := consumertest.NewSource(consumertest.Script{})
+	a := cfg
+	a.Source, a.DeadLetter, a.Clock = src, &consumertest.DeadLetters{}, consumertest.NewClock()
+	ca, err := consumer.New(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- ca.Run(ctx) }()
+	src.Push(paymentMsgs("payments", 1, 30, 0)...)
+	select {
+	case <-blocked:
+	case err := <-done:
+		t.Fatalf("consumer A stopped: %v", err)
+	}
+	stopCtx, stopCancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer stopCancel()
+	_ = ca.Stop(stopCtx)
+	<-done
+
+	b := cfg
+	b.Source, b.DeadLetter = src, &consumertest.DeadLetters{}
+	res := consumertest.Run(t, b, consumertest.Script{})
+	t.Log(res)
+	if rows, distinct := countEffects(t, pool, table); rows != 30 || distinct != 30 {
+		t.Fatalf("effects %d (distinct %d), want 30: released messages skipped or applied twice", rows, distinct)
+	}
+	if got := storedOffsets(t, st, "payments", "payments"); got[0] != 30 {
+		t.Fatalf("stored offsets %v, want 0:30", got)
+	}
+}
+
+// assignedFor is a consumertest.Source whose member holds its partitions
+// for the first n questions, then learns it lost them (a zombie noticing
+// at its next heartbeat).
+type assignedFor struct {
+	*consumertest.Source
+	mu sync.Mutex
+	n  int
+}
+
+func (s *assignedFor) Assigned(*consumer.Message) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.n--
+	return s.n >= 0
+}
+
+// TestOffsetsAheadWhileAZombieLearns: a member still believes it holds a
+// partition whose new owner moved the stored offset past the log end the
+// member's messages were fetched with. It waits (retrying, as a conflict)
+// instead of stopping with ErrOffsetsAhead, and once it learns it lost the
+// partition it skips them as duplicates.
+func TestOffsetsAheadWhileAZombieLearns(t *testing.T) {
+	pool, _, st, table := effectsRig(t, pgstore.Config{})
+	cfg := consumer.Config[pgx.Tx]{Name: "payments", Store: st, Offsets: st, Handler: insertEffect(table), Logger: quiet}
+	consumertest.Run(t, cfg, consumertest.Script{}, paymentMsgs("payments", 1, 50, 0)...)
+
+	stale := paymentMsgs("payments", 1, 10, 0)
+	for _, m := range stale {
+		m.LogEnd = 10
+	}
+	inner := consumertest.NewSource(consumertest.Script{})
+	cfg.Source, cfg.DeadLetter, cfg.Clock = &assignedFor{Source: inner, n: 3}, &consumertest.DeadLetters{}, consumertest.NewClock()
+	cons, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- cons.Run(ctx) }()
+	inner.Push(stale...)
+	if err := inner.WaitIdle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := cons.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v; want the stale messages skipped once the member learned", err)
+	}
+	if s := cons.Stats(); s.Duplicates != 10 || s.Applied != 0 || s.Retries < 1 {
+		t.Fatalf("%+v; want 10 duplicates after at least one retry", s)
+	}
+	if rows, _ := countEffects(t, pool, table); rows != 50 {
+		t.Fatalf("effects %d, want 50", rows)
+	}
+}
