@@ -55,10 +55,15 @@ func (f *failure) charged() bool {
 type attempt[TTx any] struct {
 	c       *Consumer[TTx]
 	claims  []dedup.Claim
+	claimAt []int // with Config.Offsets: the items claimed under business keys
 	results []dedup.Result
-	fresh   []*Message // a BatchHandler's messages
-	freshAt []int      // their positions in the items
-	tx      TxEvent    // what the Observer is told of the transaction
+	cursor  *offsetCursor // the lane's, with Config.Offsets
+	// with Config.Offsets: when the lane first found the stored offset past
+	// the log end its messages were fetched with (zero: not now)
+	aheadSince time.Time
+	fresh      []*Message // a BatchHandler's messages
+	freshAt    []int      // their positions in the items
+	tx         TxEvent    // what the Observer is told of the transaction
 }
 
 // run runs the transaction. It returns nil when it committed, with each
@@ -78,16 +83,24 @@ func (a *attempt[TTx]) run(ctx context.Context, its []*item) *failure {
 	f := failure{blame: blameNone, phase: phaseClaim}
 	a.tx = TxEvent{Messages: len(its), Start: time.Now()}
 	txCtx := c.cfg.Observer.TxStart(ctx, len(its))
+	next := int64(-1) // with Config.Offsets: the next offset this transaction stores
 	err := c.cfg.Store.InTx(txCtx, func(ctx context.Context, tx TTx) error {
 		clear(results)
 		a.tx.ClaimStart = time.Now()
-		a.tx.ClaimErr = c.cfg.Store.Claim(ctx, tx, claims, results)
+		if c.cfg.Offsets != nil {
+			next, a.tx.ClaimErr = a.claimOffsets(ctx, tx, its, results)
+		} else {
+			a.tx.ClaimErr = c.cfg.Store.Claim(ctx, tx, claims, results)
+		}
 		a.tx.ClaimEnd = time.Now()
 		if err := a.tx.ClaimErr; err != nil {
 			return err
 		}
 		f.phase = phaseHandle
 		for i, it := range its {
+			if c.cfg.Offsets != nil {
+				break // claimOffsets set the statuses
+			}
 			if !results[i].Status.Valid() {
 				// Fail closed: acknowledging a message no handler ran for
 				// loses its effect for good.
@@ -103,6 +116,16 @@ func (a *attempt[TTx]) run(ctx context.Context, its []*item) *failure {
 		return nil
 	})
 	a.tx.End = time.Now()
+	if a.cursor != nil {
+		switch {
+		case err != nil:
+			// Rolled back, or an unknown outcome of COMMIT: the retry reads
+			// the stored offset again.
+			a.cursor.known = false
+		case next >= 0:
+			a.cursor.next = next
+		}
+	}
 	if err == nil {
 		c.stats.commits.Add(1)
 		c.cfg.Observer.TxEnd(txCtx, a.tx)

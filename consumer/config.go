@@ -68,11 +68,31 @@ type Config[TTx any] struct {
 	DeadLetter DeadLetter
 
 	// Key derives the dedup key's ID, and so decides which duplicates are
-	// caught (see KeyFunc). Required: ByMessageID catches broker redeliveries
-	// only, a business key (ByJSONField, ByHeader, ByRecordKey) also a
-	// producer's or a payment channel's re-sends — a choice too important to
-	// default.
+	// caught (see KeyFunc). Required, unless Offsets is set: ByMessageID
+	// catches broker redeliveries only, a business key (ByJSONField,
+	// ByHeader, ByRecordKey) also a producer's or a payment channel's
+	// re-sends — a choice too important to default. With Offsets, Key is a
+	// business key claimed in the key table for the messages the offsets do
+	// not already skip (nil: none). ByMessageID beside Offsets repeats what
+	// the offsets do, except while an existing consumer switches to them:
+	// its old key rows then still catch what it applied past the group's
+	// offset (README, "Switching an existing consumer to offsets").
 	Key KeyFunc
+	// Offsets, when set, catches broker redeliveries by offset instead of
+	// by a key row per message: each batch's transaction moves its
+	// partition's next offset forward (one row per partition, a
+	// compare-and-set: see dedup.OffsetStore), and a message below it is a
+	// duplicate. Usually the Store itself (pgstore.Store is both). For
+	// sources that deliver each partition in offset order (OffsetOrdered:
+	// Kafka; not RocketMQ, whose failed messages come back through a retry
+	// topic — New refuses such a Source) and not with KeyLanes. The broker's own offsets are still committed, for
+	// lag tooling, but no longer decide what is a duplicate. Messages carry
+	// their partition's log end (Message.LogEnd) so that a stored offset
+	// past it (the topic was created again) stops the consumer with
+	// dedup.ErrOffsetsAhead instead of skipping the new log's messages.
+	// See the README, "Offsets in the store". Default nil: a key row per
+	// message.
+	Offsets dedup.OffsetStore[TTx]
 	// Validate, when set, checks a message before its key is claimed — a
 	// signature, a schema. An error is bad input: the message is
 	// dead-lettered with it and its key is not claimed, so a forgery cannot
@@ -178,7 +198,7 @@ func (c *Config[TTx]) validate() error {
 	if c.Source == nil {
 		add("Source is nil")
 	}
-	if c.Key == nil {
+	if c.Key == nil && c.Offsets == nil {
 		add("Key is nil: choose how a duplicate is recognised — ByMessageID() (broker redeliveries only), " +
 			"ByRecordKey(), ByHeader(name) or ByJSONField(path) (a business key: also producer retries and re-sends), or your own KeyFunc")
 	}
@@ -210,6 +230,18 @@ func (c *Config[TTx]) validate() error {
 	}
 	if c.LaneBuffer < 0 {
 		add("LaneBuffer is negative (%d)", c.LaneBuffer)
+	}
+	if c.Offsets != nil && c.Source != nil {
+		if o, ok := c.Source.(OffsetOrdered); !ok || !o.InOffsetOrder() {
+			add("Offsets with a Source (%T) that does not deliver each partition in offset order (consumer.OffsetOrdered): "+
+				"a message below the stored offset could still be outstanding and would be skipped; use a key row per message (Key) for this broker", c.Source)
+		}
+	}
+	if c.Offsets != nil && c.KeyLanes > 1 {
+		add("KeyLanes is %d with Offsets: a partition's next offset moves in one order, and key lanes commit a partition out of order", c.KeyLanes)
+	}
+	if c.Offsets != nil && c.Key == nil && c.OnMissingKey == FallBackToMessageID {
+		add("OnMissingKey is FallBackToMessageID with Offsets and no Key: there is no key to miss")
 	}
 	if c.KeyLanes < 0 || c.KeyLanes > 256 {
 		add("KeyLanes is %d, want 0..256 (0 or 1: one lane per partition)", c.KeyLanes)

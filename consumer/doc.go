@@ -17,6 +17,14 @@
 // redeliveries, a business key also catches producer retries and upstream
 // re-sends); dedup rows live as long as the store's retention.
 //
+// Offsets in the store (Config.Offsets, a [dedup.OffsetStore]): for sources
+// that deliver each partition in offset order (Kafka), a lane's transaction
+// moves its partition's next offset forward by compare-and-set instead of
+// claiming a key per message, and what lies below the next offset is a
+// redelivery. Config.Key, when set beside it, claims business keys for the
+// rest. A stored offset past a message's LogEnd (the topic was created
+// again) stops the consumer with [dedup.ErrOffsetsAhead].
+//
 // Failures: errors wrapped with [Permanent] (and decode errors, constraint
 // violations, fingerprint mismatches, bad keys) are dead-lettered at once;
 // everything else is retried with exponential backoff and jitter, bounded by

@@ -73,9 +73,9 @@ func classify(err error, store func(error) dedup.ErrorClass) dedup.ErrorClass {
 		return dedup.ClassPermanent
 	case errors.As(err, &r):
 		return dedup.ClassRetryable
-	case errors.Is(err, dedup.ErrInFlight):
+	case errors.Is(err, dedup.ErrInFlight), errors.Is(err, errOffsetMoved), errors.Is(err, errOffsetsAheadSuspect):
 		return dedup.ClassConflict
-	case errors.Is(err, dedup.ErrContract), errors.Is(err, dedup.ErrTxEnded):
+	case errors.Is(err, dedup.ErrContract), errors.Is(err, dedup.ErrTxEnded), errors.Is(err, dedup.ErrOffsetsAhead):
 		return dedup.ClassFatal
 	case errors.Is(err, dedup.ErrInvalidKey), errors.Is(err, dedup.ErrFingerprintMismatch),
 		errors.Is(err, ErrNoKey), errors.Is(err, ErrBadPayload), errors.Is(err, ErrPayloadTooLarge):

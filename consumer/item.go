@@ -32,6 +32,26 @@ func (c *Consumer[TTx]) keyItem(it *item) error {
 			return fmt.Errorf("validate: %w", err)
 		}
 	}
+	if c.cfg.Offsets != nil {
+		if m.Topic == "" || m.Offset < 0 {
+			return fmt.Errorf("%w: with Config.Offsets a message needs a topic and an offset (got %q, %d)", ErrNoKey, m.Topic, m.Offset)
+		}
+		if c.cfg.Key == nil {
+			// No key row: the key names the message, for dead letters,
+			// observers and Message.DedupKey (the work flowing on from it).
+			id := m.ID
+			if id == "" {
+				id = m.Coordinates()
+			}
+			k := dedup.Key{Scope: c.cfg.Name, ID: id}
+			if err := k.Validate(); err != nil {
+				return err
+			}
+			it.claim = dedup.Claim{Key: k, Source: id}
+			m.dedupKey = k
+			return nil
+		}
+	}
 	id, err := c.cfg.Key(m)
 	if err != nil && errors.Is(err, ErrNoKey) && c.cfg.OnMissingKey == FallBackToMessageID && m.ID != "" {
 		c.stats.keyFallbacks.Add(1)

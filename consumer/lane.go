@@ -67,6 +67,7 @@ type lane[TTx any] struct {
 	runs    []*item // the keyed items between two bad ones
 	acks    []*Message
 	release []*Message
+	cursor  offsetCursor // the partition's next offset, with Config.Offsets
 }
 
 func newLane[TTx any](c *Consumer[TTx], name string) *lane[TTx] {
@@ -77,6 +78,9 @@ func newLane[TTx any](c *Consumer[TTx], name string) *lane[TTx] {
 		batcher: newBatcher(c.cfg.BatchSize, c.cfg.BatchWait),
 	}
 	l.settler = settler[TTx]{c: c, l: l, attempt: attempt[TTx]{c: c}}
+	if c.cfg.Offsets != nil {
+		l.settler.attempt.cursor = &l.cursor
+	}
 	return l
 }
 
@@ -148,7 +152,7 @@ func (l *lane[TTx]) settleInOrder(ctx context.Context, c *Consumer[TTx], items [
 			continue
 		}
 		if len(run) > 0 {
-			if err := l.settler.settle(ctx, run); err != nil {
+			if err := l.settleRun(ctx, c, run); err != nil {
 				return err
 			}
 			run = run[:0]
@@ -156,11 +160,33 @@ func (l *lane[TTx]) settleInOrder(ctx context.Context, c *Consumer[TTx], items [
 		if err := c.deadLetter(ctx, it, kerr, CauseBadInput); err != nil {
 			return err
 		}
+		if err := l.advancePast(ctx, c, it.msg); err != nil {
+			return err
+		}
 	}
 	if len(run) > 0 {
-		return l.settler.settle(ctx, run)
+		return l.settleRun(ctx, c, run)
 	}
 	return nil
+}
+
+// settleRun settles a run of keyed items. With Config.Offsets, the next
+// offset then moves past the run, if the run's last items were
+// dead-lettered after their transactions rather than committed in them.
+func (l *lane[TTx]) settleRun(ctx context.Context, c *Consumer[TTx], run []*item) error {
+	if err := l.settler.settle(ctx, run); err != nil {
+		return err
+	}
+	if c.cfg.Offsets == nil {
+		return nil
+	}
+	last := run[0].msg // the highest offset: redeliveries may follow it
+	for _, it := range run[1:] {
+		if it.msg.Offset > last.Offset {
+			last = it.msg
+		}
+	}
+	return l.advancePast(ctx, c, last)
 }
 
 // finish acknowledges the settled items and releases the others; err says

@@ -20,6 +20,12 @@ type Message struct {
 	Value   []byte
 	Headers []Header // Kafka headers; RocketMQ user properties
 	Time    time.Time
+	// LogEnd is the end of the partition's log (Kafka's high watermark:
+	// the offset after its last committed record) when the message was
+	// fetched; 0 when the source does not know. With Config.Offsets a
+	// stored next offset past it means the log was replaced (the topic
+	// created again): see dedup.ErrOffsetsAhead.
+	LogEnd int64
 	// Attempt is the delivery attempt as the broker counts it, starting at 1
 	// (RocketMQ: reconsume times + 1). 1 when the broker does not count.
 	Attempt int

@@ -46,6 +46,31 @@ type Source interface {
 	Release(msgs []*Message, reason error)
 }
 
+// AssignmentChecker is a Source whose partitions move between consumers
+// (Kafka's rebalances) and that can tell whether a message it delivered
+// still belongs to an assignment this consumer holds. With Config.Offsets
+// the consumer asks it before it refuses a message below a stored next
+// offset that lies past the message's LogEnd: a message of an assignment
+// that ended was fetched before the partition's new owner moved the offset
+// on, and is a duplicate, not a sign of a recreated topic.
+type AssignmentChecker interface {
+	Assigned(m *Message) bool
+}
+
+// OffsetOrdered is a Source that knows whether it delivers each partition's
+// messages in offset order: within an assignment, offset n+1 only after n,
+// and a redelivery starts again from the oldest message not acknowledged, as
+// a Kafka consumer group does. Config.Offsets needs such a source: a message
+// below the partition's stored next offset is skipped as settled, which is
+// only true when nothing below it can still be outstanding. RocketMQ is not
+// one: a queue's message that fails comes back through the group's retry
+// topic, behind later offsets already committed. A Source that wraps
+// another (to time or log it) must forward InOffsetOrder and
+// AssignmentChecker's Assigned: embedding the Source interface hides them.
+type OffsetOrdered interface {
+	InOffsetOrder() bool
+}
+
 // Letter is a message the consumer could not process, with why.
 type Letter struct {
 	Message *Message

@@ -17,6 +17,13 @@
 // What it does not guarantee: effects outside the store's database (an HTTP
 // call, an e-mail) are not covered by the transaction and can repeat.
 //
+// An [OffsetStore] is the alternative for streams numbered in order (Kafka
+// partitions): one row per partition holding the next offset not yet settled,
+// moved forward by compare-and-set in the batch's transaction; a message below
+// it is a redelivery. It guarantees that the offset only grows, that of two
+// writers expecting one value at most one moves it, and that a move rolled
+// back is forgotten.
+//
 // The conformance suite in package deduptest pins this contract down; every
-// store runs it.
+// store runs it (deduptest.Run; deduptest.RunOffsets for offset stores).
 package dedup

@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -53,6 +54,20 @@ type Config struct {
 	// default FirstOffset. It is also where a committed offset past the
 	// log's end is reset to (Kafka's auto.offset.reset).
 	StartFrom StartFrom
+
+	// StartOffsets, when set, is asked on every assignment where the
+	// partitions of topic start: a partition whose offset it returns, above
+	// the group's committed offset, starts there. With offsets in the store
+	// (consumer.Config.Offsets) the store, not the group, knows what was
+	// settled — after a crash between the database commit and the group's
+	// commit the group's offset is behind — and this spares fetching what
+	// the consumer would skip anyway:
+	//
+	//	StartOffsets: kafka.StoreOffsets(store, "payments") // the consumer's Name
+	//
+	// An error is logged and the group's offsets are used. Default nil: the
+	// group's offsets.
+	StartOffsets func(ctx context.Context, topic string) (map[int32]int64, error)
 
 	// ReadUncommitted makes the source read transactional topics as
 	// Kafka's isolation.level=read_uncommitted does: records of open and of
@@ -296,4 +311,18 @@ func (c *Config) groupConfig(d *kafkago.Dialer, log *slog.Logger) kafkago.Consum
 		}),
 	}
 	return gc
+}
+
+// OffsetSource is a store that keeps offsets (dedup.OffsetStore's
+// NextOffsets; pgstore.Store has it).
+type OffsetSource interface {
+	NextOffsets(ctx context.Context, scope, topic string) (map[int32]int64, error)
+}
+
+// StoreOffsets returns a Config.StartOffsets that starts each partition at
+// the next offset store keeps for the consumer named scope.
+func StoreOffsets(store OffsetSource, scope string) func(ctx context.Context, topic string) (map[int32]int64, error) {
+	return func(ctx context.Context, topic string) (map[int32]int64, error) {
+		return store.NextOffsets(ctx, scope, topic)
+	}
 }

@@ -133,4 +133,8 @@ func (samePartition) Balance(m kafkago.Message, partitions ...int) int {
 	return partitions[i]
 }
 
-var _ consumer.DeadLetter = (*Source)(nil)
+var (
+	_ consumer.DeadLetter        = (*Source)(nil)
+	_ consumer.OffsetOrdered     = (*Source)(nil)
+	_ consumer.AssignmentChecker = (*Source)(nil)
+)

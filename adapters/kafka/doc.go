@@ -32,6 +32,13 @@
 // producer IDs and attributes, the aborted transactions of a fetch
 // response; kafka-go #1332, #1446).
 //
+// With offsets in the store (consumer.Config.Offsets) the group's offsets
+// are advisory: messages carry the fetch's high watermark (Message.LogEnd),
+// the Source tells the consumer whether a message's assignment still holds
+// (consumer.AssignmentChecker), and Config.StartOffsets (kafka.StoreOffsets)
+// starts each partition at the store's next offset and brings the group's
+// offset up to it.
+//
 // # What is guaranteed
 //
 //   - An offset is committed only after the consumer acked the message, that

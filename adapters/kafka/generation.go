@@ -40,9 +40,21 @@ func (g *generation) wakeCommitter() {
 func (s *Source) startGeneration(ctx context.Context, kg *kafkago.Generation, deliver consumer.DeliverFunc) {
 	g := &generation{kg: kg, wake: make(chan struct{}, 1)}
 	assigned := make([]string, 0, 8)
+	fromStore := false
 	for _, topic := range s.cfg.Topics {
-		for _, a := range kg.Assignments[topic] {
+		assignments := kg.Assignments[topic]
+		stored := s.startOffsets(ctx, topic, assignments)
+		for _, a := range assignments {
 			p := newPartition(g, topic, a)
+			if next, ok := stored[int32(a.ID)]; ok && next > a.Offset {
+				// Below the store's next offset everything is settled: fetch
+				// from there, and bring the group's (advisory) offset up to
+				// it, even when nothing more arrives.
+				s.log.Debug("kafka: partition starts at the store's next offset", slog.String("topic", topic),
+					slog.Int("partition", a.ID), slog.Int64("group_offset", a.Offset), slog.Int64("store_offset", next))
+				p.start, p.next = next, next
+				fromStore = true
+			}
 			g.parts = append(g.parts, p)
 			assigned = append(assigned, p.lane)
 		}
@@ -56,6 +68,9 @@ func (s *Source) startGeneration(ctx context.Context, kg *kafkago.Generation, de
 		slog.String("member", kg.MemberID), slog.Any("partitions", assigned))
 
 	kg.Start(func(gctx context.Context) { s.commitLoop(gctx, g) })
+	if fromStore {
+		g.wakeCommitter()
+	}
 	if s.cfg.PartitionWatchInterval > 0 {
 		kg.Start(s.watchPartitions)
 	}
@@ -244,4 +259,21 @@ func (s *Source) partitionCounts(ctx context.Context, conn **kafkago.Conn, attem
 		counts[topic] = len(parts)
 	}
 	return counts, nil
+}
+
+// startOffsets asks Config.StartOffsets where topic's partitions start. A
+// failure is logged and the group's offsets are used: the consumer skips
+// what lies below the store's offsets anyway, this only spares fetching it.
+func (s *Source) startOffsets(ctx context.Context, topic string, assignments []kafkago.PartitionAssignment) map[int32]int64 {
+	if s.cfg.StartOffsets == nil || len(assignments) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
+	defer cancel()
+	stored, err := s.cfg.StartOffsets(ctx, topic)
+	if err != nil {
+		s.log.Warn("kafka: StartOffsets failed; starting from the group's offsets", slog.String("topic", topic), slog.Any("error", err))
+		return nil
+	}
+	return stored
 }

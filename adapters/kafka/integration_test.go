@@ -488,10 +488,11 @@ type childProc struct {
 	out *testenv.SyncBuffer
 }
 
-func startChild(t *testing.T, topic, group, schema string) *childProc {
+func startChild(t *testing.T, topic, group, schema string, env ...string) *childProc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"=1", "CHILD_TOPIC="+topic, "CHILD_GROUP="+group, "CHILD_SCHEMA="+schema)
+	cmd.Env = append(cmd.Env, env...)
 	out := &testenv.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
@@ -550,6 +551,9 @@ func runChild() int {
 	}
 	cfg := b.config(src, &consumertest.DeadLetters{})
 	cfg.Logger = log
+	if os.Getenv("CHILD_OFFSETS") != "" { // offsets in the store: see offsets_test.go
+		cfg.Offsets, cfg.Key = b.store, nil
+	}
 	c, err := consumer.New(cfg)
 	if err != nil {
 		return fail(err)

@@ -96,6 +96,7 @@ func (p *partition) message(km *kafkago.Message) *consumer.Message {
 		Topic:     p.topic,
 		Partition: int32(p.id),
 		Offset:    km.Offset,
+		LogEnd:    km.HighWaterMark,
 		ID:        p.idPrefix + strconv.FormatInt(km.Offset, 10),
 		Key:       km.Key,
 		Value:     km.Value,
@@ -265,6 +266,21 @@ func (p *partition) end() {
 	p.stale = nil
 	p.unsettled = 0
 	p.mu.Unlock()
+}
+
+// holds reports whether m was delivered by this assignment, which has not
+// ended, and is neither acked nor released yet.
+func (p *partition) holds(m *consumer.Message) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ended {
+		return false
+	}
+	if i := p.find(m); i >= 0 {
+		return p.pending[i].state == delivered
+	}
+	_, ok := p.stale[m]
+	return ok
 }
 
 // busy reports whether delivered messages wait for an ack or a release.

@@ -189,6 +189,21 @@ func (s *Source) Ack(_ context.Context, msgs []*consumer.Message) error {
 	return nil
 }
 
+// InOffsetOrder reports true (consumer.OffsetOrdered): a partition is
+// fetched in offset order, and after a rebalance or restart it starts again
+// from the committed offset (or the store's, with Config.StartOffsets).
+func (s *Source) InOffsetOrder() bool { return true }
+
+// Assigned reports whether m was delivered by a partition assignment this
+// member still holds (consumer.AssignmentChecker): false once a rebalance
+// ended it, while the consumer's lane may still hold m.
+func (s *Source) Assigned(m *consumer.Message) bool {
+	s.mu.Lock()
+	p := s.parts[m.Lane]
+	s.mu.Unlock()
+	return p != nil && p.holds(m)
+}
+
 // Release records that the consumer gave up on msgs: nothing at or after
 // the first of them is committed in the current generation, so the
 // partition resumes from there after a restart or rebalance.
@@ -246,4 +261,7 @@ func (s *Source) reconnectBackoff() *backoff.ExponentialBackOff {
 		backoff.WithMaxElapsedTime(0))
 }
 
-var _ consumer.Source = (*Source)(nil)
+var (
+	_ consumer.Source            = (*Source)(nil)
+	_ consumer.AssignmentChecker = (*Source)(nil)
+)

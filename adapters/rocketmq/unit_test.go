@@ -205,3 +205,12 @@ func TestDeadLetterOutsideRun(t *testing.T) {
 	s.Ack(context.Background(), []*consumer.Message{{}}) // no Run: a no-op
 	s.Release([]*consumer.Message{{}}, consumer.ErrStopped)
 }
+
+// TestNotOffsetOrdered: a queue's failed message comes back through the
+// group's retry topic behind later offsets, so the source must not offer
+// consumer.Config.Offsets (which skips what lies below a stored offset).
+func TestNotOffsetOrdered(t *testing.T) {
+	if _, ok := any((*Source)(nil)).(consumer.OffsetOrdered); ok {
+		t.Fatal("*rocketmq.Source implements consumer.OffsetOrdered: Config.Offsets would skip retried messages")
+	}
+}

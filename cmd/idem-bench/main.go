@@ -16,6 +16,12 @@
 //	idem-b100      idem, batch size 100
 //	pg-ceiling     the same claim and business insert in batches of 100 from two
 //	               connections, no broker (the database ceiling)
+//	idem-offsets   idem, batch size 100, offsets in the store (Config.Offsets):
+//	               one offset row update per batch, no key rows; the business
+//	               insert skips the re-sent keys itself (ON CONFLICT DO NOTHING)
+//	pg-ceiling-1row  that business insert alone in batches of 100 from as many
+//	               connections as pg-ceiling, no dedup, no broker (the ceiling
+//	               of idem-offsets)
 //	p1-idem        idem (batch -p1-batch, default 100) on a topic of one
 //	               partition: one lane, one transaction at a time
 //	p1-idem-keylanes  the same with Config.KeyLanes (-key-lanes, default 8):
@@ -82,10 +88,10 @@ type settings struct {
 
 // The rows, in their default order, and the broker each needs.
 var (
-	kafkaRows = []string{"raw", "naive", "idem-b1", "idem-b100"}
+	kafkaRows = []string{"raw", "naive", "idem-b1", "idem-b100", "idem-offsets"}
 	p1Rows    = []string{"p1-idem", "p1-idem-keylanes"}
 	rmqRows   = []string{"rmq-raw", "rmq-idem-b100"}
-	allRows   = []string{"raw", "naive", "idem-b1", "idem-b100", "pg-ceiling", "p1-idem", "p1-idem-keylanes", "rmq-raw", "rmq-idem-b100"}
+	allRows   = []string{"raw", "naive", "idem-b1", "idem-b100", "pg-ceiling", "idem-offsets", "pg-ceiling-1row", "p1-idem", "p1-idem-keylanes", "rmq-raw", "rmq-idem-b100"}
 )
 
 // Row is one measured configuration.
@@ -103,6 +109,10 @@ type Row struct {
 	P50Ms         float64 `json:"p50_ms"`
 	P99Ms         float64 `json:"p99_ms"`
 	Effects       int64   `json:"effects"`
+	// The idem rows' transactions (acknowledged batches) and the messages
+	// each carried on average; 0 for the other rows.
+	Transactions   int64   `json:"transactions,omitempty"`
+	PerTransaction float64 `json:"messages_per_transaction,omitempty"`
 }
 
 func main() {
@@ -188,6 +198,9 @@ type env struct {
 	pgServer int // pid of the Postgres server (postmaster) when it runs on this machine, else 0
 	payloads [][]byte
 	log      io.Writer
+	// set by runEngineWith for the row being run: transactions and the
+	// messages they acknowledged
+	txns, txnMsgs int64
 }
 
 func bench(ctx context.Context, s settings, pgURL string, log io.Writer) (result, error) {
@@ -377,6 +390,7 @@ func runRow(ctx context.Context, e *env, name string, n int) (Row, error) {
 	}
 	group := fmt.Sprintf("%s-%s-%d", e.topic, name, time.Now().UnixNano())
 	c0, t0 := snapCPU(e.pgServer), time.Now()
+	e.txns, e.txnMsgs = 0, 0
 	var err error
 	switch name {
 	case "raw":
@@ -387,12 +401,16 @@ func runRow(ctx context.Context, e *env, name string, n int) (Row, error) {
 		err = runIdem(ctx, e, e.topic, group, n, sc, 1, 0, lat)
 	case "idem-b100":
 		err = runIdem(ctx, e, e.topic, group, n, sc, 100, 0, lat)
+	case "idem-offsets":
+		err = runIdemOffsets(ctx, e, e.topic, group, n, sc, 100, lat)
 	case "p1-idem":
 		err = runIdem(ctx, e, e.topic1, group, n, sc, e.s.P1Batch, 0, lat)
 	case "p1-idem-keylanes":
 		err = runIdem(ctx, e, e.topic1, group, n, sc, e.s.P1Batch, e.s.KeyLanes, lat)
 	case "pg-ceiling":
 		err = runCeiling(ctx, pool, sc, e.payloads[:n], e.s.CeilingConns, lat)
+	case "pg-ceiling-1row":
+		err = runCeiling1Row(ctx, pool, sc, e.payloads[:n], e.s.CeilingConns, lat)
 	case "rmq-raw":
 		err = runRMQRaw(ctx, e, group, n, lat)
 	case "rmq-idem-b100":
@@ -415,6 +433,9 @@ func runRow(ctx context.Context, e *env, name string, n int) (Row, error) {
 		r.MachineBusy = used.busy.Seconds() / used.total.Seconds()
 	}
 	r.P50Ms, r.P99Ms = lat.pct(0.50), lat.pct(0.99)
+	if e.txns > 0 {
+		r.Transactions, r.PerTransaction = e.txns, float64(e.txnMsgs)/float64(e.txns)
+	}
 	if sc != "" {
 		_ = pool.QueryRow(ctx, "SELECT count(*) FROM "+sc+".effects").Scan(&r.Effects)
 	}
@@ -507,6 +528,31 @@ func insertEffects(sc string) consumer.BatchHandlerFunc[pgx.Tx] {
 	}
 }
 
+// upsertEffects is the business write of idem-offsets and pg-ceiling-1row:
+// one set-based INSERT that skips the keys already booked (the payloads'
+// re-sent business keys), as a business table's own unique key does when no
+// key table stands in front of it.
+func upsertEffects(sc string) consumer.BatchHandlerFunc[pgx.Tx] {
+	// In key order: two batches holding one re-sent key lock it in one
+	// order, so they never deadlock.
+	q := `INSERT INTO ` + sc + `.effects (txn_id, amount) SELECT * FROM unnest($1::text[], $2::bigint[]) ORDER BY 1 ON CONFLICT (txn_id) DO NOTHING`
+	return func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
+		ids, amounts := make([]string, len(msgs)), make([]int64, len(msgs))
+		for i, m := range msgs {
+			var p struct {
+				TxnID  string `json:"txn_id"`
+				Amount int64  `json:"amount"`
+			}
+			if err := json.Unmarshal(m.Value, &p); err != nil {
+				return &consumer.MessageError{Index: i, Err: consumer.Permanent(err)}
+			}
+			ids[i], amounts[i] = p.TxnID, p.Amount
+		}
+		_, err := tx.Exec(ctx, q, ids, amounts)
+		return err
+	}
+}
+
 // timedSource stamps each message on delivery and records its latency on ack.
 // The engine acks once per batch, so acks counts the batches settled.
 type timedSource struct {
@@ -536,6 +582,19 @@ func (t *timedSource) Ack(ctx context.Context, msgs []*consumer.Message) error {
 	return t.Source.Ack(ctx, msgs)
 }
 
+// InOffsetOrder and Assigned forward what the wrapped source says
+// (consumer.OffsetOrdered, consumer.AssignmentChecker): a wrapper that hid
+// them would have the consumer refuse Config.Offsets.
+func (t *timedSource) InOffsetOrder() bool {
+	o, ok := t.Source.(consumer.OffsetOrdered)
+	return ok && o.InOffsetOrder()
+}
+
+func (t *timedSource) Assigned(m *consumer.Message) bool {
+	a, ok := t.Source.(consumer.AssignmentChecker)
+	return !ok || a.Assigned(m)
+}
+
 var quiet = slog.New(slog.DiscardHandler)
 
 func runIdem(ctx context.Context, e *env, topic, group string, n int, sc string, batch, keyLanes int, lat *latencies) error {
@@ -546,10 +605,35 @@ func runIdem(ctx context.Context, e *env, topic, group string, n int, sc string,
 	return runEngine(ctx, e, src, n, sc, batch, keyLanes, lat, 0)
 }
 
+// runIdemOffsets is idem with offsets in the store: Config.Offsets, no
+// key, the business insert skipping re-sent keys itself.
+func runIdemOffsets(ctx context.Context, e *env, topic, group string, n int, sc string, batch int, lat *latencies) error {
+	st, err := pgstore.New(e.pool, pgstore.Config{Schema: sc})
+	if err != nil {
+		return err
+	}
+	src, err := kafka.New(kafka.Config{Brokers: e.brokers, Topics: []string{topic}, Group: group, MaxBytes: 4 << 20, Logger: quiet,
+		StartOffsets: kafka.StoreOffsets(st, "bench")})
+	if err != nil {
+		return err
+	}
+	return runEngineWith(ctx, e, src, n, sc, lat, 0, func(cfg *consumer.Config[pgx.Tx], st *pgstore.Store) {
+		cfg.Offsets, cfg.Key, cfg.BatchHandler, cfg.BatchSize = st, nil, upsertEffects(sc), batch
+	})
+}
+
 // runEngine runs idem over src with the business insert of sc until n
 // messages were acked, then stops it gracefully. stall > 0 fails the row
 // when no message was acked for that long.
 func runEngine(ctx context.Context, e *env, src consumer.Source, n int, sc string, batch, keyLanes int, lat *latencies, stall time.Duration) error {
+	return runEngineWith(ctx, e, src, n, sc, lat, stall, func(cfg *consumer.Config[pgx.Tx], _ *pgstore.Store) {
+		cfg.BatchSize, cfg.KeyLanes = batch, keyLanes
+	})
+}
+
+// runEngineWith is runEngine with the consumer's configuration changed by
+// set.
+func runEngineWith(ctx context.Context, e *env, src consumer.Source, n int, sc string, lat *latencies, stall time.Duration, set func(*consumer.Config[pgx.Tx], *pgstore.Store)) error {
 	st, err := pgstore.New(e.pool, pgstore.Config{Schema: sc})
 	if err != nil {
 		return err
@@ -558,13 +642,15 @@ func runEngine(ctx context.Context, e *env, src consumer.Source, n int, sc strin
 		return err
 	}
 	ts := &timedSource{Source: src, lat: lat}
-	c, err := consumer.New(consumer.Config[pgx.Tx]{
+	cfg := consumer.Config[pgx.Tx]{
 		Name: "bench", Source: ts, Store: st, BatchHandler: insertEffects(sc),
-		Key: consumer.ByJSONField("txn_id"), BatchSize: batch, KeyLanes: keyLanes, Logger: quiet,
+		Key: consumer.ByJSONField("txn_id"), Logger: quiet,
 		DeadLetter: consumer.DeadLetterFunc(func(ctx context.Context, l consumer.Letter) error {
 			return fmt.Errorf("unexpected dead letter: %v", l.Reason)
 		}),
-	})
+	}
+	set(&cfg, st)
+	c, err := consumer.New(cfg)
 	if err != nil {
 		return err
 	}
@@ -589,6 +675,7 @@ func runEngine(ctx context.Context, e *env, src consumer.Source, n int, sc strin
 	defer cancel()
 	err = errors.Join(c.Stop(stopCtx), <-done)
 	if a := ts.acks.Load(); a > 0 {
+		e.txns, e.txnMsgs = a, ts.acked.Load()
 		fmt.Fprintf(e.log, "  idem: %d transactions, %.1f messages each on average\n", a, float64(ts.acked.Load())/float64(a))
 	}
 	return err
@@ -652,6 +739,42 @@ func runCeiling(ctx context.Context, pool *pgxpool.Pool, sc string, payloads [][
 	return <-errs
 }
 
+// runCeiling1Row is the database alone for idem-offsets: the business
+// insert (skipping booked keys) in batches of 100 from conns connections,
+// no dedup.
+func runCeiling1Row(ctx context.Context, pool *pgxpool.Pool, sc string, payloads [][]byte, conns int, lat *latencies) error {
+	st, err := pgstore.New(pool, pgstore.Config{Schema: sc})
+	if err != nil {
+		return err
+	}
+	effects := upsertEffects(sc)
+	var wg sync.WaitGroup
+	errs := make(chan error, conns)
+	for w := range conns {
+		wg.Go(func() {
+			msgs := make([]*consumer.Message, 0, 100)
+			for start := w * 100; start < len(payloads); start += 100 * conns {
+				t := time.Now()
+				msgs = msgs[:0]
+				for _, p := range payloads[start:min(start+100, len(payloads))] {
+					msgs = append(msgs, &consumer.Message{Value: p})
+				}
+				if err := st.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error { return effects(ctx, tx, msgs) }); err != nil {
+					errs <- err
+					return
+				}
+				d := time.Since(t)
+				for range msgs {
+					lat.add(d)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
 type ratio struct {
 	Name   string  `json:"name"`
 	Value  float64 `json:"value"`
@@ -665,6 +788,10 @@ func ratiosOf(rows []Row) []ratio {
 		rate[r.Name] = r.PerSecond
 	}
 	var out []ratio
+	perTxn := map[string]float64{}
+	for _, r := range rows {
+		perTxn[r.Name] = r.PerTransaction
+	}
 	add := func(a, b string, target float64, op string) {
 		if rate[a] == 0 || rate[b] == 0 {
 			return
@@ -683,7 +810,14 @@ func ratiosOf(rows []Row) []ratio {
 	add("idem-b100", "pg-ceiling", 0.7, ">=")
 	add("idem-b1", "naive", 0.8, ">=")
 	add("p1-idem-keylanes", "p1-idem", 2, ">=")
-	add("rmq-idem-b100", "rmq-raw", 0, "")
+	add("idem-offsets", "idem-b100", 1.5, ">=")
+	add("idem-offsets", "pg-ceiling-1row", 0.8, ">=")
+	// 1.5 × 0.19, the ratio in the run recorded on 2026-11-30 (BENCHMARKS.md)
+	add("rmq-idem-b100", "rmq-raw", 0.285, ">=")
+	if v := perTxn["rmq-idem-b100"]; v > 0 {
+		met := v >= 90
+		out = append(out, ratio{Name: "rmq-idem-b100 messages/transaction", Value: v, Target: ">= 90.00", Met: &met})
+	}
 	add("rmq-idem-b100", "idem-b100", 0, "")
 	return out
 }
@@ -709,9 +843,14 @@ func printTable(w io.Writer, s settings, res result, ratios []ratio) {
 		fmt.Fprintf(w, "prefill (not part of any row): %s\n", strings.Join(pre, ", "))
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "| row | messages | msg/s | CPU s/100k | Postgres CPU s/100k | p50 ms | p99 ms | effects |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(w, "| row | messages | msg/s | CPU s/100k | Postgres CPU s/100k | broker CPU s/100k | machine busy | msgs/txn | p50 ms | p99 ms | effects |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rows {
-		fmt.Fprintf(w, "| %s | %d | %.0f | %.2f | %.2f | %.2f | %.2f | %d |\n", r.Name, r.Messages, r.PerSecond, r.CPUPer100k, r.DBCPU100k, r.P50Ms, r.P99Ms, r.Effects)
+		perTxn := "—"
+		if r.Transactions > 0 {
+			perTxn = fmt.Sprintf("%.1f", r.PerTransaction)
+		}
+		fmt.Fprintf(w, "| %s | %d | %.0f | %.2f | %.2f | %.2f | %.0f%% | %s | %.2f | %.2f | %d |\n", r.Name, r.Messages, r.PerSecond,
+			r.CPUPer100k, r.DBCPU100k, r.BrokerCPU100k, 100*r.MachineBusy, perTxn, r.P50Ms, r.P99Ms, r.Effects)
 	}
 	fmt.Fprintf(w, "\n| ratio | value | target |\n|---|---:|---|\n")
 	for _, r := range ratios {

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 
@@ -113,18 +114,38 @@ func copyWithAttempt(m *consumer.Message, attempt int) *consumer.Message {
 	return &c
 }
 
-func (s *Source) enqueue(m *consumer.Message) {
+func (s *Source) enqueue(m *consumer.Message) { s.enqueueAt(m, len(s.queue)) }
+
+// redeliver queues m again ahead of the later offsets of its lane, as a
+// broker resumes a partition from the first message not acknowledged: a
+// message given back (released, or not taken) comes before what followed
+// it.
+func (s *Source) redeliver(m *consumer.Message) {
+	i := slices.IndexFunc(s.queue, func(q *consumer.Message) bool { return q.Lane == m.Lane && q.Offset > m.Offset })
+	if i < 0 {
+		i = len(s.queue)
+	}
+	s.enqueueAt(m, i)
+}
+
+func (s *Source) enqueueAt(m *consumer.Message, i int) {
 	select {
 	case <-s.idle: // idle until now: from here on busy
 		s.idle = make(chan struct{})
 	default:
 	}
-	s.queue = append(s.queue, m)
+	s.queue = slices.Insert(s.queue, i, m)
 	select {
 	case s.wake <- struct{}{}:
 	default:
 	}
 }
+
+// InOffsetOrder reports whether the source delivers each partition in
+// offset order (consumer.OffsetOrdered): true unless the script's
+// ReorderWindow is above 1. Messages must be pushed in offset order per
+// lane; a released message comes again ahead of its lane's later ones.
+func (s *Source) InOffsetOrder() bool { return s.script.ReorderWindow == 1 }
 
 // Run delivers queued messages until ctx ends.
 func (s *Source) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
@@ -159,7 +180,7 @@ func (s *Source) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
 				s.mu.Unlock()
 				continue
 			}
-			s.enqueue(m) // not taken: keep it for the next run
+			s.redeliver(m) // not taken: keep it for the next run
 			s.mu.Unlock()
 			return err
 		}
@@ -193,7 +214,7 @@ func (s *Source) Release(msgs []*consumer.Message, _ error) {
 	s.inflight -= len(msgs)
 	s.released += len(msgs)
 	for _, m := range msgs {
-		s.enqueue(copyWithAttempt(m, m.Attempt+1))
+		s.redeliver(copyWithAttempt(m, m.Attempt+1))
 	}
 	s.settleIdle()
 }

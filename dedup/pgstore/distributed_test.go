@@ -51,6 +51,12 @@ func TestDistributedConformance(t *testing.T) {
 	}, deduptest.Options{Serializable: true})
 }
 
+func TestDistributedOffsetsConformance(t *testing.T) {
+	deduptest.RunOffsets(t, func(t *testing.T, lockTimeout time.Duration) deduptest.OffsetStore[pgx.Tx] {
+		return distributedStore(t, testenv.NewDistributed(t), pgstore.Config{LockTimeout: lockTimeout})
+	})
+}
+
 func TestDistributedAdmin(t *testing.T) {
 	deduptest.RunAdmin(t, func(t *testing.T) (dedup.Store[pgx.Tx], dedup.Admin) {
 		d := testenv.NewDistributed(t)

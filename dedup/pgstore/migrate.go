@@ -31,10 +31,12 @@ func (s *Store) migrations() ([]migration, error) {
 	}
 	data := struct {
 		Table       string
+		Offsets     string
 		Distributed bool
 		Index       func(string) string
 	}{
 		Table:       s.table,
+		Offsets:     s.offsets,
 		Distributed: s.cfg.Distributed,
 		Index:       func(suffix string) string { return pgx.Identifier{s.cfg.Table + "_" + suffix}.Sanitize() },
 	}

@@ -23,6 +23,7 @@ func TestSplitStatements(t *testing.T) {
 	want := map[int][]string{
 		1: {"CREATE TABLE IF NOT EXISTS", "CREATE INDEX IF NOT EXISTS"},
 		2: {"ALTER TABLE", "ALTER TABLE", "CREATE INDEX IF NOT EXISTS"},
+		3: {"CREATE TABLE IF NOT EXISTS"},
 	}
 	for _, m := range ms {
 		got := splitStatements(m.sql)
@@ -40,6 +41,9 @@ func TestSplitStatements(t *testing.T) {
 		}
 		if !strings.Contains(got[0], "shard") && m.version == 1 {
 			t.Errorf("distributed migration 1 has no shard column: %s", got[0])
+		}
+		if strings.Contains(got[0], "fillfactor") && m.version == 3 {
+			t.Errorf("distributed migration 3 sets a Postgres storage parameter: %s", got[0])
 		}
 	}
 }

@@ -76,9 +76,11 @@ type Config struct {
 
 // Store is a dedup.Store[pgx.Tx] on a pgx pool. Safe for concurrent use.
 type Store struct {
-	pool  *pgxpool.Pool
-	cfg   Config
-	table string // sanitized schema.table
+	pool    *pgxpool.Pool
+	cfg     Config
+	table   string // sanitized schema.table
+	offsets string // sanitized schema.table_offsets: see offsets.go
+	offSQL  offsetQueries
 
 	lockTimeout string
 	boundSQL    [3]string // the statements around the claim's INSERT that bound its wait
@@ -184,6 +186,8 @@ SELECT ctid FROM ` + t + ` WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOC
 	}
 	st.bufs.New = func() any { return new(claimBuf) }
 	st.http = newHTTPQueries(t)
+	st.offsets = pgx.Identifier{cfg.Schema, cfg.Table + "_offsets"}.Sanitize()
+	st.offSQL = newOffsetQueries(st.offsets)
 	st.epoch = time.Now()
 	return st, nil
 }

@@ -209,3 +209,9 @@ func TestAdmin(t *testing.T) {
 		return st, st.Admin()
 	})
 }
+
+func TestOffsetsConformance(t *testing.T) {
+	deduptest.RunOffsets(t, func(t *testing.T, lockTimeout time.Duration) deduptest.OffsetStore[pgx.Tx] {
+		return newStore(t, pgstore.Config{LockTimeout: lockTimeout})
+	})
+}

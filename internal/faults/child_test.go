@@ -55,6 +55,7 @@ type childSpec struct {
 	Orderly    bool          // RocketMQ orderly mode
 	Reconsume  int           // rocketmq.Config.MaxReconsumeTimes; default the adapter's
 	KeyLanes   int           // consumer.Config.KeyLanes
+	Offsets    bool          // consumer.Config.Offsets: offsets in the store, business keys beside them
 }
 
 // failpoints are the faults a child injects into itself. Keys are txn_ids.
@@ -94,6 +95,7 @@ type childStats struct {
 	CommitLost   int64 // transactions that committed and reported a lost connection
 	RollbackLost int64 // transactions that lost their connection before COMMIT
 	Panics       int64
+	OffsetSkips  int64 // duplicates skipped by the stored offsets (no key claimed), with Offsets
 	StopErr      string
 	StopTook     time.Duration
 	Stopped      bool
@@ -122,6 +124,7 @@ type childState struct {
 	lost  atomic.Int64
 	rlost atomic.Int64
 	pan   atomic.Int64
+	skips atomic.Int64
 	stop  struct {
 		err     string
 		took    time.Duration
@@ -138,7 +141,7 @@ func (s *childState) write() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := childStats{Pid: os.Getpid(), Acked: s.acked.Load(), Txs: s.txs.Load(), CommitLost: s.lost.Load(),
-		RollbackLost: s.rlost.Load(), Panics: s.pan.Load(),
+		RollbackLost: s.rlost.Load(), Panics: s.pan.Load(), OffsetSkips: s.skips.Load(),
 		StopErr: s.stop.err, StopTook: s.stop.took, Stopped: s.stop.stopped}
 	if s.c != nil {
 		st.Stats = s.c.Stats()
@@ -241,6 +244,14 @@ func (spec *childSpec) run() error {
 	}
 	if spec.StopLane {
 		ccfg.OnExhausted = consumer.StopLaneOnExhausted
+	}
+	if spec.Offsets {
+		ccfg.Offsets = ps
+		ccfg.OnDuplicate = func(_ context.Context, d consumer.Duplicate) {
+			if d.FirstAt.IsZero() { // below the stored offset: no key was claimed
+				st.skips.Add(1)
+			}
+		}
 	}
 	c, err := consumer.New(ccfg)
 	if err != nil {
@@ -373,6 +384,19 @@ type faultSource struct {
 
 	logMu  sync.Mutex
 	ackLog *os.File // nil: none
+}
+
+// InOffsetOrder and Assigned forward the broker source's answers
+// (consumer.OffsetOrdered, consumer.AssignmentChecker), which embedding the
+// interface would hide.
+func (s *faultSource) InOffsetOrder() bool {
+	o, ok := s.Source.(consumer.OffsetOrdered)
+	return ok && o.InOffsetOrder()
+}
+
+func (s *faultSource) Assigned(m *consumer.Message) bool {
+	a, ok := s.Source.(consumer.AssignmentChecker)
+	return !ok || a.Assigned(m)
 }
 
 func (s *faultSource) Ack(ctx context.Context, msgs []*consumer.Message) error {
