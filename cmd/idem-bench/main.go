@@ -137,6 +137,7 @@ func main() {
 	flag.IntVar(&s.RMQGoroutines, "rmq-goroutines", 64, "RocketMQ rows: consume calls in flight per topic (ConsumeGoroutineNums; adapters/rocketmq's default 64)")
 	flag.StringVar(&s.RMQClientLog, "rmq-client-log", "off", "RocketMQ client library logs to stderr at this level and above: off, debug, info, warn, error")
 	asJSON := flag.Bool("json", false, "print one JSON object with every row and ratio")
+	jsonFile := flag.String("json-file", "", "also write that JSON object to this file (the table is still printed)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of this process, prefill and rows, to this file")
 	flag.Parse()
 	if *pgURL == "" {
@@ -166,8 +167,14 @@ func main() {
 		os.Exit(1)
 	}
 	ratios := ratiosOf(res.rows)
+	out, _ := json.Marshal(map[string]any{"settings": s, "rows": res.rows, "ratios": ratios, "prefill_seconds": res.prefill})
+	if *jsonFile != "" {
+		if err := os.WriteFile(*jsonFile, append(out, '\n'), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "idem-bench: -json-file:", err)
+			os.Exit(1)
+		}
+	}
 	if *asJSON {
-		out, _ := json.Marshal(map[string]any{"settings": s, "rows": res.rows, "ratios": ratios, "prefill_seconds": res.prefill})
 		fmt.Println(string(out))
 		return
 	}
