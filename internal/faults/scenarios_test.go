@@ -41,7 +41,7 @@ var scenarios = []scenario{
 	{13, "sigterm-mid-batch", []string{"kafka", "rocketmq"}, sigtermMidBatch},
 	{14, "ordered-poison", []string{"kafka", "rocketmq"}, orderedPoison},
 	{15, "key-lanes", []string{"kafka"}, keyLanes},
-	{20, "scale-out", []string{"kafka", "rocketmq"}, scaleOut},
+	{20, "scale-out", []string{"kafka", "rocketmq", "kafka-cluster", "rocketmq-cluster"}, scaleOut},
 	// On the three-node cluster (cluster_test.go); each has it to itself.
 	{16, "leader-sigkill", []string{"kafka-cluster"}, clusterLeaderKill},
 	{17, "broker-lost", []string{"kafka-cluster"}, clusterBrokerLost},
@@ -931,7 +931,9 @@ func acksBehind(t *testing.T, glob string) int {
 // partitions changed hands, the last single process applied the last part;
 // the rate at each size is logged (processes on this machine share two
 // cores and 8 lanes, and every change is a rebalance: the point is that
-// the lanes spread and nothing is lost, not speed).
+// the lanes spread and nothing is lost, not speed). Also on the clusters,
+// which the test has to itself: the three-node Kafka, and the two-broker
+// RocketMQ with 4 of the 8 queues on each broker.
 func scaleOut(t *testing.T, b, title string) {
 	r := newRig(t, env(t, b), title, 8)
 	r.sampleOffsets()
