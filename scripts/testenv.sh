@@ -5,12 +5,15 @@
 #   scripts/testenv.sh down [service...]   stop
 #   scripts/testenv.sh env  [service...]   print the environment (export lines)
 #
-# Services: postgres, kafka, kafka-cluster, rocketmq, mariadb, redis (default:
-# $IDEM_TESTENV_SERVICES, else all but kafka-cluster, the three-node Kafka of
-# the failover tests). `eval "$(scripts/testenv.sh up)"` sets IDEM_TEST_PG_URL,
+# Services: postgres, kafka, kafka-cluster, rocketmq, rocketmq-cluster,
+# mariadb, redis (default: $IDEM_TESTENV_SERVICES, else all but the two
+# clusters of the failover tests, kafka-cluster (three Kafka nodes) and
+# rocketmq-cluster (a name server and two RocketMQ brokers)).
+# `eval "$(scripts/testenv.sh up)"` sets IDEM_TEST_PG_URL,
 # IDEM_TEST_KAFKA_BROKERS, IDEM_TEST_ROCKETMQ_NAMESRV, IDEM_TEST_MYSQL_DSN and
-# IDEM_TEST_REDIS_ADDR (and kafka-cluster IDEM_TEST_KAFKA_CLUSTER). Running
-# `up` twice is harmless. Progress goes to stderr.
+# IDEM_TEST_REDIS_ADDR (kafka-cluster IDEM_TEST_KAFKA_CLUSTER,
+# rocketmq-cluster IDEM_TEST_ROCKETMQ_CLUSTER). Running `up` twice is
+# harmless. Progress goes to stderr.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cmd=${1:-}
@@ -32,7 +35,7 @@ case "$cmd" in
     for s in "${services[@]}"; do "$here/testenv/$s.sh" env; done
     ;;
   *)
-    echo "usage: $0 up|down|env [postgres|kafka|kafka-cluster|rocketmq|mariadb|redis ...]" >&2
+    echo "usage: $0 up|down|env [postgres|kafka|kafka-cluster|rocketmq|rocketmq-cluster|mariadb|redis ...]" >&2
     exit 2
     ;;
 esac

@@ -34,7 +34,7 @@ const childEnv = "IDEM_FAULTS_CHILD"
 
 // childSpec is what one child consumes and how it misbehaves.
 type childSpec struct {
-	Broker  string   // "kafka", "kafka-cluster" or "rocketmq"
+	Broker  string   // "kafka", "kafka-cluster", "rocketmq" or "rocketmq-cluster"
 	Brokers []string // Kafka brokers or RocketMQ name servers
 	Topic   string
 	Group   string
@@ -201,7 +201,7 @@ func (spec *childSpec) run() error {
 			return err
 		}
 		src, dl = s, s
-	case "rocketmq":
+	case "rocketmq", "rocketmq-cluster":
 		rocketmq.SetClientLogger(slog.New(slog.NewTextHandler(io.Discard, nil)), slog.LevelError)
 		s, err := rocketmq.New(rocketmq.Config{NameServers: spec.Brokers, Group: spec.Group, Topics: []string{spec.Topic},
 			Orderly: spec.Orderly, MaxReconsumeTimes: spec.Reconsume, CloseTimeout: 5 * time.Second, Logger: log})

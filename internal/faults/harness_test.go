@@ -754,6 +754,15 @@ func (r *rig) diagnose() {
 // or dead-lettered; the children record every ack before they pass it on)
 // or given back to the broker (its copy is in %RETRY%<group>).
 
+// queueNumberer is a broker whose partition numbers are not the queue
+// numbers its consumers see (a RocketMQ cluster, whose queue q exists on
+// each broker): partOf returns the partition number of queue q of the
+// consumer's lane (RocketMQ: topic/broker/queue), false when the lane is
+// not one of the broker's.
+type queueNumberer interface {
+	partOf(lane string, q int) (int, bool)
+}
+
 // givingBackBroker is a broker whose offset commits are not fenced
 // (RocketMQ): the offset sampler checks that the committed offsets are never
 // ahead of what the consumers settled, instead of that they never go down.
@@ -803,6 +812,9 @@ const ackLogName = "acked"
 func newOffsetSampler(t *testing.T, b broker, topic, group string, ackLogs func() []string) *offsetSampler {
 	_, givesBack := b.(givingBackBroker)
 	s := &offsetSampler{b: b, t: t, topic: topic, group: group, ackLogs: ackLogs, fenced: !givesBack, ahead: map[string]string{}}
+	if qn, ok := b.(queueNumberer); ok {
+		s.acks.partOf = qn.partOf
+	}
 	var each func(map[int]int64)
 	if !s.fenced {
 		each = s.checkAcked
@@ -847,8 +859,9 @@ func unackedBelow(committed map[int]int64, positions map[string]pos, acked map[p
 // ackLog is what the consumers recorded in their ack logs (childSpec.AckLog)
 // so far: the queue and offset of every message of the topic they acked.
 type ackLog struct {
-	read  map[string]int64 // file -> bytes parsed
-	acked map[pos]bool
+	read   map[string]int64 // file -> bytes parsed
+	acked  map[pos]bool
+	partOf func(lane string, q int) (int, bool) // nil: the partition is the queue (queueNumberer)
 }
 
 // update reads what was appended to files since the last update. A line
@@ -890,9 +903,16 @@ func (a *ackLog) update(files []string, topic string) error {
 			if len(fields) != 3 || err1 != nil || err2 != nil {
 				return fmt.Errorf("ack log %s: bad line %q", name, line)
 			}
-			if strings.HasPrefix(fields[0], topic+"/") {
-				a.acked[p] = true
+			if !strings.HasPrefix(fields[0], topic+"/") {
+				continue
 			}
+			if a.partOf != nil {
+				var ok bool
+				if p.Part, ok = a.partOf(fields[0], p.Part); !ok {
+					return fmt.Errorf("ack log %s: lane %q of no known broker", name, fields[0])
+				}
+			}
+			a.acked[p] = true
 		}
 		a.read[name] += int64(len(b))
 	}
@@ -921,8 +941,16 @@ func (s *offsetSampler) problems(t *testing.T) []string {
 	if s.fenced {
 		return probs
 	}
-	t.Logf("%d offset samples, %d acks logged; committed offsets seen going down %d times (redelivery)",
-		n, len(s.acks.acked), len(s.Decreases()))
+	down, gone := 0, 0
+	for _, d := range s.Decreases() {
+		if strings.HasSuffix(d, "disappeared") {
+			gone++ // a broker of a cluster down: its queues' offsets are not read
+		} else {
+			down++
+		}
+	}
+	t.Logf("%d offset samples, %d acks logged; committed offsets seen going down %d times (redelivery), missing %d times",
+		n, len(s.acks.acked), down, gone)
 	if len(s.ahead) == 0 {
 		return probs
 	}

@@ -180,8 +180,14 @@ func (b *rocketBroker) lag(topic, group string) (int64, string, error) {
 
 func (b *rocketBroker) waitNoLag(t *testing.T, topic, group string) {
 	t.Helper()
+	waitRocketNoLag(t, func() (int64, string, error) { return b.lag(topic, group) })
+}
+
+// waitRocketNoLag waits until lag, a group's, is 0.
+func waitRocketNoLag(t *testing.T, lag func() (int64, string, error)) {
+	t.Helper()
 	testenv.WaitUntilProgress(t, 2*time.Minute, "the group has no lag (offsets are persisted every 5s)", func() (bool, string) {
-		n, detail, err := b.lag(topic, group)
+		n, detail, err := lag()
 		if err != nil {
 			return false, err.Error()
 		}
@@ -191,13 +197,21 @@ func (b *rocketBroker) waitNoLag(t *testing.T, topic, group string) {
 
 func (b *rocketBroker) deadLetters(t *testing.T, topic string, want int) []letter {
 	t.Helper()
+	return rocketDeadLetters(t, b.Broker, b.Count, topic, want)
+}
+
+// rocketDeadLetters reads topic's dead-letter topic through the name
+// servers of rb until it holds want distinct messages; count says how many
+// messages a topic holds.
+func rocketDeadLetters(t *testing.T, rb *rmqtest.Broker, count func(topic string) (int64, error), topic string, want int) []letter {
+	t.Helper()
 	dlq := topic + "_DLQ"
 	var letters []letter
 	// A message can be dead-lettered twice (redelivered after its failure
 	// was recorded): wait for want distinct messages, reading the topic
 	// again as more letters arrive.
 	testenv.WaitUntilProgress(t, 2*time.Minute, fmt.Sprintf("%d distinct dead letters in %s", want, dlq), func() (bool, string) {
-		n, err := b.Count(dlq)
+		n, err := count(dlq)
 		if err != nil {
 			return false, err.Error()
 		}
@@ -206,7 +220,7 @@ func (b *rocketBroker) deadLetters(t *testing.T, topic string, want int) []lette
 		}
 		letters = letters[:0]
 		seen := map[string]bool{}
-		for _, m := range rmqtest.ReadTopic(t, b.Broker, dlq, int(n)) {
+		for _, m := range rmqtest.ReadTopic(t, rb, dlq, int(n)) {
 			prop := func(k string) string { v, _ := m.Header(k); return string(v) }
 			letters = append(letters, letter{ID: string(m.Key), Reason: prop(consumer.MetaReason), Attempts: prop(consumer.MetaAttempts),
 				Key: prop(consumer.MetaKey), Scope: prop(consumer.MetaKeyScope)})
@@ -222,14 +236,21 @@ func (b *rocketBroker) deadLetters(t *testing.T, topic string, want int) []lette
 // call that returned "retry later"), and the client committed past them.
 func (b *rocketBroker) givenBack(t *testing.T, group string) map[string]bool {
 	t.Helper()
+	return rocketGivenBack(t, b.Broker, b.Count, group)
+}
+
+// rocketGivenBack is givenBack through the name servers of rb; count says
+// how many messages a topic holds.
+func rocketGivenBack(t *testing.T, rb *rmqtest.Broker, count func(topic string) (int64, error), group string) map[string]bool {
+	t.Helper()
 	retry := "%RETRY%" + group
-	n, err := b.Count(retry)
+	n, err := count(retry)
 	if err != nil {
 		t.Fatalf("messages in %s: %v", retry, err)
 	}
 	ids := map[string]bool{}
 	if n > 0 {
-		for _, m := range rmqtest.ReadTopic(t, b.Broker, retry, int(n)) {
+		for _, m := range rmqtest.ReadTopic(t, rb, retry, int(n)) {
 			ids[string(m.Key)] = true
 		}
 	}

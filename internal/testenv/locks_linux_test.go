@@ -12,14 +12,16 @@ import (
 // scripts/testenv.sh up must not inherit the tests' lock that up holds
 // while it decides (scripts/testenv/tests_lock.sh): a server holding it
 // shared keeps every exclusive test (KafkaExclusive, MySQLExclusive,
-// RedisExclusive) waiting for as long as the server runs.
+// RedisExclusive, RocketMQClusterExclusive) waiting for as long as the
+// server runs.
 func TestServicesDoNotHoldTheTestsLocks(t *testing.T) {
 	state := os.Getenv("IDEM_TESTENV_DIR") // the scripts' state, as they default it
 	if state == "" {
 		state = "/tmp/idem-testenv"
 	}
 	checked := 0
-	for _, pf := range []string{"kafka/kafka.pid", "mariadb/mariadbd.pid", "redis/redis.pid"} {
+	for _, pf := range []string{"kafka/kafka.pid", "mariadb/mariadbd.pid", "redis/redis.pid",
+		"rocketmq-cluster/run/namesrv.pid", "rocketmq-cluster/run/broker1.pid", "rocketmq-cluster/run/broker2.pid"} {
 		b, err := os.ReadFile(filepath.Join(state, pf))
 		if err != nil {
 			continue // not started on this machine

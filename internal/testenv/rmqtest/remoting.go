@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"regexp"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -134,7 +136,8 @@ var brokerAddrRE = regexp.MustCompile(`"brokerName":"([^"]+)"[^}]*"brokerAddrs":
 var brokerAddrRE2 = regexp.MustCompile(`"brokerAddrs":\{"?0"?:"([^"]+)"\}[^}]*"brokerName":"([^"]+)"`)
 
 // ClusterBroker asks the name server for its master broker's address and
-// name. The body is fastjson, whose map keys may be unquoted numbers.
+// name (one of them, when it has several). The body is fastjson, whose map
+// keys may be unquoted numbers.
 func ClusterBroker(namesrv string) (addr, name string, err error) {
 	_, _, body, err := remoting(namesrv, reqGetBrokerClusterInfo, nil)
 	if err != nil {
@@ -147,4 +150,30 @@ func ClusterBroker(namesrv string) (addr, name string, err error) {
 		return string(m[1]), string(m[2]), nil
 	}
 	return "", "", errors.New("the name server knows no master broker: " + string(body))
+}
+
+// Master is a master broker the name server knows.
+type Master struct {
+	Name, Addr string
+}
+
+// Masters asks the name server for all of its master brokers (those with a
+// brokerId 0 address), sorted by name.
+func Masters(namesrv string) ([]Master, error) {
+	_, _, body, err := remoting(namesrv, reqGetBrokerClusterInfo, nil)
+	if err != nil {
+		return nil, fmt.Errorf("broker cluster info from %s: %w", namesrv, err)
+	}
+	byName := map[string]string{}
+	for _, m := range brokerAddrRE.FindAllSubmatch(body, -1) {
+		byName[string(m[1])] = string(m[2])
+	}
+	for _, m := range brokerAddrRE2.FindAllSubmatch(body, -1) {
+		byName[string(m[2])] = string(m[1])
+	}
+	out := make([]Master, 0, len(byName))
+	for _, name := range slices.Sorted(maps.Keys(byName)) {
+		out = append(out, Master{Name: name, Addr: byName[name]})
+	}
+	return out, nil
 }

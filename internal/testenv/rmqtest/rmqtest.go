@@ -46,6 +46,31 @@ func Connect(namesrv []string) (*Broker, error) {
 	return &Broker{NameServers: namesrv, Addr: addr, Name: bname, Admin: adm, queues: map[string]int{}}, nil
 }
 
+// ConnectAll is Connect for each master broker the name server knows (the
+// brokers of a cluster), sorted by broker name, each with its own admin
+// client. Close each.
+func ConnectAll(namesrv []string) ([]*Broker, error) {
+	masters, err := Masters(namesrv[0])
+	if err != nil {
+		return nil, err
+	}
+	if len(masters) == 0 {
+		return nil, fmt.Errorf("the name server %s knows no master broker", namesrv[0])
+	}
+	var out []*Broker
+	for _, m := range masters {
+		adm, err := admin.NewAdmin(admin.WithResolver(primitive.NewPassthroughResolver(namesrv)))
+		if err != nil {
+			for _, b := range out {
+				_ = b.Close()
+			}
+			return nil, fmt.Errorf("rocketmq admin: %w", err)
+		}
+		out = append(out, &Broker{NameServers: namesrv, Addr: m.Addr, Name: m.Name, Admin: adm, queues: map[string]int{}})
+	}
+	return out, nil
+}
+
 // Close closes the admin client.
 func (b *Broker) Close() error { return b.Admin.Close() }
 
@@ -87,25 +112,49 @@ func CloseShared() {
 // routes it.
 func (b *Broker) CreateTopic(t testing.TB, topic string, queues int) []*primitive.MessageQueue {
 	t.Helper()
+	return CreateTopicOn(t, []*Broker{b}, topic, queues)
+}
+
+// CreateTopicOn creates topic with queues read and write queues on each of
+// brokers (the masters of one name server's cluster, see ConnectAll),
+// deletes it when the test ends, and waits until the name server routes
+// queues of it to each of them.
+func CreateTopicOn(t testing.TB, brokers []*Broker, topic string, queues int) []*primitive.MessageQueue {
+	t.Helper()
 	ctx := testenv.Context(t, time.Minute)
-	err := b.Admin.CreateTopic(ctx, admin.WithTopicCreate(topic), admin.WithBrokerAddrCreate(b.Addr),
-		admin.WithReadQueueNums(queues), admin.WithWriteQueueNums(queues))
-	if err != nil {
-		t.Fatalf("create topic %s: %v", topic, err)
+	for _, b := range brokers {
+		err := b.Admin.CreateTopic(ctx, admin.WithTopicCreate(topic), admin.WithBrokerAddrCreate(b.Addr),
+			admin.WithReadQueueNums(queues), admin.WithWriteQueueNums(queues))
+		if err != nil {
+			t.Fatalf("create topic %s on %s: %v", topic, b.Name, err)
+		}
+		b.mu.Lock()
+		b.queues[topic] = queues
+		b.mu.Unlock()
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = b.Admin.DeleteTopic(ctx, admin.WithTopicDelete(topic), admin.WithBrokerAddrDelete(b.Addr),
+				admin.WithNameSrvAddr(b.NameServers))
+		})
 	}
-	b.mu.Lock()
-	b.queues[topic] = queues
-	b.mu.Unlock()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = b.Admin.DeleteTopic(ctx, admin.WithTopicDelete(topic), admin.WithBrokerAddrDelete(b.Addr),
-			admin.WithNameSrvAddr(b.NameServers))
-	})
 	var mqs []*primitive.MessageQueue
 	testenv.WaitUntilProgress(t, time.Minute, "route of topic "+topic, func() (bool, string) {
-		mqs, err = b.Admin.FetchPublishMessageQueues(ctx, topic)
-		return err == nil && len(mqs) == queues, fmt.Sprintf("%d queues, %v", len(mqs), err)
+		var err error
+		mqs, err = brokers[0].Admin.FetchPublishMessageQueues(ctx, topic)
+		if err != nil {
+			return false, err.Error()
+		}
+		per := map[string]int{}
+		for _, mq := range mqs {
+			per[mq.BrokerName]++
+		}
+		for _, b := range brokers {
+			if per[b.Name] != queues {
+				return false, fmt.Sprintf("queues by broker %v, want %d on each of %d", per, queues, len(brokers))
+			}
+		}
+		return len(mqs) == queues*len(brokers), fmt.Sprintf("queues by broker %v", per)
 	})
 	return mqs
 }
@@ -167,6 +216,7 @@ func (b *Broker) NewProducer(t testing.TB, opts ...producer.Option) Sender {
 
 // Position is where the broker stored a message.
 type Position struct {
+	Broker string // the broker's name
 	Queue  int
 	Offset int64
 }
@@ -179,22 +229,30 @@ func Send(t testing.TB, p Sender, msgs ...*primitive.Message) []Position {
 	ctx := testenv.Context(t, 2*time.Minute)
 	out := make([]Position, 0, len(msgs))
 	for len(msgs) > 0 {
-		n, size := 1, len(msgs[0].Body)
-		for n < len(msgs) && n < 64 && size+len(msgs[n].Body) <= 256<<10 && sameQueue(msgs[0], msgs[n]) {
-			size += len(msgs[n].Body)
-			n++
-		}
+		n := BatchLen(msgs)
 		res, err := p.SendSync(ctx, msgs[:n]...)
 		if err != nil || res.Status != primitive.SendOK {
 			t.Fatalf("send to %s: %v (%v)", msgs[0].Topic, err, res)
 		}
 		// The messages of a batch get consecutive offsets from the first.
 		for i := range n {
-			out = append(out, Position{Queue: res.MessageQueue.QueueId, Offset: res.QueueOffset + int64(i)})
+			out = append(out, Position{Broker: res.MessageQueue.BrokerName, Queue: res.MessageQueue.QueueId, Offset: res.QueueOffset + int64(i)})
 		}
 		msgs = msgs[n:]
 	}
 	return out
+}
+
+// BatchLen returns how many of msgs, from the first, Send sends in one
+// batch: consecutive messages for one queue (or without one chosen), at most
+// 64 and 256 KiB.
+func BatchLen(msgs []*primitive.Message) int {
+	n, size := 1, len(msgs[0].Body)
+	for n < len(msgs) && n < 64 && size+len(msgs[n].Body) <= 256<<10 && sameQueue(msgs[0], msgs[n]) {
+		size += len(msgs[n].Body)
+		n++
+	}
+	return n
 }
 
 func sameQueue(a, b *primitive.Message) bool {
