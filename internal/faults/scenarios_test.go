@@ -163,9 +163,8 @@ func sigkillAfterCommit(t *testing.T, b, title string) {
 	r.waitApplied(int64(r.wantPayments()), c2)
 	r.produce(s.conflicts)
 	r.finish()
-	if d := c2.stats().OffsetSkips; d < int64(past) {
-		t.Errorf("the second consumer skipped %d duplicates by the stored offsets, want at least the %d redelivered "+
-			"(business-key duplicates do not count: they would hide offsets that skip nothing)", d, past)
+	if d := c2.stats().Stats.Duplicates; d < int64(past) {
+		t.Errorf("the second consumer skipped %d duplicates, want at least the %d redelivered", d, past)
 	}
 }
 
@@ -1020,8 +1019,9 @@ func offsetsInStore(t *testing.T, b, title string) {
 	r.waitApplied(int64(r.wantPayments()), c2)
 	r.produce(s.conflicts)
 	r.finish()
-	if d := c2.stats().Stats.Duplicates; d < int64(past) {
-		t.Errorf("the second consumer skipped %d duplicates, want at least the %d redelivered", d, past)
+	if d := c2.stats().OffsetSkips; d < int64(past) {
+		t.Errorf("the second consumer skipped %d duplicates by the stored offsets, want at least the %d redelivered "+
+			"(business-key duplicates do not count: they would hide offsets that skip nothing)", d, past)
 	}
 	committed := r.committed()
 	rows, err := r.pool.Query(context.Background(), `SELECT partition, next_offset FROM `+
