@@ -146,18 +146,28 @@ wait_leader() {
 cmd_up() {
   wait_tests_done kafka-cluster
   lock "$CLUSTER_STATE"
-  if ready_all; then
+  local n pid stale=""
+  for n in "${NODES[@]}"; do
+    node "$n"
+    if find_pid >/dev/null && config_changed "$SRC/cluster.properties"; then
+      stale=1
+    fi
+  done
+  if [[ -z "$stale" ]] && ready_all; then
     log "Kafka cluster already running on $(brokers)"
     return 0
   fi
-  local n pid
+  if [[ -n "$stale" ]]; then
+    log "the cluster runs with an older server.properties; starting a fresh one"
+  fi
   for n in $(running); do
+    [[ -z "$stale" ]] || break
     node "$n"
     pid=$(find_pid) || continue
     log "node $n (pid $pid) is running but the cluster is not ready; waiting"
     wait_ready "$pid" || true
   done
-  if ready_all; then
+  if [[ -z "$stale" ]] && ready_all; then
     wait_leader
     log "Kafka cluster ready on $(brokers)"
     return 0

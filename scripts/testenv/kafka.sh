@@ -50,6 +50,11 @@ cmd_up() {
   wait_tests_done kafka
   lock
   local pid
+  if pid="$(find_pid)" && config_changed; then
+    log "broker (pid $pid) runs with an older server.properties; starting a fresh one"
+    stop_pid "$pid" KILL
+    rm -f "$PIDFILE"
+  fi
   if pid="$(find_pid)"; then
     if ready; then
       log "Kafka already running on $BROKERS (pid $pid)"

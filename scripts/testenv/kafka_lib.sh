@@ -140,6 +140,16 @@ render_config() {
   cp "$SRC/log4j2.properties" "$LOG4J"
 }
 
+# config_changed [OVERRIDES]: whether the node's config as render_config
+# would write it now differs from the one it runs with ($CONF): the
+# repository's server.properties changed since the node was started. A
+# running node's data was made under the old config (an internal topic's
+# settings are fixed when it is created), so `up` starts such a node afresh.
+config_changed() {
+  [[ -f "$CONF" ]] || return 0
+  ! sed -e "s#@DATA_DIR@#$DATA#g" ${SED_ARGS[@]+"${SED_ARGS[@]}"} "$SRC/server.properties" ${1:+"$1"} | cmp -s - "$CONF"
+}
+
 java_common() {
   printf '%s\n' "${HEAP[@]}" "${JVM_OPTS[@]}" \
     "-Dlog4j2.configurationFile=$LOG4J" "-Dkafka.logs.dir=$LOGS" \
