@@ -19,7 +19,8 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
 		os.Exit(runChild())
 	}
-	if code, rerun := testenv.RerunWithRocketMQRaceSuppressions(); rerun {
+	// Scenario 22 kills a broker of the RocketMQ cluster.
+	if code, rerun := testenv.RerunWithRocketMQRaceSuppressions(testenv.RocketMQBrokerLossRace); rerun {
 		os.Exit(code)
 	}
 	// The scenarios spend most of their time waiting for child processes,

@@ -18,7 +18,8 @@ import (
 // day the group coordinator's load at a broker restart (117k records)
 // outlasted the clients' join retries: every group's join failed with "Not
 // Coordinator For Group" for minutes. A broker started with an older
-// server.properties is started afresh by scripts/testenv.sh up.
+// server.properties is started afresh by scripts/testenv.sh up, once no
+// test is using it.
 func TestKafkaOffsetsTopicStaysSmall(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -50,9 +50,7 @@ var RocketMQClientLeaks = []goleak.Option{
 // rocketMQClientRaces are data races inside rocketmq-client-go, as race
 // detector suppressions. race_top matches only the frame that made the racing
 // access, so a race in idem's own code is never hidden: idem neither uses
-// gods nor runs inside these functions. race matches a frame anywhere in
-// either stack; it is used only for a function of the client that touches
-// the client's own state and that idem's code never calls.
+// gods nor runs inside these functions.
 const rocketMQClientRaces = `
 # processQueue.takeMessages and Min/Max read the message cache (a gods
 # tree) without the lock putMessage writes it under (orderly mode;
@@ -64,14 +62,19 @@ race_top:^github.com/apache/rocketmq-client-go/v2/internal.(*rmqClient).Shutdown
 # The flow-control counters queueFlowControlTimes and
 # queueMaxSpanFlowControlTimes are plain ints shared by all pull goroutines.
 race_top:^github.com/apache/rocketmq-client-go/v2/consumer.(*pushConsumer).pullMessage$
-# namesrvs.cleanOfflineBroker (every 30 s, the heartbeat goroutine) deletes
-# a broker that left every route from BrokerData.BrokerAddresses, a plain
-# map, under a lock FindBrokerAddrByName (a send, a pull) does not take:
-# seen when a broker of a cluster is killed (internal/faults,
-# rocketmq-cluster). The racing access is the runtime's map delete, so
-# race_top cannot name it.
-race:^github.com/apache/rocketmq-client-go/v2/internal.(*namesrvs).cleanOfflineBroker
 `
+
+// RocketMQBrokerLossRace suppresses, for a package that kills a broker of a
+// RocketMQ cluster (internal/faults), a race of the client's:
+// namesrvs.cleanOfflineBroker (every 30 s, the heartbeat goroutine) deletes
+// a broker that left every route from BrokerData.BrokerAddresses, a plain
+// map, under a lock FindBrokerAddrByName (a send, a pull) does not take.
+// The racing access is the runtime's map delete, so race_top cannot name
+// it; race matches the frame anywhere in either stack, and
+// cleanOfflineBroker also logs through idem's log bridge (adapters/rocketmq)
+// — so it is passed only where a broker of a cluster is killed, not to
+// every package that runs the client.
+const RocketMQBrokerLossRace = "race:^github.com/apache/rocketmq-client-go/v2/internal.(*namesrvs).cleanOfflineBroker"
 
 const rocketMQSuppressedEnv = "IDEM_ROCKETMQ_RACE_SUPPRESSED"
 
@@ -80,14 +83,15 @@ const rocketMQSuppressedEnv = "IDEM_ROCKETMQ_RACE_SUPPRESSED"
 // the client's known races suppressed (GORACE is read when a process starts,
 // so a binary cannot suppress them in itself) and returns its exit code and
 // true; the caller exits with it. In the re-run (and without -race) it
-// returns false. Child processes inherit GORACE.
-func RerunWithRocketMQRaceSuppressions() (int, bool) {
+// returns false. Child processes inherit GORACE. extra are more
+// suppression lines (RocketMQBrokerLossRace).
+func RerunWithRocketMQRaceSuppressions(extra ...string) (int, bool) {
 	if !raceEnabled || os.Getenv(rocketMQSuppressedEnv) != "" {
 		return 0, false
 	}
 	f, err := os.CreateTemp("", "idem-rocketmq-race-*.supp")
 	if err == nil {
-		_, err = f.WriteString(rocketMQClientRaces)
+		_, err = f.WriteString(rocketMQClientRaces + strings.Join(extra, "\n") + "\n")
 		err = errors.Join(err, f.Close())
 	}
 	if err != nil {

@@ -157,16 +157,20 @@ cmd_up() {
     log "Kafka cluster already running on $(brokers)"
     return 0
   fi
-  if [[ -n "$stale" ]]; then
-    log "the cluster runs with an older server.properties; starting a fresh one"
+  if [[ -n "$stale" ]] && ! unused_by_tests; then
+    log "warning: the cluster runs on data made with an older server.properties, but tests use it; keeping it"
+    stale=""
+  elif [[ -n "$stale" ]]; then
+    log "the cluster runs on data made with an older server.properties; starting a fresh one"
   fi
-  for n in $(running); do
-    [[ -z "$stale" ]] || break
-    node "$n"
-    pid=$(find_pid) || continue
-    log "node $n (pid $pid) is running but the cluster is not ready; waiting"
-    wait_ready "$pid" || true
-  done
+  if [[ -z "$stale" ]]; then
+    for n in $(running); do
+      node "$n"
+      pid=$(find_pid) || continue
+      log "node $n (pid $pid) is running but the cluster is not ready; waiting"
+      wait_ready "$pid" || true
+    done
+  fi
   if [[ -z "$stale" ]] && ready_all; then
     wait_leader
     log "Kafka cluster ready on $(brokers)"

@@ -51,9 +51,13 @@ cmd_up() {
   lock
   local pid
   if pid="$(find_pid)" && config_changed; then
-    log "broker (pid $pid) runs with an older server.properties; starting a fresh one"
-    stop_pid "$pid" KILL
-    rm -f "$PIDFILE"
+    if unused_by_tests; then
+      log "broker (pid $pid) runs on data made with an older server.properties; starting a fresh one"
+      stop_pid "$pid" KILL
+      rm -f "$PIDFILE"
+    else
+      log "warning: broker (pid $pid) runs on data made with an older server.properties, but tests use it; keeping it"
+    fi
   fi
   if pid="$(find_pid)"; then
     if ready; then

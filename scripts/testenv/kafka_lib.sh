@@ -140,14 +140,30 @@ render_config() {
   cp "$SRC/log4j2.properties" "$LOG4J"
 }
 
+# config_digest: a digest of the settings (comments and blank lines left
+# out) of the config on stdin.
+config_digest() {
+  grep -Ev '^[[:space:]]*(#|$)' | sha256sum | cut -d' ' -f1
+}
+
 # config_changed [OVERRIDES]: whether the node's config as render_config
-# would write it now differs from the one it runs with ($CONF): the
-# repository's server.properties changed since the node was started. A
-# running node's data was made under the old config (an internal topic's
-# settings are fixed when it is created), so `up` starts such a node afresh.
+# would write it now has other settings than the one its data dir was
+# formatted with (recorded by format_storage in $DATA.config; `start` on an
+# existing data dir keeps the record). A node's data made under an older
+# server.properties keeps its old settings (an internal topic's are fixed
+# when it is created), so `up` starts such a node afresh — when no test is
+# using it (restart_if_unused).
 config_changed() {
-  [[ -f "$CONF" ]] || return 0
-  ! sed -e "s#@DATA_DIR@#$DATA#g" ${SED_ARGS[@]+"${SED_ARGS[@]}"} "$SRC/server.properties" ${1:+"$1"} | cmp -s - "$CONF"
+  [[ -f "$DATA.config" ]] || return 0
+  [[ "$(sed -e "s#@DATA_DIR@#$DATA#g" ${SED_ARGS[@]+"${SED_ARGS[@]}"} "$SRC/server.properties" ${1:+"$1"} | config_digest)" != "$(cat "$DATA.config")" ]]
+}
+
+# unused_by_tests: whether no test holds the service (the tests' lock on fd
+# 8, taken shared by wait_tests_done, can be had exclusively). On success
+# the lock is held exclusively until the script exits, so no test starts
+# on the service while `up` restarts it.
+unused_by_tests() {
+  flock -x -n 8
 }
 
 java_common() {
@@ -164,6 +180,7 @@ format_storage() {
   "$JAVA" "${opts[@]}" kafka.tools.StorageTool format \
     -t "$1" -c "$CONF" --ignore-formatted >&2 \
     || die "storage format failed"
+  config_digest <"$CONF" >"$DATA.config"
 }
 
 # spawn: start the broker in the background on the current data dir and
