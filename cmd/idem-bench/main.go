@@ -517,22 +517,7 @@ func runNaive(ctx context.Context, brokers []string, topic, group string, n int,
 // insertEffects is the business write of idem's rows and the ceiling: one
 // set-based INSERT for the batch's new messages.
 func insertEffects(sc string) consumer.BatchHandlerFunc[pgx.Tx] {
-	q := `INSERT INTO ` + sc + `.effects (txn_id, amount) SELECT * FROM unnest($1::text[], $2::bigint[])`
-	return func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
-		ids, amounts := make([]string, len(msgs)), make([]int64, len(msgs))
-		for i, m := range msgs {
-			var p struct {
-				TxnID  string `json:"txn_id"`
-				Amount int64  `json:"amount"`
-			}
-			if err := json.Unmarshal(m.Value, &p); err != nil {
-				return &consumer.MessageError{Index: i, Err: consumer.Permanent(err)}
-			}
-			ids[i], amounts[i] = p.TxnID, p.Amount
-		}
-		_, err := tx.Exec(ctx, q, ids, amounts)
-		return err
-	}
+	return writeEffects(`INSERT INTO ` + sc + `.effects (txn_id, amount) SELECT * FROM unnest($1::text[], $2::bigint[])`)
 }
 
 // upsertEffects is the business write of idem-offsets and pg-ceiling-1row:
@@ -542,7 +527,12 @@ func insertEffects(sc string) consumer.BatchHandlerFunc[pgx.Tx] {
 func upsertEffects(sc string) consumer.BatchHandlerFunc[pgx.Tx] {
 	// In key order: two batches holding one re-sent key lock it in one
 	// order, so they never deadlock.
-	q := `INSERT INTO ` + sc + `.effects (txn_id, amount) SELECT * FROM unnest($1::text[], $2::bigint[]) ORDER BY 1 ON CONFLICT (txn_id) DO NOTHING`
+	return writeEffects(`INSERT INTO ` + sc + `.effects (txn_id, amount) SELECT * FROM unnest($1::text[], $2::bigint[]) ORDER BY 1 ON CONFLICT (txn_id) DO NOTHING`)
+}
+
+// writeEffects runs q with the batch's txn_ids and amounts as its two
+// array parameters.
+func writeEffects(q string) consumer.BatchHandlerFunc[pgx.Tx] {
 	return func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
 		ids, amounts := make([]string, len(msgs)), make([]int64, len(msgs))
 		for i, m := range msgs {

@@ -65,25 +65,13 @@ func (s *Store) AdvanceOffset(ctx context.Context, tx pgx.Tx, p dedup.Partition,
 	if expected < 0 || next <= expected {
 		return false, fmt.Errorf("pgstore: advance %s: next offset %d is not above the expected %d", partName(p), next, expected)
 	}
-	// The wait on a concurrent writer is bounded as a claim's is: by
-	// lock_timeout, or in distributed mode by statement_timeout around the
-	// statement alone.
+	// The wait on a concurrent writer is bounded as a claim's is.
 	var b pgx.Batch
-	before := 1 // statements before the write
-	if s.cfg.Distributed {
-		b.Queue(s.boundSQL[0])
-		b.Queue(s.boundSQL[1], s.lockTimeout)
-		before = 2
-	} else {
-		b.Queue(`SELECT set_config('lock_timeout', $1, true)`, s.lockTimeout)
-	}
+	var before int
 	if expected == 0 {
-		b.Queue(s.offSQL.insert, p.Scope, p.Topic, p.Partition, next)
+		before = s.queueBounded(&b, s.offSQL.insert, p.Scope, p.Topic, p.Partition, next)
 	} else {
-		b.Queue(s.offSQL.advance, p.Scope, p.Topic, p.Partition, expected, next)
-	}
-	if s.cfg.Distributed {
-		b.Queue(s.boundSQL[2])
+		before = s.queueBounded(&b, s.offSQL.advance, p.Scope, p.Topic, p.Partition, expected, next)
 	}
 	br := tx.SendBatch(ctx, &b)
 	for range before {

@@ -312,21 +312,11 @@ type unassigned struct{ *consumertest.Source }
 
 func (unassigned) Assigned(*consumer.Message) bool { return false }
 
-// TestOffsetsStaleLaneNotAhead: a lane still holding messages of an
-// assignment that ended, fetched before the partition's new owner moved its
-// offset past their log end, skips them as duplicates: the new owner's
-// offset is no sign of a recreated topic.
-func TestOffsetsStaleLaneNotAhead(t *testing.T) {
-	pool, _, st, table := effectsRig(t, pgstore.Config{})
-	cfg := consumer.Config[pgx.Tx]{Name: "payments", Store: st, Offsets: st, Handler: insertEffect(table), Logger: quiet}
-	consumertest.Run(t, cfg, consumertest.Script{}, paymentMsgs("payments", 1, 50, 0)...)
-
-	stale := paymentMsgs("payments", 1, 10, 0)
-	for _, m := range stale {
-		m.LogEnd = 10 // fetched when the log ended at 10
-	}
-	inner := consumertest.NewSource(consumertest.Script{})
-	cfg.Source, cfg.DeadLetter, cfg.Clock = unassigned{inner}, &consumertest.DeadLetters{}, consumertest.NewClock()
+// runStale runs a consumer of cfg (whose Source wraps inner) over stale
+// messages until inner is idle, stops it, and returns its stats; Run must
+// end without an error (not ErrOffsetsAhead).
+func runStale(t *testing.T, cfg consumer.Config[pgx.Tx], inner *consumertest.Source, stale []*consumer.Message) consumer.Stats {
+	t.Helper()
 	cons, err := consumer.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -345,7 +335,25 @@ func TestOffsetsStaleLaneNotAhead(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("Run: %v; want the stale messages skipped", err)
 	}
-	if s := cons.Stats(); s.Duplicates != 10 || s.Applied != 0 {
+	return cons.Stats()
+}
+
+// TestOffsetsStaleLaneNotAhead: a lane still holding messages of an
+// assignment that ended, fetched before the partition's new owner moved its
+// offset past their log end, skips them as duplicates: the new owner's
+// offset is no sign of a recreated topic.
+func TestOffsetsStaleLaneNotAhead(t *testing.T) {
+	pool, _, st, table := effectsRig(t, pgstore.Config{})
+	cfg := consumer.Config[pgx.Tx]{Name: "payments", Store: st, Offsets: st, Handler: insertEffect(table), Logger: quiet}
+	consumertest.Run(t, cfg, consumertest.Script{}, paymentMsgs("payments", 1, 50, 0)...)
+
+	stale := paymentMsgs("payments", 1, 10, 0)
+	for _, m := range stale {
+		m.LogEnd = 10 // fetched when the log ended at 10
+	}
+	inner := consumertest.NewSource(consumertest.Script{})
+	cfg.Source, cfg.DeadLetter, cfg.Clock = unassigned{inner}, &consumertest.DeadLetters{}, consumertest.NewClock()
+	if s := runStale(t, cfg, inner, stale); s.Duplicates != 10 || s.Applied != 0 {
 		t.Fatalf("%+v; want 10 duplicates", s)
 	}
 	if rows, _ := countEffects(t, pool, table); rows != 50 {
@@ -505,25 +513,7 @@ func TestOffsetsAheadWhileAZombieLearns(t *testing.T) {
 	}
 	inner := consumertest.NewSource(consumertest.Script{})
 	cfg.Source, cfg.DeadLetter, cfg.Clock = &assignedFor{Source: inner, n: 3}, &consumertest.DeadLetters{}, consumertest.NewClock()
-	cons, err := consumer.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- cons.Run(ctx) }()
-	inner.Push(stale...)
-	if err := inner.WaitIdle(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := cons.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil {
-		t.Fatalf("Run: %v; want the stale messages skipped once the member learned", err)
-	}
-	if s := cons.Stats(); s.Duplicates != 10 || s.Applied != 0 || s.Retries < 1 {
+	if s := runStale(t, cfg, inner, stale); s.Duplicates != 10 || s.Applied != 0 || s.Retries < 1 {
 		t.Fatalf("%+v; want 10 duplicates after at least one retry", s)
 	}
 	if rows, _ := countEffects(t, pool, table); rows != 50 {

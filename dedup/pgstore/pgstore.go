@@ -409,18 +409,7 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, claims []dedup.Claim, resu
 	buf.encode(claims, s.retentionMillis)
 
 	var b pgx.Batch
-	before := 1 // statements before the INSERT
-	if s.cfg.Distributed {
-		b.Queue(s.boundSQL[0])
-		b.Queue(s.boundSQL[1], s.lockTimeout)
-		before = 2
-	} else {
-		b.Queue(`SELECT set_config('lock_timeout', $1, true)`, s.lockTimeout)
-	}
-	b.Queue(s.insertSQL, buf.args[:]...)
-	if s.cfg.Distributed {
-		b.Queue(s.boundSQL[2])
-	}
+	before := s.queueBounded(&b, s.insertSQL, buf.args[:]...)
 	br := tx.SendBatch(ctx, &b)
 	for range before {
 		if _, err := br.Exec(); err != nil {
@@ -562,6 +551,24 @@ func appendClean(dst []byte, s string) []byte {
 		}
 	}
 	return dst
+}
+
+// queueBounded queues sql with its wait on a concurrent writer bounded: by
+// lock_timeout for the transaction, or in distributed mode (where
+// lock_timeout is not honoured for row locks) by statement_timeout set
+// around the statement alone. It returns how many statements come before
+// sql in b; in distributed mode one more follows it.
+func (s *Store) queueBounded(b *pgx.Batch, sql string, args ...any) (before int) {
+	if !s.cfg.Distributed {
+		b.Queue(`SELECT set_config('lock_timeout', $1, true)`, s.lockTimeout)
+		b.Queue(sql, args...)
+		return 1
+	}
+	b.Queue(s.boundSQL[0])
+	b.Queue(s.boundSQL[1], s.lockTimeout)
+	b.Queue(sql, args...)
+	b.Queue(s.boundSQL[2])
+	return 2
 }
 
 // claimErr turns a lock timeout into dedup.ErrInFlight; in distributed

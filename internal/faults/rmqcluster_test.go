@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/apache/rocketmq-client-go/v2/primitive"
-	"github.com/apache/rocketmq-client-go/v2/producer"
 
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/internal/testenv/rmqtest"
@@ -37,11 +36,8 @@ type rocketCluster struct {
 	t       *testing.T
 	ns      []string
 	brokers []*rmqtest.Broker // rocketmq-cluster.sh's broker N at N-1
-	prod    interface {
-		rmqtest.Sender
-		Shutdown() error
-	}
-	resent atomic.Int64 // batches sent to the other broker after a failed send
+	prod    rigProducer
+	resent  atomic.Int64 // batches sent to the other broker after a failed send
 
 	mu   sync.Mutex
 	pos  map[string]map[string]pos // per topic: message ID -> partition and offset
@@ -77,19 +73,9 @@ func newRocketCluster(t *testing.T) *rocketCluster {
 			t.Fatalf("the name server lists brokers %v, want %v", names(brokers), rocketClusterBrokers)
 		}
 	}
-	p, err := producer.NewDefaultProducer(
-		producer.WithNsResolver(primitive.NewPassthroughResolver(ns)),
-		producer.WithGroupName(testenv.Name(t, "pg")),
-		producer.WithInstanceName(testenv.Name(t, "pi")),
-		producer.WithQueueSelector(producer.NewManualQueueSelector()),
-		producer.WithRetry(2),
-		producer.WithSendMsgTimeout(10*time.Second),
-	)
-	if err == nil {
-		err = p.Start()
-	}
+	p, err := startRigProducer(ns, testenv.Name(t, "pg"), testenv.Name(t, "pi"))
 	if err != nil {
-		t.Fatalf("rocketmq producer: %v", err)
+		t.Fatal(err)
 	}
 	c.prod = p
 	t.Cleanup(func() {

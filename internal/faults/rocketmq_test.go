@@ -20,10 +20,7 @@ import (
 // sends to the queue a message names.
 type rocketBroker struct {
 	*rmqtest.Broker
-	prod interface {
-		rmqtest.Sender
-		Shutdown() error
-	}
+	prod rigProducer
 
 	mu  sync.Mutex
 	pos map[string]map[string]pos // per topic: message ID -> queue and offset
@@ -68,10 +65,28 @@ func connectRocket(namesrv []string) (*rocketBroker, error) {
 	if err != nil {
 		return nil, err
 	}
+	p, err := startRigProducer(namesrv, fmt.Sprintf("idem_faults_producer_%d_%d", pid(), uniq.Add(1)),
+		fmt.Sprintf("idem_faults_%d_%d", pid(), uniq.Add(1)))
+	if err != nil {
+		_ = b.Close()
+		return nil, err
+	}
+	return &rocketBroker{Broker: b, prod: p, pos: map[string]map[string]pos{}}, nil
+}
+
+// rigProducer is the rig's RocketMQ producer: it sends each message to the
+// queue the message names.
+type rigProducer interface {
+	rmqtest.Sender
+	Shutdown() error
+}
+
+// startRigProducer starts a producer on the name servers namesrv.
+func startRigProducer(namesrv []string, group, instance string) (rigProducer, error) {
 	p, err := producer.NewDefaultProducer(
 		producer.WithNsResolver(primitive.NewPassthroughResolver(namesrv)),
-		producer.WithGroupName(fmt.Sprintf("idem_faults_producer_%d_%d", pid(), uniq.Add(1))),
-		producer.WithInstanceName(fmt.Sprintf("idem_faults_%d_%d", pid(), uniq.Add(1))),
+		producer.WithGroupName(group),
+		producer.WithInstanceName(instance),
 		producer.WithQueueSelector(producer.NewManualQueueSelector()),
 		producer.WithRetry(2),
 		producer.WithSendMsgTimeout(10*time.Second),
@@ -80,10 +95,9 @@ func connectRocket(namesrv []string) (*rocketBroker, error) {
 		err = p.Start()
 	}
 	if err != nil {
-		_ = b.Close()
 		return nil, fmt.Errorf("rocketmq producer: %w", err)
 	}
-	return &rocketBroker{Broker: b, prod: p, pos: map[string]map[string]pos{}}, nil
+	return p, nil
 }
 
 func (b *rocketBroker) close() {
