@@ -232,7 +232,7 @@ func (c *Config[TTx]) validate() error {
 		add("LaneBuffer is negative (%d)", c.LaneBuffer)
 	}
 	if c.Offsets != nil && c.Source != nil {
-		if o, ok := c.Source.(OffsetOrdered); !ok || !o.InOffsetOrder() {
+		if o, ok := sourceAs[OffsetOrdered](c.Source); !ok || !o.InOffsetOrder() {
 			add("Offsets with a Source (%T) that does not deliver each partition in offset order (consumer.OffsetOrdered): "+
 				"a message below the stored offset could still be outstanding and would be skipped; use a key row per message (Key) for this broker", c.Source)
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -27,6 +28,22 @@ type Health struct {
 	// started (zero: not started).
 	InFlight     int64
 	LastProgress time.Time
+	// Lanes is the source's report of the lanes it is assigned, when it is
+	// a LaneReporter (the Kafka and RocketMQ sources are); see
+	// StalledLanes.
+	Lanes []LaneStatus
+}
+
+// StalledLanes lists the lanes of h.Lanes that made no progress for longer
+// than stall before now — "lane: why" — in lane order.
+func (h Health) StalledLanes(now time.Time, stall time.Duration) []string {
+	var out []string
+	for _, l := range h.Lanes {
+		if why := l.Stalled(now, stall); why != "" {
+			out = append(out, l.Lane+": "+why)
+		}
+	}
+	return out
 }
 
 // Health checks the store (Store.Check, bounded by ctx) and reports the
@@ -49,6 +66,10 @@ func (c *Consumer[TTx]) Health(ctx context.Context) Health {
 	h.InFlight = s.Delivered - s.Applied - s.Duplicates - s.DeadLettered - s.Released
 	if ns := c.progress.Load(); ns != 0 {
 		h.LastProgress = time.Unix(0, ns)
+	}
+	if lr, ok := sourceAs[LaneReporter](c.cfg.Source); ok && h.Running {
+		h.Lanes = lr.Lanes()
+		sort.Slice(h.Lanes, func(i, j int) bool { return h.Lanes[i].Lane < h.Lanes[j].Lane })
 	}
 	return h
 }
@@ -76,8 +97,9 @@ func (h Health) Ready() error {
 }
 
 // Live reports whether the consumer is doing its work — a liveness probe:
-// it did not stop itself, no lane stopped, and when it holds messages, a
-// batch was acknowledged within stall. An idle consumer is live, and so is
+// it did not stop itself, no lane stopped, when it holds messages a batch
+// was acknowledged within stall, and no lane the source reports stalled
+// for longer than stall (StalledLanes). An idle consumer is live, and so is
 // one waiting for its store (that is Ready's business: a restart would not
 // bring the database back). A stopped lane needs an operator (the message
 // that stopped it is in the log) and a restart; so does a broken deployment.
@@ -89,6 +111,10 @@ func (h Health) Live(stall time.Duration) error {
 		return fmt.Errorf("consumer: lanes stopped: %v", h.StoppedLanes)
 	case h.Store == nil && h.InFlight > 0 && !h.LastProgress.IsZero() && time.Since(h.LastProgress) > stall:
 		return fmt.Errorf("consumer: %d messages in flight, no progress for %v", h.InFlight, time.Since(h.LastProgress).Round(time.Second))
+	}
+	// A lane waiting for its store is Ready's business too.
+	if s := h.StalledLanes(time.Now(), stall); h.Store == nil && len(s) > 0 {
+		return fmt.Errorf("consumer: lanes stalled: %s", strings.Join(s, "; "))
 	}
 	return nil
 }

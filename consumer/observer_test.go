@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -205,5 +206,29 @@ func TestHealth(t *testing.T) {
 	}
 	if h := c.Health(ctx); h.Running || h.Ready() == nil {
 		t.Errorf("stopped, but running: %+v", h)
+	}
+}
+
+// TestStalledLanes: a lane the source reports is stalled when messages of it
+// wait with none settled, or when nothing waits and it is not fetched from;
+// Live fails for it unless the store is away.
+func TestStalledLanes(t *testing.T) {
+	now := time.Now()
+	h := consumer.Health{Running: true, Lanes: []consumer.LaneStatus{
+		{Lane: "t/0", LastFetch: now, Waiting: 0, LastSettled: now.Add(-time.Hour)},                       // idle, fetched
+		{Lane: "t/1", LastFetch: now.Add(-time.Hour), Waiting: 3, LastSettled: now.Add(-time.Second)},     // busy, buffer full
+		{Lane: "t/2", LastFetch: now, Waiting: 3, LastSettled: now.Add(-2 * time.Minute)},                 // held
+		{Lane: "t/3", LastFetch: now.Add(-2 * time.Minute), Waiting: 0, LastSettled: now.Add(-time.Hour)}, // not fetched
+	}}
+	got := h.StalledLanes(now, time.Minute)
+	if len(got) != 2 || !strings.HasPrefix(got[0], "t/2: 3 messages waiting") || !strings.HasPrefix(got[1], "t/3: not fetched from") {
+		t.Fatalf("stalled %q, want t/2 (held) and t/3 (not fetched)", got)
+	}
+	if err := h.Live(time.Minute); err == nil || !strings.Contains(err.Error(), "lanes stalled: t/2") {
+		t.Errorf("Live: %v, want the stalled lanes", err)
+	}
+	h.Store = errors.New("connection refused")
+	if err := h.Live(time.Minute); err != nil {
+		t.Errorf("Live with the store away: %v, want nil (Ready's business)", err)
 	}
 }

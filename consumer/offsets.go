@@ -205,6 +205,6 @@ func (l *lane[TTx]) advancePast(ctx context.Context, c *Consumer[TTx], m *Messag
 // assigned reports whether m belongs to an assignment the source still
 // holds; true when the source cannot tell.
 func (c *Consumer[TTx]) assigned(m *Message) bool {
-	ac, ok := c.cfg.Source.(AssignmentChecker)
+	ac, ok := sourceAs[AssignmentChecker](c.cfg.Source)
 	return !ok || ac.Assigned(m)
 }

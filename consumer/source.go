@@ -2,6 +2,8 @@ package consumer
 
 import (
 	"context"
+	"fmt"
+	"time"
 
 	"github.com/idemkit/idem/dedup"
 )
@@ -64,11 +66,72 @@ type AssignmentChecker interface {
 // below the partition's stored next offset is skipped as settled, which is
 // only true when nothing below it can still be outstanding. RocketMQ is not
 // one: a queue's message that fails comes back through the group's retry
-// topic, behind later offsets already committed. A Source that wraps
-// another (to time or log it) must forward InOffsetOrder and
-// AssignmentChecker's Assigned: embedding the Source interface hides them.
+// topic, behind later offsets already committed.
 type OffsetOrdered interface {
 	InOffsetOrder() bool
+}
+
+// LaneReporter is a Source that can say how each partition (queue) it is
+// assigned is doing on the broker's side: whether it is still fetched from,
+// and whether messages of it wait with nothing settled. The consumer's
+// Health carries the report, and Health.Live fails for a lane that stalls: a
+// partition whose fetching stopped, or whose messages wait unconsumed, is
+// lost throughput that nothing else shows (no message of it is in flight,
+// so InFlight and LastProgress look fine).
+type LaneReporter interface {
+	Lanes() []LaneStatus
+}
+
+// LaneStatus is what a Source knows of one lane it is assigned.
+type LaneStatus struct {
+	Lane string // as Message.Lane
+	// LastFetch is when the source last asked the broker for the lane's
+	// messages (an answer with none counts); zero when unknown.
+	LastFetch time.Time
+	// Waiting is how many of the lane's fetched messages are not settled
+	// yet, in the source or the consumer; LastSettled is when one was last
+	// settled, or the lane was assigned.
+	Waiting     int64
+	LastSettled time.Time
+}
+
+// Stalled says why the lane made no progress for longer than d before now,
+// or "" when it did.
+func (l LaneStatus) Stalled(now time.Time, d time.Duration) string {
+	// While messages wait, fetching may rightly pause (the source's buffer
+	// is full): only settling counts then.
+	switch {
+	case l.Waiting > 0 && now.Sub(l.LastSettled) > d:
+		return fmt.Sprintf("%d messages waiting, none settled for %v", l.Waiting, now.Sub(l.LastSettled).Round(time.Second))
+	case l.Waiting == 0 && !l.LastFetch.IsZero() && now.Sub(l.LastFetch) > d:
+		return fmt.Sprintf("not fetched from for %v", now.Sub(l.LastFetch).Round(time.Second))
+	}
+	return ""
+}
+
+// Wrapper is a Source that wraps another, to time, log or fault it: the
+// consumer looks for the optional interfaces (OffsetOrdered,
+// AssignmentChecker, LaneReporter) through Unwrap, so a wrapper that embeds
+// the Source interface, which hides them, needs to forward none of them.
+// The wrapper's own methods come first.
+type Wrapper interface {
+	Unwrap() Source
+}
+
+// sourceAs finds the first Source in s's Unwrap chain that is a T.
+func sourceAs[T any](s Source) (T, bool) {
+	for s != nil {
+		if t, ok := s.(T); ok {
+			return t, true
+		}
+		w, ok := s.(Wrapper)
+		if !ok {
+			break
+		}
+		s = w.Unwrap()
+	}
+	var zero T
+	return zero, false
 }
 
 // Letter is a message the consumer could not process, with why.

@@ -98,6 +98,7 @@ func (s *Source) read(ctx context.Context, conn *protocol.Conn, p *partition, of
 		if err := conn.SetDeadline(time.Now().Add(s.cfg.MaxWait + s.cfg.RequestTimeout)); err != nil {
 			return progressed, err
 		}
+		p.fetchAt.Store(time.Now().UnixNano())
 		f, err := s.fetchOnce(conn, p, *offset, s.cfg.MaxWait, 1, s.cfg.MaxBytes)
 		if errors.Is(err, kafkago.OffsetOutOfRange) {
 			to, err := s.resolve(conn, *offset, p)

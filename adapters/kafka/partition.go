@@ -4,6 +4,8 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
 
@@ -45,6 +47,9 @@ type partition struct {
 	next      int64                          // watermark: the offset to commit; -1 when nothing was acked
 	committed int64                          // highest offset committed in this epoch (or found at assignment); -1 when none
 	ended     bool                           // the generation ended: acks are dropped, nothing is committed
+	settledAt time.Time                      // a message was last settled, or the assignment began
+
+	fetchAt atomic.Int64 // unix nanoseconds: the fetcher last sent a fetch
 }
 
 type entryState uint8
@@ -78,6 +83,7 @@ func newPartition(g *generation, topic string, a kafkago.PartitionAssignment) *p
 	if a.Offset >= 0 {
 		p.committed = a.Offset
 	}
+	p.settledAt = time.Now()
 	return p
 }
 
@@ -217,6 +223,7 @@ func (p *partition) settle(m *consumer.Message, to entryState) (commit, idle boo
 		if _, ok := p.stale[m]; ok { // an earlier epoch's: commits nothing
 			delete(p.stale, m)
 			p.unsettled--
+			p.settledAt = time.Now()
 			return false, p.unsettled == 0
 		}
 		return false, false
@@ -226,6 +233,7 @@ func (p *partition) settle(m *consumer.Message, to entryState) (commit, idle boo
 	}
 	p.pending[i].state = to
 	p.unsettled--
+	p.settledAt = time.Now()
 	if to == acked && i == 0 {
 		n := 0
 		for n < len(p.pending) && p.pending[n].state == acked {
@@ -236,6 +244,24 @@ func (p *partition) settle(m *consumer.Message, to entryState) (commit, idle boo
 		p.pending = p.pending[n:]
 	}
 	return p.next > p.committed, p.unsettled == 0
+}
+
+// status is the partition's consumer.LaneStatus, false once its generation
+// ended; a fetch the broker may still hold (maxWait) counts as fetching.
+func (p *partition) status(maxWait time.Duration) (consumer.LaneStatus, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ended {
+		return consumer.LaneStatus{}, false
+	}
+	st := consumer.LaneStatus{Lane: p.lane, Waiting: int64(p.unsettled), LastSettled: p.settledAt}
+	if ns := p.fetchAt.Load(); ns != 0 {
+		st.LastFetch = time.Unix(0, ns).Add(maxWait)
+		if now := time.Now(); st.LastFetch.After(now) {
+			st.LastFetch = now
+		}
+	}
+	return st, true
 }
 
 // toCommit returns the offset to commit and its epoch, if the watermark is

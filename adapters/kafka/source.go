@@ -189,6 +189,26 @@ func (s *Source) Ack(_ context.Context, msgs []*consumer.Message) error {
 	return nil
 }
 
+// Lanes reports the partitions of the current assignment
+// (consumer.LaneReporter): when each was last fetched from, how many of its
+// delivered messages are not settled, and when one last was. A partition
+// whose leader cannot be reached shows as not fetched from.
+func (s *Source) Lanes() []consumer.LaneStatus {
+	s.mu.Lock()
+	parts := make([]*partition, 0, len(s.parts))
+	for _, p := range s.parts {
+		parts = append(parts, p)
+	}
+	s.mu.Unlock()
+	out := make([]consumer.LaneStatus, 0, len(parts))
+	for _, p := range parts {
+		if st, ok := p.status(s.cfg.MaxWait); ok {
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
 // InOffsetOrder reports true (consumer.OffsetOrdered): a partition is
 // fetched in offset order, and after a rebalance or restart it starts again
 // from the committed offset (or the store's, with Config.StartOffsets).

@@ -34,6 +34,9 @@ type Source struct {
 	mu  sync.Mutex
 	cur *run   // the Run in progress, nil outside Run
 	dlq sender // DeadLetterTopic mode, during Run
+	// lanes reads the process queues of the Run's push consumer, once it
+	// started (a closure: the client's types are internal to it).
+	lanes func() []consumer.LaneStatus
 }
 
 // New validates cfg and returns a Source. The error names every field that
@@ -113,6 +116,35 @@ func (s *Source) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
 	if err := pc.Start(); err != nil {
 		return fmt.Errorf("rocketmq: start consumer group %s: %w", s.cfg.Group, err)
 	}
+	s.mu.Lock()
+	s.lanes = func() []consumer.LaneStatus {
+		info := pc.GetConsumerRunningInfo(false)
+		out := make([]consumer.LaneStatus, 0, len(info.MQTable))
+		for mq, pq := range info.MQTable {
+			if pq.Dropped {
+				continue
+			}
+			// A pull the broker holds (long polling) is fetching until it
+			// answers.
+			fetch := time.UnixMilli(pq.LastPullTimestamp).Add(pullHold)
+			if now := time.Now(); fetch.After(now) {
+				fetch = now
+			}
+			out = append(out, consumer.LaneStatus{
+				Lane:        laneOf(&mq),
+				LastFetch:   fetch,
+				Waiting:     int64(pq.CachedMsgCount),
+				LastSettled: time.UnixMilli(pq.LastConsumeTimestamp),
+			})
+		}
+		return out
+	}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.lanes = nil
+		s.mu.Unlock()
+	}()
 	s.log.Debug("rocketmq: consuming", slog.Any("topics", s.cfg.Topics), slog.String("instance", instance),
 		slog.Bool("orderly", s.cfg.Orderly))
 
@@ -156,6 +188,26 @@ func (s *Source) Release(msgs []*consumer.Message, reason error) {
 	if r := s.current(); r != nil {
 		r.settle(msgs, true, errors.Is(reason, consumer.ErrLaneStopped))
 	}
+}
+
+// pullHold is how long the broker may hold a pull of this client before it
+// answers: the push consumer's SuspendTimeoutMillis, 20 s, fixed.
+const pullHold = 20 * time.Second
+
+// Lanes reports the queues the push consumer holds (its process queues):
+// when it last pulled each, how many pulled messages are not consumed yet
+// and when it last finished consuming some (or took the queue). It is the
+// client's own view, so it shows a queue whose pulling stopped or whose
+// messages wait unconsumed, which nothing delivered to the consumer shows
+// (consumer.LaneReporter). Nil outside Run.
+func (s *Source) Lanes() []consumer.LaneStatus {
+	s.mu.Lock()
+	lanes := s.lanes
+	s.mu.Unlock()
+	if lanes == nil {
+		return nil
+	}
+	return lanes()
 }
 
 func (s *Source) current() *run {

@@ -579,18 +579,9 @@ func (t *timedSource) Ack(ctx context.Context, msgs []*consumer.Message) error {
 	return t.Source.Ack(ctx, msgs)
 }
 
-// InOffsetOrder and Assigned forward what the wrapped source says
-// (consumer.OffsetOrdered, consumer.AssignmentChecker): a wrapper that hid
-// them would have the consumer refuse Config.Offsets.
-func (t *timedSource) InOffsetOrder() bool {
-	o, ok := t.Source.(consumer.OffsetOrdered)
-	return ok && o.InOffsetOrder()
-}
-
-func (t *timedSource) Assigned(m *consumer.Message) bool {
-	a, ok := t.Source.(consumer.AssignmentChecker)
-	return !ok || a.Assigned(m)
-}
+// Unwrap gives the consumer the wrapped source's optional interfaces
+// (consumer.Wrapper).
+func (t *timedSource) Unwrap() consumer.Source { return t.Source }
 
 var quiet = slog.New(slog.DiscardHandler)
 

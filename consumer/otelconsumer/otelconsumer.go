@@ -31,6 +31,7 @@ const (
 	AttrOutcome  = attribute.Key("idem.transaction.outcome")
 	AttrMessages = attribute.Key("idem.transaction.messages")
 	AttrKey      = attribute.Key("idem.key")
+	AttrLane     = attribute.Key("idem.lane") // consumer.Message.Lane
 )
 
 // Config configures a Telemetry. Zero values take the defaults.

@@ -99,6 +99,9 @@ type childStats struct {
 	StopErr      string
 	StopTook     time.Duration
 	Stopped      bool
+	// Lanes is the source's report of its lanes (consumer.Health.Lanes),
+	// refreshed every second: a lane that stalls acks nothing.
+	Lanes []consumer.LaneStatus
 }
 
 func runChild() int {
@@ -125,6 +128,7 @@ type childState struct {
 	rlost atomic.Int64
 	pan   atomic.Int64
 	skips atomic.Int64
+	lanes []consumer.LaneStatus // the last report, under mu
 	stop  struct {
 		err     string
 		took    time.Duration
@@ -146,10 +150,34 @@ func (s *childState) write() {
 	if s.c != nil {
 		st.Stats = s.c.Stats()
 	}
+	st.Lanes = s.lanes
 	b, _ := json.Marshal(st)
 	tmp := s.spec.StatsFile + ".tmp"
 	if err := os.WriteFile(tmp, b, 0o644); err == nil {
 		_ = os.Rename(tmp, s.spec.StatsFile)
+	}
+}
+
+// reportLanes writes the stats with the source's lane report every second
+// until ctx ends.
+func (s *childState) reportLanes(ctx context.Context, src consumer.Source) {
+	r, ok := src.(consumer.LaneReporter)
+	if !ok {
+		return
+	}
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		lanes := r.Lanes()
+		s.mu.Lock()
+		s.lanes = lanes
+		s.mu.Unlock()
+		s.write()
 	}
 }
 
@@ -260,6 +288,7 @@ func (spec *childSpec) run() error {
 	st.mu.Lock()
 	st.c = c
 	st.mu.Unlock()
+	go st.reportLanes(ctx, src)
 
 	// SIGTERM: a graceful stop within the grace period.
 	sigs := make(chan os.Signal, 1)
@@ -386,18 +415,9 @@ type faultSource struct {
 	ackLog *os.File // nil: none
 }
 
-// InOffsetOrder and Assigned forward the broker source's answers
-// (consumer.OffsetOrdered, consumer.AssignmentChecker), which embedding the
-// interface would hide.
-func (s *faultSource) InOffsetOrder() bool {
-	o, ok := s.Source.(consumer.OffsetOrdered)
-	return ok && o.InOffsetOrder()
-}
-
-func (s *faultSource) Assigned(m *consumer.Message) bool {
-	a, ok := s.Source.(consumer.AssignmentChecker)
-	return !ok || a.Assigned(m)
-}
+// Unwrap gives the consumer the broker source's optional interfaces
+// (consumer.Wrapper).
+func (s *faultSource) Unwrap() consumer.Source { return s.Source }
 
 func (s *faultSource) Ack(ctx context.Context, msgs []*consumer.Message) error {
 	n := s.st.acked.Add(int64(len(msgs)))

@@ -731,6 +731,11 @@ func (r *rig) diagnose() {
 	}
 	got, err := r.b.offsets(ctx, r.topic, r.group)
 	t.Logf("committed offsets: %v (%v)", got, err)
+	for _, c := range r.activeChildren() {
+		st := c.stats()
+		h := consumer.Health{Lanes: st.Lanes}
+		t.Logf("child %d (pid %d) lanes: %+v; stalled for 30s: %q", c.n, st.Pid, st.Lanes, h.StalledLanes(time.Now(), 30*time.Second))
+	}
 }
 
 // --- committed offsets ----------------------------------------------------
