@@ -12,7 +12,7 @@ PKGS ?= ./...
 # rocketmq-cluster in SERVICES, none of that cluster's.
 # Scenario 20 (scale-out, also on the clusters) runs in make test-faults
 # only: in one make test at load 21 a consumer it stopped with SIGTERM had
-# not exited 60 s later, cause not yet known (RELIABILITY.md, "A suite that
+# not exited 60 s later, cause not yet known (docs/reliability.md, "A suite that
 # does not flake").
 SKIP_KAFKA_CLUSTER = TestFaults/kafka-cluster$(if $(filter kafka-cluster,$(SERVICES)),/(broker-lost|dead-letters-leader-change|controller-failover))
 SKIP_ROCKETMQ_CLUSTER = $(if $(filter rocketmq-cluster,$(SERVICES)),,|TestFaults/rocketmq-cluster)
