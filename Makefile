@@ -12,7 +12,7 @@ PKGS ?= ./...
 # rocketmq-cluster in SERVICES, none of that cluster's.
 # Scenario 20 (scale-out, also on the clusters) runs in make test-faults
 # only: in one make test at load 21 a consumer it stopped with SIGTERM had
-# not exited 60 s later, cause not yet known (RELIABILITY.md, "A suite that
+# not exited 60 s later, cause not yet known (docs/reliability.md, "A suite that
 # does not flake").
 SKIP_KAFKA_CLUSTER = TestFaults/kafka-cluster$(if $(filter kafka-cluster,$(SERVICES)),/(broker-lost|dead-letters-leader-change|controller-failover))
 SKIP_ROCKETMQ_CLUSTER = $(if $(filter rocketmq-cluster,$(SERVICES)),,|TestFaults/rocketmq-cluster)
@@ -50,8 +50,10 @@ bench: ## go test benchmarks of the claim path, the engine and its telemetry, an
 fmt: ## gofmt the tree
 	gofmt -w $$(git ls-files '*.go')
 
-vet: ## go vet and a gofmt check
+vet: ## go vet, a gofmt check, and no tracked file over 1 MiB outside testdata/
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
+	@big=$$(git ls-files -z | xargs -0 -r stat -c '%s %n' 2>/dev/null | awk '$$1 > 1048576 && $$0 !~ /^[0-9]+ (.*\/)?testdata\//'); \
+	test -z "$$big" || { echo "tracked files over 1 MiB outside testdata/ (bytes, path):"; echo "$$big"; exit 1; }
 	go vet ./...
 
 bench-outbox: ## the outbox: what it costs a consumer, the relay against a raw producer (Kafka, RocketMQ), the relay's database side

@@ -76,7 +76,7 @@ type Config[TTx any] struct {
 	// not already skip (nil: none). ByMessageID beside Offsets repeats what
 	// the offsets do, except while an existing consumer switches to them:
 	// its old key rows then still catch what it applied past the group's
-	// offset (README, "Switching an existing consumer to offsets").
+	// offset (docs/offsets.md, "Switching an existing consumer to offsets").
 	Key KeyFunc
 	// Offsets, when set, catches broker redeliveries by offset instead of
 	// by a key row per message: each batch's transaction moves its
@@ -90,7 +90,7 @@ type Config[TTx any] struct {
 	// their partition's log end (Message.LogEnd) so that a stored offset
 	// past it (the topic was created again) stops the consumer with
 	// dedup.ErrOffsetsAhead instead of skipping the new log's messages.
-	// See the README, "Offsets in the store". Default nil: a key row per
+	// See docs/offsets.md, "Offsets in the store". Default nil: a key row per
 	// message.
 	Offsets dedup.OffsetStore[TTx]
 	// Validate, when set, checks a message before its key is claimed — a

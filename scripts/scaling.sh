@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Measures idem on durable Postgres at 1, 2, 4 and 8 lanes (batch 100) and
 # one lane at batch 10, one cmd/idem-bench run each, into
-# testdata/scaling/*.json: the points internal/capacity fits SCALING.md's
+# testdata/scaling/*.json: the points internal/capacity fits docs/scaling.md's
 # model to. Run it on an otherwise idle machine.
 #
 #   scripts/scaling.sh            # then: go run ./cmd/idem-capacity

@@ -91,7 +91,7 @@ type Config struct {
 	// what the consumer's lanes can batch together: for full batches of
 	// BatchSize over Q queues, want about 2 × Q × BatchSize. With 20 × 32 the
 	// lanes of 8 queues held about 80 messages each and transactions
-	// averaged 49 messages; with 64, 96 (BENCHMARKS.md).
+	// averaged 49 messages; with 64, 96 (docs/benchmarks.md).
 	ConsumeGoroutines int
 
 	// MaxReconsumeTimes is how often a message given back with "retry later"

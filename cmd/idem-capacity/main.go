@@ -1,4 +1,4 @@
-// Command idem-capacity prints SCALING.md's capacity model: fitted to the
+// Command idem-capacity prints docs/scaling.md's capacity model: fitted to the
 // measurements in testdata/scaling (scripts/scaling.sh makes them), the
 // measured points beside the model's prediction and its simulation, and
 // what a target rate needs.

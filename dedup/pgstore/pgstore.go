@@ -12,8 +12,8 @@
 //
 // Config.Distributed adapts the store to CockroachDB and YugabyteDB, which
 // lack ctid and (some releases) advisory locks, limit DDL in transactions and
-// do not all honour lock_timeout; DISTRIBUTED.md at the repository's root
-// lists the differences and how the mode meets each.
+// do not all honour lock_timeout; docs/distributed.md lists the differences
+// and how the mode meets each.
 package pgstore
 
 import (
@@ -55,7 +55,7 @@ type Config struct {
 	ScopeRetention map[string]time.Duration
 	// Distributed adapts the store to Postgres-wire distributed SQL
 	// databases (CockroachDB, YugabyteDB); default false: plain Postgres.
-	// DISTRIBUTED.md lists each difference and its source. In this mode the
+	// docs/distributed.md lists each difference and its source. In this mode the
 	// store
 	//   - runs InTx under SERIALIZABLE (CockroachDB's default; YugabyteDB
 	//     supports it); a serialization failure (40001) or deadlock (40P01)

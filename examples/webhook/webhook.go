@@ -108,8 +108,8 @@ func Handler[TTx any](st httpidem.Store[TTx], db func(TTx) payments.DB, opts Opt
 	return mux, nil
 }
 
-// Orders are the demo orders the webhook starts with, so that the README's
-// curl lines have something to pay.
+// Orders are the demo orders the webhook starts with, so that the
+// curl lines of docs/http.md have something to pay.
 var Orders = []payments.Order{
 	{ID: "O-1001", Account: "merchant-01", SKU: "sku-001", Amount: 2500},
 	{ID: "O-1002", Account: "merchant-01", SKU: "sku-002", Amount: 990},

@@ -134,7 +134,7 @@ func (g *gate) hold(context.Context, any) error {
 
 func (g *gate) release() { g.once.Do(func() { close(g.open) }) }
 
-// TestWebhookAnswers drives the README's curl lines through the handler:
+// TestWebhookAnswers drives the curl lines of docs/http.md through the handler:
 // a replay, a concurrent duplicate, a changed body, a missing key.
 func TestWebhookAnswers(t *testing.T) {
 	eachBackend(t, func(t *testing.T, open func(Options) backend) {

@@ -1,7 +1,7 @@
 // Package capacity is idem's capacity model: how many messages per second a
 // consumer reaches with a number of lanes (partitions or queues, or key
 // lanes) and a batch size, fitted to measurements from cmd/idem-bench and
-// checked against them by a small simulation. SCALING.md explains it;
+// checked against them by a small simulation. docs/scaling.md explains it;
 // cmd/idem-capacity prints it.
 //
 // A lane is a closed loop: it takes a batch, waits for the store to do the

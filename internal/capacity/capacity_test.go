@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-// shaped like this machine's fit (SCALING.md)
+// shaped like this machine's fit (docs/scaling.md)
 var sample = Model{
 	Cores:  2,
 	Wait:   Cost{Tx: 800e-6, Msg: 9e-6},

@@ -5,8 +5,8 @@
 // and after every scenario the four tables, the dedup table, the dead-letter
 // topic and the consumer group's offsets are checked against what was sent.
 //
-// The package holds only tests; RELIABILITY.md at the repository root
-// describes the scenarios, how to run one alone and the summary of a run.
+// The package holds only tests; docs/reliability.md describes the
+// scenarios, how to run one alone and the summary of a run.
 //
 // No failpoint lives in the engine: the child wraps the Source (a SIGKILL in
 // Ack, after the database commit and before the offset commit), the Store (a

@@ -76,15 +76,38 @@ var (
 
 const skipMarker = "// readme: not compiled:"
 
-// block is one ```go block of the README.
+// block is one ```go block of a Markdown page.
 type block struct {
-	line int // README line of the block's first line of code
+	file string // the page, relative to the module's root: README.md, docs/keys.md
+	line int    // the page's line of the block's first line of code
 	code string
 }
 
-// goBlocks returns the ```go blocks of the Markdown file at path.
-func goBlocks(path string) ([]block, error) {
-	f, err := os.Open(path)
+// where is the block's position as file:line.
+func (b block) where() string { return fmt.Sprintf("%s:%d", b.file, b.line) }
+
+// docPages returns the pages whose Go blocks are compiled: README.md and
+// every docs/*.md, relative to root, README first and the rest sorted.
+func docPages(root string) ([]string, error) {
+	docs, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		return nil, err
+	}
+	pages := []string{"README.md"}
+	for _, d := range docs {
+		rel, err := filepath.Rel(root, d)
+		if err != nil {
+			return nil, err
+		}
+		pages = append(pages, filepath.ToSlash(rel))
+	}
+	slices.Sort(pages[1:])
+	return pages, nil
+}
+
+// goBlocks returns the ```go blocks of the Markdown page file under root.
+func goBlocks(root, file string) ([]block, error) {
+	f, err := os.Open(filepath.Join(root, file))
 	if err != nil {
 		return nil, err
 	}
@@ -111,9 +134,9 @@ func goBlocks(path string) ([]block, error) {
 		case other:
 		case strings.TrimSpace(line) == "```go":
 			if line != "```go" {
-				return nil, fmt.Errorf("%s:%d: an indented ```go block; the test reads only blocks at the margin", path, n)
+				return nil, fmt.Errorf("%s:%d: an indented ```go block; the test reads only blocks at the margin", file, n)
 			}
-			cur = &block{line: n + 1}
+			cur = &block{file: file, line: n + 1}
 		case fence:
 			other = true
 		}
@@ -122,7 +145,7 @@ func goBlocks(path string) ([]block, error) {
 		return nil, err
 	}
 	if cur != nil {
-		return nil, fmt.Errorf("%s:%d: a ```go block that never ends", path, cur.line-1)
+		return nil, fmt.Errorf("%s:%d: a ```go block that never ends", file, cur.line-1)
 	}
 	return blocks, nil
 }
@@ -141,9 +164,9 @@ func isFile(code string) bool {
 }
 
 // checkFormatted reports the first line where gofmt's output got differs
-// from src, whose first line is README line first. indent is what the
+// from src, whose first line is line first of file. indent is what the
 // wrapping added in front of each line.
-func checkFormatted(t *testing.T, first int, src, got, indent string) {
+func checkFormatted(t *testing.T, file string, first int, src, got, indent string) {
 	t.Helper()
 	if got == src {
 		return
@@ -151,25 +174,53 @@ func checkFormatted(t *testing.T, first int, src, got, indent string) {
 	a, b := strings.Split(src, "\n"), strings.Split(got, "\n")
 	for i := range min(len(a), len(b)) {
 		if a[i] != b[i] {
-			t.Errorf("README.md:%d: not gofmt-clean; gofmt makes the line\n\t%s\ninto\n\t%s",
-				first+i, strings.TrimPrefix(a[i], indent), strings.TrimPrefix(b[i], indent))
+			t.Errorf("%s:%d: not gofmt-clean; gofmt makes the line\n\t%s\ninto\n\t%s",
+				file, first+i, strings.TrimPrefix(a[i], indent), strings.TrimPrefix(b[i], indent))
 			return
 		}
 	}
-	t.Errorf("README.md:%d: not gofmt-clean (the lines gofmt adds or drops are at the end)", first+min(len(a), len(b)))
+	t.Errorf("%s:%d: not gofmt-clean (the lines gofmt adds or drops are at the end)", file, first+min(len(a), len(b)))
 }
 
-// TestREADMEBlocksCompile writes every ```go block of README.md into a
-// package inside the module (see the package doc for the convention) and runs
-// go build and go vet on them.
-func TestREADMEBlocksCompile(t *testing.T) {
-	readme, err := filepath.Abs(filepath.Join("..", "..", "README.md"))
+// moduleRoot is the module's root directory, two levels above this package.
+func moduleRoot(t *testing.T) string {
+	t.Helper()
+	root, err := filepath.Abs(filepath.Join("..", ".."))
 	if err != nil {
 		t.Fatal(err)
 	}
-	blocks, err := goBlocks(readme)
+	return root
+}
+
+// nameOf turns a page and line into a name for a file or directory of the
+// generated packages: docs/keys.md, 12 -> docs_keys_12.
+func nameOf(b block) string {
+	base := strings.TrimSuffix(b.file, ".md")
+	base = strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return '_'
+	}, base)
+	return fmt.Sprintf("%s_%d", base, b.line)
+}
+
+// TestDocBlocksCompile writes every ```go block of README.md and docs/*.md
+// into a package inside the module (see the package doc for the
+// convention) and runs go build and go vet on them.
+func TestDocBlocksCompile(t *testing.T) {
+	root := moduleRoot(t)
+	pages, err := docPages(root)
 	if err != nil {
 		t.Fatal(err)
+	}
+	var blocks []block
+	for _, page := range pages {
+		bs, err := goBlocks(root, page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		blocks = append(blocks, bs...)
 	}
 	// Inside the module, so that idem's packages and its dependencies resolve;
 	// a directory starting with "_" is ignored by ./... patterns.
@@ -190,33 +241,32 @@ func TestREADMEBlocksCompile(t *testing.T) {
 	write(filepath.Join(frags, "in_scope.go"), inScope)
 
 	pkgs := []string{"./" + filepath.ToSlash(frags)}
-	compiled := 0
+	compiled := map[string]int{}
 	for _, b := range blocks {
-		where := fmt.Sprintf("README.md:%d", b.line)
 		first, _, _ := strings.Cut(b.code, "\n")
 		if strings.HasPrefix(strings.TrimSpace(first), "// readme:") {
 			reason, ok := strings.CutPrefix(strings.TrimSpace(first), skipMarker)
 			if !ok || strings.TrimSpace(reason) == "" {
-				t.Errorf("%s: a block leaves itself out only with %q and a reason", where, skipMarker+" <reason>")
+				t.Errorf("%s: a block leaves itself out only with %q and a reason", b.where(), skipMarker+" <reason>")
 			}
 			continue
 		}
 		if strings.TrimSpace(b.code) == "" {
-			t.Errorf("%s: an empty ```go block", where)
+			t.Errorf("%s: an empty ```go block", b.where())
 			continue
 		}
-		directive := fmt.Sprintf("//line %s:%d\n", readme, b.line)
+		directive := fmt.Sprintf("//line %s:%d\n", filepath.Join(root, b.file), b.line)
 		if isFile(b.code) {
 			if got, err := format.Source([]byte(b.code)); err == nil {
-				checkFormatted(t, b.line, b.code, string(got), "")
+				checkFormatted(t, b.file, b.line, b.code, string(got), "")
 			}
-			pkg := filepath.Join(dir, fmt.Sprintf("file%d", b.line))
+			pkg := filepath.Join(dir, "file_"+nameOf(b))
 			if err := os.Mkdir(pkg, 0o755); err != nil {
 				t.Fatal(err)
 			}
 			write(filepath.Join(pkg, "block.go"), directive+b.code)
 			pkgs = append(pkgs, "./"+filepath.ToSlash(pkg))
-			compiled++
+			compiled[b.file]++
 			continue
 		}
 		// gofmt a fragment as the body of a function: indented by one tab.
@@ -229,7 +279,7 @@ func TestREADMEBlocksCompile(t *testing.T) {
 		}
 		wrapped := "package p\n\nfunc _() {\n" + body.String() + "}\n"
 		if got, err := format.Source([]byte(wrapped)); err == nil {
-			checkFormatted(t, b.line-3, wrapped, string(got), "\t")
+			checkFormatted(t, b.file, b.line-3, wrapped, string(got), "\t")
 		}
 		var src bytes.Buffer
 		src.WriteString("package fragments\n\nimport (\n")
@@ -241,13 +291,20 @@ func TestREADMEBlocksCompile(t *testing.T) {
 			fmt.Fprintf(&src, "\t_ = %s\n", imp.use)
 		}
 		src.WriteString(")\n\nfunc _() {\n" + directive + b.code + "}\n")
-		write(filepath.Join(frags, fmt.Sprintf("block%d.go", b.line)), src.String())
-		compiled++
+		write(filepath.Join(frags, "block_"+nameOf(b)+".go"), src.String())
+		compiled[b.file]++
 	}
-	if compiled == 0 {
+	if compiled["README.md"] == 0 {
 		t.Fatal("README.md has no ```go block to compile")
 	}
-	t.Logf("%d of %d blocks compiled", compiled, len(blocks))
+	total := 0
+	for _, page := range pages {
+		if compiled[page] > 0 {
+			t.Logf("%s: %d blocks compiled", page, compiled[page])
+		}
+		total += compiled[page]
+	}
+	t.Logf("%d of %d blocks compiled, from %d pages", total, len(blocks), len(pages))
 
 	var flags []string
 	if raceEnabled {
@@ -257,7 +314,7 @@ func TestREADMEBlocksCompile(t *testing.T) {
 		args := append(append([]string{verb}, flags...), pkgs...)
 		cmd := exec.CommandContext(t.Context(), "go", args...)
 		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go %s of the README's blocks: %v\n%s", verb, err, out)
+			t.Fatalf("go %s of the documentation's blocks: %v\n%s", verb, err, out)
 		}
 	}
 	for _, msg := range droppedErrors(t, flags, pkgs) {
@@ -273,6 +330,7 @@ func TestREADMEBlocksCompile(t *testing.T) {
 // should not drop errors.
 func droppedErrors(t *testing.T, flags, pkgs []string) []string {
 	t.Helper()
+	root := moduleRoot(t)
 	args := append(append([]string{"list", "-export", "-deps", "-f", "{{.ImportPath}}\t{{.Export}}"}, flags...), pkgs...)
 	out, err := exec.CommandContext(t.Context(), "go", args...).Output()
 	if err != nil {
@@ -338,7 +396,11 @@ func droppedErrors(t *testing.T, flags, pkgs []string) []string {
 		}
 		report := func(n ast.Node, what string) {
 			p := fset.Position(n.Pos())
-			msgs = append(msgs, fmt.Sprintf("%s:%d: %s", filepath.Base(p.Filename), p.Line, what))
+			name := p.Filename
+			if rel, err := filepath.Rel(root, name); err == nil && !strings.HasPrefix(rel, "..") {
+				name = filepath.ToSlash(rel)
+			}
+			msgs = append(msgs, fmt.Sprintf("%s:%d: %s", name, p.Line, what))
 		}
 		for _, f := range files {
 			ast.Inspect(f, func(n ast.Node) bool {
