@@ -592,6 +592,13 @@ func (t *timedSource) Assigned(m *consumer.Message) bool {
 	return !ok || a.Assigned(m)
 }
 
+// ProducerChosenIDs forwards consumer.ProducerChosenIDs: hidden, a
+// RocketMQ copy's lineage would be checked by position, and not honoured.
+func (t *timedSource) ProducerChosenIDs() bool {
+	p, ok := t.Source.(consumer.ProducerChosenIDs)
+	return ok && p.ProducerChosenIDs()
+}
+
 var quiet = slog.New(slog.DiscardHandler)
 
 func runIdem(ctx context.Context, e *env, topic, group string, n int, sc string, batch, keyLanes int, lat *latencies) error {
