@@ -20,9 +20,12 @@ type Consumer[TTx any] struct {
 	cfg     Config[TTx]
 	handler Handler[TTx]      // nil when batch is set
 	batch   BatchHandler[TTx] // nil when handler is set
-	policy  retry.Policy      // bounded: failures a message causes
-	infra   retry.Policy      // unbounded: failures of the database or the dead-letter sink
-	stats   counters
+	// producerIDs: the Source's message IDs are the producer's choice
+	// (ProducerChosenIDs), so a copy's lineage is not checked by position.
+	producerIDs bool
+	policy      retry.Policy // bounded: failures a message causes
+	infra       retry.Policy // unbounded: failures of the database or the dead-letter sink
+	stats       counters
 
 	lanesMu sync.Mutex
 	lanes   map[laneID]*lane[TTx]
@@ -59,14 +62,16 @@ func New[TTx any](cfg Config[TTx]) (*Consumer[TTx], error) {
 	if cfg.Handler != nil {
 		h = Chain(cfg.Handler, mws...)
 	}
+	pid, ok := sourceAs[ProducerChosenIDs](cfg.Source)
 	return &Consumer[TTx]{
-		cfg:     cfg,
-		handler: h,
-		batch:   cfg.BatchHandler,
-		policy:  policy,
-		infra:   infra,
-		lanes:   make(map[laneID]*lane[TTx]),
-		done:    make(chan struct{}),
+		cfg:         cfg,
+		handler:     h,
+		batch:       cfg.BatchHandler,
+		producerIDs: ok && pid.ProducerChosenIDs(),
+		policy:      policy,
+		infra:       infra,
+		lanes:       make(map[laneID]*lane[TTx]),
+		done:        make(chan struct{}),
 	}, nil
 }
 

@@ -35,9 +35,12 @@ const (
 	MetaValueSHA256 = "idem-value-sha256" // hex
 	MetaValueSize   = "idem-value-size"   // bytes, decimal
 	// Lineage, set by `idem redrive` on a dead letter it sends back to its
-	// topic, beside the Meta*Original* coordinates it copies from the
-	// letter. A letter keeps them when the redriven message is dead-lettered
-	// again.
+	// topic, beside the Meta*Original* coordinates (and the message ID) it
+	// copies from the letter. The consumer deduplicates a copy that carries
+	// them by its original's identity (see Origin for when it does), and a
+	// letter keeps them when the redriven message is dead-lettered again,
+	// with the original's coordinates: another tool that sends letters back
+	// must set MetaRedriveCount and keep the Meta*Original* headers.
 	MetaRedriveCount = "idem-redrive-count" // how often the message was redriven, decimal
 	MetaRedrivenFrom = "idem-redriven-from" // the dead letter it was redriven from: topic/partition/offset
 )
@@ -56,6 +59,10 @@ type DeadLetterRecord struct {
 }
 
 // Record lays l out for a broker, leaving out a value over maxValue bytes.
+// The coordinates and message ID are the message's own, or, for a redriven
+// copy whose lineage the consumer honoured (Message.Origin), its
+// original's: the letter names the message the copy stands for, and is
+// redriven (and deduplicated) as that message again.
 func (l Letter) Record(maxValue int) DeadLetterRecord {
 	m := l.Message
 	headers := make([]Header, 0, len(m.Headers)+12)
@@ -71,11 +78,15 @@ func (l Letter) Record(maxValue int) DeadLetterRecord {
 	}
 	add(MetaReason, dedup.ShortReason(reason))
 	add(MetaAttempts, strconv.Itoa(l.Attempts))
-	add(MetaTopic, m.Topic)
-	add(MetaPartition, strconv.Itoa(int(m.Partition)))
-	add(MetaLane, m.Lane)
-	add(MetaOffset, strconv.FormatInt(m.Offset, 10))
-	add(MetaMessageID, m.ID)
+	topic, partition, offset, id := m.Topic, m.Partition, m.Offset, m.ID
+	if o, ok := m.Origin(); ok {
+		topic, partition, offset, id = o.Topic, o.Partition, o.Offset, o.ID
+	}
+	add(MetaTopic, topic)
+	add(MetaPartition, strconv.Itoa(int(partition)))
+	add(MetaLane, m.Lane) // the lane the message was delivered on, which keeps a source's letters in order
+	add(MetaOffset, strconv.FormatInt(offset, 10))
+	add(MetaMessageID, id)
 	add(MetaAttempt, strconv.Itoa(m.Attempt))
 	if l.Key != (dedup.Key{}) {
 		add(MetaKeyScope, l.Key.Scope)

@@ -25,6 +25,16 @@
 // rest. A stored offset past a message's LogEnd (the topic was created
 // again) stops the consumer with [dedup.ErrOffsetsAhead].
 //
+// Lineage: a dead letter sent back by `idem redrive` carries the identity
+// it was first delivered with (the idem-original-* headers and
+// idem-redrive-count, see [Origin]). [ByMessageID] keys such a copy by the
+// original's message ID, and with Config.Offsets alone the copy is claimed
+// in the key table under the original's identity, so a letter redriven
+// twice, or written twice, is applied once, and `idem redrive` finds the
+// done row it looks for. Lineage that could make a message not seen yet a
+// duplicate (a later offset, another partition: headers are the producer's
+// to write) is not honoured; see [Origin] and [ProducerChosenIDs].
+//
 // Failures: errors wrapped with [Permanent] (and decode errors, constraint
 // violations, fingerprint mismatches, bad keys) are dead-lettered at once;
 // everything else is retried with exponential backoff and jitter, bounded by

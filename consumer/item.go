@@ -18,12 +18,16 @@ type item struct {
 	firstAt  time.Time // when the key was first claimed, for all but StatusNew
 	attempts int       // failures charged to the message (see Letter.Attempts)
 	settled  bool      // committed, skipped or dead-lettered: may be acknowledged
+	// lineage: with Config.Offsets and no Key, a redriven copy, claimed
+	// in the key table under its original's identity (see lineage.go)
+	lineage bool
 }
 
 // keyItem derives the item's dedup key and fingerprint. An error is bad
 // input: the message is dead-lettered with it.
 func (c *Consumer[TTx]) keyItem(it *item) error {
 	m := it.msg
+	c.readOrigin(m) // first: a dead letter of a copy keeps its original's coordinates
 	if max := c.cfg.MaxPayloadBytes; max > 0 && len(m.Value) > max {
 		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrPayloadTooLarge, len(m.Value), max)
 	}
@@ -39,24 +43,39 @@ func (c *Consumer[TTx]) keyItem(it *item) error {
 		if c.cfg.Key == nil {
 			// No key row: the key names the message, for dead letters,
 			// observers and Message.DedupKey (the work flowing on from it).
-			id := m.ID
-			if id == "" {
-				id = m.Coordinates()
+			// A redriven copy is named by its original and claimed under
+			// that name: its offset is new, the message is not.
+			src := m.ID
+			if src == "" {
+				src = m.Coordinates()
+			}
+			id := src
+			if o, ok := m.Origin(); ok {
+				if id = o.ID; id == "" {
+					id = o.Coordinates()
+				}
 			}
 			k := dedup.Key{Scope: c.cfg.Name, ID: id}
 			if err := k.Validate(); err != nil {
 				return err
 			}
-			it.claim = dedup.Claim{Key: k, Source: id}
+			it.claim = dedup.Claim{Key: k, Source: src}
+			if it.lineage = m.hasOrigin; it.lineage {
+				fp, err := c.cfg.Fingerprint(m)
+				if err != nil {
+					return fmt.Errorf("fingerprint: %w", err)
+				}
+				it.claim.Fingerprint = fp
+			}
 			m.dedupKey = k
 			return nil
 		}
 	}
 	id, err := c.cfg.Key(m)
-	if err != nil && errors.Is(err, ErrNoKey) && c.cfg.OnMissingKey == FallBackToMessageID && m.ID != "" {
+	if err != nil && errors.Is(err, ErrNoKey) && c.cfg.OnMissingKey == FallBackToMessageID && m.identity() != "" {
 		c.stats.keyFallbacks.Add(1)
 		c.cfg.Logger.Warn("idem: no key, keyed by the message ID (OnMissingKey)", slog.String("message", m.Coordinates()), slog.Any("error", err))
-		id, err = m.ID, nil
+		id, err = m.identity(), nil
 	}
 	if err != nil {
 		return fmt.Errorf("key: %w", err)

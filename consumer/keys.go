@@ -13,7 +13,8 @@ import (
 //
 //   - ByMessageID: the broker's ID. Kafka topic/partition/offset catches
 //     redeliveries only (crash, rebalance); a producer retry gets a new offset.
-//     RocketMQ's unique ID also survives the broker's retry topic.
+//     RocketMQ's unique ID also survives the broker's retry topic. A copy
+//     sent back by `idem redrive` is keyed by its original's ID (see Origin).
 //   - ByRecordKey, ByHeader, ByJSONField: a business key (payment channel
 //     transaction number, Idempotency-Key header). Also catches producer
 //     retries, upstream re-sends and a user's double click.
@@ -22,13 +23,17 @@ import (
 // falls back to another key silently.
 type KeyFunc func(m *Message) (string, error)
 
-// ByMessageID keys by the broker's message ID.
+// ByMessageID keys by the broker's message ID (Message.ID). A redriven copy
+// whose lineage the consumer honours (Message.Origin) is keyed by its
+// original's message ID instead, so that a letter redriven twice, or
+// written twice, is applied once.
 func ByMessageID() KeyFunc {
 	return func(m *Message) (string, error) {
-		if m.ID == "" {
+		id := m.identity()
+		if id == "" {
 			return "", fmt.Errorf("%w: the broker message ID is empty", ErrNoKey)
 		}
-		return m.ID, nil
+		return id, nil
 	}
 }
 

@@ -42,6 +42,10 @@ type Message struct {
 
 	// dedupKey is the key the consumer claimed for the message; see DedupKey.
 	dedupKey dedup.Key
+	// origin is the identity a redriven copy was first delivered with,
+	// when hasOrigin; see Origin.
+	origin    Origin
+	hasOrigin bool
 }
 
 // DedupKey returns the dedup key the consumer derived for m — its scope (the

@@ -69,7 +69,9 @@ func (c *Consumer[TTx]) cursorFor(ctx context.Context, tx TTx, cur *offsetCursor
 // claimOffsets is the claim phase of an attempt with Config.Offsets: the
 // items below the partition's next offset (or below an earlier item of the
 // batch) are duplicates; with Config.Key set, the rest are claimed under
-// their business keys too. The next offset is then moved past the batch —
+// their business keys too, and without it a redriven copy is claimed under
+// its original's identity (item.lineage), which its new offset cannot
+// tell is an old message. The next offset is then moved past the batch —
 // but not past an item the business-key claim refused (mismatch, failed
 // before), which is dead-lettered after the commit and moved past then.
 // It returns the new next offset, or -1 when it did not move.
@@ -122,7 +124,7 @@ func (a *attempt[TTx]) claimOffsets(ctx context.Context, tx TTx, its []*item, re
 		}
 		running = it.msg.Offset + 1
 		it.status = dedup.StatusNew
-		if c.cfg.Key != nil {
+		if c.cfg.Key != nil || it.lineage {
 			claims, at = append(claims, it.claim), append(at, i)
 		}
 	}

@@ -111,7 +111,7 @@ func (l LaneStatus) Stalled(now time.Time, d time.Duration) string {
 
 // Wrapper is a Source that wraps another, to time, log or fault it: the
 // consumer looks for the optional interfaces (OffsetOrdered,
-// AssignmentChecker, LaneReporter) through Unwrap, so a wrapper that embeds
+// AssignmentChecker, LaneReporter, ProducerChosenIDs) through Unwrap, so a wrapper that embeds
 // the Source interface, which hides them, needs to forward none of them.
 // The wrapper's own methods come first.
 type Wrapper interface {

@@ -22,7 +22,9 @@
 // from which committed offset. Each owned partition gets a fetcher, which
 // delivers its messages in offset order to the consumer's lane named
 // "topic/partition"; lanes run in parallel. A message's ID is
-// "topic/partition/offset" (consumer.ByMessageID); its record key, headers
+// "topic/partition/offset" (consumer.ByMessageID; a copy sent back by
+// `idem redrive` is keyed by the original's position, which its lineage
+// headers name, see consumer.Origin); its record key, headers
 // and timestamp are on the consumer.Message, and Raw is the *kafka.Message of
 // kafka-go. A committer per generation commits offsets in the background.
 //

@@ -44,7 +44,13 @@
 // when the broker refuses its send-back, sends that copy as an ordinary
 // message, and the broker would give it a new UNIQ_KEY. A message without
 // any of the three has no ID; ByMessageID refuses it and it is
-// dead-lettered. Its Key is the KEYS property (consumer.ByRecordKey), its
+// dead-lettered. A dead letter sent back to the topic (redriven) is a new
+// message with a UNIQ_KEY of its own; when it carries its letter's
+// idem-original-* properties and idem-redrive-count, which stay user
+// properties, the consumer keys it by the original's ID instead, in
+// whichever queue it lies (the Source reports consumer.ProducerChosenIDs:
+// a producer may set UNIQ_KEY to anything, so lineage gives it no power it
+// lacked). Its Key is the KEYS property (consumer.ByRecordKey), its
 // Headers the user properties, Attempt the reconsume times plus one, and
 // Raw the *primitive.MessageExt. Topic is the original topic also for
 // redeliveries; Partition and Offset are those of the queue the message was

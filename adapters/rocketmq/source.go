@@ -210,6 +210,16 @@ func (s *Source) Lanes() []consumer.LaneStatus {
 	return lanes()
 }
 
+// ProducerChosenIDs reports true (consumer.ProducerChosenIDs): a message's
+// ID is its UNIQ_KEY, which the producer sets, or may set to anything (the
+// client adds one only when it is missing). A redriven copy sent with the
+// lineage of its dead letter (consumer.MetaRedriveCount and the
+// idem-original-* properties, which stay user properties) is a new message
+// with a UNIQ_KEY of its own, in whichever queue the producer picked, and
+// comes back through the retry topic in yet another: the consumer keys it by
+// the idem-original-msg-id it carries, wherever it lies.
+func (s *Source) ProducerChosenIDs() bool { return true }
+
 func (s *Source) current() *run {
 	s.mu.Lock()
 	defer s.mu.Unlock()

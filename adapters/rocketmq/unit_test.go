@@ -214,3 +214,29 @@ func TestNotOffsetOrdered(t *testing.T) {
 		t.Fatal("*rocketmq.Source implements consumer.OffsetOrdered: Config.Offsets would skip retried messages")
 	}
 }
+
+// TestProducerChosenIDs: a message's ID is its UNIQ_KEY, which a producer
+// may set, so the source says so, and the consumer honours a redriven
+// copy's original message ID wherever the copy lies; the lineage
+// properties are user properties, kept as headers.
+func TestProducerChosenIDs(t *testing.T) {
+	if p, ok := any((*Source)(nil)).(consumer.ProducerChosenIDs); !ok || !p.ProducerChosenIDs() {
+		t.Fatal("*rocketmq.Source does not report consumer.ProducerChosenIDs")
+	}
+	mx := &primitive.MessageExt{QueueOffset: 3}
+	mx.Topic = "payments"
+	mx.Queue = &primitive.MessageQueue{Topic: "payments", BrokerName: "broker-b", QueueId: 1}
+	mx.WithProperty(primitive.PropertyUniqueClientMessageIdKeyIndex, "AC1100010000B33100000009")
+	for _, k := range []string{consumer.MetaTopic, consumer.MetaPartition, consumer.MetaOffset, consumer.MetaMessageID, consumer.MetaRedriveCount, consumer.MetaRedrivenFrom} {
+		mx.WithProperty(k, "v-"+k)
+	}
+	m := toMessage(mx, laneOf(mx.Queue))
+	if len(m.Headers) != 6 {
+		t.Fatalf("headers %+v, want the six lineage properties", m.Headers)
+	}
+	for _, h := range m.Headers {
+		if string(h.Value) != "v-"+h.Key {
+			t.Errorf("header %s = %q", h.Key, h.Value)
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -173,6 +174,11 @@ type payments struct {
 	stop       func()
 	envs       map[string]string
 	tr         *kafkago.Transport
+	// key is the consumer's Config.Key; nil: ByJSONField("txn_id"), or
+	// none with offsets.
+	key consumer.KeyFunc
+	// offsets keeps the consumer's offsets in the store (Config.Offsets).
+	offsets bool
 }
 
 func newPayments(t *testing.T) *payments {
@@ -229,9 +235,17 @@ func (p *payments) start() {
 	if err != nil {
 		t.Fatal(err)
 	}
+	key := p.key
+	if key == nil && !p.offsets {
+		key = consumer.ByJSONField("txn_id")
+	}
+	var offsets dedup.OffsetStore[pgx.Tx]
+	if p.offsets {
+		offsets = store
+	}
 	c, err := consumer.New(consumer.Config[pgx.Tx]{
 		Name: "pay", Source: src, Store: store, DeadLetter: src, Logger: testenv.Logger(t),
-		Key: consumer.ByJSONField("txn_id"),
+		Key: key, Offsets: offsets,
 		Handler: consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			var cb struct {
 				TxnID  string `json:"txn_id"`
@@ -258,16 +272,19 @@ func (p *payments) start() {
 	done := make(chan error, 1)
 	go func() { done <- c.Run(runCtx) }()
 	p.consumer = c
-	p.stop = func() {
-		stopCtx, cancelStop := context.WithTimeout(ctx, 30*time.Second)
-		defer cancelStop()
-		if err := c.Stop(stopCtx); err != nil {
-			t.Error(err)
-		}
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
+	var once sync.Once
+	p.stop = func() { // stops this consumer; start may start another
+		once.Do(func() {
+			stopCtx, cancelStop := context.WithTimeout(ctx, 30*time.Second)
+			defer cancelStop()
+			if err := c.Stop(stopCtx); err != nil {
+				t.Error(err)
+			}
+			cancel()
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+		})
 	}
 	t.Cleanup(p.stop)
 }

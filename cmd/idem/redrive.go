@@ -310,12 +310,14 @@ func (rd *redriver) letter(ctx context.Context, m kafkago.Message) (letterResult
 		return refuse("no valid %s header", consumer.MetaPartition)
 	case res.Scope == "" || res.Key == "":
 		return refuse("no key: it was dead-lettered before its key was known (bad input); it would fail the same way")
+	case count >= rd.f.maxRedrives:
+		// Before the value's case, which ends the switch for a letter
+		// without a value (a tombstone, an empty body) that is sent on.
+		return refuse("redriven %d times already (--max-redrives)", count)
 	case m.Value == nil:
 		if _, ok := header(m, consumer.MetaValueSHA256); ok {
 			return refuse("its value was left out of the dead letter (too large)")
 		}
-	case count >= rd.f.maxRedrives:
-		return refuse("redriven %d times already (--max-redrives)", count)
 	}
 	res.To = fmt.Sprintf("%s/%d", to, p)
 	rows, err := rd.admin.Find(ctx, res.Scope, res.Key)

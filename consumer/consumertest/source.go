@@ -33,6 +33,11 @@ type Script struct {
 	// after the database commit and before the broker ack; the acked messages
 	// are delivered again. 0: never.
 	CrashAfterCommitEvery int
+	// ProducerChosenIDs makes the source say that its message IDs are
+	// chosen by the producer, as RocketMQ's are
+	// (consumer.ProducerChosenIDs); default false: IDs are positions, as
+	// Kafka's are.
+	ProducerChosenIDs bool
 }
 
 // Source is a consumer.Source driven by a Script. Safe for concurrent use.
@@ -146,6 +151,10 @@ func (s *Source) enqueueAt(m *consumer.Message, i int) {
 // ReorderWindow is above 1. Messages must be pushed in offset order per
 // lane; a released message comes again ahead of its lane's later ones.
 func (s *Source) InOffsetOrder() bool { return s.script.ReorderWindow == 1 }
+
+// ProducerChosenIDs reports the script's ProducerChosenIDs
+// (consumer.ProducerChosenIDs).
+func (s *Source) ProducerChosenIDs() bool { return s.script.ProducerChosenIDs }
 
 // Run delivers queued messages until ctx ends.
 func (s *Source) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
