@@ -3,36 +3,24 @@ SHELL := /bin/bash
 # MariaDB and Redis when missing, downloading the broker jars once).
 SERVICES ?= postgres kafka rocketmq mariadb redis kafka-cluster rocketmq-cluster
 PKGS ?= ./...
-# The failover scenarios on the three-node Kafka and the two-broker RocketMQ
-# (internal/faults, cluster_test.go and rmqcluster_test.go) take their
-# cluster one at a time: make test runs the lighter one of each, the leader
-# of the busiest partitions killed and brought back (about 45 s), a RocketMQ
-# master lost for 35 s and brought back (about 80 s), beside the other
-# packages; make test-faults runs all of them. Without kafka-cluster or
-# rocketmq-cluster in SERVICES, none of that cluster's.
-# Scenario 20 (scale-out, also on the clusters) runs in make test-faults
-# only: in one make test at load 21 a consumer it stopped with SIGTERM had
-# not exited 60 s later, cause not yet known (docs/reliability.md, "A suite that
-# does not flake").
-SKIP_KAFKA_CLUSTER = TestFaults/kafka-cluster$(if $(filter kafka-cluster,$(SERVICES)),/(broker-lost|dead-letters-leader-change|controller-failover))
-SKIP_ROCKETMQ_CLUSTER = $(if $(filter rocketmq-cluster,$(SERVICES)),,|TestFaults/rocketmq-cluster)
-SKIP ?= $(SKIP_KAFKA_CLUSTER)|TestFaults/.*/scale-out$(SKIP_ROCKETMQ_CLUSTER)
+# make test (scripts/test.sh) runs every package against the single services
+# first, then each cluster on its own: started, its lighter scenario of
+# internal/faults run (the leader of the busiest partitions killed and brought
+# back; a RocketMQ master lost and brought back), stopped. make test-faults
+# runs all of them. Without kafka-cluster or rocketmq-cluster in SERVICES,
+# none of that cluster's.
+# Scenario 20 (scale-out) runs in make test-faults only: in one make test at
+# load 21 a consumer it stopped with SIGTERM had not exited 60 s later, cause
+# not yet known (docs/reliability.md, "A suite that does not flake").
+SKIP ?= TestFaults/.*/scale-out
 
 .PHONY: help test test-short testenv-up testenv-down bench bench-outbox bench-e2e fmt vet
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-test: vet ## gofmt and vet, start the test environment, then go test -race over everything, with each package's time
-	@set -e; start=$$SECONDS; out=$$(scripts/testenv.sh up $(SERVICES)); eval "$$out"; \
-	echo "test environment up in $$((SECONDS - start)) s"; \
-	log=$$(mktemp); trap 'rm -f $$log' EXIT; \
-	go test -race -count=1 -timeout 20m $(if $(SKIP),-skip '$(SKIP)') $(PKGS) 2>&1 | tee $$log; rc=$${PIPESTATUS[0]}; \
-	echo; echo "package times, slowest first:"; \
-	awk '$$1 == "ok" || ($$1 == "FAIL" && NF >= 2) {printf "  %8s  %-4s %s\n", $$3, $$1, $$2}' $$log | sort -k1,1 -rn; \
-	echo "make test took $$((SECONDS - start)) s"; \
-	awk '$$1 == "ok" {ok++} $$1 == "FAIL" && NF >= 2 {bad++} END {printf "packages: %d passed, %d failed\n", ok, bad}' $$log; \
-	exit $$rc
+test: vet ## gofmt and vet, then go test -race over everything against the services, then each cluster's scenarios on its own (scripts/test.sh)
+	@SERVICES='$(SERVICES)' PKGS='$(PKGS)' SKIP='$(SKIP)' scripts/test.sh
 
 test-short: ## unit tests only: no services needed
 	go test -race -count=1 -short ./consumer/... ./dedup/ ./dedup/memstore/ ./internal/...

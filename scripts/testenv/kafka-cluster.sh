@@ -231,6 +231,7 @@ cmd_kill() {
 }
 
 cmd_down() {
+  wait_tests_done kafka-cluster
   lock "$CLUSTER_STATE"
   local n pid
   # SIGTERM to all first: a node shutting down alone waits for the

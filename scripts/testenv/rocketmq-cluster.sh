@@ -262,8 +262,9 @@ main() {
   case "${cmd}" in
     # A test holding the cluster (testenv.RocketMQClusterExclusive) may have
     # a broker down on purpose and brings it back itself: an `up` from
-    # another checkout waits instead of starting a fresh cluster under it.
-    up) wait_tests_done rocketmq-cluster ;;
+    # another checkout waits instead of starting a fresh cluster under it,
+    # and a `down` instead of stopping it under the test.
+    up | down) wait_tests_done rocketmq-cluster ;;
   esac
   case "${cmd}" in
     up | down | kill | start) lock_state ;;

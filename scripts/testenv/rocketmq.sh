@@ -26,7 +26,8 @@
 #   IDEM_TESTENV_DIR    runtime state root (default /tmp/idem-testenv); this script
 #                       uses $IDEM_TESTENV_DIR/rocketmq/{conf,store,logs,run,...}
 #   IDEM_ROCKETMQ_VERSION  RocketMQ version (default 5.3.3)
-#   IDEM_ROCKETMQ_READY_TIMEOUT  seconds to wait for each server (default 90)
+#   IDEM_ROCKETMQ_READY_TIMEOUT  seconds a starting server may stay silent (default 90)
+#   IDEM_ROCKETMQ_READY_CAP      seconds a server may take to start in all (default 420)
 #   JAVA, MVN           java / mvn executables (default: from PATH)
 #
 # The jars and a server's life are in rocketmq_lib.sh (shared with

@@ -16,7 +16,12 @@
 ROCKETMQ_VERSION="${IDEM_ROCKETMQ_VERSION:-5.3.3}"
 JAVA="${JAVA:-java}"
 MVN="${MVN:-mvn}"
-READY_TIMEOUT="${IDEM_ROCKETMQ_READY_TIMEOUT:-90}" # seconds, per server
+# A server is given up on when it wrote nothing to its log or output for
+# READY_TIMEOUT seconds, or was not ready after READY_CAP: a broker
+# recovering its store after a crash, on a machine the suite itself loads,
+# can take minutes, and goes on logging while it does.
+READY_TIMEOUT="${IDEM_ROCKETMQ_READY_TIMEOUT:-90}" # seconds of silence, per server
+READY_CAP="${IDEM_ROCKETMQ_READY_CAP:-420}"        # seconds in all, per server
 STOP_TIMEOUT=30  # seconds, per server
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -233,7 +238,7 @@ launch() {
   ) &
   pid=$!
   echo "${pid}" >"$(pid_file "${name}")"
-  local booted=""
+  local booted="" last_size=-1 last_growth=${SECONDS}
   while :; do
     if [[ -z "${booted}" ]] && grep -q "${ready}" "${out}" 2>/dev/null; then
       booted=1
@@ -251,9 +256,19 @@ launch() {
       dump_logs "${name}"
       return 1
     fi
-    if (( SECONDS - start >= READY_TIMEOUT )); then
-      log "${name} not ready after ${READY_TIMEOUT}s"
+    local size
+    size=$(( $(stat -c %s "${out}" 2>/dev/null || echo 0) + $(stat -c %s "${logf}" 2>/dev/null || echo 0) ))
+    if (( size != last_size )); then
+      last_size=${size} last_growth=${SECONDS}
+    fi
+    if (( SECONDS - last_growth >= READY_TIMEOUT || SECONDS - start >= READY_CAP )); then
+      log "${name} not ready after $((SECONDS - start))s ($((SECONDS - last_growth))s without a log line); its threads follow in ${out}"
+      # The JVM prints every thread's stack to its output on SIGQUIT:
+      # where it hangs, for the next reader.
+      kill -QUIT "${pid}" 2>/dev/null && sleep 2
       dump_logs "${name}"
+      printf '\n----- its main thread -----\n' >&2
+      awk '/^"main"/ {p = 1} p && /^$/ {exit} p' "${out}" >&2
       return 1
     fi
     sleep 0.3

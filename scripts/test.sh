@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# What `make test` runs, in two phases, so that the clusters' five JVMs
+# never run beside the rest of the suite (on two cores, the load of the
+# fault suite's own child processes, compiles and the other packages was
+# what broke RocketMQ brokers' restarts and scenarios; docs/reliability.md):
+#
+#   1. every package under -race against the single services (Postgres,
+#      Kafka, RocketMQ, MariaDB, Redis), the cluster scenarios left out;
+#   2. for each cluster in SERVICES (kafka-cluster, rocketmq-cluster), one
+#      at a time: start it, run its scenarios of internal/faults that
+#      make test runs (CLUSTER_RUN_<cluster>), stop it.
+#
+# Then each package's time and a count. Environment: SERVICES, PKGS and
+# SKIP as the Makefile passes them; GOFLAGS as usual.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+read -r -a services <<<"${SERVICES:-postgres kafka rocketmq mariadb redis kafka-cluster rocketmq-cluster}"
+read -r -a pkgs <<<"${PKGS:-./...}"
+singles=() clusters=()
+for s in "${services[@]}"; do
+  case "$s" in
+    kafka-cluster | rocketmq-cluster) clusters+=("$s") ;;
+    *) singles+=("$s") ;;
+  esac
+done
+# The scenarios each cluster runs in make test: the lighter of each (the
+# leader of the busiest partitions killed and brought back, about 45 s; a
+# RocketMQ master lost for 35 s and brought back, about 80 s). make
+# test-faults runs them all.
+declare -A cluster_run=(
+  [kafka-cluster]='TestFaults/^kafka-cluster$/^leader-sigkill$'
+  [rocketmq-cluster]='TestFaults/^rocketmq-cluster$/^broker-lost-and-back$'
+)
+
+start=${SECONDS}
+log=$(mktemp)
+trap 'rm -f "${log}"' EXIT
+eval "$(scripts/testenv.sh up "${singles[@]}")"
+echo "test environment up in $((SECONDS - start)) s"
+
+rc=0
+skip="TestFaults/(kafka-cluster|rocketmq-cluster)${SKIP:+|${SKIP}}"
+go test -race -count=1 -timeout 20m -skip "${skip}" "${pkgs[@]}" 2>&1 | tee -a "${log}" || rc=1
+
+# The clusters' scenarios live in internal/faults; a PKGS without it runs none.
+if printf '%s\n' "${pkgs[@]}" | grep -qE '^\./\.\.\.$|internal/faults'; then
+  for c in "${clusters[@]}"; do
+    began=${SECONDS}
+    eval "$(scripts/testenv.sh up "$c")"
+    echo "${c} up in $((SECONDS - began)) s"
+    go test -race -count=1 -timeout 20m -run "${cluster_run[$c]}" ./internal/faults 2>&1 \
+      | sed -E "s#^(ok|FAIL)([[:space:]]+github.com/idemkit/idem/internal/faults)([[:space:]])#\1\2@${c}\3#" \
+      | tee -a "${log}" || rc=1
+    scripts/testenv.sh down "$c"
+  done
+fi
+
+echo
+echo "package times, slowest first:"
+awk '$1 == "ok" || ($1 == "FAIL" && NF >= 2) {printf "  %8s  %-4s %s\n", $3, $1, $2}' "${log}" | sort -k1,1 -rn
+echo "make test took $((SECONDS - start)) s"
+awk '$1 == "ok" {ok++} $1 == "FAIL" && NF >= 2 {bad++} END {printf "packages: %d passed, %d failed\n", ok, bad}' "${log}"
+exit "${rc}"
