@@ -425,14 +425,24 @@ func (m *Middleware[TTx]) handlerFailed(w http.ResponseWriter, r *http.Request, 
 }
 
 // storeFailed answers a failure of the store itself: claiming, storing or
-// committing.
+// committing. 409 is only for the store's word that the key itself is in
+// flight (dedup.ErrInFlight); a busy database (dedup.ErrStoreBusy), or a
+// collision with another transaction that names no key, is 503.
 func (m *Middleware[TTx]) storeFailed(w http.ResponseWriter, r *http.Request, k dedup.Key, err error) {
 	c := m.store.ClassifyError(err)
 	switch {
-	case errors.Is(err, dedup.ErrInFlight) || c == dedup.ClassConflict:
+	case errors.Is(err, dedup.ErrStoreBusy):
+		m.log.WarnContext(r.Context(), "httpidem: store busy", "scope", k.Scope, "key", k.ID, "err", err)
+		writeProblem(w, http.StatusServiceUnavailable, titleStoreBusy,
+			"The idempotency store is busy with other requests. Retry with the same key: nothing was committed.", time.Second)
+	case errors.Is(err, dedup.ErrInFlight):
 		m.log.DebugContext(r.Context(), "httpidem: key in flight", "scope", k.Scope, "key", k.ID, "err", err)
 		writeProblem(w, http.StatusConflict, titleBusy,
 			"A request with the same Idempotency-Key is being processed; retry once it has finished.", time.Second)
+	case c == dedup.ClassConflict:
+		m.log.WarnContext(r.Context(), "httpidem: store conflict", "scope", k.Scope, "key", k.ID, "err", err)
+		writeProblem(w, http.StatusServiceUnavailable, titleStoreBusy,
+			"The idempotency store's transaction collided with another. Retry with the same key: a retry replays the outcome, or runs the request if it did not commit.", time.Second)
 	case c == dedup.ClassUnavailable:
 		m.log.ErrorContext(r.Context(), "httpidem: store unavailable", "scope", k.Scope, "key", k.ID, "err", err)
 		writeProblem(w, http.StatusServiceUnavailable, titleStore,

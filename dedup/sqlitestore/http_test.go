@@ -39,6 +39,7 @@ func TestHTTPConformance(t *testing.T) {
 				err = db.QueryRowContext(ctx, `SELECT count(*) FROM effects WHERE id = ?`, id).Scan(&n)
 				return n, err
 			},
+			OneWriter: true,
 		}
 	})
 }

@@ -5,8 +5,10 @@
 // SQLite has one writer at a time. Transactions begin IMMEDIATE (the DSN
 // Open builds sets _txlock=immediate), so a second claim of a key waits for
 // the first transaction to finish — at most Config.LockTimeout (SQLite's
-// busy_timeout) — and then sees the committed row. A wait that runs out
-// surfaces as dedup.ErrInFlight, which the consumer retries.
+// busy_timeout) — and then sees the committed row. Every writer waits so,
+// whatever its keys: a wait that runs out surfaces as dedup.ErrStoreBusy
+// (the database is busy, not the key known to be in flight), which the
+// consumer retries and httpidem answers 503 with Retry-After.
 package sqlitestore
 
 import (
@@ -383,13 +385,15 @@ SELECT scope, key FROM `+s.table+` WHERE expires_at < `+nowMillis+` LIMIT ?)`, l
 	return int(n), err
 }
 
-// wrap names the operation and turns a busy database into dedup.ErrInFlight.
+// wrap names the operation and turns a busy database into
+// dedup.ErrStoreBusy: SQLITE_BUSY and SQLITE_LOCKED are a wait for the
+// database's lock, which says nothing about any key.
 func (s *Store) wrap(op string, err error) error {
 	if err == nil {
 		return nil
 	}
 	if Classify(err) == dedup.ClassConflict {
-		return fmt.Errorf("%w: sqlitestore: %s: %w", dedup.ErrInFlight, op, err)
+		return fmt.Errorf("%w: sqlitestore: %s: %w", dedup.ErrStoreBusy, op, err)
 	}
 	return fmt.Errorf("sqlitestore: %s: %w", op, err)
 }

@@ -49,6 +49,11 @@ type Harness[TTx any] struct {
 	// (pg_terminate_backend). A store without connections leaves it nil;
 	// the suite then injects its mid-handler failures as panics only.
 	DropConn func(ctx context.Context, tx TTx) error
+	// OneWriter says the store's database has one write lock for all keys
+	// (SQLite): a request that waits for it past the lock timeout cannot
+	// be told the key is in flight and is answered 503, where a store that
+	// locks keys one by one answers a duplicate on another instance 409.
+	OneWriter bool
 }
 
 // Factory returns a Harness on a fresh store for one test, cleaned up by
@@ -81,6 +86,7 @@ func Run[TTx any](t *testing.T, newHarness Factory[TTx]) {
 		t.Run("Optional", s.txOptional)
 		t.Run("Concurrent100", s.txConcurrent)
 		t.Run("Concurrent100FailureHalfway", s.txConcurrentFailure)
+		t.Run("DistinctKeysNeverBusy", s.txDistinctKeys)
 	})
 	t.Run("Leased", func(t *testing.T) {
 		t.Run("Matrix", s.leaseMatrix)
