@@ -32,7 +32,10 @@
 // A key is scoped by the request's method, the route and the tenant (the
 // account a Config.Tenant function names), so two accounts may use one key
 // and a key names one operation. The fingerprint covers the method, the
-// route and the body — canonical JSON by default, or chosen fields.
+// route, the path values and the body — canonical JSON by default, or
+// chosen fields: on POST /payments/{id}/capture a key used for payment 1
+// and then for payment 2 is answered 422, never with payment 1's response
+// (Route.IgnorePathValues opts out).
 //
 // What it does not do: effects outside the database of a Transactional
 // route are not covered (make them Leased), and a Leased handler's own

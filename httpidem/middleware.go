@@ -116,7 +116,10 @@ func (m *Middleware[TTx]) Leased(route Route) func(http.Handler) http.Handler {
 
 // Scope is the scope of the keys of a route, as the middleware builds it:
 // the method, a space, the route, and "#" and the tenant when there is one.
-// For operators who look a key up (StuckRequests lists them with it).
+// For operators who look a key up (StuckRequests lists them with it). The
+// path values are not in the scope but in the fingerprint: a key is one
+// request to one resource, and its reuse on another resource of the route
+// is answered 422 rather than run as a new key.
 func Scope(method, route, tenant string) string {
 	if tenant == "" {
 		return method + " " + route
@@ -196,9 +199,13 @@ func (m *Middleware[TTx]) prepare(w http.ResponseWriter, r *http.Request, rt *ro
 	r2.Body = io.NopCloser(bytes.NewReader(raw))
 	r2.ContentLength = int64(len(raw))
 	r2.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(raw)), nil }
+	var paths []pathValue
+	if !rt.IgnorePathValues {
+		paths = pathValues(r)
+	}
 	return prepared{r: r2, keyed: true, claim: dedup.Claim{
 		Key:         key,
-		Fingerprint: requestFingerprint(r.Method, name, fp),
+		Fingerprint: requestFingerprint(r.Method, name, paths, fp),
 		Source:      source(r),
 	}}, true
 }
@@ -394,7 +401,7 @@ func (m *Middleware[TTx]) answer(w http.ResponseWriter, r *http.Request, rec Rec
 		}
 	case Mismatch:
 		writeProblem(w, http.StatusUnprocessableEntity, titleMismatch,
-			"This key was used for a different request to this operation (another method, route or body): an Idempotency-Key must not be reused with a different payload.", 0)
+			"This key was used for a different request (another method, route, resource in the path, or body): an Idempotency-Key must not be reused for another request.", 0)
 	default:
 		writeProblem(w, http.StatusConflict, titleBusy,
 			"A request with the same Idempotency-Key is being processed; retry once it has finished.", max(rec.LeaseLeft, time.Second))

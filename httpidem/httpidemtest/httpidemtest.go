@@ -86,6 +86,7 @@ func Run[TTx any](t *testing.T, newHarness Factory[TTx]) {
 		t.Run("Optional", s.txOptional)
 		t.Run("Concurrent100", s.txConcurrent)
 		t.Run("Concurrent100FailureHalfway", s.txConcurrentFailure)
+		t.Run("PathValuesInIdentity", s.txPathValues)
 		t.Run("DistinctKeysNeverBusy", s.txDistinctKeys)
 	})
 	t.Run("Leased", func(t *testing.T) {
