@@ -90,10 +90,10 @@ func (m *Middleware[TTx]) Transactional(route Route, h TxHandler[TTx]) http.Hand
 // as Processing under a lease with a fencing token before the handler runs
 // (LeaseFrom gives it to the handler).
 //
-//	new key                       the handler runs under a lease (token 1)
+//	new key                       the handler runs under a lease with a fresh token
 //	handler answers < 500         the response is stored (Finished) and replayed from then on
 //	handler answers 5xx, panics   the outcome is uncertain: nothing stored, the lease runs on;
-//	or the process dies           retries get 409 until it runs out, then one takes over (token + 1)
+//	or the process dies           retries get 409 until it runs out, then one takes over (a larger token)
 //	finished key                  the stored response, Idempotent-Replayed: true
 //	lease running                 409 Conflict, Retry-After the lease's remaining time
 //	another request's key         422; no key or a bad key 400; body over the limit 413
@@ -351,7 +351,7 @@ func (l *leaseRoute[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.answer(w, p.r, rec)
 		return
 	}
-	lease := &Lease{store: m.store, key: k, token: rec.Token, lease: rt.Lease, expires: time.Now().Add(rec.LeaseLeft)}
+	lease := &Lease{store: m.store, key: k, token: rec.Token, takenOver: rec.Takeover, lease: rt.Lease, expires: time.Now().Add(rec.LeaseLeft)}
 	cw := newCapture(rt.MaxResponseBytes)
 	herr := serveHTTP(l.next, cw, p.r.WithContext(context.WithValue(p.r.Context(), leaseKey{}, lease)))
 	cw.finish()

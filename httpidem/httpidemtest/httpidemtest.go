@@ -71,6 +71,7 @@ func Run[TTx any](t *testing.T, newHarness Factory[TTx]) {
 		t.Run("LeaseExpiryTakeoverAndStuck", s.leaseExpiry)
 		t.Run("ConcurrentAcquireOneWinner", s.concurrentAcquire)
 		t.Run("PurgeDeletesRecords", s.purge)
+		t.Run("PurgedKeyTokensGrow", s.purgeTokensGrow)
 	})
 	t.Run("Transactional", func(t *testing.T) {
 		t.Run("Matrix", s.txMatrix)
@@ -98,6 +99,7 @@ func Run[TTx any](t *testing.T, newHarness Factory[TTx]) {
 		t.Run("OptionalStreams", s.leaseOptionalStreams)
 		t.Run("Concurrent100", s.leaseConcurrent)
 		t.Run("Concurrent100CrashHalfway", s.leaseCrash)
+		t.Run("PurgeSparesExtendedLease", s.leasePurge)
 	})
 }
 
