@@ -64,7 +64,9 @@ type Route struct {
 	IgnorePathValues bool
 	// Retention is how long a key and its response are kept, from the
 	// first request; default 24h (Stripe's). Negative: for ever. Purge
-	// (the store's, in bounded batches) deletes them afterwards.
+	// (the store's, in bounded batches) deletes them afterwards, never
+	// while a lease on the key runs: a lease extended past the retention
+	// keeps its key.
 	Retention time.Duration
 	// Lease is how long a leased request holds its key before another may
 	// take it over; default 30s. A handler that needs longer extends it

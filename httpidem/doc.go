@@ -24,7 +24,8 @@
 //	key new                              run the handler once; store status, chosen headers and body with the key
 //	key finished                         replay status, headers and body byte for byte, errors too, with Idempotent-Replayed: true
 //	key executing (or its lease running) 409 Conflict, application/problem+json, Retry-After
-//	same key, another fingerprint        422 Unprocessable Content
+//	store busy (a lock held past its timeout, not this key's)  503, Retry-After
+//	same key, another fingerprint        422 Unprocessable Content (another body, or another resource in the path)
 //	key missing on a route requiring it  400
 //	key empty, over 256 bytes, control characters, not UTF-8   400, never truncated
 //	request body over the route's limit  413, before any store work
@@ -43,7 +44,9 @@
 // pass it the key and the lease's token. Responses are buffered until their
 // outcome is stored, so an idempotent route does not stream (other routes
 // are untouched). Keys live for the route's Retention (24 hours by
-// default); a retry after that runs again.
+// default), and a leased key at least as long as its lease, extensions
+// included; a retry after that runs again. Fencing tokens only grow: a
+// key purged and claimed again gets a larger token than any it had.
 //
 // Operators see keys stuck in Processing past their lease with
 // Store.StuckRequests, and release one with Store.ReleaseRequest (the next
