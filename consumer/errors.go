@@ -73,7 +73,7 @@ func classify(err error, store func(error) dedup.ErrorClass) dedup.ErrorClass {
 		return dedup.ClassPermanent
 	case errors.As(err, &r):
 		return dedup.ClassRetryable
-	case errors.Is(err, dedup.ErrInFlight), errors.Is(err, errOffsetMoved), errors.Is(err, errOffsetsAheadSuspect):
+	case errors.Is(err, dedup.ErrInFlight), errors.Is(err, dedup.ErrStoreBusy), errors.Is(err, errOffsetMoved), errors.Is(err, errOffsetsAheadSuspect):
 		return dedup.ClassConflict
 	case errors.Is(err, dedup.ErrContract), errors.Is(err, dedup.ErrTxEnded), errors.Is(err, dedup.ErrOffsetsAhead):
 		return dedup.ClassFatal

@@ -15,6 +15,13 @@ var (
 	// did not finish within the store's lock timeout. Retry later.
 	ErrInFlight = errors.New("dedup: key is being processed by another transaction")
 
+	// ErrStoreBusy: the database was busy — a lock wider than a key (SQLite's
+	// one write lock) stayed held by another transaction past the store's
+	// lock timeout — so the store cannot tell whether anyone holds this key.
+	// Not the message's fault nor a duplicate: retry later. HTTP answers it
+	// 503 with Retry-After; ErrInFlight alone is 409.
+	ErrStoreBusy = errors.New("dedup: store busy: its write lock was held past the lock timeout")
+
 	// ErrFailedBefore: the key was recorded as failed by an earlier
 	// delivery (Store.RecordFailure), which was dead-lettered then; this one
 	// is dead-lettered too, without running the handler. The error carries

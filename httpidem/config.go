@@ -46,12 +46,27 @@ type Route struct {
 	// draft asks of an operation that requires the key.
 	Optional bool
 	// Fingerprint says what "the same request" is under one key; default
-	// WholeBody. The method and the route are always part of it. A retry
-	// with another fingerprint is answered 422.
+	// WholeBody. The method, the route and the path values are always part
+	// of it (see IgnorePathValues). A retry with another fingerprint is
+	// answered 422.
 	Fingerprint FingerprintFunc
+	// IgnorePathValues leaves the path's wildcard values out of the
+	// request's identity. By default they are in it: on
+	// "POST /payments/{id}/capture" a key used for payment 1 and then for
+	// payment 2 is answered 422 (the key was used for another request, as
+	// the IETF draft and Stripe answer), never with payment 1's response.
+	// With IgnorePathValues the key names the operation whatever the path
+	// says, and the second request gets the first one's response: set it
+	// only where no wildcard chooses what the handler acts on. The values
+	// are those of the http.ServeMux pattern that matched (Request.Pattern,
+	// Request.PathValue); another router's path parameters are not seen —
+	// put them into Fingerprint.
+	IgnorePathValues bool
 	// Retention is how long a key and its response are kept, from the
 	// first request; default 24h (Stripe's). Negative: for ever. Purge
-	// (the store's, in bounded batches) deletes them afterwards.
+	// (the store's, in bounded batches) deletes them afterwards, never
+	// while a lease on the key runs: a lease extended past the retention
+	// keeps its key.
 	Retention time.Duration
 	// Lease is how long a leased request holds its key before another may
 	// take it over; default 30s. A handler that needs longer extends it

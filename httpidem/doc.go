@@ -24,7 +24,8 @@
 //	key new                              run the handler once; store status, chosen headers and body with the key
 //	key finished                         replay status, headers and body byte for byte, errors too, with Idempotent-Replayed: true
 //	key executing (or its lease running) 409 Conflict, application/problem+json, Retry-After
-//	same key, another fingerprint        422 Unprocessable Content
+//	store busy (a lock held past its timeout, not this key's)  503, Retry-After
+//	same key, another fingerprint        422 Unprocessable Content (another body, or another resource in the path)
 //	key missing on a route requiring it  400
 //	key empty, over 256 bytes, control characters, not UTF-8   400, never truncated
 //	request body over the route's limit  413, before any store work
@@ -32,7 +33,10 @@
 // A key is scoped by the request's method, the route and the tenant (the
 // account a Config.Tenant function names), so two accounts may use one key
 // and a key names one operation. The fingerprint covers the method, the
-// route and the body — canonical JSON by default, or chosen fields.
+// route, the path values and the body — canonical JSON by default, or
+// chosen fields: on POST /payments/{id}/capture a key used for payment 1
+// and then for payment 2 is answered 422, never with payment 1's response
+// (Route.IgnorePathValues opts out).
 //
 // What it does not do: effects outside the database of a Transactional
 // route are not covered (make them Leased), and a Leased handler's own
@@ -40,7 +44,9 @@
 // pass it the key and the lease's token. Responses are buffered until their
 // outcome is stored, so an idempotent route does not stream (other routes
 // are untouched). Keys live for the route's Retention (24 hours by
-// default); a retry after that runs again.
+// default), and a leased key at least as long as its lease, extensions
+// included; a retry after that runs again. Fencing tokens only grow: a
+// key purged and claimed again gets a larger token than any it had.
 //
 // Operators see keys stuck in Processing past their lease with
 // Store.StuckRequests, and release one with Store.ReleaseRequest (the next

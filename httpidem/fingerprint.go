@@ -101,11 +101,45 @@ func writeField(h interface{ Write([]byte) (int, error) }, name, value string) {
 	fmt.Fprintf(h, "%d:%s%d:%s", len(name), name, len(value), value)
 }
 
-// requestFingerprint binds a body's fingerprint to the method and route.
-func requestFingerprint(method, route string, body dedup.Fingerprint) dedup.Fingerprint {
+// pathValue is a wildcard of the matched pattern and its value.
+type pathValue struct{ name, value string }
+
+// pathValues returns the wildcards of the http.ServeMux pattern that
+// matched r, in the pattern's order, with their values: {id} and {rest...}
+// segments ({$} is no wildcard). None when no pattern matched.
+func pathValues(r *http.Request) []pathValue {
+	p := r.Pattern
+	if i := strings.IndexAny(p, " \t"); i >= 0 {
+		p = p[i:] // after the method
+	}
+	i := strings.IndexByte(p, '/')
+	if i < 0 {
+		return nil
+	}
+	var out []pathValue
+	for seg := range strings.SplitSeq(p[i+1:], "/") {
+		if len(seg) < 3 || seg[0] != '{' || seg[len(seg)-1] != '}' {
+			continue
+		}
+		name := strings.TrimSuffix(seg[1:len(seg)-1], "...")
+		if name == "$" {
+			continue
+		}
+		out = append(out, pathValue{name, r.PathValue(name)})
+	}
+	return out
+}
+
+// requestFingerprint binds a body's fingerprint to the method, the route
+// and the path values. Without path values it is what it was before they
+// were added, so that keys stored then still match.
+func requestFingerprint(method, route string, paths []pathValue, body dedup.Fingerprint) dedup.Fingerprint {
 	h := sha256.New()
 	writeField(h, "method", method)
 	writeField(h, "route", route)
+	for _, pv := range paths {
+		writeField(h, "path "+pv.name, pv.value)
+	}
 	writeField(h, "body", string(body[:]))
 	var f dedup.Fingerprint
 	h.Sum(f[:0])

@@ -26,13 +26,14 @@ type leaseStore interface {
 // idempotency key, the token as a fencing token it checks), and when
 // TakenOver reports true, find out what the earlier holder did first.
 type Lease struct {
-	store   leaseStore
-	key     dedup.Key
-	token   int64
-	lease   time.Duration
-	mu      sync.Mutex
-	ended   bool
-	expires time.Time // by this process's clock
+	store     leaseStore
+	key       dedup.Key
+	token     int64
+	takenOver bool
+	lease     time.Duration
+	mu        sync.Mutex
+	ended     bool
+	expires   time.Time // by this process's clock
 }
 
 type leaseKey struct{}
@@ -53,8 +54,9 @@ func (l *Lease) Key() dedup.Key {
 	return l.key
 }
 
-// Token is the fencing token: 1 for the key's first lease, one more for
-// every takeover and release.
+// Token is the fencing token: larger for every lease of the key than for
+// any before it — takeovers, releases, and a key purged and claimed again
+// included. Compare tokens; their values mean nothing else.
 func (l *Lease) Token() int64 {
 	if l == nil {
 		return 0
@@ -65,7 +67,7 @@ func (l *Lease) Token() int64 {
 // TakenOver reports whether an earlier request held the key and left no
 // outcome (it crashed, answered 5xx, or was released by an operator): its
 // effects may or may not have happened.
-func (l *Lease) TakenOver() bool { return l != nil && l.token > 1 }
+func (l *Lease) TakenOver() bool { return l != nil && l.takenOver }
 
 // Expires is when the lease runs out, as the last acquisition or Extend set
 // it, on this process's clock (the store decides by its own).

@@ -90,10 +90,10 @@ func (m *Middleware[TTx]) Transactional(route Route, h TxHandler[TTx]) http.Hand
 // as Processing under a lease with a fencing token before the handler runs
 // (LeaseFrom gives it to the handler).
 //
-//	new key                       the handler runs under a lease (token 1)
+//	new key                       the handler runs under a lease with a fresh token
 //	handler answers < 500         the response is stored (Finished) and replayed from then on
 //	handler answers 5xx, panics   the outcome is uncertain: nothing stored, the lease runs on;
-//	or the process dies           retries get 409 until it runs out, then one takes over (token + 1)
+//	or the process dies           retries get 409 until it runs out, then one takes over (a larger token)
 //	finished key                  the stored response, Idempotent-Replayed: true
 //	lease running                 409 Conflict, Retry-After the lease's remaining time
 //	another request's key         422; no key or a bad key 400; body over the limit 413
@@ -116,7 +116,10 @@ func (m *Middleware[TTx]) Leased(route Route) func(http.Handler) http.Handler {
 
 // Scope is the scope of the keys of a route, as the middleware builds it:
 // the method, a space, the route, and "#" and the tenant when there is one.
-// For operators who look a key up (StuckRequests lists them with it).
+// For operators who look a key up (StuckRequests lists them with it). The
+// path values are not in the scope but in the fingerprint: a key is one
+// request to one resource, and its reuse on another resource of the route
+// is answered 422 rather than run as a new key.
 func Scope(method, route, tenant string) string {
 	if tenant == "" {
 		return method + " " + route
@@ -196,9 +199,13 @@ func (m *Middleware[TTx]) prepare(w http.ResponseWriter, r *http.Request, rt *ro
 	r2.Body = io.NopCloser(bytes.NewReader(raw))
 	r2.ContentLength = int64(len(raw))
 	r2.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(raw)), nil }
+	var paths []pathValue
+	if !rt.IgnorePathValues {
+		paths = pathValues(r)
+	}
 	return prepared{r: r2, keyed: true, claim: dedup.Claim{
 		Key:         key,
-		Fingerprint: requestFingerprint(r.Method, name, fp),
+		Fingerprint: requestFingerprint(r.Method, name, paths, fp),
 		Source:      source(r),
 	}}, true
 }
@@ -344,7 +351,7 @@ func (l *leaseRoute[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.answer(w, p.r, rec)
 		return
 	}
-	lease := &Lease{store: m.store, key: k, token: rec.Token, lease: rt.Lease, expires: time.Now().Add(rec.LeaseLeft)}
+	lease := &Lease{store: m.store, key: k, token: rec.Token, takenOver: rec.Takeover, lease: rt.Lease, expires: time.Now().Add(rec.LeaseLeft)}
 	cw := newCapture(rt.MaxResponseBytes)
 	herr := serveHTTP(l.next, cw, p.r.WithContext(context.WithValue(p.r.Context(), leaseKey{}, lease)))
 	cw.finish()
@@ -394,7 +401,7 @@ func (m *Middleware[TTx]) answer(w http.ResponseWriter, r *http.Request, rec Rec
 		}
 	case Mismatch:
 		writeProblem(w, http.StatusUnprocessableEntity, titleMismatch,
-			"This key was used for a different request to this operation (another method, route or body): an Idempotency-Key must not be reused with a different payload.", 0)
+			"This key was used for a different request (another method, route, resource in the path, or body): an Idempotency-Key must not be reused for another request.", 0)
 	default:
 		writeProblem(w, http.StatusConflict, titleBusy,
 			"A request with the same Idempotency-Key is being processed; retry once it has finished.", max(rec.LeaseLeft, time.Second))
@@ -425,14 +432,24 @@ func (m *Middleware[TTx]) handlerFailed(w http.ResponseWriter, r *http.Request, 
 }
 
 // storeFailed answers a failure of the store itself: claiming, storing or
-// committing.
+// committing. 409 is only for the store's word that the key itself is in
+// flight (dedup.ErrInFlight); a busy database (dedup.ErrStoreBusy), or a
+// collision with another transaction that names no key, is 503.
 func (m *Middleware[TTx]) storeFailed(w http.ResponseWriter, r *http.Request, k dedup.Key, err error) {
 	c := m.store.ClassifyError(err)
 	switch {
-	case errors.Is(err, dedup.ErrInFlight) || c == dedup.ClassConflict:
+	case errors.Is(err, dedup.ErrStoreBusy):
+		m.log.WarnContext(r.Context(), "httpidem: store busy", "scope", k.Scope, "key", k.ID, "err", err)
+		writeProblem(w, http.StatusServiceUnavailable, titleStoreBusy,
+			"The idempotency store is busy with other requests. Retry with the same key: nothing was committed.", time.Second)
+	case errors.Is(err, dedup.ErrInFlight):
 		m.log.DebugContext(r.Context(), "httpidem: key in flight", "scope", k.Scope, "key", k.ID, "err", err)
 		writeProblem(w, http.StatusConflict, titleBusy,
 			"A request with the same Idempotency-Key is being processed; retry once it has finished.", time.Second)
+	case c == dedup.ClassConflict:
+		m.log.WarnContext(r.Context(), "httpidem: store conflict", "scope", k.Scope, "key", k.ID, "err", err)
+		writeProblem(w, http.StatusServiceUnavailable, titleStoreBusy,
+			"The idempotency store's transaction collided with another. Retry with the same key: a retry replays the outcome, or runs the request if it did not commit.", time.Second)
 	case c == dedup.ClassUnavailable:
 		m.log.ErrorContext(r.Context(), "httpidem: store unavailable", "scope", k.Scope, "key", k.ID, "err", err)
 		writeProblem(w, http.StatusServiceUnavailable, titleStore,

@@ -17,16 +17,17 @@ type problem struct {
 
 // The problems the middleware answers with.
 const (
-	titleMissing  = "Idempotency-Key is missing"
-	titleInvalid  = "Idempotency-Key is malformed"
-	titleBusy     = "A request is outstanding for this Idempotency-Key"
-	titleMismatch = "Idempotency-Key is already used"
-	titleTooLarge = "Request body too large"
-	titleBadBody  = "Request body cannot be fingerprinted"
-	titleFailed   = "The request failed"
-	titleStore    = "Idempotency store unavailable"
-	titleLost     = "Idempotency-Key was taken over"
-	titleRespSize = "Response too large to store"
+	titleMissing   = "Idempotency-Key is missing"
+	titleInvalid   = "Idempotency-Key is malformed"
+	titleBusy      = "A request is outstanding for this Idempotency-Key"
+	titleMismatch  = "Idempotency-Key is already used"
+	titleTooLarge  = "Request body too large"
+	titleBadBody   = "Request body cannot be fingerprinted"
+	titleFailed    = "The request failed"
+	titleStore     = "Idempotency store unavailable"
+	titleStoreBusy = "Idempotency store busy"
+	titleLost      = "Idempotency-Key was taken over"
+	titleRespSize  = "Response too large to store"
 )
 
 // writeProblem answers with an application/problem+json body and, when

@@ -17,6 +17,16 @@ import (
 //
 // Every method is safe for concurrent use. The stores' clocks, not the
 // caller's, decide when a lease has run out.
+//
+// A lease is never shorter than the row that holds it: acquiring, taking
+// over and extending a lease keep the key's row at least until the lease
+// ends (its retention is lengthened when shorter), and the store's Purge
+// never deletes a Processing key whose lease runs, whatever its retention.
+// Tokens only grow: each one AcquireLease or ReleaseRequest gives a key is
+// larger than every token the key had before — also when its row was
+// purged and the key is claimed again — so that a holder that outlived its
+// lease is refused on a later row too, by the store and by any system
+// that checks the token.
 type Store[TTx any] interface {
 	dedup.Store[TTx]
 
@@ -38,16 +48,18 @@ type Store[TTx any] interface {
 		fn func(ctx context.Context, tx TTx) (Response, error)) (Record, error)
 
 	// AcquireLease takes c.Key for a leased request, in a transaction of its
-	// own, committed before it returns: Run with Token 1 for a new key (the
-	// key and a Processing record with a lease of the given length), Run
-	// with a larger Token for a takeover of a Processing key whose lease has
-	// run out (the token grows by one), Replay, Busy (a lease still runs; see
-	// LeaseLeft) or Mismatch as for RunRequest.
+	// own, committed before it returns: Run for a new key (the key and a
+	// Processing record with a lease of the given length and a fresh
+	// token), Run with Takeover set for a takeover of a Processing key whose
+	// lease has run out (the token grows), Replay, Busy (a lease still runs;
+	// see LeaseLeft) or Mismatch as for RunRequest. The key's row is kept
+	// for retention, and at least as long as the lease.
 	AcquireLease(ctx context.Context, c dedup.Claim, retention, lease time.Duration) (Record, error)
 	// ExtendLease makes the lease of k run for lease from now, if token is
 	// still the key's token and the key is Processing; otherwise it returns
-	// ErrLeaseLost and changes nothing. Time does not fence: a lease that
-	// ran out but was not taken over can still be extended.
+	// ErrLeaseLost and changes nothing. The key's row is kept at least until
+	// the extended lease ends. Time does not fence: a lease that ran out but
+	// was not taken over (nor purged) can still be extended.
 	ExtendLease(ctx context.Context, k dedup.Key, token int64, lease time.Duration) error
 	// FinishLease stores res and makes k Finished, under the same condition
 	// as ExtendLease; a stale token gets ErrLeaseLost: a zombie's late
@@ -135,9 +147,17 @@ type Record struct {
 	Key     dedup.Key
 	Verdict Verdict // set by RunRequest and AcquireLease
 	State   State
-	// Token is the fencing token: 1 for the first lease, one more for every
-	// takeover and release. A write with an older token is refused.
+	// Token is the fencing token. Every lease of the key — new, taken
+	// over, or after a release — has a larger one than all before it, also
+	// after the key was purged and claimed again; a write with an older
+	// token is refused. Compare tokens; their values mean nothing else (a
+	// store draws them from a counter of its database). A Transactional
+	// key, which never had a lease, has token 1.
 	Token int64
+	// Takeover is set on AcquireLease's Run when the lease was taken over
+	// from an earlier holder of the key (its lease ran out, or an operator
+	// released it), whose outcome is unknown.
+	Takeover bool
 	// LeaseExpires is when a Processing key's lease runs out, by the store's
 	// clock; LeaseLeft is how long that was from the store's now when the
 	// record was read (negative once it has run out).
@@ -152,7 +172,7 @@ type Record struct {
 // TakenOver reports whether the record's lease was taken over from an
 // earlier holder (or released by an operator): that holder's outcome is
 // unknown, and a handler should find out what it did before acting.
-func (r Record) TakenOver() bool { return r.Token > 1 }
+func (r Record) TakenOver() bool { return r.Takeover }
 
 // ErrLeaseLost: the lease's token is no longer the key's — it was taken
 // over after it ran out, or released — or the key is no longer Processing.

@@ -57,30 +57,59 @@ const (
 	keyVals = `$1, $2, $3::bytea, nullif($4::text, ''), CASE WHEN $5::bigint > 0 THEN now() + $5::bigint * interval '1 millisecond' END`
 )
 
+// Leases and the rows that hold them (DESIGN.md §8).
+//
+// A lease is never shorter than its row: acquiring, taking over and
+// extending a lease push the row's expires_at to the lease's end when it
+// is earlier (a row kept for ever stays so), and Purge skips a processing
+// row whose lease runs, whatever its expires_at (rows written before this
+// rule, a clock that moved).
+//
+// Tokens only grow, also across a purge: every token a lease gets is the
+// 64-bit ID of the transaction that writes it (pg_current_xact_id, which
+// Postgres assigns in increasing order and never reuses in a cluster, the
+// epoch included). Whatever wrote a key's earlier tokens committed before
+// the purge that deleted its row, which committed before the transaction
+// that claims the key again took its ID: the new token is larger than
+// every earlier one. No sequence or tombstone to keep; greatest(token + 1,
+// …) keeps a row's own tokens growing should its older tokens be larger
+// (tokens 1, 2, … of rows written before this rule). The IDs of a
+// logical dump restored into another cluster start again: there, release
+// the keys in Processing after the restore (their holders are gone).
+const (
+	tokenSQL = `pg_current_xact_id()::text::int8`
+	// leaseEnd is the end of a lease of $4 ms from now.
+	leaseEnd = `now() + $4::bigint * interval '1 millisecond'`
+	// keepRow pushes expires_at to the lease's end.
+	keepRow = `expires_at = CASE WHEN expires_at IS NOT NULL THEN greatest(expires_at, ` + leaseEnd + `) END`
+)
+
 func newHTTPQueries(t string) httpQueries {
 	return httpQueries{
 		look: fmt.Sprintf(lookSQL, t),
 		save: `INSERT INTO ` + t + ` (` + keyCols + `, state, token, status, header, body)
 VALUES (` + keyVals + `, 'finished', 1, $6, $7, $8)`,
 		acquire: `INSERT INTO ` + t + ` (` + keyCols + `, state, token, lease_expires_at)
-VALUES (` + keyVals + `, 'processing', 1, now() + $6::bigint * interval '1 millisecond')
+VALUES ($1, $2, $3::bytea, nullif($4::text, ''),
+    CASE WHEN $5::bigint > 0 THEN now() + greatest($5::bigint, $6::bigint) * interval '1 millisecond' END,
+    'processing', ` + tokenSQL + `, now() + $6::bigint * interval '1 millisecond')
 ON CONFLICT (scope, key) DO NOTHING
-RETURNING lease_expires_at`,
+RETURNING token, lease_expires_at`,
 		takeover: `UPDATE ` + t + `
-SET token = token + 1, lease_expires_at = now() + $4::bigint * interval '1 millisecond'
+SET token = greatest(token + 1, ` + tokenSQL + `), lease_expires_at = ` + leaseEnd + `, ` + keepRow + `
 WHERE scope = $1 AND key = $2 AND state = 'processing' AND token = $3 AND lease_expires_at <= now()
 RETURNING token, lease_expires_at`,
 		finish: `UPDATE ` + t + `
 SET state = 'finished', status = $4, header = $5, body = $6, lease_expires_at = NULL
 WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'processing'`,
-		extend: `UPDATE ` + t + ` SET lease_expires_at = now() + $4::bigint * interval '1 millisecond'
+		extend: `UPDATE ` + t + ` SET lease_expires_at = ` + leaseEnd + `, ` + keepRow + `
 WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'processing'`,
 		end: `UPDATE ` + t + ` SET lease_expires_at = now()
 WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'processing'`,
 		stuck: `SELECT scope, key, token, lease_expires_at, (extract(epoch FROM lease_expires_at - now()) * 1000)::bigint, created_at
 FROM ` + t + ` WHERE state = 'processing' AND lease_expires_at < now()
 ORDER BY lease_expires_at LIMIT $1`,
-		relse: `UPDATE ` + t + ` SET token = token + 1, lease_expires_at = now()
+		relse: `UPDATE ` + t + ` SET token = greatest(token + 1, ` + tokenSQL + `), lease_expires_at = now()
 WHERE scope = $1 AND key = $2 AND state = 'processing'`,
 	}
 }
@@ -353,7 +382,7 @@ func (s *Store) AcquireLease(ctx context.Context, c dedup.Claim, retention, leas
 		switch {
 		case rec.Verdict == httpidem.Run:
 			var exp time.Time
-			err := tx.QueryRow(ctx, s.http.acquire, c.Key.Scope, c.Key.ID, c.Fingerprint[:], c.Source, millis(retention), millis(lease)).Scan(&exp)
+			err := tx.QueryRow(ctx, s.http.acquire, c.Key.Scope, c.Key.ID, c.Fingerprint[:], c.Source, millis(retention), millis(lease)).Scan(&rec.Token, &exp)
 			if errors.Is(err, pgx.ErrNoRows) {
 				// Committed after the look by a writer without the lock.
 				rec = httpidem.Record{Key: c.Key, Verdict: httpidem.Busy}
@@ -370,9 +399,9 @@ func (s *Store) AcquireLease(ctx context.Context, c dedup.Claim, retention, leas
 			switch {
 			case errors.Is(err, pgx.ErrNoRows): // extended or released meanwhile: still busy
 			case err != nil:
-				return fmt.Errorf("pgstore: take over lease: %w", err)
+				return s.claimErr(fmt.Errorf("take over lease: %w", err))
 			default:
-				rec.Verdict, rec.LeaseExpires, rec.LeaseLeft = httpidem.Run, exp, lease
+				rec.Verdict, rec.Takeover, rec.LeaseExpires, rec.LeaseLeft = httpidem.Run, true, exp, lease
 			}
 		}
 		return nil

@@ -112,3 +112,50 @@ func TestRequestSwallowedError(t *testing.T) {
 		t.Fatalf("the key after the failed run: %+v, %v; want it free", rec, err)
 	}
 }
+
+// TestLeaseKeepsItsRow: a lease is never shorter than its row. Extending
+// a lease past the key's retention pushes the row's expiry to the lease's
+// end; and Purge spares a key whose lease runs even when its row says it
+// expired (as rows written before that rule do), deleting it once the
+// lease has run out.
+func TestLeaseKeepsItsRow(t *testing.T) {
+	pool := testenv.Pool(t)
+	st, err := pgstore.New(pool, pgstore.Config{Schema: testenv.Schema(t, pool)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := dedup.Claim{Key: dedup.Key{Scope: "POST /payouts", ID: "p1"}, Fingerprint: dedup.FingerprintOf([]byte("x"))}
+	rec, err := st.AcquireLease(ctx, c, time.Millisecond, time.Millisecond)
+	if err != nil || rec.Verdict != httpidem.Run {
+		t.Fatalf("acquire: %+v, %v", rec, err)
+	}
+	if err := st.ExtendLease(ctx, c.Key, rec.Token, time.Hour); err != nil {
+		t.Fatalf("extend: %v", err)
+	}
+	var outlives bool
+	if err := pool.QueryRow(ctx, `SELECT expires_at >= lease_expires_at AND lease_expires_at > now() + interval '50 minutes'
+FROM `+st.Table()+` WHERE scope = $1 AND key = $2`, c.Key.Scope, c.Key.ID).Scan(&outlives); err != nil {
+		t.Fatal(err)
+	}
+	if !outlives {
+		t.Fatal("after extending the lease by an hour the row expires before the lease ends")
+	}
+	setRow := func(set string) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, `UPDATE `+st.Table()+` SET `+set+` WHERE scope = $1 AND key = $2`, c.Key.Scope, c.Key.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setRow(`expires_at = now() - interval '1 hour'`)
+	if n, err := st.Purge(ctx, 10); err != nil || n != 0 {
+		t.Fatalf("purge of an expired row whose lease runs: %d, %v; want it spared", n, err)
+	}
+	setRow(`lease_expires_at = now() - interval '1 second'`)
+	if n, err := st.Purge(ctx, 10); err != nil || n != 1 {
+		t.Fatalf("purge once the lease ran out: %d, %v; want the row deleted", n, err)
+	}
+}

@@ -172,7 +172,7 @@ ON CONFLICT (` + pk + `) DO NOTHING`
 		// another transaction holds makes this purge wait or fail with a
 		// conflict, and the next call goes on.
 		st.purgeSQL = `DELETE FROM ` + t + ` WHERE (shard, scope, key) IN (
-SELECT shard, scope, key FROM ` + t + ` WHERE expires_at < now() LIMIT $1)`
+SELECT shard, scope, key FROM ` + t + ` WHERE ` + purgeable + ` LIMIT $1)`
 		// statement_timeout, saved and restored around the INSERT, so that
 		// it bounds the claim's wait and not the handler's statements.
 		st.boundSQL = [3]string{
@@ -182,7 +182,7 @@ SELECT shard, scope, key FROM ` + t + ` WHERE expires_at < now() LIMIT $1)`
 		}
 	} else {
 		st.purgeSQL = `DELETE FROM ` + t + ` WHERE ctid IN (
-SELECT ctid FROM ` + t + ` WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED)`
+SELECT ctid FROM ` + t + ` WHERE ` + purgeable + ` LIMIT $1 FOR UPDATE SKIP LOCKED)`
 	}
 	st.bufs.New = func() any { return new(claimBuf) }
 	st.http = newHTTPQueries(t)
@@ -597,8 +597,13 @@ func (s *Store) RecordFailure(ctx context.Context, c dedup.Claim, reason string)
 	return nil
 }
 
+// purgeable says which rows Purge deletes: expired ones, but never a
+// request in processing whose lease runs (see http.go).
+const purgeable = `expires_at < now() AND (state IS DISTINCT FROM 'processing' OR lease_expires_at <= now())`
+
 // Purge deletes at most limit expired rows (by the database clock), skipping
-// rows other transactions hold; see dedup.Store.
+// rows other transactions hold and HTTP requests whose lease runs; see
+// dedup.Store.
 func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil

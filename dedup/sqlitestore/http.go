@@ -19,7 +19,18 @@ import (
 // SQLite has one writer: a request's IMMEDIATE transaction waits for the
 // one executing the same key to commit, then finds its response. The
 // middleware answers a concurrent duplicate in the same process with 409
-// before it reaches the database.
+// before it reaches the database. A wait for the write lock that runs out
+// is dedup.ErrStoreBusy: the lock is the database's, whichever key its
+// holder executes.
+//
+// Leases and the rows that hold them (DESIGN.md §8): acquiring, taking over
+// and extending a lease push the row's expires_at to the lease's end when it
+// is earlier, and Purge skips a processing row whose lease runs. Tokens
+// only grow, also across a purge: every token a lease gets is drawn from
+// one counter row (table <table>_tokens), incremented in the transaction
+// that writes the token. SQLite's one writer orders those transactions, so
+// a key claimed again after its row was purged gets a token larger than
+// all it had. Migrate seeds the counter with the largest token stored.
 
 // httpColumns are the columns Migrate adds for HTTP requests.
 var httpColumns = []string{
@@ -43,21 +54,49 @@ func (s *Store) hasHTTPColumns(ctx context.Context, q execQuerier) (bool, error)
 	return n > 0, err
 }
 
-// migrateHTTP adds the HTTP request columns and the index of leases, in one
-// transaction, unless the table has them.
+// hasTokens reports whether the counter of lease tokens exists.
+func (s *Store) hasTokens(ctx context.Context, q execQuerier) (bool, error) {
+	var n int
+	err := q.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?`, s.cfg.Table+"_tokens").Scan(&n)
+	return n > 0, err
+}
+
+// migrateHTTP adds the HTTP request columns and the index of leases unless
+// the table has them, and the counter of lease tokens unless it exists
+// (seeded with the largest token stored), in one transaction.
 func (s *Store) migrateHTTP(ctx context.Context) error {
 	return s.InTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		if ok, err := s.hasHTTPColumns(ctx, tx); err != nil || ok {
+		ok, err := s.hasHTTPColumns(ctx, tx)
+		if err != nil {
 			return err
 		}
-		for _, col := range httpColumns {
-			if _, err := tx.ExecContext(ctx, `ALTER TABLE `+s.table+` ADD COLUMN `+col); err != nil {
+		if !ok {
+			for _, col := range httpColumns {
+				if _, err := tx.ExecContext(ctx, `ALTER TABLE `+s.table+` ADD COLUMN `+col); err != nil {
+					return err
+				}
+			}
+			if _, err := tx.ExecContext(ctx, `CREATE INDEX IF NOT EXISTS "`+s.cfg.Table+`_lease" ON `+s.table+` (lease_expires_at) WHERE state = 'processing'`); err != nil {
 				return err
 			}
 		}
-		_, err := tx.ExecContext(ctx, `CREATE INDEX IF NOT EXISTS "`+s.cfg.Table+`_lease" ON `+s.table+` (lease_expires_at) WHERE state = 'processing'`)
+		_, err = tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+s.tokens+` (
+    id   INTEGER PRIMARY KEY CHECK (id = 1),
+    last INTEGER NOT NULL CHECK (last >= 0)
+);
+INSERT OR IGNORE INTO `+s.tokens+` (id, last) SELECT 1, coalesce(max(token), 0) FROM `+s.table)
 		return err
 	})
+}
+
+// nextToken draws a lease token in tx: larger than every one drawn before.
+func (s *Store) nextToken(ctx context.Context, tx *sql.Tx) (int64, error) {
+	var n int64
+	err := tx.QueryRowContext(ctx, `UPDATE `+s.tokens+` SET last = last + 1 WHERE id = 1 RETURNING last`).Scan(&n)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, fmt.Errorf("%w: sqlitestore: %s has no row: call Store.Migrate", dedup.ErrNotMigrated, s.tokens)
+	}
+	return n, err
 }
 
 func retentionArg(d time.Duration) any {
@@ -161,26 +200,33 @@ func (s *Store) AcquireLease(ctx context.Context, c dedup.Claim, retention, leas
 		if rec, err = s.look(ctx, tx, c); err != nil {
 			return err
 		}
+		taking := rec.Verdict == httpidem.Busy && rec.State == httpidem.Processing && rec.LeaseLeft <= 0
+		if rec.Verdict != httpidem.Run && !taking {
+			return nil
+		}
+		token, err := s.nextToken(ctx, tx)
+		if err != nil {
+			return s.wrap("acquire lease", err)
+		}
 		var exp int64
-		switch {
-		case rec.Verdict == httpidem.Run:
-			err = tx.QueryRowContext(ctx, `INSERT INTO `+s.table+` (scope, key, fingerprint, source, expires_at, state, token, lease_expires_at)
-VALUES (?, ?, ?, nullif(?, ''), ? + `+nowMillis+`, 'processing', 1, ? + `+nowMillis+`) RETURNING lease_expires_at`,
-				c.Key.Scope, c.Key.ID, c.Fingerprint[:], c.Source, retentionArg(retention), ms).Scan(&exp)
-			if err != nil {
-				return s.wrap("acquire lease", err)
-			}
-		case rec.Verdict == httpidem.Busy && rec.State == httpidem.Processing && rec.LeaseLeft <= 0:
-			// The lease ran out: take over, growing the token.
-			err = tx.QueryRowContext(ctx, `UPDATE `+s.table+` SET token = token + 1, lease_expires_at = ? + `+nowMillis+`
+		if taking {
+			// The lease ran out: take over, growing the token. max() of a
+			// NULL expires_at is NULL: a row kept for ever stays so.
+			err = tx.QueryRowContext(ctx, `UPDATE `+s.table+`
+SET token = max(token + 1, ?), lease_expires_at = ? + `+nowMillis+`, expires_at = max(expires_at, ? + `+nowMillis+`)
 WHERE scope = ? AND key = ? AND state = 'processing' AND token = ?
-RETURNING token, lease_expires_at`, ms, c.Key.Scope, c.Key.ID, rec.Token).Scan(&rec.Token, &exp)
+RETURNING token, lease_expires_at`, token, ms, ms, c.Key.Scope, c.Key.ID, rec.Token).Scan(&rec.Token, &exp)
 			if err != nil {
 				return s.wrap("take over lease", err)
 			}
-			rec.Verdict = httpidem.Run
-		default:
-			return nil
+			rec.Verdict, rec.Takeover = httpidem.Run, true
+		} else {
+			err = tx.QueryRowContext(ctx, `INSERT INTO `+s.table+` (scope, key, fingerprint, source, expires_at, state, token, lease_expires_at)
+VALUES (?, ?, ?, nullif(?, ''), max(?, ?) + `+nowMillis+`, 'processing', ?, ? + `+nowMillis+`) RETURNING token, lease_expires_at`,
+				c.Key.Scope, c.Key.ID, c.Fingerprint[:], c.Source, retentionArg(retention), ms, token, ms).Scan(&rec.Token, &exp)
+			if err != nil {
+				return s.wrap("acquire lease", err)
+			}
 		}
 		rec.State, rec.LeaseExpires, rec.LeaseLeft = httpidem.Processing, time.UnixMilli(exp), lease
 		return nil
@@ -207,8 +253,10 @@ func (s *Store) leaseWrite(ctx context.Context, op, query string, args ...any) e
 
 // ExtendLease extends a lease if its token still holds; see httpidem.Store.
 func (s *Store) ExtendLease(ctx context.Context, k dedup.Key, token int64, lease time.Duration) error {
-	return s.leaseWrite(ctx, "extend lease", `UPDATE `+s.table+` SET lease_expires_at = ? + `+nowMillis+`
-WHERE scope = ? AND key = ? AND token = ? AND state = 'processing'`, max(lease.Milliseconds(), 1), k.Scope, k.ID, token)
+	ms := max(lease.Milliseconds(), 1)
+	return s.leaseWrite(ctx, "extend lease", `UPDATE `+s.table+`
+SET lease_expires_at = ? + `+nowMillis+`, expires_at = max(expires_at, ? + `+nowMillis+`)
+WHERE scope = ? AND key = ? AND token = ? AND state = 'processing'`, ms, ms, k.Scope, k.ID, token)
 }
 
 // FinishLease stores a leased request's response if its token still holds;
@@ -252,14 +300,22 @@ ORDER BY lease_expires_at LIMIT ?`, limit)
 
 // ReleaseRequest ends a processing key's lease and grows its token; see
 // httpidem.Store.
-func (s *Store) ReleaseRequest(ctx context.Context, k dedup.Key) (bool, error) {
-	res, err := s.db.ExecContext(ctx, `UPDATE `+s.table+` SET token = token + 1, lease_expires_at = `+nowMillis+`
-WHERE scope = ? AND key = ? AND state = 'processing'`, k.Scope, k.ID)
-	if err != nil {
-		return false, s.wrap("release request", err)
-	}
-	n, err := res.RowsAffected()
-	return n > 0, s.wrap("release request", err)
+func (s *Store) ReleaseRequest(ctx context.Context, k dedup.Key) (released bool, err error) {
+	err = s.InTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		token, err := s.nextToken(ctx, tx)
+		if err != nil {
+			return err
+		}
+		res, err := tx.ExecContext(ctx, `UPDATE `+s.table+` SET token = max(token + 1, ?), lease_expires_at = `+nowMillis+`
+WHERE scope = ? AND key = ? AND state = 'processing'`, token, k.Scope, k.ID)
+		if err != nil {
+			return err
+		}
+		n, err := res.RowsAffected()
+		released = n > 0
+		return err
+	})
+	return released, s.wrap("release request", err)
 }
 
 var _ httpidem.Store[*sql.Tx] = (*Store)(nil)

@@ -3,10 +3,14 @@ package sqlitestore_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"path/filepath"
 	"testing"
+	"time"
 
+	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/sqlitestore"
+	"github.com/idemkit/idem/httpidem"
 	"github.com/idemkit/idem/httpidem/httpidemtest"
 )
 
@@ -39,6 +43,100 @@ func TestHTTPConformance(t *testing.T) {
 				err = db.QueryRowContext(ctx, `SELECT count(*) FROM effects WHERE id = ?`, id).Scan(&n)
 				return n, err
 			},
+			OneWriter: true,
 		}
 	})
+}
+
+// TestLeaseKeepsItsRow: a lease is never shorter than its row. Extending
+// a lease past the key's retention pushes the row's expiry to the lease's
+// end; and Purge spares a key whose lease runs even when its row says it
+// expired (as rows written before that rule do), deleting it once the
+// lease has run out.
+func TestLeaseKeepsItsRow(t *testing.T) {
+	db, err := sqlitestore.Open(filepath.Join(t.TempDir(), "idem.db"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	st, err := sqlitestore.New(db, sqlitestore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := dedup.Claim{Key: dedup.Key{Scope: "POST /payouts", ID: "p1"}, Fingerprint: dedup.FingerprintOf([]byte("x"))}
+	rec, err := st.AcquireLease(ctx, c, time.Millisecond, time.Millisecond)
+	if err != nil || rec.Verdict != httpidem.Run {
+		t.Fatalf("acquire: %+v, %v", rec, err)
+	}
+	if err := st.ExtendLease(ctx, c.Key, rec.Token, time.Hour); err != nil {
+		t.Fatalf("extend: %v", err)
+	}
+	var exp, lease int64
+	if err := db.QueryRowContext(ctx, `SELECT expires_at, lease_expires_at FROM `+st.Table()+` WHERE scope = ? AND key = ?`,
+		c.Key.Scope, c.Key.ID).Scan(&exp, &lease); err != nil {
+		t.Fatal(err)
+	}
+	if exp < lease || time.Until(time.UnixMilli(lease)) < 50*time.Minute {
+		t.Fatalf("after extending the lease by an hour: row expires %v, lease %v; want the row to outlive the lease", time.UnixMilli(exp), time.UnixMilli(lease))
+	}
+	setRow := func(set string, v int64) {
+		t.Helper()
+		if _, err := db.ExecContext(ctx, `UPDATE `+st.Table()+` SET `+set+` = ? WHERE scope = ? AND key = ?`, v, c.Key.Scope, c.Key.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setRow("expires_at", time.Now().Add(-time.Hour).UnixMilli())
+	if n, err := st.Purge(ctx, 10); err != nil || n != 0 {
+		t.Fatalf("purge of an expired row whose lease runs: %d, %v; want it spared", n, err)
+	}
+	setRow("lease_expires_at", time.Now().Add(-time.Second).UnixMilli())
+	if n, err := st.Purge(ctx, 10); err != nil || n != 1 {
+		t.Fatalf("purge once the lease ran out: %d, %v; want the row deleted", n, err)
+	}
+}
+
+// TestMigrateSeedsTokens: a table migrated before the counter of lease
+// tokens existed fails Check until Migrate, which seeds the counter with
+// the largest token stored: the next token given to a key is larger than
+// any it had.
+func TestMigrateSeedsTokens(t *testing.T) {
+	db, err := sqlitestore.Open(filepath.Join(t.TempDir(), "idem.db"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	st, err := sqlitestore.New(db, sqlitestore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := dedup.Claim{Key: dedup.Key{Scope: "POST /payouts", ID: "p1"}, Fingerprint: dedup.FingerprintOf([]byte("x"))}
+	if rec, err := st.AcquireLease(ctx, c, time.Hour, time.Hour); err != nil || rec.Verdict != httpidem.Run {
+		t.Fatalf("acquire: %+v, %v", rec, err)
+	}
+	// The table as an earlier version left it: tokens counted per key.
+	if _, err := db.ExecContext(ctx, `DROP TABLE idem_dedup_tokens; UPDATE idem_dedup SET token = 41`); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Check(ctx); !errors.Is(err, dedup.ErrNotMigrated) {
+		t.Fatalf("Check without the counter: %v, want ErrNotMigrated", err)
+	}
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Check(ctx); err != nil {
+		t.Fatalf("Check after Migrate: %v", err)
+	}
+	other := dedup.Claim{Key: dedup.Key{Scope: "POST /payouts", ID: "p2"}, Fingerprint: c.Fingerprint}
+	rec, err := st.AcquireLease(ctx, other, time.Hour, time.Hour)
+	if err != nil || rec.Verdict != httpidem.Run || rec.Token <= 41 {
+		t.Fatalf("a new key after the upgrade: %+v, %v; want a token above the stored 41", rec, err)
+	}
 }

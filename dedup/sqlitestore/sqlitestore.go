@@ -5,8 +5,10 @@
 // SQLite has one writer at a time. Transactions begin IMMEDIATE (the DSN
 // Open builds sets _txlock=immediate), so a second claim of a key waits for
 // the first transaction to finish — at most Config.LockTimeout (SQLite's
-// busy_timeout) — and then sees the committed row. A wait that runs out
-// surfaces as dedup.ErrInFlight, which the consumer retries.
+// busy_timeout) — and then sees the committed row. Every writer waits so,
+// whatever its keys: a wait that runs out surfaces as dedup.ErrStoreBusy
+// (the database is busy, not the key known to be in flight), which the
+// consumer retries and httpidem answers 503 with Retry-After.
 package sqlitestore
 
 import (
@@ -105,9 +107,10 @@ func OpenWith(path string, opts OpenOptions) (*sql.DB, error) {
 
 // Store is a dedup.Store[*sql.Tx] on SQLite. Safe for concurrent use.
 type Store struct {
-	db    *sql.DB
-	cfg   Config
-	table string
+	db     *sql.DB
+	cfg    Config
+	table  string
+	tokens string // the counter of lease tokens: see http.go
 }
 
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
@@ -127,7 +130,7 @@ func New(db *sql.DB, cfg Config) (*Store, error) {
 	if cfg.LockTimeout < 0 || cfg.Retention < 0 {
 		return nil, errors.New("sqlitestore: Config.LockTimeout and Config.Retention must not be negative")
 	}
-	return &Store{db: db, cfg: cfg, table: `"` + cfg.Table + `"`}, nil
+	return &Store{db: db, cfg: cfg, table: `"` + cfg.Table + `"`, tokens: `"` + cfg.Table + `_tokens"`}, nil
 }
 
 // Table returns the table's name, quoted, as SQL names it.
@@ -207,6 +210,11 @@ func (s *Store) Check(ctx context.Context) error {
 		return fmt.Errorf("sqlitestore: check: %w", err)
 	} else if !ok {
 		return fmt.Errorf("%w: sqlitestore: table %s lacks the HTTP request columns: call Store.Migrate before Run", dedup.ErrNotMigrated, s.table)
+	}
+	if ok, err := s.hasTokens(ctx, s.db); err != nil {
+		return fmt.Errorf("sqlitestore: check: %w", err)
+	} else if !ok {
+		return fmt.Errorf("%w: sqlitestore: table %s of lease tokens does not exist: call Store.Migrate before Run", dedup.ErrNotMigrated, s.tokens)
 	}
 	return nil
 }
@@ -369,13 +377,16 @@ VALUES (?, ?, ?, ?, 'failed', ?, ? + `+nowMillis+`) ON CONFLICT (scope, key) DO 
 	return s.wrap("record failure", err)
 }
 
-// Purge deletes at most limit expired rows; see dedup.Store.
+// Purge deletes at most limit expired rows, but no HTTP request whose lease
+// runs; see dedup.Store.
 func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
 	}
+	// Never a request in processing whose lease runs (see http.go).
 	res, err := s.db.ExecContext(ctx, `DELETE FROM `+s.table+` WHERE (scope, key) IN (
-SELECT scope, key FROM `+s.table+` WHERE expires_at < `+nowMillis+` LIMIT ?)`, limit)
+SELECT scope, key FROM `+s.table+` WHERE expires_at < `+nowMillis+`
+    AND (state IS NOT 'processing' OR lease_expires_at <= `+nowMillis+`) LIMIT ?)`, limit)
 	if err != nil {
 		return 0, s.wrap("purge", err)
 	}
@@ -383,13 +394,15 @@ SELECT scope, key FROM `+s.table+` WHERE expires_at < `+nowMillis+` LIMIT ?)`, l
 	return int(n), err
 }
 
-// wrap names the operation and turns a busy database into dedup.ErrInFlight.
+// wrap names the operation and turns a busy database into
+// dedup.ErrStoreBusy: SQLITE_BUSY and SQLITE_LOCKED are a wait for the
+// database's lock, which says nothing about any key.
 func (s *Store) wrap(op string, err error) error {
 	if err == nil {
 		return nil
 	}
 	if Classify(err) == dedup.ClassConflict {
-		return fmt.Errorf("%w: sqlitestore: %s: %w", dedup.ErrInFlight, op, err)
+		return fmt.Errorf("%w: sqlitestore: %s: %w", dedup.ErrStoreBusy, op, err)
 	}
 	return fmt.Errorf("sqlitestore: %s: %w", op, err)
 }

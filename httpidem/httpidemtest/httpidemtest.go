@@ -49,6 +49,11 @@ type Harness[TTx any] struct {
 	// (pg_terminate_backend). A store without connections leaves it nil;
 	// the suite then injects its mid-handler failures as panics only.
 	DropConn func(ctx context.Context, tx TTx) error
+	// OneWriter says the store's database has one write lock for all keys
+	// (SQLite): a request that waits for it past the lock timeout cannot
+	// be told the key is in flight and is answered 503, where a store that
+	// locks keys one by one answers a duplicate on another instance 409.
+	OneWriter bool
 }
 
 // Factory returns a Harness on a fresh store for one test, cleaned up by
@@ -66,6 +71,7 @@ func Run[TTx any](t *testing.T, newHarness Factory[TTx]) {
 		t.Run("LeaseExpiryTakeoverAndStuck", s.leaseExpiry)
 		t.Run("ConcurrentAcquireOneWinner", s.concurrentAcquire)
 		t.Run("PurgeDeletesRecords", s.purge)
+		t.Run("PurgedKeyTokensGrow", s.purgeTokensGrow)
 	})
 	t.Run("Transactional", func(t *testing.T) {
 		t.Run("Matrix", s.txMatrix)
@@ -81,6 +87,8 @@ func Run[TTx any](t *testing.T, newHarness Factory[TTx]) {
 		t.Run("Optional", s.txOptional)
 		t.Run("Concurrent100", s.txConcurrent)
 		t.Run("Concurrent100FailureHalfway", s.txConcurrentFailure)
+		t.Run("PathValuesInIdentity", s.txPathValues)
+		t.Run("DistinctKeysNeverBusy", s.txDistinctKeys)
 	})
 	t.Run("Leased", func(t *testing.T) {
 		t.Run("Matrix", s.leaseMatrix)
@@ -91,6 +99,7 @@ func Run[TTx any](t *testing.T, newHarness Factory[TTx]) {
 		t.Run("OptionalStreams", s.leaseOptionalStreams)
 		t.Run("Concurrent100", s.leaseConcurrent)
 		t.Run("Concurrent100CrashHalfway", s.leaseCrash)
+		t.Run("PurgeSparesExtendedLease", s.leasePurge)
 	})
 }
 

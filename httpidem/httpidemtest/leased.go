@@ -3,8 +3,10 @@ package httpidemtest
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -45,6 +47,13 @@ func (b *bank) paid(key string) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return len(b.payments[key]) > 0
+}
+
+// tokens returns the tokens that paid key.
+func (b *bank) tokens(key string) []int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]int64(nil), b.payments[key]...)
 }
 
 func (b *bank) count(key string) int {
@@ -106,7 +115,7 @@ func (s suite[TTx]) leaseMatrix(t *testing.T) {
 	p := &payouts{bank: newBank()}
 	g := newGate(t)
 	p.before = func(w http.ResponseWriter, r *http.Request, l *httpidem.Lease, run int32) bool {
-		if l.Token() != 1 || l.TakenOver() || l.Key().ID != "p1" || !strings.HasPrefix(l.Key().Scope, "POST /payouts") {
+		if l.Token() <= 0 || l.TakenOver() || l.Key().ID != "p1" || !strings.HasPrefix(l.Key().Scope, "POST /payouts") {
 			t.Errorf("lease %v token %d", l.Key(), l.Token())
 		}
 		if run == 1 {
@@ -175,8 +184,8 @@ func (s suite[TTx]) leaseUncertain(t *testing.T) {
 			}
 			taken := serve(srv, payout("p1", body100))
 			wantStatus(t, "takeover after release", taken, http.StatusCreated)
-			if !strings.Contains(taken.Body.String(), `"token":3`) {
-				t.Fatalf("takeover: %s, want token 3 (released 2, taken over 3)", taken.Body)
+			if first := p.bank.tokens("p1"); len(first) != 1 || tokenOf(t, taken) <= first[0] {
+				t.Fatalf("takeover: %s, want a token larger than the first holder's %v", taken.Body, first)
 			}
 			if n := p.bank.count("p1"); n != 1 {
 				t.Fatalf("%d payments, want 1: the taker found the first payment", n)
@@ -191,10 +200,12 @@ func (s suite[TTx]) leaseUncertain(t *testing.T) {
 func (s suite[TTx]) leaseEnd(t *testing.T) {
 	h := s.harness(t, Config{})
 	p := &payouts{bank: newBank()}
+	var first int64
 	p.before = func(w http.ResponseWriter, r *http.Request, l *httpidem.Lease, run int32) bool {
 		if run > 1 {
 			return false
 		}
+		first = l.Token()
 		// The bank refused before doing anything: give the key up.
 		if err := l.End(r.Context()); err != nil {
 			t.Errorf("end: %v", err)
@@ -205,9 +216,19 @@ func (s suite[TTx]) leaseEnd(t *testing.T) {
 	srv := s.leaseRoute(t, h, httpidem.Route{Lease: time.Hour}, p)
 	wantStatus(t, "ended lease", serve(srv, payout("p1", body100)), http.StatusServiceUnavailable)
 	w := serve(srv, payout("p1", body100))
-	if w.Code != http.StatusCreated || replayed(w) || !strings.Contains(w.Body.String(), `"token":2`) {
-		t.Fatalf("retry after End: %d %s, want a takeover at once (token 2)", w.Code, w.Body)
+	if w.Code != http.StatusCreated || replayed(w) || tokenOf(t, w) <= first {
+		t.Fatalf("retry after End: %d %s, want a takeover at once (a token larger than %d)", w.Code, w.Body, first)
 	}
+}
+
+// tokenOf reads the token of a payouts answer.
+func tokenOf(t *testing.T, w *httptest.ResponseRecorder) int64 {
+	t.Helper()
+	var v struct{ Token int64 }
+	if err := json.Unmarshal(w.Body.Bytes(), &v); err != nil {
+		t.Fatalf("payouts answer %q: %v", w.Body, err)
+	}
+	return v.Token
 }
 
 // leaseZombie: a holder is released by an operator while it still runs;
@@ -408,4 +429,93 @@ func (s suite[TTx]) leaseCrash(t *testing.T) {
 			}
 		})
 	}
+}
+
+// leasePurge: a leased handler extends its lease past its key's retention
+// and keeps running; purges meanwhile spare the key (its lease runs), a
+// retry is answered 409 instead of running the handler a second time under
+// a fresh row, and the holder's response is stored and replayed. Over HTTP,
+// counting the handler's runs and the bank's payments.
+func (s suite[TTx]) leasePurge(t *testing.T) {
+	h, ctx := s.harness(t, Config{}), ctxFor(t)
+	p := &payouts{bank: newBank()}
+	g := newGate(t)
+	var liveRuns atomic.Int32
+	p.before = func(w http.ResponseWriter, r *http.Request, l *httpidem.Lease, run int32) bool {
+		if l.Key().ID != "live" || liveRuns.Add(1) > 1 {
+			return false
+		}
+		if err := l.Extend(r.Context(), time.Hour); err != nil {
+			t.Errorf("extend: %v", err)
+		}
+		g.wait()
+		return false
+	}
+	const retention = 200 * time.Millisecond
+	srv := httptest.NewServer(s.leaseRoute(t, h, httpidem.Route{Retention: retention, Lease: 100 * time.Millisecond}, p))
+	defer srv.Close()
+	defer g.release() // before Close, which waits for the handler
+	done := make(chan httpAnswer, 1)
+	go func() { done <- sendHTTP(t, srv.URL+"/payouts", "live", body100) }()
+	<-g.started
+	// A key stored after the live one with the same retention: once a
+	// purge has deleted it, the live key's own retention has run out too.
+	if a := sendHTTP(t, srv.URL+"/payouts", "later", body100); a.status != http.StatusCreated {
+		t.Fatalf("later key: %+v", a)
+	}
+	eventually(t, "the later key to expire and be purged", func() bool {
+		if _, err := purger(t, h).Purge(ctx, 100); err != nil {
+			t.Fatal(err)
+		}
+		return !sendHTTP(t, srv.URL+"/payouts", "later", body100).replayed
+	})
+	retry := sendHTTP(t, srv.URL+"/payouts", "live", body100)
+	if retry.status != http.StatusConflict || retry.retryAfter == "" {
+		t.Fatalf("retry while the extended lease runs: %+v, want 409 with Retry-After", retry)
+	}
+	if n := liveRuns.Load(); n != 1 {
+		t.Fatalf("the handler ran %d times for the live key, want once", n)
+	}
+	g.release()
+	first := <-done
+	if first.status != http.StatusCreated || first.replayed {
+		t.Fatalf("the holder's answer: %+v, want 201", first)
+	}
+	again := sendHTTP(t, srv.URL+"/payouts", "live", body100)
+	if again.status != http.StatusCreated || !again.replayed || again.body != first.body {
+		t.Fatalf("after the holder finished: %+v, want its response %q replayed", again, first.body)
+	}
+	if n := p.bank.count("live"); n != 1 || liveRuns.Load() != 1 {
+		t.Fatalf("%d payments and %d runs for the live key, want 1 and 1", n, liveRuns.Load())
+	}
+}
+
+// httpAnswer is a response over HTTP.
+type httpAnswer struct {
+	status     int
+	replayed   bool
+	retryAfter string
+	body       string
+}
+
+// sendHTTP posts body with key to url through a real connection.
+func sendHTTP(t *testing.T, url, key, body string) httpAnswer {
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Error(err)
+		return httpAnswer{}
+	}
+	req.Header.Set("Idempotency-Key", key)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Errorf("POST %s: %v", url, err)
+		return httpAnswer{}
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Errorf("POST %s: %v", url, err)
+	}
+	return httpAnswer{status: res.StatusCode, replayed: res.Header.Get("Idempotent-Replayed") == "true",
+		retryAfter: res.Header.Get("Retry-After"), body: string(b)}
 }

@@ -105,8 +105,8 @@ func (s suite[TTx]) leaseFencing(t *testing.T) {
 	k := c.Key
 	a, err := st.AcquireLease(ctx, c, time.Hour, time.Minute)
 	wantVerdict(t, "first acquire", a, err, httpidem.Run)
-	if a.Token != 1 || a.TakenOver() || a.LeaseLeft <= 0 || a.LeaseLeft > time.Minute {
-		t.Fatalf("first acquire: %+v, want token 1 and a lease of a minute", a)
+	if a.Token <= 0 || a.TakenOver() || a.LeaseLeft <= 0 || a.LeaseLeft > time.Minute {
+		t.Fatalf("first acquire: %+v, want a token, not taken over, and a lease of a minute", a)
 	}
 	b, err := st.AcquireLease(ctx, c, time.Hour, time.Minute)
 	wantVerdict(t, "acquire while the lease runs", b, err, httpidem.Busy)
@@ -116,10 +116,10 @@ func (s suite[TTx]) leaseFencing(t *testing.T) {
 	if m, err := st.AcquireLease(ctx, claimOf("POST /payouts", "p1", "other"), time.Hour, time.Minute); err != nil || m.Verdict != httpidem.Mismatch {
 		t.Fatalf("acquire with another fingerprint: %+v, %v; want a mismatch", m, err)
 	}
-	if err := st.ExtendLease(ctx, k, 1, time.Minute); err != nil {
+	if err := st.ExtendLease(ctx, k, a.Token, time.Minute); err != nil {
 		t.Fatalf("extend by the holder: %v", err)
 	}
-	if err := st.ExtendLease(ctx, k, 2, time.Minute); !errors.Is(err, httpidem.ErrLeaseLost) {
+	if err := st.ExtendLease(ctx, k, a.Token+1, time.Minute); !errors.Is(err, httpidem.ErrLeaseLost) {
 		t.Fatalf("extend with a token never given: %v, want ErrLeaseLost", err)
 	}
 	// An operator releases the key: the token grows, the holder is fenced.
@@ -127,10 +127,10 @@ func (s suite[TTx]) leaseFencing(t *testing.T) {
 		t.Fatalf("release: %v, %v", ok, err)
 	}
 	for name, err := range map[string]error{
-		"extend":  st.ExtendLease(ctx, k, 1, time.Minute),
-		"finish":  st.FinishLease(ctx, k, 1, httpidem.Response{Status: 200}),
-		"end":     st.EndLease(ctx, k, 1),
-		"unknown": st.FinishLease(ctx, dedup.Key{Scope: k.Scope, ID: "nope"}, 1, httpidem.Response{Status: 200}),
+		"extend":  st.ExtendLease(ctx, k, a.Token, time.Minute),
+		"finish":  st.FinishLease(ctx, k, a.Token, httpidem.Response{Status: 200}),
+		"end":     st.EndLease(ctx, k, a.Token),
+		"unknown": st.FinishLease(ctx, dedup.Key{Scope: k.Scope, ID: "nope"}, a.Token, httpidem.Response{Status: 200}),
 	} {
 		if !errors.Is(err, httpidem.ErrLeaseLost) {
 			t.Fatalf("%s with a released token: %v, want ErrLeaseLost", name, err)
@@ -138,8 +138,8 @@ func (s suite[TTx]) leaseFencing(t *testing.T) {
 	}
 	c2, err := st.AcquireLease(ctx, c, time.Hour, time.Minute)
 	wantVerdict(t, "acquire after release", c2, err, httpidem.Run)
-	if c2.Token <= 2 || !c2.TakenOver() {
-		t.Fatalf("takeover after release: token %d, want more than 2 (released 2, taken over 3)", c2.Token)
+	if c2.Token <= a.Token+1 || !c2.TakenOver() {
+		t.Fatalf("takeover after release: token %d, want more than %d (the first's token, grown by the release and the takeover)", c2.Token, a.Token+1)
 	}
 	if err := st.FinishLease(ctx, k, c2.Token, httpidem.Response{Status: 202, Body: []byte("ok")}); err != nil {
 		t.Fatalf("finish by the new holder: %v", err)
@@ -178,22 +178,22 @@ func (s suite[TTx]) leaseExpiry(t *testing.T) {
 		}
 		return len(stuck) > 0
 	})
-	if len(stuck) != 1 || stuck[0].Key != c.Key || stuck[0].Token != 1 || stuck[0].State != httpidem.Processing ||
+	if len(stuck) != 1 || stuck[0].Key != c.Key || stuck[0].Token != a.Token || stuck[0].State != httpidem.Processing ||
 		stuck[0].LeaseLeft > 0 || stuck[0].FirstAt.IsZero() || stuck[0].LeaseExpires.IsZero() {
-		t.Fatalf("stuck %+v, want only %v with token 1, expired", stuck, c.Key)
+		t.Fatalf("stuck %+v, want only %v with token %d, expired", stuck, c.Key, a.Token)
 	}
 	b, err := st.AcquireLease(ctx, c, time.Hour, time.Hour)
 	wantVerdict(t, "acquire after the lease ran out", b, err, httpidem.Run)
-	if b.Token != 2 || !b.TakenOver() {
-		t.Fatalf("takeover: token %d, want 2", b.Token)
+	if b.Token <= a.Token || !b.TakenOver() {
+		t.Fatalf("takeover: token %d, taken over %v; want more than %d, taken over", b.Token, b.TakenOver(), a.Token)
 	}
-	if err := st.FinishLease(ctx, c.Key, 1, httpidem.Response{Status: 200}); !errors.Is(err, httpidem.ErrLeaseLost) {
+	if err := st.FinishLease(ctx, c.Key, a.Token, httpidem.Response{Status: 200}); !errors.Is(err, httpidem.ErrLeaseLost) {
 		t.Fatalf("the first holder's late finish: %v, want ErrLeaseLost", err)
 	}
 	if stuck, err := st.StuckRequests(ctx, 10); err != nil || len(stuck) != 0 {
 		t.Fatalf("stuck after the takeover: %+v, %v; want none", stuck, err)
 	}
-	if err := st.EndLease(ctx, c.Key, 2); err != nil {
+	if err := st.EndLease(ctx, c.Key, b.Token); err != nil {
 		t.Fatalf("end lease: %v", err)
 	}
 	eventually(t, "the ended lease to be listed as stuck", func() bool {
@@ -201,12 +201,12 @@ func (s suite[TTx]) leaseExpiry(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return len(stuck) == 1 && stuck[0].Token == 2
+		return len(stuck) == 1 && stuck[0].Token == b.Token
 	})
 	d, err := st.AcquireLease(ctx, c, time.Hour, time.Hour)
 	wantVerdict(t, "acquire after EndLease", d, err, httpidem.Run)
-	if d.Token != 3 {
-		t.Fatalf("takeover after EndLease: token %d, want 3", d.Token)
+	if d.Token <= b.Token || !d.TakenOver() {
+		t.Fatalf("takeover after EndLease: token %d, want more than %d, taken over", d.Token, b.Token)
 	}
 }
 
@@ -231,7 +231,7 @@ func (s suite[TTx]) concurrentAcquire(t *testing.T) {
 	}
 	wg.Wait()
 	for _, err := range errs {
-		if !errors.Is(err, dedup.ErrInFlight) {
+		if !errors.Is(err, dedup.ErrInFlight) && !errors.Is(err, dedup.ErrStoreBusy) {
 			t.Fatalf("acquire: %v", err)
 		}
 	}
@@ -254,8 +254,13 @@ func (s suite[TTx]) purge(t *testing.T) {
 		wantVerdict(t, "store "+k.c.Key.ID, rec, err, httpidem.Run)
 	}
 	leased := claimOf("POST /payouts", "short", "x")
-	if rec, err := st.AcquireLease(ctx, leased, time.Millisecond, time.Millisecond); err != nil || rec.Verdict != httpidem.Run {
-		t.Fatalf("acquire: %+v, %v", rec, err)
+	first, err := st.AcquireLease(ctx, leased, time.Millisecond, time.Millisecond)
+	wantVerdict(t, "acquire", first, err, httpidem.Run)
+	// A lease that runs longer than its key's retention: the key is not
+	// purged while it runs.
+	held := claimOf("POST /payouts", "held", "x")
+	if rec, err := st.AcquireLease(ctx, held, time.Millisecond, time.Hour); err != nil || rec.Verdict != httpidem.Run {
+		t.Fatalf("acquire a held key: %+v, %v", rec, err)
 	}
 	deleted := 0
 	eventually(t, "both short-lived keys to be purged", func() bool {
@@ -274,12 +279,68 @@ func (s suite[TTx]) purge(t *testing.T) {
 	wantVerdict(t, "a purged key", rec, err, httpidem.Run)
 	lrec, err := st.AcquireLease(ctx, leased, time.Hour, time.Hour)
 	wantVerdict(t, "a purged leased key", lrec, err, httpidem.Run)
-	if lrec.Token != 1 {
-		t.Fatalf("a purged leased key: token %d, want 1", lrec.Token)
+	if lrec.Token <= first.Token || lrec.TakenOver() {
+		t.Fatalf("a purged leased key: token %d, taken over %v; want more than %d, not taken over", lrec.Token, lrec.TakenOver(), first.Token)
+	}
+	if rec, err := st.AcquireLease(ctx, held, time.Hour, time.Hour); err != nil || rec.Verdict != httpidem.Busy || rec.LeaseLeft <= 0 {
+		t.Fatalf("the held key after purges: %+v, %v; want it busy, its lease running", rec, err)
 	}
 	if stuck, err := st.StuckRequests(ctx, 10); err != nil || len(stuck) != 0 {
 		t.Fatalf("stuck after purge: %+v, %v", stuck, err)
 	}
 	rec, err = claim(ctx, st, keep, nil)
 	wantVerdict(t, "a kept key", rec, err, httpidem.Replay)
+}
+
+// purgeTokensGrow: a leased key is taken over, released, and purged once
+// its retention and its lease have run out; the key claimed again gets a
+// token larger than every one handed out before, so that a holder of an
+// old one — alive still, as time does not fence — is refused by the store
+// and by a system that checks tokens (DESIGN.md §8: tokens only grow).
+func (s suite[TTx]) purgeTokensGrow(t *testing.T) {
+	h, ctx := s.harness(t, Config{}), ctxFor(t)
+	st, p := h.Store, purger(t, h)
+	c := claimOf("POST /payouts", "p1", "x")
+	a, err := st.AcquireLease(ctx, c, time.Millisecond, time.Millisecond)
+	wantVerdict(t, "first acquire", a, err, httpidem.Run)
+	if a.TakenOver() {
+		t.Fatalf("first acquire: %+v, a new key is not taken over", a)
+	}
+	var b httpidem.Record
+	eventually(t, "the first lease to run out and be taken over", func() bool {
+		b, err = st.AcquireLease(ctx, c, time.Millisecond, time.Millisecond)
+		if err != nil {
+			t.Fatalf("takeover: %v", err)
+		}
+		return b.Verdict == httpidem.Run
+	})
+	if b.Token <= a.Token || !b.TakenOver() {
+		t.Fatalf("takeover: %+v after token %d, want a larger token, taken over", b, a.Token)
+	}
+	if ok, err := st.ReleaseRequest(ctx, c.Key); err != nil || !ok {
+		t.Fatalf("release: %v, %v", ok, err)
+	}
+	eventually(t, "the released key to be purged", func() bool {
+		n, err := p.Purge(ctx, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	})
+	d, err := st.AcquireLease(ctx, c, time.Hour, time.Hour)
+	wantVerdict(t, "acquire after the purge", d, err, httpidem.Run)
+	if d.Token <= b.Token {
+		t.Fatalf("the purged key claimed again: token %d, want more than %d (tokens handed out before: %d, %d and a release)", d.Token, b.Token, a.Token, b.Token)
+	}
+	for _, old := range []int64{a.Token, b.Token} {
+		if err := st.ExtendLease(ctx, c.Key, old, time.Hour); !errors.Is(err, httpidem.ErrLeaseLost) {
+			t.Fatalf("extend with token %d from before the purge: %v, want ErrLeaseLost", old, err)
+		}
+		if err := st.FinishLease(ctx, c.Key, old, httpidem.Response{Status: 200}); !errors.Is(err, httpidem.ErrLeaseLost) {
+			t.Fatalf("finish with token %d from before the purge: %v, want ErrLeaseLost", old, err)
+		}
+	}
+	if err := st.FinishLease(ctx, c.Key, d.Token, httpidem.Response{Status: 201}); err != nil {
+		t.Fatalf("finish by the new holder: %v", err)
+	}
 }

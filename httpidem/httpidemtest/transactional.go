@@ -6,6 +6,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -284,8 +285,9 @@ func (s suite[TTx]) txBusy(t *testing.T) {
 
 // txBusyAcrossInstances: two middlewares on one store, as two processes
 // behind a load balancer; the second learns from the store that the key is
-// executing (Postgres at once; SQLite, whose writers queue, once its lock
-// timeout runs out).
+// executing: 409 at once (Postgres). SQLite, whose writers queue behind one
+// lock, can only say once its lock timeout runs out that the database is
+// busy: 503 with Retry-After, never a false 409.
 func (s suite[TTx]) txBusyAcrossInstances(t *testing.T) {
 	h := s.harness(t, Config{LockTimeout: 300 * time.Millisecond})
 	p := &payments[TTx]{h: h}
@@ -302,7 +304,15 @@ func (s suite[TTx]) txBusyAcrossInstances(t *testing.T) {
 	done := make(chan int)
 	go func() { done <- serve(a, post("k1", body100)).Code }()
 	<-g.started
-	wantProblem(t, "duplicate on another instance", serve(b, post("k1", body100)), http.StatusConflict)
+	want := http.StatusConflict
+	if h.OneWriter {
+		want = http.StatusServiceUnavailable
+	}
+	dup := serve(b, post("k1", body100))
+	wantProblem(t, "duplicate on another instance", dup, want)
+	if dup.Header().Get("Retry-After") == "" {
+		t.Fatalf("duplicate on another instance: %d without Retry-After", dup.Code)
+	}
 	g.release()
 	if code := <-done; code != http.StatusCreated {
 		t.Fatalf("the first request: %d", code)
@@ -425,5 +435,109 @@ func (s suite[TTx]) txConcurrentFailure(t *testing.T) {
 			wantEffects(t, h, "k1", 1)
 			wantEffects(t, h, "after-drop", 0)
 		})
+	}
+}
+
+// txPathValues: a key is one request to one resource. On a ServeMux
+// pattern with wildcards, key k-1 captures payment 1; the same key and
+// body on payment 2 is another request under the key — 422, as the IETF
+// draft and Stripe answer — never payment 1's response, and payment 2 is
+// not captured by it.
+func (s suite[TTx]) txPathValues(t *testing.T) {
+	h := s.harness(t, Config{})
+	m := newMiddleware(t, h.Store, nil)
+	var runs atomic.Int32
+	capture := httpidem.TxHandlerFunc[TTx](func(w http.ResponseWriter, r *http.Request, tx TTx) error {
+		runs.Add(1)
+		id := r.PathValue("id")
+		if err := h.Effect(r.Context(), tx, "capture-"+id); err != nil {
+			return err
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, err := fmt.Fprintf(w, `{"captured":%q}`, id)
+		return err
+	})
+	mux := http.NewServeMux()
+	mux.Handle("POST /payments/{id}/capture", m.Transactional(httpidem.Route{}, capture))
+	req := func(id, key string) request {
+		return request{method: http.MethodPost, target: "/payments/" + id + "/capture", key: key, body: body100}
+	}
+	first := serve(mux, req("1", "k-1"))
+	wantStatus(t, "capture payment 1", first, http.StatusOK)
+	if first.Body.String() != `{"captured":"1"}` {
+		t.Fatalf("capture payment 1: %s", first.Body)
+	}
+	other := serve(mux, req("2", "k-1"))
+	wantProblem(t, "the same key and body on payment 2", other, http.StatusUnprocessableEntity)
+	if !strings.Contains(other.Body.String(), "Idempotency-Key is already used") {
+		t.Fatalf("the same key on payment 2: %s, want the draft's problem", other.Body)
+	}
+	if w := serve(mux, req("1", "k-1")); !replayed(w) || w.Body.String() != first.Body.String() {
+		t.Fatalf("a retry on payment 1: %d %s, want its replay", w.Code, w.Body)
+	}
+	if w := serve(mux, req("2", "k-2")); w.Code != http.StatusOK || replayed(w) || w.Body.String() != `{"captured":"2"}` {
+		t.Fatalf("payment 2 with its own key: %d %s", w.Code, w.Body)
+	}
+	wantEffects(t, h, "capture-1", 1)
+	wantEffects(t, h, "capture-2", 1)
+	if n := runs.Load(); n != 2 {
+		t.Fatalf("%d runs, want 2", n)
+	}
+
+	// Route.IgnorePathValues: the key names the operation whatever the
+	// path says (here a version segment that chooses nothing).
+	mux.Handle("POST /orders/{version}/capture", m.Transactional(httpidem.Route{IgnorePathValues: true}, capture))
+	v1 := serve(mux, request{method: http.MethodPost, target: "/orders/v1/capture", key: "k-3", body: body100})
+	wantStatus(t, "opted out, v1", v1, http.StatusOK)
+	v2 := serve(mux, request{method: http.MethodPost, target: "/orders/v2/capture", key: "k-3", body: body100})
+	if v2.Code != http.StatusOK || !replayed(v2) || v2.Body.String() != v1.Body.String() {
+		t.Fatalf("opted out, the same key on v2: %d %s, want v1's response replayed", v2.Code, v2.Body)
+	}
+}
+
+// txDistinctKeys: twelve requests with distinct keys at once while the
+// first one's handler holds its transaction past the store's lock timeout.
+// No one holds the others' keys, so none is answered 409: a store that
+// makes them wait (SQLite's one write lock) answers 503 with Retry-After,
+// a retry with the same key succeeds, and every key's effect happens once.
+func (s suite[TTx]) txDistinctKeys(t *testing.T) {
+	h := s.harness(t, Config{LockTimeout: 200 * time.Millisecond})
+	p := &payments[TTx]{h: h}
+	g := newGate(t)
+	p.inner = func(w http.ResponseWriter, r *http.Request, tx TTx, run int32) error {
+		if run == 1 {
+			g.wait() // the slow handler: k0, holding its transaction
+		}
+		w.WriteHeader(http.StatusCreated)
+		return nil
+	}
+	srv := s.txRoute(t, h, httpidem.Route{Name: "/payments"}, p)
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() { done <- serve(srv, post("k0", body100)) }()
+	<-g.started
+	answers := make([]*httptest.ResponseRecorder, 12)
+	var wg sync.WaitGroup
+	for i := 1; i < len(answers); i++ {
+		wg.Go(func() { answers[i] = serve(srv, post(fmt.Sprintf("k%d", i), body100)) })
+	}
+	wg.Wait()
+	g.release()
+	answers[0] = <-done
+	for i, w := range answers {
+		switch {
+		case w.Code == http.StatusCreated && !replayed(w):
+		case w.Code == http.StatusServiceUnavailable:
+			wantProblem(t, fmt.Sprintf("k%d while the store was busy", i), w, http.StatusServiceUnavailable)
+			if w.Header().Get("Retry-After") == "" {
+				t.Fatalf("k%d: 503 without Retry-After", i)
+			}
+			var seen statuses
+			retryUntilDone(t, srv, post(fmt.Sprintf("k%d", i), body100), &seen)
+		default:
+			t.Fatalf("k%d, a key no one else held: %d %s; want 201, or 503 while the store is busy", i, w.Code, w.Body)
+		}
+	}
+	for i := range answers {
+		wantEffects(t, h, fmt.Sprintf("k%d", i), 1)
 	}
 }
