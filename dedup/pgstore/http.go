@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"sync/atomic"
 	"time"
 
@@ -25,7 +26,10 @@ import (
 // executing the key right now (Busy, 409) — the row is only written once
 // the handler is done. The lock lives as long as the transaction that took
 // it. Two keys with one hash make one of them Busy for a moment, never run
-// twice: the primary key decides what is new.
+// twice: the primary key decides what is new. Advisory locks are the
+// database's, not a table's: the hash is seeded with the table's name, so
+// that two tables in one database (two services, a schema per tenant)
+// holding the same route and key do not make each other Busy every time.
 
 // ErrDistributedHTTP: RunRequest and AcquireLease of a store in distributed
 // mode. They find a key another transaction executes right now with
@@ -44,11 +48,18 @@ type httpQueries struct {
 // the transaction's lock_timeout, $4) and reads its row ($1 scope, $2 key,
 // $3 the request's fingerprint).
 const lookSQL = `WITH lock AS MATERIALIZED (
-    SELECT pg_try_advisory_xact_lock(hashtextextended($1::text || E'\x1f' || $2::text, 0)) AS got
+    SELECT pg_try_advisory_xact_lock(hashtextextended($1::text || E'\x1f' || $2::text, %d)) AS got
     FROM (SELECT set_config('lock_timeout', $4::text, true)) AS cfg)
 SELECT lock.got, d.fingerprint = $3::bytea, d.created_at, d.state, d.token, d.lease_expires_at,
     (extract(epoch FROM d.lease_expires_at - now()) * 1000)::bigint, d.status, d.header, d.body
 FROM lock LEFT JOIN %s d ON d.scope = $1 AND d.key = $2`
+
+// lockSeed seeds the advisory lock's hash with the table t.
+func lockSeed(t string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte(t))
+	return int64(h.Sum64())
+}
 
 // keyCols and keyVals insert a key's row ($1 scope, $2 key, $3
 // fingerprint, $4 source, $5 retention in ms, ≤ 0 for ever).
@@ -86,7 +97,7 @@ const (
 
 func newHTTPQueries(t string) httpQueries {
 	return httpQueries{
-		look: fmt.Sprintf(lookSQL, t),
+		look: fmt.Sprintf(lookSQL, lockSeed(t), t),
 		save: `INSERT INTO ` + t + ` (` + keyCols + `, state, token, status, header, body)
 VALUES (` + keyVals + `, 'finished', 1, $6, $7, $8)`,
 		acquire: `INSERT INTO ` + t + ` (` + keyCols + `, state, token, lease_expires_at)

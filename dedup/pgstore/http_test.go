@@ -159,3 +159,45 @@ FROM `+st.Table()+` WHERE scope = $1 AND key = $2`, c.Key.Scope, c.Key.ID).Scan(
 		t.Fatalf("purge once the lease ran out: %d, %v; want the row deleted", n, err)
 	}
 }
+
+// TestRequestsOfTwoTablesDoNotCollide: advisory locks are the database's,
+// so two stores of one database (two services, a schema per tenant) that
+// hold the same route and key must not make each other Busy: the lock's
+// hash is seeded with the table.
+func TestRequestsOfTwoTablesDoNotCollide(t *testing.T) {
+	pool := testenv.Pool(t)
+	ctx := context.Background()
+	var stores [2]*pgstore.Store
+	for i := range stores {
+		st, err := pgstore.New(pool, pgstore.Config{Schema: testenv.Schema(t, pool), LockTimeout: 200 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		stores[i] = st
+	}
+	c := dedup.Claim{Key: dedup.Key{Scope: "POST /payouts", ID: "p1"}, Fingerprint: dedup.FingerprintOf([]byte("x"))}
+	holding, release := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := stores[0].RunRequest(ctx, c, time.Hour, func(context.Context, pgx.Tx) (httpidem.Response, error) {
+			close(holding)
+			<-release
+			return httpidem.Response{Status: 201}, nil
+		})
+		done <- err
+	}()
+	<-holding
+	rec, err := stores[1].RunRequest(ctx, c, time.Hour, func(context.Context, pgx.Tx) (httpidem.Response, error) {
+		return httpidem.Response{Status: 201}, nil
+	})
+	close(release)
+	if err != nil || rec.Verdict != httpidem.Run {
+		t.Errorf("the other table's request while the first table's runs: %+v, %v; want it run", rec, err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
