@@ -57,6 +57,12 @@ func TestDistributedOffsetsConformance(t *testing.T) {
 	})
 }
 
+func TestDistributedEpochsConformance(t *testing.T) {
+	deduptest.RunEpochs(t, func(t *testing.T) dedup.EpochStore {
+		return distributedStore(t, testenv.NewDistributed(t), pgstore.Config{})
+	})
+}
+
 func TestDistributedAdmin(t *testing.T) {
 	deduptest.RunAdmin(t, func(t *testing.T) (dedup.Store[pgx.Tx], dedup.Admin) {
 		d := testenv.NewDistributed(t)
