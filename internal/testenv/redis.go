@@ -24,7 +24,6 @@ import (
 // snapshot is taken when the test asks (Snapshot), and a restart loads
 // the one the test names, or starts empty.
 type PrivateRedis struct {
-	t    testing.TB
 	dir  string
 	port int
 
@@ -52,9 +51,11 @@ func NewPrivateRedis(t testing.TB) *PrivateRedis {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	r := &PrivateRedis{t: t, dir: t.TempDir(), port: port}
+	r := &PrivateRedis{dir: t.TempDir(), port: port}
 	t.Cleanup(r.stop)
-	r.start()
+	if err := r.start(); err != nil {
+		t.Fatal(err)
+	}
 	return r
 }
 
@@ -63,8 +64,7 @@ func (r *PrivateRedis) Addr() string { return "127.0.0.1:" + strconv.Itoa(r.port
 
 func (r *PrivateRedis) dump() string { return filepath.Join(r.dir, "dump.rdb") }
 
-func (r *PrivateRedis) start() {
-	r.t.Helper()
+func (r *PrivateRedis) start() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	cmd := exec.Command("redis-server",
@@ -75,7 +75,7 @@ func (r *PrivateRedis) start() {
 	cmd.Stdout, cmd.Stderr = r.log, r.log
 	dieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
-		r.t.Fatalf("private redis: start: %v", err)
+		return fmt.Errorf("private redis: start: %w", err)
 	}
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
@@ -83,13 +83,13 @@ func (r *PrivateRedis) start() {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if err := r.ping(); err == nil {
-			return
+			return nil
 		} else if time.Now().After(deadline) {
-			r.t.Fatalf("private redis on %s not ready after 30s: %v\n%s", r.Addr(), err, r.log)
+			return fmt.Errorf("private redis on %s not ready after 30s: %w\n%s", r.Addr(), err, r.log)
 		}
 		select {
 		case <-exited:
-			r.t.Fatalf("private redis on %s exited during startup:\n%s", r.Addr(), r.log)
+			return fmt.Errorf("private redis on %s exited during startup:\n%s", r.Addr(), r.log)
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
@@ -145,14 +145,13 @@ func (r *PrivateRedis) Do(args ...string) (string, error) {
 
 // Snapshot saves the data set (SAVE) and returns a copy of the RDB file,
 // to give to Restart later.
-func (r *PrivateRedis) Snapshot() string {
-	r.t.Helper()
+func (r *PrivateRedis) Snapshot() (string, error) {
 	if _, err := r.Do("SAVE"); err != nil {
-		r.t.Fatalf("private redis: SAVE: %v", err)
+		return "", fmt.Errorf("private redis: SAVE: %w", err)
 	}
 	b, err := os.ReadFile(r.dump())
 	if err != nil {
-		r.t.Fatalf("private redis: read the snapshot: %v", err)
+		return "", fmt.Errorf("private redis: read the snapshot: %w", err)
 	}
 	f, err := os.CreateTemp(r.dir, "snapshot-*.rdb")
 	if err == nil {
@@ -160,17 +159,25 @@ func (r *PrivateRedis) Snapshot() string {
 		err = errors.Join(err, f.Close())
 	}
 	if err != nil {
-		r.t.Fatalf("private redis: copy the snapshot: %v", err)
+		return "", fmt.Errorf("private redis: copy the snapshot: %w", err)
 	}
-	return f.Name()
+	return f.Name(), nil
 }
 
 // Restart kills the server (SIGKILL: a crash) and starts it again on the
 // same port, from snapshot (a path Snapshot returned), or empty when
 // snapshot is "".
-func (r *PrivateRedis) Restart(snapshot string) {
-	r.t.Helper()
-	r.stop()
+func (r *PrivateRedis) Restart(snapshot string) error {
+	r.Kill()
+	return r.Start(snapshot)
+}
+
+// Kill kills the server (SIGKILL) and waits until it is gone.
+func (r *PrivateRedis) Kill() { r.stop() }
+
+// Start starts a killed server again on its port, from snapshot (a path
+// Snapshot returned), or empty when snapshot is "".
+func (r *PrivateRedis) Start(snapshot string) error {
 	_ = os.Remove(r.dump())
 	if snapshot != "" {
 		b, err := os.ReadFile(snapshot)
@@ -178,10 +185,10 @@ func (r *PrivateRedis) Restart(snapshot string) {
 			err = os.WriteFile(r.dump(), b, 0o600)
 		}
 		if err != nil {
-			r.t.Fatalf("private redis: restore %s: %v", snapshot, err)
+			return fmt.Errorf("private redis: restore %s: %w", snapshot, err)
 		}
 	}
-	r.start()
+	return r.start()
 }
 
 func (r *PrivateRedis) stop() {
