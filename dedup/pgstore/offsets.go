@@ -62,8 +62,8 @@ func (s *Store) NextOffset(ctx context.Context, tx pgx.Tx, p dedup.Partition) (i
 // still is expected; see dedup.OffsetStore. It waits at most
 // Config.LockTimeout for a concurrent writer of the row.
 func (s *Store) AdvanceOffset(ctx context.Context, tx pgx.Tx, p dedup.Partition, expected, next int64) (bool, error) {
-	if expected < 0 || next <= expected {
-		return false, fmt.Errorf("pgstore: advance %s: next offset %d is not above the expected %d", partName(p), next, expected)
+	if expected < 0 || next < expected || next == expected && expected == 0 {
+		return false, fmt.Errorf("pgstore: advance %s: next offset %d is not above the expected %d (nor equal to it, above 0: a hold)", partName(p), next, expected)
 	}
 	// The wait on a concurrent writer is bounded as a claim's is.
 	var b pgx.Batch
