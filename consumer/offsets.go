@@ -197,7 +197,9 @@ func (a *attempt[TTx]) holdOffset(ctx context.Context, tx TTx, p dedup.Partition
 // advancePast moves the lane's partition's next offset past m, in a
 // transaction of its own, after m was settled outside a batch's transaction
 // (dead-lettered): a redelivery of m is then a duplicate. It retries until
-// it succeeds or ctx ends; an offset already past m is left as it is.
+// it succeeds or ctx ends, and stops the consumer on an error retrying
+// cannot mend (permanent, fatal); an offset already past m is left as it
+// is.
 func (l *lane[TTx]) advancePast(ctx context.Context, c *Consumer[TTx], m *Message) error {
 	if c.cfg.Offsets == nil || m.Offset < 0 {
 		return nil
@@ -230,8 +232,10 @@ func (l *lane[TTx]) advancePast(ctx context.Context, c *Consumer[TTx], m *Messag
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if class := classify(err, c.cfg.Store.ClassifyError); class == dedup.ClassFatal {
-			return c.fatal(l, err)
+		if class := classify(err, c.cfg.Store.ClassifyError); class == dedup.ClassFatal || class == dedup.ClassPermanent {
+			// Retrying cannot help, and going on without the move cannot
+			// either: a redelivery of m, which is settled, would run again.
+			return c.fatal(l, fmt.Errorf("consumer: advance the next offset past %s, which was dead-lettered: %w", m.Coordinates(), err))
 		}
 		if err := w.wait(ctx, l, fmt.Errorf("advance the next offset past %s: %w", m.Coordinates(), err)); err != nil {
 			return err

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/consumer"
@@ -590,5 +592,41 @@ func TestOffsetsZombieFencedAtARefusedMessage(t *testing.T) {
 	}
 	if zs := zombie.Stats(); zs.Duplicates != 2 || zs.Retries < 1 {
 		t.Fatalf("zombie: %+v; want its stale transaction refused, retried, and both messages skipped", zs)
+	}
+}
+
+// TestOffsetsAdvancePastStopsOnAPermanentError (issue 25, item 8b): the
+// move of the next offset past a dead-lettered message fails for good (a
+// constraint of the offsets table refuses every row: class 23, which
+// retrying cannot mend). The consumer stops with that error instead of
+// retrying it for ever.
+func TestOffsetsAdvancePastStopsOnAPermanentError(t *testing.T) {
+	pool, _, st, table := effectsRig(t, pgstore.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := pool.Exec(ctx, `ALTER TABLE `+st.OffsetsTable()+` ADD CONSTRAINT refuse_all CHECK (next_offset < 0) NOT VALID`); err != nil {
+		t.Fatal(err)
+	}
+	src := consumertest.NewSource(consumertest.Script{})
+	c, err := consumer.New(consumer.Config[pgx.Tx]{
+		Name: "payments", Store: st, Offsets: st, Key: consumer.ByJSONField("txn_id"), Handler: insertEffect(table),
+		Source: src, DeadLetter: &consumertest.DeadLetters{}, Clock: consumertest.NewClock(), Logger: quiet,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	src.Push(consumertest.Message("payments", 0, 0, "", `{"amount":1}`)) // no txn_id: bad input, dead-lettered
+	select {
+	case err := <-done:
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "23514" || !strings.Contains(err.Error(), "dead-lettered") {
+			t.Fatalf("Run: %v; want the check violation of the offsets table, naming the dead-lettered message", err)
+		}
+	case <-time.After(30 * time.Second):
+		_ = c.Stop(ctx)
+		<-done
+		t.Fatalf("the consumer still retries a permanent error after 30s (%d retries)", c.Stats().Retries)
 	}
 }
