@@ -197,6 +197,12 @@ func (c *Config[TTx]) validate() error {
 	}
 	if c.Source == nil {
 		add("Source is nil")
+	} else if sr, ok := sourceAs[ScopeReader](c.Source); ok {
+		for _, scope := range sr.ReadsScopes() {
+			if scope != c.Name {
+				add("Source reads the store's state of scope %q (kafka.StoreOffsets), but Name is %q: pass the consumer's Name", scope, c.Name)
+			}
+		}
 	}
 	if c.Key == nil && c.Offsets == nil {
 		add("Key is nil: choose how a duplicate is recognised — ByMessageID() (broker redeliveries only), " +
