@@ -112,7 +112,8 @@ type Config[TTx any] struct {
 	// acknowledged, with when its key was first claimed: for metrics, for
 	// answering a request/reply caller, for measuring how old duplicates get
 	// (Stats.DuplicateAge counts that too). It must not block for long; the
-	// lane waits for it.
+	// lane waits for it. A panic in it is recovered and logged at ERROR; the
+	// duplicate is acknowledged all the same.
 	OnDuplicate func(ctx context.Context, d Duplicate)
 	// Tenant, when set, derives a tenant that becomes part of the key's scope
 	// (Name + "/" + tenant), so equal IDs of two tenants never collide. Take

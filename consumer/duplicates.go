@@ -2,6 +2,8 @@ package consumer
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"math"
 	"sync/atomic"
 	"time"
@@ -119,6 +121,20 @@ func (c *Consumer[TTx]) duplicate(ctx context.Context, it *item) {
 	}
 	c.cfg.Observer.Settled(ctx, Settlement{Message: it.msg, Key: it.claim.Key, Outcome: OutcomeDuplicate, FirstAt: it.firstAt, Age: age})
 	if c.cfg.OnDuplicate != nil {
-		c.cfg.OnDuplicate(ctx, Duplicate{Message: it.msg, Key: it.claim.Key, FirstAt: it.firstAt, Age: age})
+		c.onDuplicate(ctx, Duplicate{Message: it.msg, Key: it.claim.Key, FirstAt: it.firstAt, Age: age})
+	}
+}
+
+// onDuplicate calls Config.OnDuplicate. A panic in it is recovered and
+// logged with its stack: the duplicate is settled (its transaction
+// committed), and a hook for metrics or replies must not bring the lane
+// down with it, nor keep the message from being acknowledged.
+func (c *Consumer[TTx]) onDuplicate(ctx context.Context, d Duplicate) {
+	if err := protect(func() error { c.cfg.OnDuplicate(ctx, d); return nil }); err != nil {
+		var p *PanicError
+		if errors.As(err, &p) {
+			c.cfg.Logger.Error("idem: OnDuplicate panicked", slog.String("message", d.Message.Coordinates()),
+				slog.String("key", d.Key.String()), slog.Any("panic", p.Value), slog.String("stack", string(p.Stack)))
+		}
 	}
 }
