@@ -173,7 +173,8 @@ type Config[TTx any] struct {
 
 	// Logger receives the consumer's logs; default slog.Default().
 	Logger *slog.Logger
-	// Clock is used for retry delays; default the system clock.
+	// Clock is used for retry delays and the ages of duplicates; default
+	// the system clock.
 	Clock Clock
 }
 

@@ -17,8 +17,9 @@ type Duplicate struct {
 	Key     dedup.Key
 	// FirstAt is when the key was first claimed, by the store's clock.
 	FirstAt time.Time
-	// Age is how long after FirstAt the duplicate arrived, by this
-	// process's clock (skew between the two shows up here; never negative).
+	// Age is how long after FirstAt the duplicate arrived, by the
+	// consumer's Config.Clock (skew between the two shows up here; never
+	// negative).
 	// A retention shorter than the ages seen lets late duplicates through.
 	Age time.Duration
 }
@@ -110,10 +111,11 @@ func (a *ageCounters) snapshot() AgeHistogram {
 	return h
 }
 
-// duplicate counts a skipped message and tells Config.OnDuplicate.
+// duplicate counts a skipped message and tells Config.OnDuplicate. Its age
+// is by Config.Clock, as every other time the consumer takes.
 func (c *Consumer[TTx]) duplicate(ctx context.Context, it *item) {
 	c.stats.duplicates.Add(1)
-	age := max(time.Since(it.firstAt), 0)
+	age := max(c.cfg.Clock.Now().Sub(it.firstAt), 0)
 	if it.firstAt.IsZero() {
 		age = 0
 	} else {

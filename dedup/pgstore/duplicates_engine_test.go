@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -38,5 +39,43 @@ func TestOnDuplicatePanicIsRecovered(t *testing.T) {
 	defer mu.Unlock()
 	if res.Stats.Duplicates != 10 || calls != 10 || res.Source.Acked != 10 || len(res.DeadLetters) != 0 {
 		t.Fatalf("%v, %d hook calls; want 10 duplicates skipped, each told to the hook and acknowledged", res, calls)
+	}
+}
+
+// aheadClock is the system clock two days ahead, sleeping without waiting.
+type aheadClock struct{}
+
+func (aheadClock) Now() time.Time                                   { return time.Now().Add(48 * time.Hour) }
+func (aheadClock) Sleep(ctx context.Context, _ time.Duration) error { return ctx.Err() }
+
+// TestDuplicateAgeByTheConsumersClock (issue 25, item 8f): a duplicate's
+// age was taken from the system clock (time.Since) whatever Config.Clock
+// said. With a clock two days ahead of the store's, duplicates are two
+// days old, in OnDuplicate and in Stats.DuplicateAge.
+func TestDuplicateAgeByTheConsumersClock(t *testing.T) {
+	_, _, st, table := effectsRig(t, pgstore.Config{})
+	var mu sync.Mutex
+	var ages []time.Duration
+	res := consumertest.Run(t, consumer.Config[pgx.Tx]{
+		Name: "payments", Store: st, Key: consumer.ByJSONField("txn_id"), Handler: insertEffect(table), Logger: quiet,
+		Clock: aheadClock{},
+		OnDuplicate: func(_ context.Context, d consumer.Duplicate) {
+			mu.Lock()
+			defer mu.Unlock()
+			ages = append(ages, d.Age)
+		},
+	}, consumertest.Script{MinDeliveries: 2, MaxDeliveries: 2}, paymentMsgs("payments", 1, 5, 0)...)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(ages) != 5 {
+		t.Fatalf("%d duplicates told, want 5 (%v)", len(ages), res)
+	}
+	for _, a := range ages {
+		if a < 47*time.Hour || a > 49*time.Hour {
+			t.Fatalf("duplicate ages %v, want about 48h by Config.Clock", ages)
+		}
+	}
+	if h := res.Stats.DuplicateAge; h.Max < 47*time.Hour || h.Quantile(1) != 7*24*time.Hour {
+		t.Fatalf("Stats.DuplicateAge %+v, want every age in the 1d–7d bucket", h)
 	}
 }
