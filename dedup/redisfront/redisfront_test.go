@@ -208,8 +208,10 @@ func statuses(rs []dedup.Result) []dedup.Status {
 
 // TestDuplicatesSkipTheDatabase: a batch Redis knows entirely opens no
 // transaction; a mixed batch sends only the unknown claims to the store; a
-// known key with another payload goes to the store, which says mismatch.
+// known key with another payload goes to the store, which says mismatch;
+// the release epochs cost one read per EpochTTL, not one per claim.
 func TestDuplicatesSkipTheDatabase(t *testing.T) {
+	began := time.Now()
 	inner := &counting[*sql.Tx]{Store: sqliteInner(t, deduptest.Config{})}
 	f := front(t, dedup.Store[*sql.Tx](inner), frontConfig(newClient(t), nil))
 	a, b, c := deduptest.Claim("pay", "a", "1"), deduptest.Claim("pay", "b", "2"), deduptest.Claim("pay", "c", "3")
@@ -234,6 +236,11 @@ func TestDuplicatesSkipTheDatabase(t *testing.T) {
 	}
 	if inner.txs.Load() != 2 || inner.claims.Load()-claims != 2 {
 		t.Fatalf("mixed batch: %d transactions, %d claims to the store, want 2 and 2", inner.txs.Load(), inner.claims.Load()-claims)
+	}
+	// The release epochs are read once per EpochTTL (1s: read again after
+	// four fifths of it), not per claim.
+	if reads, most := f.Stats().EpochReads, 1+int64(time.Since(began)/(800*time.Millisecond)); reads < 1 || reads > most {
+		t.Fatalf("%d reads of the release epochs in %v, want 1 to %d", reads, time.Since(began), most)
 	}
 }
 
