@@ -112,7 +112,8 @@ type Config[TTx any] struct {
 	// acknowledged, with when its key was first claimed: for metrics, for
 	// answering a request/reply caller, for measuring how old duplicates get
 	// (Stats.DuplicateAge counts that too). It must not block for long; the
-	// lane waits for it.
+	// lane waits for it. A panic in it is recovered and logged at ERROR; the
+	// duplicate is acknowledged all the same.
 	OnDuplicate func(ctx context.Context, d Duplicate)
 	// Tenant, when set, derives a tenant that becomes part of the key's scope
 	// (Name + "/" + tenant), so equal IDs of two tenants never collide. Take
@@ -172,7 +173,8 @@ type Config[TTx any] struct {
 
 	// Logger receives the consumer's logs; default slog.Default().
 	Logger *slog.Logger
-	// Clock is used for retry delays; default the system clock.
+	// Clock is used for retry delays and the ages of duplicates; default
+	// the system clock.
 	Clock Clock
 }
 
@@ -197,6 +199,12 @@ func (c *Config[TTx]) validate() error {
 	}
 	if c.Source == nil {
 		add("Source is nil")
+	} else if sr, ok := sourceAs[ScopeReader](c.Source); ok {
+		for _, scope := range sr.ReadsScopes() {
+			if scope != c.Name {
+				add("Source reads the store's state of scope %q (kafka.StoreOffsets), but Name is %q: pass the consumer's Name", scope, c.Name)
+			}
+		}
 	}
 	if c.Key == nil && c.Offsets == nil {
 		add("Key is nil: choose how a duplicate is recognised — ByMessageID() (broker redeliveries only), " +

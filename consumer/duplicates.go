@@ -2,6 +2,8 @@ package consumer
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"math"
 	"sync/atomic"
 	"time"
@@ -15,8 +17,9 @@ type Duplicate struct {
 	Key     dedup.Key
 	// FirstAt is when the key was first claimed, by the store's clock.
 	FirstAt time.Time
-	// Age is how long after FirstAt the duplicate arrived, by this
-	// process's clock (skew between the two shows up here; never negative).
+	// Age is how long after FirstAt the duplicate arrived, by the
+	// consumer's Config.Clock (skew between the two shows up here; never
+	// negative).
 	// A retention shorter than the ages seen lets late duplicates through.
 	Age time.Duration
 }
@@ -108,10 +111,11 @@ func (a *ageCounters) snapshot() AgeHistogram {
 	return h
 }
 
-// duplicate counts a skipped message and tells Config.OnDuplicate.
+// duplicate counts a skipped message and tells Config.OnDuplicate. Its age
+// is by Config.Clock, as every other time the consumer takes.
 func (c *Consumer[TTx]) duplicate(ctx context.Context, it *item) {
 	c.stats.duplicates.Add(1)
-	age := max(time.Since(it.firstAt), 0)
+	age := max(c.cfg.Clock.Now().Sub(it.firstAt), 0)
 	if it.firstAt.IsZero() {
 		age = 0
 	} else {
@@ -119,6 +123,20 @@ func (c *Consumer[TTx]) duplicate(ctx context.Context, it *item) {
 	}
 	c.cfg.Observer.Settled(ctx, Settlement{Message: it.msg, Key: it.claim.Key, Outcome: OutcomeDuplicate, FirstAt: it.firstAt, Age: age})
 	if c.cfg.OnDuplicate != nil {
-		c.cfg.OnDuplicate(ctx, Duplicate{Message: it.msg, Key: it.claim.Key, FirstAt: it.firstAt, Age: age})
+		c.onDuplicate(ctx, Duplicate{Message: it.msg, Key: it.claim.Key, FirstAt: it.firstAt, Age: age})
+	}
+}
+
+// onDuplicate calls Config.OnDuplicate. A panic in it is recovered and
+// logged with its stack: the duplicate is settled (its transaction
+// committed), and a hook for metrics or replies must not bring the lane
+// down with it, nor keep the message from being acknowledged.
+func (c *Consumer[TTx]) onDuplicate(ctx context.Context, d Duplicate) {
+	if err := protect(func() error { c.cfg.OnDuplicate(ctx, d); return nil }); err != nil {
+		var p *PanicError
+		if errors.As(err, &p) {
+			c.cfg.Logger.Error("idem: OnDuplicate panicked", slog.String("message", d.Message.Coordinates()),
+				slog.String("key", d.Key.String()), slog.Any("panic", p.Value), slog.String("stack", string(p.Stack)))
+		}
 	}
 }

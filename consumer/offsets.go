@@ -147,6 +147,15 @@ func (a *attempt[TTx]) claimOffsets(ctx context.Context, tx TTx, its []*item, re
 		}
 	}
 	if next <= expected {
+		if len(claims) > 0 {
+			// The first new message was refused by its key: nothing moves,
+			// but the refusal (dead-lettered after the commit) and the
+			// messages after it (applied) were decided from the cursor,
+			// which a zombie's successor may have moved past. Fenced as a
+			// move is, or the zombie dead-letters the refused message
+			// again and applies messages whose key rows were purged.
+			return -1, a.holdOffset(ctx, tx, p, expected)
+		}
 		return -1, nil
 	}
 	ok, err := c.cfg.Offsets.AdvanceOffset(ctx, tx, p, expected, next)
@@ -159,10 +168,38 @@ func (a *attempt[TTx]) claimOffsets(ctx context.Context, tx TTx, its []*item, re
 	return next, nil
 }
 
+// holdOffset checks in tx that p's next offset is still expected, for a
+// transaction that moves nothing: a compare-and-set to the same offset,
+// which locks the row until tx ends as a move does; or, with no row yet,
+// a fresh read (a concurrent first writer of the partition claims the same
+// business keys, and waits on them).
+func (a *attempt[TTx]) holdOffset(ctx context.Context, tx TTx, p dedup.Partition, expected int64) error {
+	c := a.c
+	ok := false
+	if expected > 0 {
+		var err error
+		if ok, err = c.cfg.Offsets.AdvanceOffset(ctx, tx, p, expected, expected); err != nil {
+			return err
+		}
+	} else {
+		next, err := c.cfg.Offsets.NextOffset(ctx, tx, p)
+		if err != nil {
+			return err
+		}
+		ok = next == expected
+	}
+	if !ok {
+		return fmt.Errorf("%w (%s/%d, expected %d)", errOffsetMoved, p.Topic, p.Partition, expected)
+	}
+	return nil
+}
+
 // advancePast moves the lane's partition's next offset past m, in a
 // transaction of its own, after m was settled outside a batch's transaction
 // (dead-lettered): a redelivery of m is then a duplicate. It retries until
-// it succeeds or ctx ends; an offset already past m is left as it is.
+// it succeeds or ctx ends, and stops the consumer on an error retrying
+// cannot mend (permanent, fatal); an offset already past m is left as it
+// is.
 func (l *lane[TTx]) advancePast(ctx context.Context, c *Consumer[TTx], m *Message) error {
 	if c.cfg.Offsets == nil || m.Offset < 0 {
 		return nil
@@ -195,8 +232,10 @@ func (l *lane[TTx]) advancePast(ctx context.Context, c *Consumer[TTx], m *Messag
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if class := classify(err, c.cfg.Store.ClassifyError); class == dedup.ClassFatal {
-			return c.fatal(l, err)
+		if class := classify(err, c.cfg.Store.ClassifyError); class == dedup.ClassFatal || class == dedup.ClassPermanent {
+			// Retrying cannot help, and going on without the move cannot
+			// either: a redelivery of m, which is settled, would run again.
+			return c.fatal(l, fmt.Errorf("consumer: advance the next offset past %s, which was dead-lettered: %w", m.Coordinates(), err))
 		}
 		if err := w.wait(ctx, l, fmt.Errorf("advance the next offset past %s: %w", m.Coordinates(), err)); err != nil {
 			return err

@@ -111,8 +111,9 @@ func (l LaneStatus) Stalled(now time.Time, d time.Duration) string {
 
 // Wrapper is a Source that wraps another, to time, log or fault it: the
 // consumer looks for the optional interfaces (OffsetOrdered,
-// AssignmentChecker, LaneReporter, ProducerChosenIDs) through Unwrap, so a wrapper that embeds
-// the Source interface, which hides them, needs to forward none of them.
+// AssignmentChecker, LaneReporter, ProducerChosenIDs, ScopeReader) through
+// Unwrap, so a wrapper that embeds the Source interface, which hides them,
+// needs to forward none of them.
 // The wrapper's own methods come first.
 type Wrapper interface {
 	Unwrap() Source
@@ -132,6 +133,15 @@ func sourceAs[T any](s Source) (T, bool) {
 	}
 	var zero T
 	return zero, false
+}
+
+// ScopeReader is a Source that reads what the store keeps under a
+// consumer's scope — the Kafka source that starts each partition at the
+// store's next offset (kafka.StoreOffsets). New refuses one that reads
+// another scope than Config.Name: it would read another consumer's
+// offsets, or none, and nothing would say so.
+type ScopeReader interface {
+	ReadsScopes() []string
 }
 
 // Letter is a message the consumer could not process, with why.

@@ -41,7 +41,9 @@ type OffsetStore[TTx any] interface {
 
 	// AdvanceOffset sets p's next offset to next in tx if it is expected (0:
 	// there is no row), and reports whether it did. next must be above
-	// expected. A concurrent transaction that advanced p first, committed
+	// expected, or equal to it when expected is above 0: a hold, which
+	// moves nothing but is refused, waits and locks the row as a move
+	// does (for a transaction that must be fenced without moving). A concurrent transaction that advanced p first, committed
 	// or not, makes it report false (after waiting for that transaction to
 	// end, at most the store's lock timeout, or failing with an error
 	// wrapping ErrInFlight). Under SERIALIZABLE isolation (a distributed

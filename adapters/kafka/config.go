@@ -65,9 +65,10 @@ type Config struct {
 	//
 	//	StartOffsets: kafka.StoreOffsets(store, "payments") // the consumer's Name
 	//
-	// An error is logged and the group's offsets are used. Default nil: the
-	// group's offsets.
-	StartOffsets func(ctx context.Context, topic string) (map[int32]int64, error)
+	// (consumer.New refuses a StoreOffsets of another scope than its
+	// Config.Name.) An error is logged and the group's offsets are used.
+	// Default nil: the group's offsets.
+	StartOffsets OffsetStarter
 
 	// ReadUncommitted makes the source read transactional topics as
 	// Kafka's isolation.level=read_uncommitted does: records of open and of
@@ -319,10 +320,32 @@ type OffsetSource interface {
 	NextOffsets(ctx context.Context, scope, topic string) (map[int32]int64, error)
 }
 
+// OffsetStarter says where the partitions of topic start
+// (Config.StartOffsets): the offsets of the partitions it knows.
+type OffsetStarter interface {
+	StartOffsets(ctx context.Context, topic string) (map[int32]int64, error)
+}
+
+// StartOffsetsFunc adapts a function to OffsetStarter.
+type StartOffsetsFunc func(ctx context.Context, topic string) (map[int32]int64, error)
+
+func (f StartOffsetsFunc) StartOffsets(ctx context.Context, topic string) (map[int32]int64, error) {
+	return f(ctx, topic)
+}
+
 // StoreOffsets returns a Config.StartOffsets that starts each partition at
-// the next offset store keeps for the consumer named scope.
-func StoreOffsets(store OffsetSource, scope string) func(ctx context.Context, topic string) (map[int32]int64, error) {
-	return func(ctx context.Context, topic string) (map[int32]int64, error) {
-		return store.NextOffsets(ctx, scope, topic)
-	}
+// the next offset store keeps for the consumer named scope. The Source
+// says which scope it reads (consumer.ScopeReader), and consumer.New
+// refuses it unless scope is its Config.Name.
+func StoreOffsets(store OffsetSource, scope string) OffsetStarter {
+	return storeOffsets{store: store, scope: scope}
+}
+
+type storeOffsets struct {
+	store OffsetSource
+	scope string
+}
+
+func (s storeOffsets) StartOffsets(ctx context.Context, topic string) (map[int32]int64, error) {
+	return s.store.NextOffsets(ctx, s.scope, topic)
 }

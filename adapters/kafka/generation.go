@@ -270,7 +270,7 @@ func (s *Source) startOffsets(ctx context.Context, topic string, assignments []k
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
 	defer cancel()
-	stored, err := s.cfg.StartOffsets(ctx, topic)
+	stored, err := s.cfg.StartOffsets.StartOffsets(ctx, topic)
 	if err != nil {
 		s.log.Warn("kafka: StartOffsets failed; starting from the group's offsets", slog.String("topic", topic), slog.Any("error", err))
 		return nil

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -284,4 +285,37 @@ func TestKafkaOffsetsStartFromStore(t *testing.T) {
 		t.Fatalf("%+v; want the %d new payments delivered, no duplicate", st, len(want))
 	}
 	b.requireOffsetsLedger(t, a, topic, want)
+}
+
+// TestStoreOffsetsScopeMustBeTheConsumersName (issue 25, item 8d): a
+// StoreOffsets of another scope than the consumer's Name reads no offsets
+// (another consumer's, or none) and started every partition at the
+// group's offset without a word; consumer.New now refuses it, naming both.
+func TestStoreOffsetsScopeMustBeTheConsumersName(t *testing.T) {
+	pool := testenv.Pool(t)
+	store, err := pgstore.New(pool, pgstore.Config{Schema: testenv.Schema(t, pool)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var _ consumer.ScopeReader = (*kafka.Source)(nil)
+	for _, tc := range []struct {
+		scope string
+		ok    bool
+	}{{"payments", true}, {"payment", false}, {"", false}} {
+		src, err := kafka.New(kafka.Config{Brokers: []string{"127.0.0.1:1"}, Topics: []string{"payments"}, Group: "g",
+			StartOffsets: kafka.StoreOffsets(store, tc.scope)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = consumer.New(consumer.Config[pgx.Tx]{
+			Name: "payments", Source: src, Store: store, Offsets: store, DeadLetter: &consumertest.DeadLetters{},
+			Handler: consumer.HandlerFunc[pgx.Tx](func(context.Context, pgx.Tx, *consumer.Message) error { return nil }),
+		})
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("StoreOffsets(store, %q) for the consumer payments: %v", tc.scope, err)
+		case !tc.ok && (err == nil || !strings.Contains(err.Error(), fmt.Sprintf("scope %q", tc.scope)) || !strings.Contains(err.Error(), `Name is "payments"`)):
+			t.Errorf("StoreOffsets(store, %q) for the consumer payments: %v, want an error naming the scope and the Name", tc.scope, err)
+		}
+	}
 }

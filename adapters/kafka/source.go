@@ -214,6 +214,16 @@ func (s *Source) Lanes() []consumer.LaneStatus {
 // from the committed offset (or the store's, with Config.StartOffsets).
 func (s *Source) InOffsetOrder() bool { return true }
 
+// ReadsScopes reports the scope of Config.StartOffsets when it is
+// StoreOffsets's (consumer.ScopeReader), for consumer.New to check against
+// its Name.
+func (s *Source) ReadsScopes() []string {
+	if so, ok := s.cfg.StartOffsets.(storeOffsets); ok {
+		return []string{so.scope}
+	}
+	return nil
+}
+
 // Assigned reports whether m was delivered by a partition assignment this
 // member still holds (consumer.AssignmentChecker): false once a rebalance
 // ended it, while the consumer's lane may still hold m.

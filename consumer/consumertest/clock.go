@@ -14,8 +14,10 @@ type Clock struct {
 	sleeps []time.Duration
 }
 
-// NewClock returns a Clock at a fixed instant.
-func NewClock() *Clock { return &Clock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)} }
+// NewClock returns a Clock at the present moment, which only Sleep moves:
+// times the consumer takes from it (the age of a duplicate) stay
+// comparable with a store's real clock.
+func NewClock() *Clock { return &Clock{now: time.Now()} }
 
 func (c *Clock) Now() time.Time {
 	c.mu.Lock()

@@ -24,7 +24,8 @@ type OffsetFactory[TTx any] func(t *testing.T, lockTimeout time.Duration) Offset
 
 // RunOffsets checks a store's dedup.OffsetStore: a missing row reads 0,
 // compare-and-set holds only on the expected value (a stale writer is
-// refused, a row that exists refuses a first insert), rollback forgets,
+// refused, a row that exists refuses a first insert), so does a hold (the
+// same offset), rollback forgets,
 // scopes and partitions are apart, of many writers racing from one expected
 // value exactly one wins (the others refused, or failing with a conflict
 // under SERIALIZABLE), and a writer waiting on an uncommitted advance is
@@ -88,8 +89,23 @@ func offsetsCAS[TTx any](t *testing.T, st OffsetStore[TTx]) {
 			t.Errorf("after advance %d -> %d: next %d, want %d", s.expected, s.next, n, s.after)
 		}
 	}
-	if _, err := advance(ctx, st, p, 10, 10); err == nil {
-		t.Error("advance 10 -> 10 (not forward) succeeded")
+	// A hold: the same offset, held while it is the stored one.
+	for _, h := range []struct {
+		at   int64
+		want bool
+	}{{10, true}, {9, false}} {
+		if ok, err := advance(ctx, st, p, h.at, h.at); err != nil || ok != h.want {
+			t.Errorf("hold at %d: held %v, %v; want %v", h.at, ok, err, h.want)
+		}
+		if n := readNext(t, ctx, st, p); n != 10 {
+			t.Errorf("after a hold at %d: next %d, want 10", h.at, n)
+		}
+	}
+	if _, err := advance(ctx, st, p, 10, 9); err == nil {
+		t.Error("advance 10 -> 9 (backwards) succeeded")
+	}
+	if _, err := advance(ctx, st, dedup.Partition{Scope: "orders", Topic: "t", Partition: 9}, 0, 0); err == nil {
+		t.Error("a hold at 0 (no row to hold) succeeded")
 	}
 	// Other scopes, topics and partitions are apart.
 	for _, q := range []dedup.Partition{{Scope: "billing", Topic: "t", Partition: 3}, {Scope: "orders", Topic: "u", Partition: 3}, {Scope: "orders", Topic: "t", Partition: 4}} {

@@ -35,10 +35,11 @@ func (s *Store) migrations(collation string) ([]migration, error) {
 		return nil, err
 	}
 	data := struct {
-		Table, Collation string
-		Name             func(string) string
+		Table, Epochs, Collation string
+		Name                     func(string) string
 	}{
 		Table:     s.table,
+		Epochs:    s.epochs,
 		Collation: collation,
 		Name:      func(suffix string) string { return quote(s.cfg.Table + "_" + suffix) },
 	}

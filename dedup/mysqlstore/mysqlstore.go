@@ -204,6 +204,7 @@ type Store struct {
 	variant  claimVariant
 	table    string // quoted, with the database when configured
 	versions string
+	epochs   string // the release epochs' table: see epochs.go
 	// lookupSQL reads a claim's rows; the first parameter is the token.
 	lookupSQL string
 
@@ -230,9 +231,10 @@ func New(db *sql.DB, cfg Config) (*Store, error) {
 	if d, ok := db.Driver().(*sessionDriver); ok && d.session == sess {
 		s.preset = true
 	}
-	s.table, s.versions = quote(cfg.Table), quote("idem_schema_migrations")
+	s.table, s.versions, s.epochs = quote(cfg.Table), quote("idem_schema_migrations"), quote(cfg.Table+"_epochs")
 	if cfg.Database != "" {
-		s.table, s.versions = quote(cfg.Database)+"."+s.table, quote(cfg.Database)+"."+s.versions
+		db := quote(cfg.Database) + "."
+		s.table, s.versions, s.epochs = db+s.table, db+s.versions, db+s.epochs
 	}
 	s.lookupSQL = "SELECT scope, `key`, fingerprint, outcome = 'failed', coalesce(reason, ''), " +
 		"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', created_at), claim_token = ? FROM " + s.table

@@ -57,6 +57,12 @@ func TestDistributedOffsetsConformance(t *testing.T) {
 	})
 }
 
+func TestDistributedEpochsConformance(t *testing.T) {
+	deduptest.RunEpochs(t, func(t *testing.T) dedup.EpochStore {
+		return distributedStore(t, testenv.NewDistributed(t), pgstore.Config{})
+	})
+}
+
 func TestDistributedAdmin(t *testing.T) {
 	deduptest.RunAdmin(t, func(t *testing.T) (dedup.Store[pgx.Tx], dedup.Admin) {
 		d := testenv.NewDistributed(t)
@@ -451,5 +457,54 @@ func TestDistributedHundredConcurrentDeliveries(t *testing.T) {
 	}
 	if effects != 1 || applied != 1 || dups != 99 || letters != 0 {
 		t.Fatalf("effects %d, applied %d, duplicates %d, dead letters %d; want 1, 1, 99, 0", effects, applied, dups, letters)
+	}
+}
+
+// TestDistributedNextOffsetBounded (issue 25, item 8c): in distributed mode
+// a read can wait for a concurrent writer (CockroachDB's reads wait on an
+// uncommitted write's intent; here a lock of the offsets table stands in
+// for it). NextOffset's wait is bounded as a claim's is: it fails with
+// dedup.ErrInFlight after LockTimeout, and leaves statement_timeout as it
+// found it for the rest of the transaction.
+func TestDistributedNextOffsetBounded(t *testing.T) {
+	d := testenv.NewDistributed(t)
+	st := distributedStore(t, d, pgstore.Config{LockTimeout: 200 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	p := dedup.Partition{Scope: "orders", Topic: "t", Partition: 0}
+	if err := st.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := st.AdvanceOffset(ctx, tx, p, 0, 5)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var timeout string
+	if err := st.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		next, err := st.NextOffset(ctx, tx, p)
+		if err != nil || next != 5 {
+			return fmt.Errorf("NextOffset with nothing in the way: %d, %w", next, err)
+		}
+		return tx.QueryRow(ctx, `SHOW statement_timeout`).Scan(&timeout)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if timeout != "0" {
+		t.Fatalf("statement_timeout after NextOffset: %q, want it restored to 0", timeout)
+	}
+
+	holder, err := d.Admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(context.Background())
+	if _, err := holder.Exec(ctx, `LOCK TABLE `+st.OffsetsTable()+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	err = st.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := st.NextOffset(ctx, tx, p)
+		return err
+	})
+	if !errors.Is(err, dedup.ErrInFlight) {
+		t.Fatalf("NextOffset behind a writer: %v, want dedup.ErrInFlight after the lock timeout", err)
 	}
 }

@@ -32,11 +32,13 @@ func (s *Store) migrations() ([]migration, error) {
 	data := struct {
 		Table       string
 		Offsets     string
+		Epochs      string
 		Distributed bool
 		Index       func(string) string
 	}{
 		Table:       s.table,
 		Offsets:     s.offsets,
+		Epochs:      s.epochs,
 		Distributed: s.cfg.Distributed,
 		Index:       func(suffix string) string { return pgx.Identifier{s.cfg.Table + "_" + suffix}.Sanitize() },
 	}

@@ -24,6 +24,7 @@ func TestSplitStatements(t *testing.T) {
 		1: {"CREATE TABLE IF NOT EXISTS", "CREATE INDEX IF NOT EXISTS"},
 		2: {"ALTER TABLE", "ALTER TABLE", "CREATE INDEX IF NOT EXISTS"},
 		3: {"CREATE TABLE IF NOT EXISTS"},
+		4: {"CREATE TABLE IF NOT EXISTS"},
 	}
 	for _, m := range ms {
 		got := splitStatements(m.sql)

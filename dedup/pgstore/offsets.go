@@ -45,10 +45,20 @@ ON CONFLICT (scope, topic, partition) DO NOTHING`,
 // table.
 func (s *Store) OffsetsTable() string { return s.offsets }
 
-// NextOffset returns p's next offset in tx; see dedup.OffsetStore.
+// NextOffset returns p's next offset in tx; see dedup.OffsetStore. On
+// Postgres a read never waits for a writer of the row; in distributed mode
+// it can (CockroachDB's reads wait for a conflicting uncommitted write), so
+// there it is bounded as a claim is, by statement_timeout set to
+// Config.LockTimeout around the read alone, and a read that runs out
+// fails with dedup.ErrInFlight.
 func (s *Store) NextOffset(ctx context.Context, tx pgx.Tx, p dedup.Partition) (int64, error) {
 	var next int64
-	err := tx.QueryRow(ctx, s.offSQL.next, p.Scope, p.Topic, p.Partition).Scan(&next)
+	var err error
+	if s.cfg.Distributed {
+		err = s.nextBounded(ctx, tx, p, &next)
+	} else {
+		err = tx.QueryRow(ctx, s.offSQL.next, p.Scope, p.Topic, p.Partition).Scan(&next)
+	}
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return 0, nil
@@ -58,12 +68,36 @@ func (s *Store) NextOffset(ctx context.Context, tx pgx.Tx, p dedup.Partition) (i
 	return next, nil
 }
 
+// nextBounded reads p's next offset into next, its wait bounded (see
+// queueBounded).
+func (s *Store) nextBounded(ctx context.Context, tx pgx.Tx, p dedup.Partition, next *int64) error {
+	var b pgx.Batch
+	before := s.queueBounded(&b, s.offSQL.next, p.Scope, p.Topic, p.Partition)
+	br := tx.SendBatch(ctx, &b)
+	for range before {
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return err
+		}
+	}
+	err := br.QueryRow().Scan(next)
+	if err == nil || errors.Is(err, pgx.ErrNoRows) {
+		if _, rerr := br.Exec(); rerr != nil { // statement_timeout restored
+			err = rerr
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
 // AdvanceOffset moves p's next offset from expected to next in tx, if it
 // still is expected; see dedup.OffsetStore. It waits at most
 // Config.LockTimeout for a concurrent writer of the row.
 func (s *Store) AdvanceOffset(ctx context.Context, tx pgx.Tx, p dedup.Partition, expected, next int64) (bool, error) {
-	if expected < 0 || next <= expected {
-		return false, fmt.Errorf("pgstore: advance %s: next offset %d is not above the expected %d", partName(p), next, expected)
+	if expected < 0 || next < expected || next == expected && expected == 0 {
+		return false, fmt.Errorf("pgstore: advance %s: next offset %d is not above the expected %d (nor equal to it, above 0: a hold)", partName(p), next, expected)
 	}
 	// The wait on a concurrent writer is bounded as a claim's is.
 	var b pgx.Batch

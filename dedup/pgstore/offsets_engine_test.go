@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/consumer"
@@ -518,5 +520,113 @@ func TestOffsetsAheadWhileAZombieLearns(t *testing.T) {
 	}
 	if rows, _ := countEffects(t, pool, table); rows != 50 {
 		t.Fatalf("effects %d, want 50", rows)
+	}
+}
+
+// TestOffsetsZombieFencedAtARefusedMessage (issue 25, item 8a): a batch
+// whose first new message is refused by its business key moves no offset,
+// yet it decides from the lane's cursor — dead-letters the refused message
+// after the commit and applies the messages after it. Consumer Z applies
+// offset 0 and loses the partition without knowing; the new owner settles
+// 0–2 (the re-send at 1 dead-lettered, T00002 applied), and T00002's key
+// row is purged (its retention ran out). Z is then delivered 1–2 by its
+// stale fetcher: its transaction must be fenced as a move is — refused,
+// retried from the stored offset, and everything skipped — rather than
+// dead-letter the re-send a second time and apply T00002 again.
+func TestOffsetsZombieFencedAtARefusedMessage(t *testing.T) {
+	pool, _, st, table := effectsRig(t, pgstore.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	msgs := []*consumer.Message{
+		consumertest.Message("payments", 0, 0, "", `{"txn_id":"T00000","amount":100}`),
+		consumertest.Message("payments", 0, 1, "", `{"txn_id":"T00000","amount":1}`), // a re-send, another amount
+		consumertest.Message("payments", 0, 2, "", `{"txn_id":"T00002","amount":102}`),
+	}
+	cfg := consumer.Config[pgx.Tx]{
+		Name: "payments", Store: st, Offsets: st, Key: consumer.ByJSONField("txn_id"), Handler: insertEffect(table),
+		BatchSize: 10, Clock: consumertest.NewClock(), Logger: quiet,
+	}
+	zsrc, zletters := consumertest.NewSource(consumertest.Script{}), &consumertest.DeadLetters{}
+	zcfg := cfg
+	zcfg.Source, zcfg.DeadLetter = zsrc, zletters
+	zombie, err := consumer.New(zcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	zdone := make(chan error, 1)
+	go func() { zdone <- zombie.Run(ctx) }()
+	zsrc.Push(msgs[0])
+	if err := zsrc.WaitIdle(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	owner := consumertest.Run(t, cfg, consumertest.Script{}, msgs...)
+	if owner.Stats.Applied != 1 || len(owner.DeadLetters) != 1 || owner.DeadLetters[0].Message.Offset != 1 {
+		t.Fatalf("new owner: %v, letters %+v; want T00002 applied and the re-send dead-lettered", owner, owner.DeadLetters)
+	}
+	if got := storedOffsets(t, st, "payments", "payments"); got[0] != 3 {
+		t.Fatalf("stored offsets %v after the owner, want 0:3", got)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE `+st.Table()+` SET expires_at = now() - interval '1 second' WHERE key = 'T00002'`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := st.Purge(ctx, 100); err != nil || n != 1 {
+		t.Fatalf("purge: %d, %v; want T00002's key row purged", n, err)
+	}
+
+	zsrc.Push(msgs[1:]...)
+	if err := zsrc.WaitIdle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := zombie.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-zdone; err != nil {
+		t.Fatal(err)
+	}
+	if rows, distinct := countEffects(t, pool, table); rows != 2 || distinct != 2 {
+		t.Fatalf("effects %d (distinct %d), want 2: the zombie applied a payment again (zombie %+v)", rows, distinct, zombie.Stats())
+	}
+	if letters := zletters.Letters(); len(letters) != 0 {
+		t.Fatalf("the zombie dead-lettered %d messages again (first: offset %d), want none", len(letters), letters[0].Message.Offset)
+	}
+	if zs := zombie.Stats(); zs.Duplicates != 2 || zs.Retries < 1 {
+		t.Fatalf("zombie: %+v; want its stale transaction refused, retried, and both messages skipped", zs)
+	}
+}
+
+// TestOffsetsAdvancePastStopsOnAPermanentError (issue 25, item 8b): the
+// move of the next offset past a dead-lettered message fails for good (a
+// constraint of the offsets table refuses every row: class 23, which
+// retrying cannot mend). The consumer stops with that error instead of
+// retrying it for ever.
+func TestOffsetsAdvancePastStopsOnAPermanentError(t *testing.T) {
+	pool, _, st, table := effectsRig(t, pgstore.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := pool.Exec(ctx, `ALTER TABLE `+st.OffsetsTable()+` ADD CONSTRAINT refuse_all CHECK (next_offset < 0) NOT VALID`); err != nil {
+		t.Fatal(err)
+	}
+	src := consumertest.NewSource(consumertest.Script{})
+	c, err := consumer.New(consumer.Config[pgx.Tx]{
+		Name: "payments", Store: st, Offsets: st, Key: consumer.ByJSONField("txn_id"), Handler: insertEffect(table),
+		Source: src, DeadLetter: &consumertest.DeadLetters{}, Clock: consumertest.NewClock(), Logger: quiet,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	src.Push(consumertest.Message("payments", 0, 0, "", `{"amount":1}`)) // no txn_id: bad input, dead-lettered
+	select {
+	case err := <-done:
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "23514" || !strings.Contains(err.Error(), "dead-lettered") {
+			t.Fatalf("Run: %v; want the check violation of the offsets table, naming the dead-lettered message", err)
+		}
+	case <-time.After(30 * time.Second):
+		_ = c.Stop(ctx)
+		<-done
+		t.Fatalf("the consumer still retries a permanent error after 30s (%d retries)", c.Stats().Retries)
 	}
 }

@@ -81,6 +81,7 @@ type Store struct {
 	table   string // sanitized schema.table
 	offsets string // sanitized schema.table_offsets: see offsets.go
 	offSQL  offsetQueries
+	epochs  string // sanitized schema.table_epochs: see epochs.go
 
 	lockTimeout string
 	boundSQL    [3]string // the statements around the claim's INSERT that bound its wait
@@ -188,6 +189,7 @@ SELECT ctid FROM ` + t + ` WHERE ` + purgeable + ` LIMIT $1 FOR UPDATE SKIP LOCK
 	st.http = newHTTPQueries(t)
 	st.offsets = pgx.Identifier{cfg.Schema, cfg.Table + "_offsets"}.Sanitize()
 	st.offSQL = newOffsetQueries(st.offsets)
+	st.epochs = pgx.Identifier{cfg.Schema, cfg.Table + "_epochs"}.Sanitize()
 	st.epoch = time.Now()
 	return st, nil
 }

@@ -215,3 +215,7 @@ func TestOffsetsConformance(t *testing.T) {
 		return newStore(t, pgstore.Config{LockTimeout: lockTimeout})
 	})
 }
+
+func TestEpochsConformance(t *testing.T) {
+	deduptest.RunEpochs(t, func(t *testing.T) dedup.EpochStore { return newStore(t, pgstore.Config{}) })
+}

@@ -46,7 +46,7 @@ type counter interface{ Load() int64 }
 func stream[TTx any](b *testing.B, inner dedup.Store[TTx], txs counter, withFront bool, batch, dups int) {
 	st := inner
 	if withFront {
-		cfg := frontConfig(newClient(b, false), nil)
+		cfg := frontConfig(newClient(b), nil)
 		cfg.Timeout = 0 // the default
 		st = front(b, inner, cfg)
 	}

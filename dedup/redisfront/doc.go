@@ -28,27 +28,60 @@
 //     is written after COMMIT only, with committed facts only.
 //   - Stale entries after a key is released (its row deleted to run it
 //     again, after ErrFailedBefore say): a Redis entry would keep answering
-//     "duplicate". Release and ReleaseScope delete the rows (your function)
-//     between two invalidations that leave tombstones, and every write is a
-//     script that refuses to replace a tombstone and refuses to run more
-//     than Config.WriteWindow after the Redis lookup that preceded its
-//     database read (Redis's clock), while a tombstone outlives that window:
-//     a transaction that read the row before it was deleted can no longer
-//     put it back. Rows deleted any other way (by hand) need Forget or
-//     ForgetScope afterwards; until then, or until the entries expire,
-//     their keys are still answered as duplicates.
+//     "duplicate" — and no state kept in Redis can prevent that, because
+//     Redis can lose it (a flush, a restart without persistence, an
+//     eviction) or go back to before it (a restart from an older RDB
+//     snapshot or AOF, a failover to a replica that lagged). So the fact
+//     that a release happened is kept in the database: per scope, a
+//     release epoch (dedup.EpochStore; a table Migrate creates). Every
+//     entry carries the epoch of its scope that the front had read before
+//     the claim the entry records, and is trusted only while the scope is
+//     still at that epoch with no release in progress. Release and
+//     ReleaseScope begin a release in the database (the epoch moves; from
+//     then on no entry of the scope is trusted or written), wait until
+//     every process has read the epochs again, call deleteRows, and end
+//     the release (the epoch moves again). An entry written before the
+//     release, by a transaction that read a row before deleteRows deleted
+//     it, or brought back from an old snapshot, carries an older epoch and
+//     is never trusted again. Rows deleted any other way (by hand) need
+//     Forget or ForgetScope afterwards; until then their keys are still
+//     answered as duplicates.
+//   - The cost: the front reads the epochs (one small query) once per
+//     Config.EpochTTL (default 1s) per process, not per claim, so a
+//     duplicate is still answered without a database round trip; the
+//     view it read is trusted for EpochTTL after the read began (this
+//     process's monotonic clock), which is why Release waits a little over
+//     EpochTTL before deleting rows: every view older than the release has
+//     run out by then. A release costs its scopes a cold cache — every
+//     entry of the scope goes to the database once, and is written again
+//     with the new epoch — not only its keys'. When the epochs cannot be
+//     read, claims go to the database.
 //   - Stale entries after a purge: an entry expires when its row's
 //     retention ends (first claimed + Config.Retention, as an absolute time
 //     by Redis's clock), never later, so Purge, which deletes only expired
 //     rows, needs no invalidation — provided Config.Retention is the
 //     store's (or shorter) and the clocks of Redis and the database agree.
 //
+// Why a trusted entry is true: an entry of scope S written at epoch E is
+// trusted only by a view that read S at E with no release in progress. Its
+// writer read E before its claim read the key's row, so the row existed (or
+// was made by that claim) at a moment when S was at E. A release that
+// deleted the row after that moment moved S past E when it began, and every
+// view still saying E was read before that and ran out before deleteRows
+// ran; every view read since says a later epoch, or "releasing". None of
+// this depends on what Redis holds: a flush or an eviction only removes
+// entries, and an old snapshot only brings back entries of older epochs.
+//
 // What it does not promise: that a duplicate is answered from Redis (an
 // entry can be missing, evicted, expired or refused at any time); that the
 // consumer's Stats.Commits counts database commits (a batch answered from
-// Redis counts as committed); a tombstone that Redis evicts under memory
-// pressure within Config.WriteWindow of a release, or a Redis clock that
-// jumps, can let a stale entry back. Run Redis with a maxmemory-policy that
+// Redis counts as committed). What the release protection rests on: that
+// every process has the same Config.EpochTTL (or a shorter one than the
+// releasing process's) and clocks that run at about the same rate (not the
+// same time: each view's lifetime is measured on one machine); that
+// deleteRows is done within Config.ReleaseHold (its context ends before;
+// Release says when it was not); and that the epochs table is never
+// emptied or rolled back on its own. Run Redis with a maxmemory-policy that
 // evicts keys with a TTL (volatile-lru, volatile-ttl; every key here has
 // one) and give it memory for the keys of MaxTTL.
 //

@@ -41,8 +41,9 @@ func Example() {
 	_ = consumer.Config[*sql.Tx]{Name: "callbacks", Store: front, Key: consumer.ByJSONField("txn_id")}
 }
 
-// An operator's tool runs a failed key again: the row is deleted between
-// two invalidations, so that no consumer answers it from Redis afterwards.
+// An operator's tool runs a failed key again: the row is deleted inside a
+// release of its scope (recorded in the database), so that no consumer
+// answers it from Redis afterwards, whatever Redis keeps or loses.
 // (Not run: it needs a database and Redis.)
 func ExampleStore_Release() {
 	var front *redisfront.Store[*sql.Tx] // as in Example

@@ -6,13 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
@@ -20,6 +19,7 @@ import (
 	"github.com/idemkit/idem/dedup/deduptest"
 	"github.com/idemkit/idem/dedup/redisfront"
 	"github.com/idemkit/idem/examples/payments"
+	"github.com/idemkit/idem/internal/testenv"
 )
 
 // outcome is what a run left: the reconciliation, each account's balance,
@@ -121,23 +121,18 @@ func reasonClass(err error) string {
 // flushed, or paused (CLIENT PAUSE, longer than the front's timeout) in
 // the middle of it: the tables end the same, every payment once, the same
 // messages dead-lettered; the front answered duplicates before the fault
-// and after it.
+// and after it. The Redis is the test's own (testenv.PrivateRedis): the
+// shared one stays up for the other tests.
 func TestRedisFaultsChangeNothing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("kills and pauses Redis")
 	}
-	c := newClient(t, true)
+	srv := testenv.NewPrivateRedis(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1, DialTimeout: time.Second})
+	t.Cleanup(func() { c.Close() })
 	want := paymentsRun(t, func(st dedup.Store[*sql.Tx]) dedup.Store[*sql.Tx] { return st }, nil)
 	if !want.report.OK() || want.applied != 300 {
 		t.Fatalf("the database alone: %v, applied %d", want.report, want.applied)
-	}
-	_, file, _, _ := runtime.Caller(0)
-	script := filepath.Join(filepath.Dir(file), "..", "..", "scripts", "testenv", "redis.sh")
-	sh := func(cmd string) error {
-		if out, err := exec.Command(script, cmd).CombinedOutput(); err != nil {
-			return fmt.Errorf("%s %s: %v: %s", script, cmd, err, out)
-		}
-		return nil
 	}
 	// wait waits until cond holds or the run ended.
 	wait := func(done <-chan struct{}, cond func() bool) bool {
@@ -155,13 +150,11 @@ func TestRedisFaultsChangeNothing(t *testing.T) {
 		do   func(done <-chan struct{}, commits func() int64) error
 	}{
 		{"killed", func(done <-chan struct{}, commits func() int64) error {
-			if err := sh("kill"); err != nil {
-				return err
-			}
+			srv.Kill()
 			// Down while the consumer commits a few batches.
 			at := commits() + 5
 			wait(done, func() bool { return commits() >= at })
-			return sh("start")
+			return srv.Start("")
 		}},
 		{"flushed", func(<-chan struct{}, func() int64) error {
 			return c.FlushAll(context.Background()).Err()
@@ -217,11 +210,5 @@ func TestRedisFaultsChangeNothing(t *testing.T) {
 				t.Fatalf("dead letters differ:\n%q\nthe database alone:\n%q", got.dead, want.dead)
 			}
 		})
-	}
-	// Redis is back for the tests after this one.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for c.Ping(ctx).Err() != nil && ctx.Err() == nil {
-		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -36,14 +37,29 @@ type Config struct {
 	// runs out costs the database round trip it was to save.
 	Timeout time.Duration
 	// WriteWindow: an entry is written only this long after the Redis
-	// lookup that preceded its claim (by Redis's clock); tombstones outlive
-	// it twice. Default 30s. Transactions that take longer leave no entry.
+	// lookup that preceded its claim (by Redis's clock). Default 30s.
+	// Transactions that take longer leave no entry (their claims cost the
+	// database round trip next time).
 	WriteWindow time.Duration
 	// RetryAfter: after a Redis error, claims go straight to the database
-	// for this long; default 1s.
+	// for this long; default 1s. So they do after a failed read of the
+	// release epochs.
 	RetryAfter time.Duration
-	// ReleaseHold is how long Release's first tombstones last, which must
-	// cover its deleteRows; default 10m.
+	// Epochs is where the release epochs are kept (see the package doc):
+	// default the inner store, which must then be a dedup.EpochStore (the
+	// stores of this module are). Set it when inner wraps such a store.
+	Epochs dedup.EpochStore
+	// EpochTTL is how long the front trusts the release epochs it read
+	// from the database before it reads them again; default 1s. Release
+	// and Forget wait a little longer than this (so that every process has
+	// read the epochs again) before they delete rows or return. Every
+	// process of a store must have the same EpochTTL, or one shorter than
+	// the releasing process's.
+	EpochTTL time.Duration
+	// ReleaseHold is how long a Release may take: its scopes' entries are
+	// not trusted from its start until it ends, or for at most this long
+	// (a Release that crashed). deleteRows is given a context that ends
+	// before it runs out. Default 10m.
 	ReleaseHold time.Duration
 	// AlwaysTransact: InTx always runs fn in a database transaction (see
 	// the package doc); default false.
@@ -56,13 +72,18 @@ type Config struct {
 // Store is a dedup.Store[TTx] with Redis in front of the inner store. Safe
 // for concurrent use.
 type Store[TTx any] struct {
-	inner dedup.Store[TTx]
-	cfg   Config
-	rdb   redis.UniversalClient
-	write *redis.Script
+	inner  dedup.Store[TTx]
+	epochs dedup.EpochStore
+	cfg    Config
+	rdb    redis.UniversalClient
+	write  *redis.Script
 
 	downUntil atomic.Int64 // unix nanoseconds; Redis is left alone before
-	stats     struct{ lookups, hits, skipped, writes, refused, errors atomic.Int64 }
+	stats     struct{ lookups, hits, skipped, writes, refused, errors, epochReads atomic.Int64 }
+
+	epoch          atomic.Pointer[epochView] // the last epochs read; see epochs.go
+	epochMu        sync.Mutex                // held by the one reading them
+	epochDownUntil atomic.Int64              // unix nanoseconds; after a failed read
 }
 
 // New returns inner with Redis in front of it.
@@ -91,8 +112,16 @@ func New[TTx any](inner dedup.Store[TTx], cfg Config) (*Store[TTx], error) {
 	if strings.ContainsAny(cfg.Prefix, "{}") {
 		return nil, fmt.Errorf("redisfront: Config.Prefix %q has '{' or '}'", cfg.Prefix)
 	}
+	if cfg.Epochs == nil {
+		e, ok := inner.(dedup.EpochStore)
+		if !ok {
+			return nil, fmt.Errorf("redisfront: the inner store %T keeps no release epochs (dedup.EpochStore), "+
+				"without which an entry written before a release could not be told from one written after it: set Config.Epochs", inner)
+		}
+		cfg.Epochs = e
+	}
 	for name, d := range map[string]time.Duration{"Retention": cfg.Retention, "MaxTTL": cfg.MaxTTL, "Timeout": cfg.Timeout,
-		"WriteWindow": cfg.WriteWindow, "RetryAfter": cfg.RetryAfter, "ReleaseHold": cfg.ReleaseHold} {
+		"WriteWindow": cfg.WriteWindow, "RetryAfter": cfg.RetryAfter, "EpochTTL": cfg.EpochTTL, "ReleaseHold": cfg.ReleaseHold} {
 		if d < 0 {
 			return nil, fmt.Errorf("redisfront: Config.%s is negative", name)
 		}
@@ -111,11 +140,15 @@ func New[TTx any](inner dedup.Store[TTx], cfg Config) (*Store[TTx], error) {
 	def(&cfg.Timeout, 50*time.Millisecond)
 	def(&cfg.WriteWindow, 30*time.Second)
 	def(&cfg.RetryAfter, time.Second)
+	def(&cfg.EpochTTL, time.Second)
 	def(&cfg.ReleaseHold, 10*time.Minute)
+	if cfg.ReleaseHold <= 2*cfg.EpochTTL {
+		return nil, fmt.Errorf("redisfront: Config.ReleaseHold %v must be more than twice Config.EpochTTL %v: Release waits EpochTTL within it before it deletes rows", cfg.ReleaseHold, cfg.EpochTTL)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Store[TTx]{inner: inner, cfg: cfg, rdb: cfg.Client, write: redis.NewScript(writeScript)}, nil
+	return &Store[TTx]{inner: inner, epochs: cfg.Epochs, cfg: cfg, rdb: cfg.Client, write: redis.NewScript(writeScript)}, nil
 }
 
 // Inner returns the store behind Redis.
@@ -127,44 +160,50 @@ type Stats struct {
 	Hits    int64 // claims answered from Redis (duplicates)
 	Skipped int64 // InTx calls answered without a database transaction
 	Writes  int64 // entries written after COMMIT
-	Refused int64 // writes the script refused (tombstone, too late, expired)
+	Refused int64 // writes the script refused (too late, expired)
 	Errors  int64 // Redis errors and timeouts
+	// EpochReads counts the reads of the release epochs from the
+	// database: about one per Config.EpochTTL while claims come.
+	EpochReads int64
 }
 
 // Stats returns the counters since New.
 func (s *Store[TTx]) Stats() Stats {
 	return Stats{Lookups: s.stats.lookups.Load(), Hits: s.stats.hits.Load(), Skipped: s.stats.skipped.Load(),
-		Writes: s.stats.writes.Load(), Refused: s.stats.refused.Load(), Errors: s.stats.errors.Load()}
+		Writes: s.stats.writes.Load(), Refused: s.stats.refused.Load(), Errors: s.stats.errors.Load(),
+		EpochReads: s.stats.epochReads.Load()}
 }
 
-// entry is what Redis holds for a committed key: 'c', the fingerprint, and
-// when the key was first claimed (Unix ms, big-endian).
+// entry is what Redis holds for a committed key: 'e', the fingerprint,
+// when the key was first claimed (Unix ms) and the release epoch of its
+// scope that the front had read before the claim (both big-endian).
 type entry struct {
 	fp      dedup.Fingerprint
 	firstAt int64
+	epoch   int64
 }
 
-const entryLen = 1 + 32 + 8
+const entryLen = 1 + 32 + 8 + 8
 
 func (e entry) encode() string {
 	b := make([]byte, entryLen)
-	b[0] = 'c'
+	b[0] = 'e'
 	copy(b[1:], e.fp[:])
 	binary.BigEndian.PutUint64(b[33:], uint64(e.firstAt))
+	binary.BigEndian.PutUint64(b[41:], uint64(e.epoch))
 	return string(b)
 }
 
 func decode(v string) (entry, bool) {
-	if len(v) != entryLen || v[0] != 'c' {
-		return entry{}, false // a tombstone ("x") or not ours
+	if len(v) != entryLen || v[0] != 'e' {
+		return entry{}, false // an entry of an earlier version (no epoch), or not ours
 	}
 	var e entry
 	copy(e.fp[:], v[1:33])
-	e.firstAt = int64(binary.BigEndian.Uint64([]byte(v[33:])))
+	e.firstAt = int64(binary.BigEndian.Uint64([]byte(v[33:41])))
+	e.epoch = int64(binary.BigEndian.Uint64([]byte(v[41:])))
 	return e, true
 }
-
-const tombstone = "x"
 
 // scopeTag is the part of every key of scope that Redis Cluster hashes:
 // the scope's length makes the key unambiguous whatever the scope holds.
@@ -172,19 +211,16 @@ func (s *Store[TTx]) scopeTag(scope string) string {
 	return s.cfg.Prefix + "{" + strconv.Itoa(len(scope)) + ":" + scope + "}"
 }
 
-func (s *Store[TTx]) entryKey(k dedup.Key) string  { return s.scopeTag(k.Scope) + "k" + k.ID }
-func (s *Store[TTx]) scopeKey(scope string) string { return s.scopeTag(scope) + "s" }
+func (s *Store[TTx]) entryKey(k dedup.Key) string { return s.scopeTag(k.Scope) + "k" + k.ID }
 
-// writeScript writes a committed fact unless a tombstone (of the key or of
-// its scope) stands, the write comes later than ARGV[3] or the entry would
-// already have expired (ARGV[2]), all by Redis's clock.
+// writeScript writes a committed fact unless the write comes later than
+// ARGV[3] or the entry would already have expired (ARGV[2]), both by
+// Redis's clock. Whether the fact is still true is not Redis's to say: the
+// entry carries its epoch, which the reader checks.
 const writeScript = `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if now > tonumber(ARGV[3]) or now >= tonumber(ARGV[2]) then return 0 end
-if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-local cur = redis.call('GET', KEYS[1])
-if cur and string.sub(cur, 1, 1) == 'x' then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PXAT', ARGV[2])
 return 1`
 
@@ -204,8 +240,9 @@ func (s *Store[TTx]) failed(op string, err error) {
 // txState is one InTx call's: what Redis said, and what the database said,
 // to be written after COMMIT. Claim finds it in its context.
 type txState struct {
-	dry     bool // fn runs without a transaction
-	claimed bool // Claim ran
+	dry     bool       // fn runs without a transaction
+	claimed bool       // Claim ran
+	ep      *epochView // the release epochs, read before any claim; nil: trust and write nothing
 	now     int64
 	known   map[dedup.Key]entry
 	looked  map[dedup.Key]bool
@@ -228,6 +265,12 @@ type needTx struct{}
 // as duplicates, else in the inner store's; see the package doc.
 func (s *Store[TTx]) InTx(ctx context.Context, fn func(ctx context.Context, tx TTx) error) error {
 	st := &txState{known: map[dedup.Key]entry{}, looked: map[dedup.Key]bool{}}
+	if s.up() {
+		// Before the database reads any row for this InTx: an entry it
+		// writes carries an epoch no later than the one its rows were read
+		// under.
+		st.ep = s.epochsNow(ctx)
+	}
 	ctx = context.WithValue(ctx, stateKey{}, st)
 	if !s.cfg.AlwaysTransact && ctx.Err() == nil && s.up() {
 		if done, err := s.withoutTx(ctx, fn, st); done {
@@ -314,18 +357,18 @@ func (s *Store[TTx]) Claim(ctx context.Context, tx TTx, claims []dedup.Claim, re
 	return nil
 }
 
-// lookup asks Redis, in one pipeline, for the time, the scopes' tombstones
-// and the keys not looked up yet in this InTx. Errors leave the keys
-// unknown.
+// lookup asks Redis, in one pipeline, for the time and the keys not
+// looked up yet in this InTx whose scope's epoch is known and no release
+// of it in progress. Errors leave the keys unknown.
 func (s *Store[TTx]) lookup(ctx context.Context, st *txState, claims []dedup.Claim) {
 	var keys []dedup.Key
-	scopes := map[string]bool{}
 	for i := range claims {
 		k := claims[i].Key
 		if !st.looked[k] {
 			st.looked[k] = true
-			keys = append(keys, k)
-			scopes[k.Scope] = true
+			if _, ok := st.ep.of(k.Scope); ok {
+				keys = append(keys, k)
+			}
 		}
 	}
 	if len(keys) == 0 || !s.up() || ctx.Err() != nil {
@@ -336,10 +379,6 @@ func (s *Store[TTx]) lookup(ctx context.Context, st *txState, claims []dedup.Cla
 	defer cancel()
 	pipe := s.rdb.Pipeline()
 	now := pipe.Time(ctx)
-	tombs := make(map[string]*redis.IntCmd, len(scopes))
-	for scope := range scopes {
-		tombs[scope] = pipe.Exists(ctx, s.scopeKey(scope))
-	}
 	gets := make([]*redis.StringCmd, len(keys))
 	for i, k := range keys {
 		gets[i] = pipe.Get(ctx, s.entryKey(k))
@@ -357,11 +396,10 @@ func (s *Store[TTx]) lookup(ctx context.Context, st *txState, claims []dedup.Cla
 		st.now = ms // the earliest lookup bounds the writes
 	}
 	for i, k := range keys {
-		if tombs[k.Scope].Val() != 0 {
-			continue
-		}
 		if v, err := gets[i].Result(); err == nil {
-			if e, ok := decode(v); ok {
+			// Trusted only under the epoch it was written in: a release
+			// since (or one in progress) moved the scope's epoch.
+			if e, ok := decode(v); ok && st.ep.trusts(k.Scope, e.epoch) {
 				st.known[k] = e
 			}
 		}
@@ -389,6 +427,10 @@ func (s *Store[TTx]) remember(ctx context.Context, st *txState) {
 		if seen[k] {
 			continue
 		}
+		epoch, ok := st.ep.of(k.Scope)
+		if !ok {
+			continue // a release of the scope is in progress
+		}
 		var first int64
 		switch p.result.Status {
 		case dedup.StatusNew:
@@ -406,7 +448,7 @@ func (s *Store[TTx]) remember(ctx context.Context, st *txState) {
 		if at <= st.now {
 			continue
 		}
-		ws = append(ws, write{k, entry{fp: p.claim.Fingerprint, firstAt: first}.encode(), at})
+		ws = append(ws, write{k, entry{fp: p.claim.Fingerprint, firstAt: first, epoch: epoch}.encode(), at})
 	}
 	if len(ws) == 0 {
 		return
@@ -417,7 +459,7 @@ func (s *Store[TTx]) remember(ctx context.Context, st *txState) {
 		pipe := s.rdb.Pipeline()
 		cmds := make([]*redis.Cmd, len(ws))
 		for i, w := range ws {
-			cmds[i] = s.write.EvalSha(ctx, pipe, []string{s.entryKey(w.key), s.scopeKey(w.key.Scope)}, w.val, w.expireAt, writeBy)
+			cmds[i] = s.write.EvalSha(ctx, pipe, []string{s.entryKey(w.key)}, w.val, w.expireAt, writeBy)
 		}
 		_, err := pipe.Exec(ctx)
 		return cmds, err
@@ -454,8 +496,18 @@ func (s *Store[TTx]) RecordFailure(ctx context.Context, c dedup.Claim, reason st
 	return s.inner.RecordFailure(ctx, c, reason)
 }
 
-// Check checks the inner store; Redis is optional and not checked.
-func (s *Store[TTx]) Check(ctx context.Context) error { return s.inner.Check(ctx) }
+// Check checks the inner store and reads the release epochs (a table that
+// Migrate creates: an error wrapping dedup.ErrNotMigrated when it is
+// missing); Redis is optional and not checked.
+func (s *Store[TTx]) Check(ctx context.Context) error {
+	if err := s.inner.Check(ctx); err != nil {
+		return err
+	}
+	if _, err := s.readEpochs(ctx); err != nil {
+		return fmt.Errorf("redisfront: check: %w", err)
+	}
+	return nil
+}
 
 // ClassifyError is the inner store's: Redis errors never surface.
 func (s *Store[TTx]) ClassifyError(err error) dedup.ErrorClass { return s.inner.ClassifyError(err) }

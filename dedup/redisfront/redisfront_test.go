@@ -3,11 +3,13 @@ package redisfront_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -42,16 +44,11 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 var prefixes atomic.Int64
 
-// newClient connects to the test environment's Redis; exclusive for a test
-// that kills, flushes or pauses it.
-func newClient(t testing.TB, exclusive bool) *redis.Client {
+// newClient connects to the test environment's shared Redis (a test that
+// kills, flushes or pauses Redis has a testenv.PrivateRedis instead).
+func newClient(t testing.TB) *redis.Client {
 	t.Helper()
-	var addr string
-	if exclusive {
-		addr = testenv.RedisExclusive(t)
-	} else {
-		addr = testenv.RedisAddr(t)
-	}
+	addr := testenv.RedisAddr(t)
 	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1, DialTimeout: time.Second})
 	t.Cleanup(func() { c.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -140,17 +137,17 @@ func front[TTx any](t testing.TB, inner dedup.Store[TTx], cfg redisfront.Config)
 func TestConformance(t *testing.T) {
 	t.Run("mariadb", func(t *testing.T) {
 		deduptest.Run(t, func(t *testing.T, cfg deduptest.Config) dedup.Store[*sql.Tx] {
-			return front(t, dedup.Store[*sql.Tx](mysqlInner(t, cfg)), frontConfig(newClient(t, false), cfg.ScopeRetention))
+			return front(t, dedup.Store[*sql.Tx](mysqlInner(t, cfg)), frontConfig(newClient(t), cfg.ScopeRetention))
 		})
 	})
 	t.Run("postgres", func(t *testing.T) {
 		deduptest.Run(t, func(t *testing.T, cfg deduptest.Config) dedup.Store[pgx.Tx] {
-			return front(t, dedup.Store[pgx.Tx](postgresInner(t, cfg)), frontConfig(newClient(t, false), cfg.ScopeRetention))
+			return front(t, dedup.Store[pgx.Tx](postgresInner(t, cfg)), frontConfig(newClient(t), cfg.ScopeRetention))
 		})
 	})
 	t.Run("sqlite always transact", func(t *testing.T) {
 		deduptest.Run(t, func(t *testing.T, cfg deduptest.Config) dedup.Store[*sql.Tx] {
-			fc := frontConfig(newClient(t, false), cfg.ScopeRetention)
+			fc := frontConfig(newClient(t), cfg.ScopeRetention)
 			fc.AlwaysTransact = true
 			return front(t, dedup.Store[*sql.Tx](sqliteInner(t, cfg)), fc)
 		})
@@ -161,6 +158,23 @@ func TestConformance(t *testing.T) {
 type counting[TTx any] struct {
 	dedup.Store[TTx]
 	txs, claims atomic.Int64
+}
+
+// The release epochs are the store's: the front needs them.
+func (c *counting[TTx]) Epochs(ctx context.Context) (map[string]dedup.Epoch, error) {
+	return c.Store.(dedup.EpochStore).Epochs(ctx)
+}
+
+func (c *counting[TTx]) AdvanceEpoch(ctx context.Context, scope string) (int64, error) {
+	return c.Store.(dedup.EpochStore).AdvanceEpoch(ctx, scope)
+}
+
+func (c *counting[TTx]) BeginRelease(ctx context.Context, scope string, hold time.Duration) (int64, error) {
+	return c.Store.(dedup.EpochStore).BeginRelease(ctx, scope, hold)
+}
+
+func (c *counting[TTx]) EndRelease(ctx context.Context, scope string, token int64) error {
+	return c.Store.(dedup.EpochStore).EndRelease(ctx, scope, token)
 }
 
 func (c *counting[TTx]) InTx(ctx context.Context, fn func(context.Context, TTx) error) error {
@@ -194,10 +208,12 @@ func statuses(rs []dedup.Result) []dedup.Status {
 
 // TestDuplicatesSkipTheDatabase: a batch Redis knows entirely opens no
 // transaction; a mixed batch sends only the unknown claims to the store; a
-// known key with another payload goes to the store, which says mismatch.
+// known key with another payload goes to the store, which says mismatch;
+// the release epochs cost one read per EpochTTL, not one per claim.
 func TestDuplicatesSkipTheDatabase(t *testing.T) {
+	began := time.Now()
 	inner := &counting[*sql.Tx]{Store: sqliteInner(t, deduptest.Config{})}
-	f := front(t, dedup.Store[*sql.Tx](inner), frontConfig(newClient(t, false), nil))
+	f := front(t, dedup.Store[*sql.Tx](inner), frontConfig(newClient(t), nil))
 	a, b, c := deduptest.Claim("pay", "a", "1"), deduptest.Claim("pay", "b", "2"), deduptest.Claim("pay", "c", "3")
 	claimTx(t, f, a, b)
 	if inner.txs.Load() != 1 || f.Stats().Writes != 2 {
@@ -221,13 +237,18 @@ func TestDuplicatesSkipTheDatabase(t *testing.T) {
 	if inner.txs.Load() != 2 || inner.claims.Load()-claims != 2 {
 		t.Fatalf("mixed batch: %d transactions, %d claims to the store, want 2 and 2", inner.txs.Load(), inner.claims.Load()-claims)
 	}
+	// The release epochs are read once per EpochTTL (1s: read again after
+	// four fifths of it), not per claim.
+	if reads, most := f.Stats().EpochReads, 1+int64(time.Since(began)/(800*time.Millisecond)); reads < 1 || reads > most {
+		t.Fatalf("%d reads of the release epochs in %v, want 1 to %d", reads, time.Since(began), most)
+	}
 }
 
 // TestNoEntryBeforeCommit: while a claim is uncommitted, and after it rolled
 // back, Redis holds nothing for the key (the in-progress state is the
 // database's row lock, never a Redis record).
 func TestNoEntryBeforeCommit(t *testing.T) {
-	c := newClient(t, false)
+	c := newClient(t)
 	cfg := frontConfig(c, nil)
 	f := front(t, dedup.Store[*sql.Tx](sqliteInner(t, deduptest.Config{})), cfg)
 	k := deduptest.Claim("pay", "k", "p")
@@ -262,22 +283,28 @@ func TestNoEntryBeforeCommit(t *testing.T) {
 	}
 }
 
-// TestRelease: a released key runs again, even when a transaction that read
-// its row before the release commits after it (its write is refused); a row
-// deleted by hand stays a duplicate in Redis until Forget.
+// TestRelease: a released key runs again, and so does every key of a
+// released scope; a row deleted by hand stays a duplicate in Redis until
+// Forget; a second release of a scope during the first is refused before
+// it deletes anything. (A transaction that read a row before its release
+// and commits after it: TestReleasedKeyWhileATransactionHeldItsRow.)
 func TestRelease(t *testing.T) {
 	inner, db := sqliteInnerDB(t, deduptest.Config{})
-	f := front(t, dedup.Store[*sql.Tx](inner), frontConfig(newClient(t, false), nil))
+	cfg := frontConfig(newClient(t), nil)
+	cfg.EpochTTL = 100 * time.Millisecond
+	f := front(t, dedup.Store[*sql.Tx](inner), cfg)
 	ctx := context.Background()
 	k := deduptest.Claim("pay", "k", "p")
 	claimTx(t, f, k)
-	deleteRow := func(ctx context.Context) error {
-		_, err := db.ExecContext(ctx, `DELETE FROM idem_dedup WHERE key = 'k'`)
-		return err
+	deleteRow := func(id string) func(ctx context.Context) error {
+		return func(ctx context.Context) error {
+			_, err := db.ExecContext(ctx, `DELETE FROM idem_dedup WHERE key = ?`, id)
+			return err
+		}
 	}
 
 	// By hand: the stale entry still answers, until Forget.
-	if err := deleteRow(ctx); err != nil {
+	if err := deleteRow("k")(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if res := claimTx(t, f, k); res[0].Status != dedup.StatusDuplicate {
@@ -290,52 +317,32 @@ func TestRelease(t *testing.T) {
 		t.Fatalf("after Forget: %v, want new", res[0].Status)
 	}
 
-	// A late writer: a transaction reads the row (a duplicate, not yet in
-	// Redis), the key is released meanwhile, then it commits.
+	// Release.
 	k2 := deduptest.Claim("pay", "k2", "p")
-	if err := inner.InTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		return inner.Claim(ctx, tx, []dedup.Claim{k2}, make([]dedup.Result, 1))
-	}); err != nil {
-		t.Fatal(err)
+	claimTx(t, f, k2)
+	if res := claimTx(t, f, k2); res[0].Status != dedup.StatusDuplicate || f.Stats().Hits == 0 {
+		t.Fatalf("k2 before its release: %v, stats %+v", res[0].Status, f.Stats())
 	}
-	read, released := make(chan struct{}), make(chan struct{})
-	late := make(chan error, 1)
-	go func() {
-		late <- f.InTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-			res := make([]dedup.Result, 1)
-			if err := f.Claim(ctx, tx, []dedup.Claim{k2}, res); err != nil {
-				return err
-			}
-			if tx != nil { // the run in the database's transaction
-				close(read)
-				<-released
-			}
-			return nil
-		})
-	}()
-	<-read
-	// SQLite has one writer: the late transaction holds it, so the row is
-	// deleted in Release's deleteRows only after it committed — as a slow
-	// DELETE on a server would.
-	relErr := make(chan error, 1)
-	go func() {
-		relErr <- f.Release(ctx, []dedup.Key{k2.Key}, func(ctx context.Context) error {
-			close(released)
-			_, err := db.ExecContext(ctx, `DELETE FROM idem_dedup WHERE key = 'k2'`)
-			return err
-		})
-	}()
-	if err := <-late; err != nil {
+	if err := f.Release(ctx, []dedup.Key{k2.Key}, deleteRow("k2")); err != nil {
 		t.Fatal(err)
-	}
-	if err := <-relErr; err != nil {
-		t.Fatal(err)
-	}
-	if f.Stats().Refused == 0 {
-		t.Fatalf("the late write was not refused: %+v", f.Stats())
 	}
 	if res := claimTx(t, f, k2); res[0].Status != dedup.StatusNew {
 		t.Fatalf("a released key: %v, want new", res[0].Status)
+	}
+
+	// A release during another one of the same scope.
+	inside := make(chan error, 1)
+	if err := f.Release(ctx, []dedup.Key{k2.Key}, func(ctx context.Context) error {
+		inside <- f.Release(ctx, []dedup.Key{k.Key}, func(context.Context) error {
+			t.Error("the second release's deleteRows ran")
+			return nil
+		})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-inside; !errors.Is(err, dedup.ErrReleaseInProgress) {
+		t.Fatalf("a release of a scope during another one: %v, want ErrReleaseInProgress", err)
 	}
 
 	// A whole scope.
@@ -363,6 +370,8 @@ func TestConfigErrors(t *testing.T) {
 		{Client: ok, Prefix: "a{b"},
 		{Client: ok, Timeout: -1},
 		{Client: ok, ScopeRetention: map[string]time.Duration{"x": -1}},
+		{Client: ok, EpochTTL: -1},
+		{Client: ok, EpochTTL: time.Minute, ReleaseHold: time.Minute},
 	} {
 		if _, err := redisfront.New(dedup.Store[*sql.Tx](inner), cfg); err == nil {
 			t.Errorf("New(%+v) accepted", cfg)
@@ -370,5 +379,14 @@ func TestConfigErrors(t *testing.T) {
 	}
 	if _, err := redisfront.New[*sql.Tx](nil, redisfront.Config{Client: ok}); err == nil {
 		t.Error("a nil inner store accepted")
+	}
+	// A store without release epochs (a wrapper that hides them) is
+	// refused, unless Config.Epochs names them.
+	wrapped := dedup.Store[*sql.Tx](struct{ dedup.Store[*sql.Tx] }{inner})
+	if _, err := redisfront.New(wrapped, redisfront.Config{Client: ok}); err == nil || !strings.Contains(err.Error(), "Config.Epochs") {
+		t.Errorf("an inner store without epochs: %v, want an error naming Config.Epochs", err)
+	}
+	if _, err := redisfront.New(wrapped, redisfront.Config{Client: ok, Epochs: inner}); err != nil {
+		t.Errorf("an inner store with Config.Epochs: %v", err)
 	}
 }

@@ -2,123 +2,125 @@ package redisfront
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"strings"
+	"slices"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem/dedup"
 )
 
-// Release runs a key again: it tombstones the keys in Redis (for
-// Config.ReleaseHold), calls deleteRows — which deletes the keys' rows from
-// the store's table, with whatever the operator's tool uses — and tombstones
-// them again, now for twice Config.WriteWindow: a transaction that read a
-// row before deleteRows deleted it cannot write its entry back. Claims of
-// tombstoned keys go to the database. When Redis cannot be reached, the rows
-// are not deleted and the error says so; when the second tombstones fail,
-// the rows are deleted and the error says to call Forget.
+// Release runs keys again: it begins a release of their scopes in the
+// database (each scope's epoch moves, and no process trusts or writes an
+// entry of the scope while it lasts), waits until every process has read
+// the epochs again (a little over Config.EpochTTL), calls deleteRows —
+// which deletes the keys' rows from the store's table, with whatever the
+// operator's tool uses, and must be done before Config.ReleaseHold runs
+// out (its context ends before) — and ends the releases (the epochs move
+// again). Entries written before the release, or by a transaction that
+// read a row before deleteRows deleted it, carry an older epoch: none is
+// trusted again, whatever Redis kept, lost or was restored to.
+//
+// Every entry of the scopes is answered by the database until it is
+// written again: a release costs its scopes a cold cache. A release of a
+// scope already in progress makes Release fail with an error wrapping
+// dedup.ErrReleaseInProgress, before anything is deleted; so does a
+// database that cannot be reached.
 func (s *Store[TTx]) Release(ctx context.Context, keys []dedup.Key, deleteRows func(ctx context.Context) error) error {
-	if err := s.tombstone(ctx, keys, s.cfg.ReleaseHold+2*s.cfg.WriteWindow); err != nil {
-		return fmt.Errorf("redisfront: release: nothing deleted: %w", err)
-	}
-	if err := deleteRows(ctx); err != nil {
-		return fmt.Errorf("redisfront: release: deleting the rows: %w", err)
-	}
-	if err := s.Forget(ctx, keys...); err != nil {
-		return fmt.Errorf("redisfront: release: the rows are deleted, but Redis may still answer them as duplicates: call Forget: %w", err)
-	}
-	return nil
-}
-
-// Forget tombstones keys whose rows were deleted (call it after deleting
-// them), for twice Config.WriteWindow; see Release.
-func (s *Store[TTx]) Forget(ctx context.Context, keys ...dedup.Key) error {
-	return s.tombstone(ctx, keys, 2*s.cfg.WriteWindow)
-}
-
-func (s *Store[TTx]) tombstone(ctx context.Context, keys []dedup.Key, ttl time.Duration) error {
-	if len(keys) == 0 {
-		return nil
-	}
-	pipe := s.rdb.Pipeline()
+	var scopes []string
 	for _, k := range keys {
-		pipe.Set(ctx, s.entryKey(k), tombstone, ttl)
+		scopes = append(scopes, k.Scope)
 	}
-	_, err := pipe.Exec(ctx)
-	return err
+	slices.Sort(scopes)
+	return s.release(ctx, "release", slices.Compact(scopes), deleteRows)
 }
 
-// ReleaseScope is Release for every key of scope: a tombstone of the scope
-// stands while deleteRows runs, then every entry of the scope is deleted
-// (SCAN), and the scope's tombstone stays for twice Config.WriteWindow.
+// ReleaseScope is Release for every key of scope.
 func (s *Store[TTx]) ReleaseScope(ctx context.Context, scope string, deleteRows func(ctx context.Context) error) error {
-	if err := s.rdb.Set(ctx, s.scopeKey(scope), tombstone, s.cfg.ReleaseHold+2*s.cfg.WriteWindow).Err(); err != nil {
-		return fmt.Errorf("redisfront: release scope: nothing deleted: %w", err)
-	}
-	if err := deleteRows(ctx); err != nil {
-		return fmt.Errorf("redisfront: release scope: deleting the rows: %w", err)
-	}
-	if err := s.ForgetScope(ctx, scope); err != nil {
-		return fmt.Errorf("redisfront: release scope: the rows are deleted, but Redis may still answer them as duplicates: call ForgetScope: %w", err)
-	}
-	return nil
+	return s.release(ctx, "release scope", []string{scope}, deleteRows)
 }
 
-// ForgetScope deletes every entry of scope (call it after deleting the
-// scope's rows): a tombstone of the scope stands meanwhile and for twice
-// Config.WriteWindow after. It scans the keyspace: an operator's tool, not
-// a hot path.
-func (s *Store[TTx]) ForgetScope(ctx context.Context, scope string) error {
-	tomb := s.scopeKey(scope)
-	if err := s.rdb.Set(ctx, tomb, tombstone, s.cfg.ReleaseHold+2*s.cfg.WriteWindow).Err(); err != nil {
-		return err
+func (s *Store[TTx]) release(ctx context.Context, op string, scopes []string, deleteRows func(ctx context.Context) error) (err error) {
+	if len(scopes) == 0 {
+		return deleteRows(ctx) // no key: nothing Redis could answer
 	}
-	match := globEscape(s.scopeTag(scope)+"k") + "*"
-	scan := func(ctx context.Context, c redis.UniversalClient) error {
-		it := c.Scan(ctx, 0, match, 1000).Iterator()
-		var batch []string
-		flush := func() error {
-			if len(batch) == 0 {
-				return nil
-			}
-			err := c.Unlink(ctx, batch...).Err()
-			batch = batch[:0]
-			return err
-		}
-		for it.Next(ctx) {
-			if batch = append(batch, it.Val()); len(batch) == 500 {
-				if err := flush(); err != nil {
-					return err
+	began := time.Now() // before the holds began, by the database's clock
+	tokens := make(map[string]int64, len(scopes))
+	defer func() {
+		// Always, also when deleteRows failed: until it ends, a release
+		// keeps its scopes from Redis (for ReleaseHold at most).
+		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		for _, scope := range scopes {
+			if t, ok := tokens[scope]; ok {
+				if eerr := s.epochs.EndRelease(ectx, scope, t); eerr != nil {
+					err = errors.Join(err, fmt.Errorf("redisfront: %s: ending the release of %s (its entries stay untrusted until Config.ReleaseHold runs out): %w", op, scope, eerr))
 				}
 			}
 		}
-		if err := it.Err(); err != nil {
-			return err
+	}()
+	for _, scope := range scopes {
+		t, err := s.epochs.BeginRelease(ctx, scope, s.cfg.ReleaseHold)
+		if err != nil {
+			return fmt.Errorf("redisfront: %s: nothing deleted: %w", op, err)
 		}
-		return flush()
+		tokens[scope] = t
 	}
-	var err error
-	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
-		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return scan(ctx, c) })
-	} else {
-		err = scan(ctx, s.rdb)
+	if err := sleep(ctx, s.settle()); err != nil {
+		return fmt.Errorf("redisfront: %s: nothing deleted: %w", op, err)
 	}
-	if err != nil {
-		return err
+	deadline := began.Add(s.cfg.ReleaseHold - s.settle())
+	dctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	if err := deleteRows(dctx); err != nil {
+		return fmt.Errorf("redisfront: %s: deleting the rows: %w", op, err)
 	}
-	return s.rdb.Set(ctx, tomb, tombstone, 2*s.cfg.WriteWindow).Err()
+	if time.Now().After(deadline) {
+		return fmt.Errorf("redisfront: %s: deleteRows returned after Config.ReleaseHold (%v) ran out: an entry of a transaction that read a row before it was deleted may be trusted until EpochTTL after this release ends; call Forget", op, s.cfg.ReleaseHold)
+	}
+	return nil
 }
 
-// globEscape escapes the characters SCAN's MATCH pattern treats specially.
-func globEscape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\^`, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
+// Forget is for keys whose rows were deleted some other way than Release
+// (by hand): call it afterwards. It moves their scopes' epochs and returns
+// once no process trusts an entry written before (a little over
+// Config.EpochTTL); until then the deleted keys may still be answered as
+// duplicates. Every entry of the scopes is answered by the database until
+// it is written again.
+func (s *Store[TTx]) Forget(ctx context.Context, keys ...dedup.Key) error {
+	var scopes []string
+	for _, k := range keys {
+		scopes = append(scopes, k.Scope)
 	}
-	return b.String()
+	slices.Sort(scopes)
+	return s.forget(ctx, slices.Compact(scopes))
+}
+
+// ForgetScope is Forget for every key of scope.
+func (s *Store[TTx]) ForgetScope(ctx context.Context, scope string) error {
+	return s.forget(ctx, []string{scope})
+}
+
+func (s *Store[TTx]) forget(ctx context.Context, scopes []string) error {
+	if len(scopes) == 0 {
+		return nil
+	}
+	for _, scope := range scopes {
+		if _, err := s.epochs.AdvanceEpoch(ctx, scope); err != nil {
+			return fmt.Errorf("redisfront: forget: %w", err)
+		}
+	}
+	return sleep(ctx, s.settle())
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

@@ -139,9 +139,9 @@ func (s *Store) Table() string { return s.table }
 // nowMillis is SQLite's clock in Unix milliseconds.
 const nowMillis = `CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)`
 
-// Migrate creates the table and its indexes when missing, and adds the
+// Migrate creates the table and its indexes when missing, adds the
 // columns of HTTP Idempotency-Key requests to a table created before them
-// (see http.go).
+// (see http.go), and creates the release epochs' table (see epochs.go).
 func (s *Store) Migrate(ctx context.Context) error {
 	_, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+s.table+` (
     scope       TEXT    NOT NULL CHECK (length(CAST(scope AS BLOB)) BETWEEN 1 AND 128),
@@ -159,6 +159,9 @@ CREATE INDEX IF NOT EXISTS "`+s.cfg.Table+`_expires" ON `+s.table+` (expires_at)
 		return fmt.Errorf("sqlitestore: migrate: %w", err)
 	}
 	if err := s.migrateHTTP(ctx); err != nil {
+		return fmt.Errorf("sqlitestore: migrate: %w", err)
+	}
+	if err := s.migrateEpochs(ctx); err != nil {
 		return fmt.Errorf("sqlitestore: migrate: %w", err)
 	}
 	return nil

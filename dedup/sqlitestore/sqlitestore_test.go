@@ -161,3 +161,24 @@ func TestAdmin(t *testing.T) {
 		return st, st.Admin()
 	})
 }
+
+func TestEpochsConformance(t *testing.T) {
+	deduptest.RunEpochs(t, func(t *testing.T) dedup.EpochStore {
+		db, err := sqlitestore.Open(filepath.Join(t.TempDir(), "idem.db"), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		st, err := sqlitestore.New(db, sqlitestore.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Epochs(context.Background()); !errors.Is(err, dedup.ErrNotMigrated) {
+			t.Fatalf("Epochs before Migrate: %v, want ErrNotMigrated", err)
+		}
+		if err := st.Migrate(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	})
+}
