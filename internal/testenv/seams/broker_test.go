@@ -315,7 +315,7 @@ func (d *dlq) DeadLetter(_ context.Context, l consumer.Letter) error {
 	return nil
 }
 
-// of returns the letters holding a message of pay (by its records).
+// all returns the letters written so far.
 func (d *dlq) all() []*letter {
 	d.mu.Lock()
 	defer d.mu.Unlock()

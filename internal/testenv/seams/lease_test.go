@@ -341,10 +341,10 @@ func (lr *leaseRunner) purge(ctx context.Context, key string) {
 // run applies the ops, then lets every handler still running answer.
 func (lr *leaseRunner) run(ctx context.Context, ops []leaseOp) {
 	for i, o := range ops {
-		lr.rep.step, lr.rep.op = i+1, o.String()
+		lr.rep.at(i+1, o.String())
 		o.apply(ctx, lr)
 	}
-	lr.rep.step, lr.rep.op = len(ops)+1, "finish all"
+	lr.rep.at(len(ops)+1, "finish all")
 	for {
 		lr.mu.Lock()
 		var keys []string

@@ -11,7 +11,7 @@ import (
 )
 
 // An op is one step of a consumer run. Its choices are made when the
-// sequence is generated (gen.go), from the seed alone, so that a seed
+// sequence is generated (gen_test.go), from the seed alone, so that a seed
 // replays the same sequence; what it finds at run time (which letters
 // exist, which keys are done) decides the rest.
 type op interface {
@@ -119,8 +119,11 @@ func (o opCrashAfterCommit) apply(_ context.Context, r *runner) {
 // opRestart kills a consumer process and starts a new one.
 type opRestart struct{ slot int }
 
-func (o opRestart) String() string                     { return "restart consumer " + slotName(o.slot) }
-func (o opRestart) apply(_ context.Context, r *runner) { r.restart(o.slot) }
+func (o opRestart) String() string { return "restart consumer " + slotName(o.slot) }
+func (o opRestart) apply(_ context.Context, r *runner) {
+	r.restart(o.slot)
+	r.mo.count("restarts")
+}
 
 // opRebalance moves a partition to the other consumer. With zombie > 0 the
 // old owner fetched that many records before it lost the partition and

@@ -31,11 +31,12 @@ func (r *runner) redrive(ctx context.Context, pay string, pick int) {
 		return
 	}
 	action, reason := r.redriveLetter(ctx, mine[pick%len(mine)])
-	r.mo.count("redrives " + action)
 	if action == "sent" {
 		p.copies++
+		r.mo.count("redrives sent")
+	} else {
+		r.mo.count("redrives refused (" + reason + ")")
 	}
-	_ = reason
 }
 
 // redriveLetter does with one letter what `idem redrive --release` does

@@ -161,7 +161,6 @@ func (r *runner) kill(i int) {
 	if n := p.m.pending.Load(); n != 0 {
 		r.rep.violation(checkConsumer, "settle", "consumer %s returned from Run with %d messages neither acknowledged nor released", slotName(i), n)
 	}
-	r.mo.count("crashes")
 }
 
 func (r *runner) restart(i int) {
@@ -189,7 +188,7 @@ func (r *runner) settle() {
 			return
 		}
 		if time.Now().After(deadline) {
-			r.t.Fatalf("seams: seed=%d mode=%s step=%d: %d messages not settled after %v", r.rep.seed, r.mode.name, r.rep.step, left, settleTimeout)
+			r.t.Fatalf("seams: seed=%d mode=%s step=%d: %d messages not settled after %v", r.rep.seed, r.mode.name, r.rep.stepNow(), left, settleTimeout)
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -198,7 +197,7 @@ func (r *runner) settle() {
 // run applies ops one by one, settling and checking after each.
 func (r *runner) run(ctx context.Context, ops []op) {
 	for i, o := range ops {
-		r.rep.step, r.rep.op = i+1, o.String()
+		r.rep.at(i+1, o.String())
 		if os.Getenv("IDEM_SEAMS_TRACE") != "" {
 			r.t.Logf("step %d: %v", i+1, o)
 		}
@@ -211,7 +210,7 @@ func (r *runner) run(ctx context.Context, ops []op) {
 			r.t.Logf("  front %+v; redis keys %q", r.front.Stats(), keys)
 		}
 	}
-	r.rep.step, r.rep.op = len(ops)+1, "drain"
+	r.rep.at(len(ops)+1, "drain")
 	r.drain(ctx)
 	r.check(ctx)
 	r.stop()
@@ -381,7 +380,7 @@ func (r *runner) held(ctx context.Context, p int32, n int, during op) {
 	deadline := time.Now().Add(settleTimeout)
 	for !g.isEntered() && m.pending.Load() > 0 {
 		if time.Now().After(deadline) {
-			r.t.Fatalf("seams: seed=%d mode=%s step=%d: the held message was neither handled nor settled", r.rep.seed, r.mode.name, r.rep.step)
+			r.t.Fatalf("seams: seed=%d mode=%s step=%d: the held message was neither handled nor settled", r.rep.seed, r.mode.name, r.rep.stepNow())
 		}
 		time.Sleep(time.Millisecond)
 	}
