@@ -56,6 +56,12 @@ bench-e2e: ## idem vs raw kafka-go, hand-written dedup and the database ceiling 
 stress: ## run packages again and again under -race, with extra CPU load: make stress PKGS=./dedup/pgstore/ RUNS=20 LOAD=1
 	scripts/stress.sh -n $(or $(RUNS),10) -load $(or $(LOAD),0) $(if $(RUN),-run '$(RUN)') $(PKGS)
 
+.PHONY: seams
+seams: ## the model-based test of where the features meet, over many seeds: make seams SEEDS=200 (seeds 1..200) or SEEDS="3 7 19"; STEPS=ops a mode (60); EXPECT_HOLES=1 logs the holes of issue 25 and fails unless each is found
+	@set -e; out=$$(scripts/testenv.sh up postgres redis); eval "$$out"; \
+	IDEM_SEAMS_SEEDS='$(or $(SEEDS),100)' IDEM_SEAMS_STEPS='$(STEPS)' IDEM_SEAMS_EXPECT_HOLES='$(EXPECT_HOLES)' \
+	go test -race -count=1 -timeout $(or $(TIMEOUT),3h) -run '^TestSeams$$' ./internal/testenv/seams/
+
 .PHONY: test-faults
 test-faults: ## the fault-injection suite alone (child consumers, SIGKILLs, restarts; failovers on a three-node Kafka and a two-broker RocketMQ) with its summary table, and the outbox relay's faults (examples/twohop)
 	@set -e; out=$$(scripts/testenv.sh up $(filter-out kafka-cluster rocketmq-cluster,$(SERVICES)) kafka-cluster rocketmq-cluster); eval "$$out"; \
