@@ -42,7 +42,7 @@ const (
 	// with the original's coordinates: another tool that sends letters back
 	// must set MetaRedriveCount and keep the Meta*Original* headers.
 	MetaRedriveCount = "idem-redrive-count" // how often the message was redriven, decimal
-	MetaRedrivenFrom = "idem-redriven-from" // the dead letter it was redriven from: topic/partition/offset
+	MetaRedrivenFrom = "idem-redriven-from" // the dead letter it was redriven from: topic/partition/offset (Kafka), topic/broker/queue/offset (RocketMQ)
 )
 
 // DeadLetterRecord is a Letter laid out for a broker: what an adapter writes.

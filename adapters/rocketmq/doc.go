@@ -44,7 +44,9 @@
 // when the broker refuses its send-back, sends that copy as an ordinary
 // message, and the broker would give it a new UNIQ_KEY. A message without
 // any of the three has no ID; ByMessageID refuses it and it is
-// dead-lettered. A dead letter sent back to the topic (redriven) is a new
+// dead-lettered. A dead letter sent back to the topic (redriven, as `idem
+// redrive --broker rocketmq` does with the letters of idem's dead-letter
+// topic; the broker's %DLQ%<group> carries no idem metadata) is a new
 // message with a UNIQ_KEY of its own; when it carries its letter's
 // idem-original-* properties and idem-redrive-count, which stay user
 // properties, the consumer keys it by the original's ID instead, in

@@ -36,7 +36,11 @@ var systemProperties = map[string]bool{
 	"DLQ_ORIGIN_MESSAGE_ID": true, "bname": true,
 }
 
-func isSystemProperty(name string) bool {
+// IsSystemProperty reports whether RocketMQ reserves the property name
+// (KEYS, TAGS, UNIQ_KEY, …, see systemProperties). Every other property is
+// a user property: a consumer.Header of the delivered message, and what a
+// dead letter's metadata (consumer.Meta*) is written as.
+func IsSystemProperty(name string) bool {
 	return systemProperties[name] || strings.HasPrefix(name, "__RMQ.TRANSIENT.")
 }
 
@@ -103,7 +107,7 @@ func toMessage(mx *primitive.MessageExt, lane string) *consumer.Message {
 	pinID(props, mx, id)
 	var headers []consumer.Header
 	for k, v := range props {
-		if !isSystemProperty(k) {
+		if !IsSystemProperty(k) {
 			headers = append(headers, consumer.Header{Key: k, Value: []byte(v)})
 		}
 	}

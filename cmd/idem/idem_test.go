@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,14 +22,37 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idem/adapters/kafka"
+	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/dedup/sqlitestore"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/rmqtest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain runs the tests with the RocketMQ client's own races suppressed,
+// its logs discarded (IDEM_TEST_LOG set: on stderr), and checks for leaked
+// goroutines but those the client leaves behind after Shutdown.
+func TestMain(m *testing.M) {
+	if code, rerun := testenv.RerunWithRocketMQRaceSuppressions(); rerun {
+		os.Exit(code)
+	}
+	var w io.Writer = io.Discard
+	if os.Getenv("IDEM_TEST_LOG") != "" {
+		w = os.Stderr
+	}
+	rocketmq.SetClientLogger(slog.New(slog.NewTextHandler(w, nil)), slog.LevelWarn)
+	code := m.Run()
+	rmqtest.CloseShared()
+	if code == 0 {
+		if err := goleak.Find(testenv.RocketMQClientLeaks...); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
 
 // idem runs the command in-process and returns its exit status and output.
 func idem(t *testing.T, stdin string, envs map[string]string, args ...string) (int, string, string) {

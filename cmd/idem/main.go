@@ -5,10 +5,12 @@
 //	idem status                      rows by scope and outcome
 //	idem release --scope pay 4200…   delete a failed row, after a confirmation
 //	idem redrive --topic pay.dlq     send dead letters whose keys were released back
+//	idem redrive --broker rocketmq --namesrv 127.0.0.1:9876 --topic pay_DLQ
 //
 // Run `idem --help` for every subcommand and its flags. Postgres is chosen
 // with --pg or IDEM_PG_URL, SQLite with --sqlite or IDEM_SQLITE; Kafka's
-// brokers with --brokers or IDEM_KAFKA_BROKERS.
+// brokers with --brokers or IDEM_KAFKA_BROKERS, RocketMQ's name servers
+// with --namesrv or IDEM_ROCKETMQ_NAMESRV (redrive --broker rocketmq).
 //
 // Exit status: 0 done; 1 an error (the database or broker failed); 2 a
 // usage error; 3 done in part: a key not found or not released, a dead
@@ -23,12 +25,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"sort"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/idemkit/idem/adapters/rocketmq"
 )
 
 // Exit statuses.
@@ -63,7 +68,7 @@ func commands() []command {
 		{"show", "KEY", "a key's outcome, when, fingerprint, reason", "Shows the rows of KEY: in --scope, or in every scope (a scan of the table).", runShow},
 		{"failed", "", "list failed keys (filter by scope, age, reason)", "Lists failed rows, oldest first: keys whose message failed for good and was dead-lettered. A later message with such a key is dead-lettered without running the handler until the row is released.", runFailed},
 		{"release", "KEY...", "delete failed rows, so a redelivery runs again", "Deletes the failed rows of the keys in --scope (never a done row), so that the next message with the key runs the handler. It shows what it will delete and asks first; --yes does not ask, --dry-run only shows.", runRelease},
-		{"redrive", "", "send dead letters back to their topic", "Reads a Kafka dead-letter topic from where the last redrive stopped (a consumer group's offsets, --group) to its end as it was at the start, and sends each letter back to its original topic and partition with lineage headers (idem-original-*, idem-redrive-count, idem-redriven-from), by which a consumer keyed by message ID or by offsets deduplicates the copy as the original: a letter redriven twice is applied once. A letter whose key is not released — a failed row (unless --release) or a done row — is refused: its partition stops there, so that a later run starts with it. A letter without a key, or whose value was left out, is refused too (--skip passes refused letters by).", runRedrive},
+		{"redrive", "", "send dead letters back to their topic", "Reads a Kafka or RocketMQ dead-letter topic (--broker) from where the last redrive stopped (a consumer group's offsets, --group) to its end as it was at the start, and sends each letter back to its original topic with lineage headers (idem-original-*, idem-redrive-count, idem-redriven-from), by which a consumer keyed by message ID or by offsets deduplicates the copy as the original: a letter redriven twice is applied once. On Kafka a letter goes back to its original partition; on RocketMQ (idem's <topic>_DLQ letters, not the broker's %DLQ%<group>) to its original queue when the topic still has it, else to any queue, and the consumer keys it by the original's message ID. The group's offset passes a letter only once its copy was sent. A letter whose key is not released — a failed row (unless --release) or a done row — is refused: its partition or queue stops there, so that a later run starts with it. A letter without a key, or whose value was left out, is refused too (--skip passes refused letters by). An address that answers like the other broker is named as such.", runRedrive},
 		{"purge", "", "delete expired rows now", "Deletes the rows past their retention in bounded batches, as a cron job calling Purge would.", runPurge},
 		{"retention", "", "check retention against the ages of duplicates", "Compares each scope's retention with the ages at which duplicates arrived: from a consumer's Prometheus /metrics (--metrics URL, the histogram idem_consumer_duplicate_age_seconds of consumer/otelconsumer). Retention should stay above the 99.9th percentile of those ages, with a margin.", runRetention},
 	}
@@ -74,6 +79,9 @@ func main() {
 	defer stop()
 	fi, err := os.Stdin.Stat()
 	interactive := err == nil && fi.Mode()&os.ModeCharDevice != 0
+	// The RocketMQ client (redrive --broker rocketmq) logs at INFO to
+	// stdout by itself: only its errors, to stderr.
+	rocketmq.SetClientLogger(slog.New(slog.NewTextHandler(os.Stderr, nil)), slog.LevelError)
 	os.Exit(run(ctx, os.Args[1:], &env{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv, interactive: interactive}))
 }
 
@@ -91,6 +99,8 @@ Commands:
 The store: --pg URL or IDEM_PG_URL (Postgres; --schema/IDEM_PG_SCHEMA, default
 public), or --sqlite PATH or IDEM_SQLITE; --table/IDEM_TABLE, default idem_dedup.
 Kafka (redrive): --brokers or IDEM_KAFKA_BROKERS, host:port[,host:port].
+RocketMQ (redrive --broker rocketmq): --namesrv or IDEM_ROCKETMQ_NAMESRV,
+host:port[;host:port].
 Every command takes --json: one JSON document on stdout.
 
 Exit status: 0 done; 1 an error; 2 a usage error; 3 done in part (a key not

@@ -1,0 +1,192 @@
+package redrive
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/dedup"
+)
+
+// fakeBroker is one queue of letters, with what was sent and committed.
+type fakeBroker struct {
+	letters   []letter
+	committed int64
+	sent      []*message
+	commits   []int64
+	sendErr   error
+}
+
+func (*fakeBroker) Name() string { return "fake" }
+
+func (b *fakeBroker) open(context.Context, string, string) (session, error) { return b, nil }
+
+func (b *fakeBroker) queues(context.Context) ([]queue, error) {
+	return []queue{{from: b.committed, to: int64(len(b.letters))}}, nil
+}
+
+func (b *fakeBroker) read(_ context.Context, q queue, each func(letter) (bool, error)) error {
+	for _, l := range b.letters[q.from:q.to] {
+		if more, err := each(l); err != nil || !more {
+			return err
+		}
+	}
+	return nil
+}
+
+func (b *fakeBroker) target(c *message) string { return fmt.Sprintf("%s/%d", c.topic, c.partition) }
+
+func (b *fakeBroker) send(_ context.Context, c *message) (string, error) {
+	if b.sendErr != nil {
+		return "", b.sendErr
+	}
+	b.sent = append(b.sent, c)
+	return b.target(c), nil
+}
+
+func (b *fakeBroker) commit(_ context.Context, _ queue, next int64) error {
+	b.committed = next
+	b.commits = append(b.commits, next)
+	return nil
+}
+
+func (b *fakeBroker) close() {}
+
+// fakeAdmin holds rows by key ID.
+type fakeAdmin struct {
+	dedup.Admin
+	rows     map[string]string // key ID → outcome
+	released []string
+}
+
+func (a *fakeAdmin) Find(_ context.Context, scope, id string) ([]dedup.Row, error) {
+	if o, ok := a.rows[id]; ok {
+		return []dedup.Row{{Key: dedup.Key{Scope: scope, ID: id}, Outcome: o}}, nil
+	}
+	return nil, nil
+}
+
+func (a *fakeAdmin) Release(_ context.Context, keys []dedup.Key, dry bool) ([]dedup.Row, error) {
+	if dry {
+		return nil, errors.New("redrive releases nothing in a dry run")
+	}
+	for _, k := range keys {
+		delete(a.rows, k.ID)
+		a.released = append(a.released, k.ID)
+	}
+	return nil, nil
+}
+
+// dl builds the letter at offset: idem's metadata, then changes (an empty
+// value deletes the header).
+func dl(offset int64, key string, changes ...string) letter {
+	h := map[string]string{
+		"traceparent": "00-1", consumer.MetaReason: "permanent: no", consumer.MetaAttempts: "1",
+		consumer.MetaTopic: "pay", consumer.MetaPartition: "2", consumer.MetaLane: "pay/2", consumer.MetaOffset: "40",
+		consumer.MetaMessageID: "pay/2/40", consumer.MetaAttempt: "1", consumer.MetaKeyScope: "pay", consumer.MetaKey: key,
+	}
+	for i := 0; i+1 < len(changes); i += 2 {
+		if changes[i+1] == "" {
+			delete(h, changes[i])
+		} else {
+			h[changes[i]] = changes[i+1]
+		}
+	}
+	l := letter{pos: fmt.Sprintf("pay.dlq/0/%d", offset), offset: offset, key: []byte(key), value: []byte(`{"txn":"` + key + `"}`)}
+	for _, k := range slices.Sorted(maps.Keys(h)) {
+		l.headers = append(l.headers, consumer.Header{Key: k, Value: []byte(h[k])})
+	}
+	return l
+}
+
+func TestRefusals(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		letter letter
+		row    string // the key's outcome in the store
+		reason string
+	}{
+		{"not a letter", dl(0, "K", consumer.MetaTopic, ""), "", "not an idem dead letter"},
+		{"no partition", dl(0, "K", consumer.MetaPartition, "x"), "", "no valid " + consumer.MetaPartition},
+		{"no key", dl(0, "", consumer.MetaKey, ""), "", "no key"},
+		{"redriven too often", dl(0, "K", consumer.MetaRedriveCount, "3"), "", "redriven 3 times already"},
+		{"value left out", dl(0, "K", consumer.MetaValueSHA256, "ab"), "", "left out"},
+		{"applied", dl(0, "K"), "done", "the key was applied"},
+		{"failed", dl(0, "K"), "failed", "release it first"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b := &fakeBroker{letters: []letter{c.letter, dl(1, "L")}}
+			admin := &fakeAdmin{rows: map[string]string{}}
+			if c.row != "" {
+				admin.rows["K"] = c.row
+			}
+			res, err := Run(context.Background(), b, Config{Admin: admin, Topic: "pay.dlq", MaxRedrives: 3})
+			if err != nil || len(res) != 1 || res[0].Action != Refused || !strings.Contains(res[0].Reason, c.reason) {
+				t.Fatalf("results %+v, %v; want one refused: %q", res, err, c.reason)
+			}
+			if len(b.sent) != 0 || len(b.commits) != 0 {
+				t.Errorf("a refused letter: sent %d, commits %v; want the queue stopped at it", len(b.sent), b.commits)
+			}
+			// --skip passes it by and goes on.
+			res, err = Run(context.Background(), b, Config{Admin: admin, Topic: "pay.dlq", MaxRedrives: 3, Skip: true})
+			if err != nil || len(res) != 2 || res[0].Action != Skipped || res[1].Action != Sent || !slices.Equal(b.commits, []int64{1, 2}) {
+				t.Errorf("with Skip: %+v, %v, commits %v", res, err, b.commits)
+			}
+		})
+	}
+}
+
+// TestLineage: the copy carries the message's headers, the original's
+// coordinates, ID and key, the redrive's count and the letter it came
+// from; not the letter's reason, attempts or lane.
+func TestLineage(t *testing.T) {
+	b := &fakeBroker{letters: []letter{dl(0, "K", consumer.MetaRedriveCount, "1", consumer.MetaRedrivenFrom, "pay.dlq/0/9")}}
+	res, err := Run(context.Background(), b, Config{Admin: &fakeAdmin{}, Topic: "pay.dlq"})
+	if err != nil || len(res) != 1 || res[0].Action != Sent || res[0].Count != 2 || res[0].To != "pay/2" {
+		t.Fatalf("results %+v, %v", res, err)
+	}
+	got := map[string][]string{}
+	for _, h := range b.sent[0].headers {
+		got[h.Key] = append(got[h.Key], string(h.Value))
+	}
+	want := map[string][]string{
+		"traceparent": {"00-1"}, consumer.MetaTopic: {"pay"}, consumer.MetaPartition: {"2"}, consumer.MetaOffset: {"40"},
+		consumer.MetaMessageID: {"pay/2/40"}, consumer.MetaKeyScope: {"pay"}, consumer.MetaKey: {"K"},
+		consumer.MetaRedriveCount: {"2"}, consumer.MetaRedrivenFrom: {"pay.dlq/0/0"},
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("copy headers\n got %v\nwant %v", got, want)
+	}
+	if c := b.sent[0]; c.topic != "pay" || c.partition != 2 || string(c.key) != "K" || string(c.value) != `{"txn":"K"}` {
+		t.Errorf("copy %+v", c)
+	}
+}
+
+// TestCommitAfterSend: a failed send commits nothing, so that the next run
+// starts with the letter; Max bounds a run; Release releases on the way,
+// but not in a dry run, which sends and commits nothing either.
+func TestCommitAfterSend(t *testing.T) {
+	ctx := context.Background()
+	b := &fakeBroker{letters: []letter{dl(0, "A"), dl(1, "B"), dl(2, "C")}, sendErr: errors.New("broker down")}
+	admin := &fakeAdmin{rows: map[string]string{"B": "failed"}}
+	if res, err := Run(ctx, b, Config{Admin: admin, Topic: "pay.dlq"}); err == nil || len(res) != 1 || len(b.commits) != 0 {
+		t.Fatalf("a failed send: %+v, %v, commits %v", res, err, b.commits)
+	}
+	b.sendErr = nil
+	res, err := Run(ctx, b, Config{Admin: admin, Topic: "pay.dlq", Release: true, DryRun: true})
+	if err != nil || len(res) != 3 || res[1].Action != WouldSend || !res[1].Release || len(admin.released) != 0 || len(b.sent) != 0 || len(b.commits) != 0 {
+		t.Fatalf("dry run: %+v, %v; released %v, sent %d, commits %v", res, err, admin.released, len(b.sent), b.commits)
+	}
+	res, err = Run(ctx, b, Config{Admin: admin, Topic: "pay.dlq", Release: true, Max: 2})
+	if err != nil || len(res) != 2 || res[1].Action != Sent || !res[1].Release || !slices.Equal(admin.released, []string{"B"}) || !slices.Equal(b.commits, []int64{1, 2}) {
+		t.Fatalf("Max 2 with Release: %+v, %v; released %v, commits %v", res, err, admin.released, b.commits)
+	}
+	if res, err := Run(ctx, b, Config{Admin: admin, Topic: "pay.dlq"}); err != nil || len(res) != 1 || res[0].Letter != "pay.dlq/0/2" {
+		t.Errorf("the next run: %+v, %v; want it to start at the third letter", res, err)
+	}
+}

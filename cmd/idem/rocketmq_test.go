@@ -1,0 +1,396 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/adapters/rocketmq"
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/dedup/pgstore"
+	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/rmqtest"
+)
+
+// TestRedriveRocketMQ: a consumer of payment callbacks on RocketMQ,
+// subscribed by tag, dead-letters the payment of a blocked account to
+// idem's dead-letter topic. `idem redrive --broker rocketmq` refuses the
+// letter while its key is failed and sends nothing; once the account is
+// fixed and the key released it sends the letter back. The redrive is then
+// cut off between its send and its commit (the group's offset is set back
+// to the letter, and the redrive runs again over the same position), so
+// that two copies reach the consumer, which is down meanwhile. Started
+// again, it consumes the whole topic: the payment is applied once, by the
+// copy's lineage (keyed by the original's message ID, or by the business
+// key). A redrive that resumes from the committed position finds nothing;
+// one set back to the letter again refuses it by the key's done row.
+func TestRedriveRocketMQ(t *testing.T) {
+	for _, mode := range []struct {
+		name string
+		key  consumer.KeyFunc
+	}{
+		{"ByMessageID", consumer.ByMessageID()},
+		{"BusinessKey", consumer.ByJSONField("txn_id")},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			p := newRocketPayments(t, mode.key)
+			ctx := context.Background()
+			if _, err := p.pool.Exec(ctx, `INSERT INTO blocked VALUES ('T03')`); err != nil {
+				t.Fatal(err)
+			}
+			p.produce("T00", "T01", "T02", "T03", "T04")
+			p.start()
+			p.waitFor("5 settled", func(s consumer.Stats) bool { return s.Applied+s.DeadLettered == 5 })
+			if s := p.consumer.Stats(); s.Applied != 4 || s.DeadLettered != 1 {
+				t.Fatalf("stats %+v", s)
+			}
+			p.stop()
+			if _, err := p.pool.Exec(ctx, `DELETE FROM blocked`); err != nil {
+				t.Fatal(err)
+			}
+			topicCount := p.count(p.topic)
+
+			redrive := func(wantCode int, args ...string) redriveJSON {
+				t.Helper()
+				code, out, _ := idem(t, "", p.envs, append([]string{"redrive", "--broker", "rocketmq", "--topic", p.dlq, "--json"}, args...)...)
+				rd := decode[redriveJSON](t, out)
+				if code != wantCode {
+					t.Fatalf("redrive %v: exit %d, want %d: %+v", args, code, wantCode, rd)
+				}
+				return rd
+			}
+
+			// Not released: refused, nothing sent, nothing committed.
+			rd := redrive(exitPartial)
+			if len(rd.Letters) != 1 || rd.Letters[0].Action != "refused" || !strings.Contains(rd.Letters[0].Reason, "release it first") {
+				t.Fatalf("redrive of a failed key: %+v", rd)
+			}
+			letter := rd.Letters[0]
+			if n := p.count(p.topic); n != topicCount {
+				t.Fatalf("a refused redrive sent %d messages", n-topicCount)
+			}
+			if code, _, _ := idem(t, "", p.envs, "release", "--scope", "pay", "--yes", letter.Key); code != exitOK {
+				t.Fatalf("release %s: exit %d", letter.Key, code)
+			}
+
+			// Sent; then the same position again: a redrive cut off
+			// between its send and its commit, run again.
+			for i := range 2 {
+				rd = redrive(exitOK)
+				if len(rd.Letters) != 1 || rd.Letters[0].Action != "sent" || rd.Letters[0].Letter != letter.Letter ||
+					rd.Letters[0].Count != 1 || !strings.HasPrefix(rd.Letters[0].To, p.topic+"/") {
+					t.Fatalf("redrive %d of the released letter: %+v", i+1, rd)
+				}
+				if i == 0 {
+					p.setBack(letter.Letter)
+				}
+			}
+			p.waitCount(p.topic, topicCount+2)
+			// Resumed from the committed position: nothing left.
+			if rd := redrive(exitOK); len(rd.Letters) != 0 {
+				t.Errorf("a redrive resumed past the sent letter: %+v", rd)
+			}
+			p.checkCopies(letter)
+
+			p.start()
+			p.waitConsumed()
+			if got := p.ledger(); got["T03"] != 1 || len(got) != 5 {
+				t.Errorf("ledger %v: T03 applied %d times, want once", got, got["T03"])
+			}
+			if s := p.consumer.Stats(); s.Applied != 1 || s.Duplicates != 1 {
+				t.Errorf("the two copies: %+v, want one applied and one duplicate", s)
+			}
+			p.stop()
+
+			// Set back to the letter once more: refused by the done row,
+			// nothing sent.
+			p.setBack(letter.Letter)
+			rd = redrive(exitPartial)
+			if len(rd.Letters) != 1 || rd.Letters[0].Action != "refused" || !strings.Contains(rd.Letters[0].Reason, "applied") {
+				t.Errorf("redrive of an applied letter: %+v", rd)
+			}
+			if n := p.count(p.topic); n != topicCount+2 {
+				t.Errorf("the refused letter was sent (%d messages)", n-topicCount-2)
+			}
+		})
+	}
+}
+
+// TestRedriveWrongBroker: an address of the other broker, or a topic
+// redrive cannot read, is named as such (exit 2) and nothing is printed as
+// if the topic were empty.
+func TestRedriveWrongBroker(t *testing.T) {
+	ns := rmqtest.Shared(t).NameServers[0]
+	kafkaBroker := testenv.KafkaBrokers(t)[0]
+	path := filepath.Join(t.TempDir(), "idem.db")
+	if code, _, _ := idem(t, "", nil, "migrate", "--sqlite", path); code != exitOK {
+		t.Fatalf("migrate: exit %d", code)
+	}
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"a name server as Kafka's", []string{"--brokers", ns}, "answers like a RocketMQ name server, not a Kafka broker"},
+		{"a RocketMQ broker as Kafka's", []string{"--brokers", rmqtest.Shared(t).Addr}, "answers like a RocketMQ broker, not a Kafka broker"},
+		{"a Kafka broker as a name server", []string{"--namesrv", kafkaBroker}, "answers like a Kafka broker, not a RocketMQ name server"},
+		{"a broker as a name server", []string{"--broker", "rocketmq", "--namesrv", rmqtest.Shared(t).Addr}, "answers like a RocketMQ broker, not a RocketMQ name server"},
+		{"the broker's own DLQ", []string{"--namesrv", ns, "--topic", "%DLQ%pay"}, "the broker's dead-letter queue"},
+		{"a RocketMQ topic on Kafka", []string{"--brokers", kafkaBroker, "--topic", "%DLQ%pay"}, "is a RocketMQ topic: use --broker rocketmq"},
+		{"no name servers", []string{"--broker", "rocketmq", "--brokers", kafkaBroker}, "no RocketMQ name servers: set --namesrv"},
+		{"an unknown broker", []string{"--broker", "pulsar", "--brokers", kafkaBroker}, `--broker "pulsar": kafka or rocketmq`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			args := append([]string{"redrive", "--sqlite", path, "--topic", "pay_DLQ"}, c.args...)
+			code, out, errOut := idem(t, "", nil, args...)
+			if code != exitUsage || !strings.Contains(errOut, c.want) || strings.Contains(out, "nothing to redrive") {
+				t.Errorf("exit %d, stdout %q, stderr %q; want exit %d and %q", code, out, errOut, exitUsage, c.want)
+			}
+		})
+	}
+}
+
+// rocketPayments is payments on RocketMQ: a consumer subscribed to the tag
+// "pay", dead-lettering to idem's topic <topic>_DLQ.
+type rocketPayments struct {
+	t          *testing.T
+	b          *rmqtest.Broker
+	pool       *pgxpool.Pool
+	schema     string
+	topic, dlq string
+	group      string
+	key        consumer.KeyFunc
+	consumer   *consumer.Consumer[pgx.Tx]
+	stop       func()
+	envs       map[string]string
+}
+
+func newRocketPayments(t *testing.T, key consumer.KeyFunc) *rocketPayments {
+	b := rmqtest.Shared(t)
+	pool, schema := testenv.SchemaPool(t)
+	p := &rocketPayments{t: t, b: b, pool: pool, schema: schema, topic: testenv.Name(t, "pay"), group: testenv.Name(t, "g"), key: key}
+	p.dlq = p.topic + "_DLQ"
+	b.CreateTopic(t, p.topic, 2)
+	b.CreateTopic(t, p.dlq, 2)
+	p.envs = map[string]string{"IDEM_PG_URL": testenv.PostgresURL(t), "IDEM_PG_SCHEMA": schema, "IDEM_ROCKETMQ_NAMESRV": strings.Join(b.NameServers, ";")}
+	// No primary key: a payment applied twice is two rows.
+	if _, err := pool.Exec(context.Background(), `CREATE TABLE ledger (txn_id text NOT NULL, amount int8 NOT NULL);
+CREATE TABLE blocked (txn_id text PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// produce sends a tagged payment callback for each of ids, KEYS the ID.
+func (p *rocketPayments) produce(ids ...string) {
+	p.t.Helper()
+	var msgs []*primitive.Message
+	for i, id := range ids {
+		m := primitive.NewMessage(p.topic, fmt.Appendf(nil, `{"txn_id":%q,"amount":%d}`, id, 100+i))
+		m.WithKeys([]string{id})
+		m.WithTag("pay")
+		m.WithProperty("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+		msgs = append(msgs, m)
+	}
+	prod := p.b.NewProducer(p.t)
+	for _, m := range msgs { // one by one: each gets a UNIQ_KEY, the message ID
+		rmqtest.Send(p.t, prod, m)
+	}
+}
+
+func (p *rocketPayments) start() {
+	t := p.t
+	ctx := context.Background()
+	store, err := pgstore.New(p.pool, pgstore.Config{Schema: p.schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	src, err := rocketmq.New(rocketmq.Config{NameServers: p.b.NameServers, Group: p.group, Topics: []string{p.topic},
+		Tags: "pay", Logger: testenv.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := consumer.New(consumer.Config[pgx.Tx]{
+		Name: "pay", Source: src, Store: store, DeadLetter: src, Logger: testenv.Logger(t), Key: p.key,
+		Handler: consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			var cb struct {
+				TxnID  string `json:"txn_id"`
+				Amount int64  `json:"amount"`
+			}
+			if err := json.Unmarshal(m.Value, &cb); err != nil {
+				return consumer.Permanent(err)
+			}
+			var blocked bool
+			if err := tx.QueryRow(ctx, `SELECT exists(SELECT FROM blocked WHERE txn_id = $1)`, cb.TxnID).Scan(&blocked); err != nil {
+				return err
+			}
+			if blocked {
+				return consumer.Permanent(errors.New("account blocked"))
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO ledger VALUES ($1, $2)`, cb.TxnID, cb.Amount)
+			return err
+		}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	p.consumer = c
+	var once sync.Once
+	p.stop = func() {
+		once.Do(func() {
+			stopCtx, cancelStop := context.WithTimeout(ctx, time.Minute)
+			defer cancelStop()
+			if err := c.Stop(stopCtx); err != nil {
+				t.Error(err)
+			}
+			cancel()
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	t.Cleanup(p.stop)
+}
+
+func (p *rocketPayments) waitFor(what string, ok func(consumer.Stats) bool) {
+	p.t.Helper()
+	testenv.WaitUntilProgress(p.t, 2*time.Minute, what, func() (bool, string) {
+		s := p.consumer.Stats()
+		return ok(s), fmt.Sprintf("%+v", s)
+	})
+}
+
+// waitConsumed waits until the consumer's group committed the end of every
+// queue of the topic: it consumed the whole topic.
+func (p *rocketPayments) waitConsumed() {
+	p.t.Helper()
+	testenv.WaitUntilProgress(p.t, 2*time.Minute, "the topic consumed", func() (bool, string) {
+		var progress []string
+		done := true
+		for q := range p.b.Queues(p.topic) {
+			end, err := p.b.MaxOffset(p.topic, q)
+			if err != nil {
+				return false, err.Error()
+			}
+			off, _, err := p.b.ConsumerOffset(p.group, p.topic, q)
+			if err != nil {
+				return false, err.Error()
+			}
+			done = done && off >= end
+			progress = append(progress, fmt.Sprintf("queue %d at %d of %d", q, off, end))
+		}
+		return done, strings.Join(progress, ", ")
+	})
+}
+
+func (p *rocketPayments) ledger() map[string]int {
+	p.t.Helper()
+	rows, err := p.pool.Query(context.Background(), `SELECT txn_id FROM ledger`)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, id := range ids {
+		out[id]++
+	}
+	return out
+}
+
+// count returns how many messages topic holds.
+func (p *rocketPayments) count(topic string) int64 {
+	p.t.Helper()
+	n, err := p.b.Count(topic)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return n
+}
+
+// waitCount waits until topic holds n messages: a message the broker
+// acknowledged is in its queue's offsets a moment later.
+func (p *rocketPayments) waitCount(topic string, n int64) {
+	p.t.Helper()
+	testenv.WaitUntilProgress(p.t, time.Minute, fmt.Sprintf("%s holds %d messages", topic, n), func() (bool, string) {
+		got := p.count(topic)
+		return got == n, fmt.Sprintf("%d", got)
+	})
+}
+
+// setBack commits the redrive group's offset of the letter's queue back to
+// the letter (dlq/broker/queue/offset): as if the redrive had stopped
+// between its send and its commit.
+func (p *rocketPayments) setBack(pos string) {
+	p.t.Helper()
+	parts := strings.Split(strings.TrimPrefix(pos, p.dlq+"/"), "/")
+	if len(parts) != 3 || parts[0] != p.b.Name {
+		p.t.Fatalf("letter %q: want %s/%s/queue/offset", pos, p.dlq, p.b.Name)
+	}
+	q, err1 := strconv.Atoi(parts[1])
+	off, err2 := strconv.ParseInt(parts[2], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		p.t.Fatalf("letter %q: %v", pos, err)
+	}
+	if err := p.b.CommitOffset("idem-redrive", p.dlq, q, off); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+// checkCopies reads the topic and checks the two copies of the letter:
+// the original's body, KEYS, TAGS and properties, its identity, and the
+// lineage of the redrive.
+func (p *rocketPayments) checkCopies(l letterResult) {
+	p.t.Helper()
+	var originalID string
+	var copies []*consumer.Message
+	for _, m := range rmqtest.ReadTopic(p.t, p.b, p.topic, 7) {
+		if string(m.Key) != "T03" {
+			continue
+		}
+		if _, ok := m.Header(consumer.MetaRedriveCount); ok {
+			copies = append(copies, m)
+		} else {
+			originalID = m.ID
+		}
+	}
+	if len(copies) != 2 || originalID == "" {
+		p.t.Fatalf("%d copies of T03 in the topic, original ID %q", len(copies), originalID)
+	}
+	for _, m := range copies {
+		h := func(k string) string { v, _ := m.Header(k); return string(v) }
+		mx := m.Raw.(*primitive.MessageExt)
+		for k, want := range map[string]string{
+			consumer.MetaRedriveCount: "1", consumer.MetaRedrivenFrom: l.Letter, consumer.MetaTopic: p.topic,
+			consumer.MetaMessageID: originalID, consumer.MetaKeyScope: "pay", consumer.MetaKey: l.Key,
+			consumer.MetaReason: "", consumer.MetaLane: "", consumer.MetaAttempts: "",
+			"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+		} {
+			if got := h(k); got != want {
+				p.t.Errorf("copy %s: %s = %q, want %q", m.ID, k, got, want)
+			}
+		}
+		if mx.GetTags() != "pay" || !strings.Contains(string(m.Value), `"T03"`) || m.ID == originalID {
+			p.t.Errorf("copy %s: tags %q, body %s", m.ID, mx.GetTags(), m.Value)
+		}
+	}
+}

@@ -1,0 +1,3 @@
+package rmqremoting
+
+var FastJSON = fastJSON
