@@ -230,7 +230,10 @@ func (spec *childSpec) run() error {
 		}
 		src, dl = s, s
 	case "rocketmq", "rocketmq-cluster":
-		rocketmq.SetClientLogger(slog.New(slog.NewTextHandler(io.Discard, nil)), slog.LevelError)
+		// The client's warnings (pulls that failed, queues dropped, flow
+		// control) go with the child's output, which a failed scenario
+		// keeps: what the client did with a queue that stalled.
+		rocketmq.SetClientLogger(log.With(slog.String("from", "rocketmq-client")), slog.LevelWarn)
 		s, err := rocketmq.New(rocketmq.Config{NameServers: spec.Brokers, Group: spec.Group, Topics: []string{spec.Topic},
 			Orderly: spec.Orderly, MaxReconsumeTimes: spec.Reconsume, CloseTimeout: 5 * time.Second, Logger: log})
 		if err != nil {
