@@ -23,6 +23,7 @@ type Consumer[TTx any] struct {
 	// producerIDs: the Source's message IDs are the producer's choice
 	// (ProducerChosenIDs), so a copy's lineage is not checked by position.
 	producerIDs bool
+	source      SourceInfo   // the Source's Describer, if it is one
 	policy      retry.Policy // bounded: failures a message causes
 	infra       retry.Policy // unbounded: failures of the database or the dead-letter sink
 	stats       counters
@@ -63,11 +64,20 @@ func New[TTx any](cfg Config[TTx]) (*Consumer[TTx], error) {
 		h = Chain(cfg.Handler, mws...)
 	}
 	pid, ok := sourceAs[ProducerChosenIDs](cfg.Source)
+	producerIDs := ok && pid.ProducerChosenIDs()
+	var info SourceInfo
+	if d, ok := sourceAs[Describer](cfg.Source); ok {
+		info = d.SourceInfo()
+	}
+	if o, ok := cfg.Observer.(DeadLetterObserver); ok {
+		cfg.DeadLetter = o.ObserveDeadLetter(cfg.DeadLetter)
+	}
 	return &Consumer[TTx]{
 		cfg:         cfg,
 		handler:     h,
 		batch:       cfg.BatchHandler,
-		producerIDs: ok && pid.ProducerChosenIDs(),
+		producerIDs: producerIDs,
+		source:      info,
 		policy:      policy,
 		infra:       infra,
 		lanes:       make(map[laneID]*lane[TTx]),
@@ -203,6 +213,14 @@ func (c *Consumer[TTx]) Stop(ctx context.Context) error {
 		return ctx.Err()
 	}
 }
+
+// Name is Config.Name: the scope of the consumer's keys, and the name its
+// telemetry and health carry.
+func (c *Consumer[TTx]) Name() string { return c.cfg.Name }
+
+// SourceInfo is what the Source says of itself (Describer, found through
+// Wrapper); zero when it says nothing.
+func (c *Consumer[TTx]) SourceInfo() SourceInfo { return c.source }
 
 // Stats returns counters since the consumer started.
 func (c *Consumer[TTx]) Stats() Stats { return c.stats.snapshot() }

@@ -19,7 +19,8 @@ import (
 // deduplicated by.
 const (
 	MetaPrefix    = "idem-"
-	MetaReason    = "idem-reason"             // why: the error text, at most dedup.MaxReasonLen bytes
+	MetaCause     = "idem-cause"              // why, as one value: Letter.Cause (bad_input, validate, fingerprint_mismatch, failed_before, permanent, exhausted)
+	MetaReason    = "idem-reason"             // why, in words: the error text, at most dedup.MaxReasonLen bytes
 	MetaAttempts  = "idem-attempts"           // failures charged to the message (Letter.Attempts), decimal
 	MetaTopic     = "idem-original-topic"     // the message's topic
 	MetaPartition = "idem-original-partition" // its Kafka partition or RocketMQ queue ID, decimal
@@ -29,6 +30,10 @@ const (
 	MetaAttempt   = "idem-original-attempt"   // the broker's delivery attempt (Message.Attempt)
 	MetaKeyScope  = "idem-key-scope"          // the dedup key's scope; absent when no key was derived
 	MetaKey       = "idem-key"                // the dedup key's ID; absent when no key was derived
+	// the fingerprint under the key (hex SHA-256, Letter.Fingerprint);
+	// absent when none was computed. With the cause and the key it tells
+	// a re-send of one bad payload from another payload.
+	MetaFingerprint = "idem-fingerprint"
 	// A value larger than the adapter's dead-letter limit is left out, so
 	// that an oversized message cannot block its partition; these say what
 	// it was.
@@ -48,8 +53,9 @@ const (
 // DeadLetterRecord is a Letter laid out for a broker: what an adapter writes.
 type DeadLetterRecord struct {
 	// Headers are the original message's headers (earlier dead-letter
-	// metadata left out; the redrive lineage and an outbox identity stay),
-	// then the metadata above. Values carry no control
+	// metadata left out, and those Letter.Headers replace; the redrive
+	// lineage and an outbox identity stay), then Letter.Headers, then the
+	// metadata above. Values carry no control
 	// characters (they become spaces), which some brokers' encodings
 	// cannot hold.
 	Headers []Header
@@ -65,10 +71,15 @@ type DeadLetterRecord struct {
 // redriven (and deduplicated) as that message again.
 func (l Letter) Record(maxValue int) DeadLetterRecord {
 	m := l.Message
-	headers := make([]Header, 0, len(m.Headers)+12)
+	headers := make([]Header, 0, len(m.Headers)+len(l.Headers)+14)
 	for _, h := range m.Headers {
-		if !isMeta(h.Key) {
+		if !isMeta(h.Key) && !replaced(h.Key, l.Headers) {
 			headers = append(headers, h)
+		}
+	}
+	for _, h := range l.Headers {
+		if h.Value != nil && !isMeta(h.Key) {
+			headers = append(headers, Header{Key: h.Key, Value: []byte(clean(string(h.Value)))})
 		}
 	}
 	add := func(k, v string) { headers = append(headers, Header{Key: k, Value: []byte(clean(v))}) }
@@ -76,6 +87,7 @@ func (l Letter) Record(maxValue int) DeadLetterRecord {
 	if l.Reason != nil {
 		reason = l.Reason.Error()
 	}
+	add(MetaCause, l.Cause.String())
 	add(MetaReason, dedup.ShortReason(reason))
 	add(MetaAttempts, strconv.Itoa(l.Attempts))
 	topic, partition, offset, id := m.Topic, m.Partition, m.Offset, m.ID
@@ -91,6 +103,9 @@ func (l Letter) Record(maxValue int) DeadLetterRecord {
 	if l.Key != (dedup.Key{}) {
 		add(MetaKeyScope, l.Key.Scope)
 		add(MetaKey, l.Key.ID)
+		if l.Fingerprint != (dedup.Fingerprint{}) {
+			add(MetaFingerprint, hex.EncodeToString(l.Fingerprint[:]))
+		}
 	}
 	value := m.Value
 	if len(value) > maxValue {
@@ -103,13 +118,24 @@ func (l Letter) Record(maxValue int) DeadLetterRecord {
 }
 
 var metaNames = map[string]bool{
-	MetaReason: true, MetaAttempts: true, MetaTopic: true, MetaPartition: true, MetaLane: true,
+	MetaCause: true, MetaFingerprint: true, MetaReason: true, MetaAttempts: true, MetaTopic: true, MetaPartition: true, MetaLane: true,
 	MetaOffset: true, MetaMessageID: true, MetaAttempt: true, MetaKeyScope: true, MetaKey: true,
 	MetaValueSHA256: true, MetaValueSize: true,
 }
 
 // isMeta reports whether a header is dead-letter metadata.
 func isMeta(k string) bool { return strings.HasPrefix(k, MetaPrefix) && metaNames[k] }
+
+// replaced reports whether one of hs is named k (case-insensitively, as
+// propagators' fields are).
+func replaced(k string, hs []Header) bool {
+	for _, h := range hs {
+		if strings.EqualFold(h.Key, k) {
+			return true
+		}
+	}
+	return false
+}
 
 // clean replaces control characters with spaces.
 func clean(s string) string {

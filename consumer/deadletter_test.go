@@ -1,6 +1,7 @@
 package consumer_test
 
 import (
+	"encoding/hex"
 	"errors"
 	"strings"
 	"testing"
@@ -13,8 +14,11 @@ func TestDeadLetterRecord(t *testing.T) {
 	m := &consumer.Message{Topic: "pay", Partition: 3, Offset: 42, ID: "pay/3/42", Lane: "pay/3", Attempt: 2,
 		Value: []byte(`{"txn_id":"T1"}`),
 		Headers: []consumer.Header{{Key: "trace", Value: []byte("t1")}, {Key: consumer.MetaReason, Value: []byte("an earlier one")},
-			{Key: "idem-outbox-id", Value: []byte("0f1e")}}}
-	l := consumer.Letter{Message: m, Key: dedup.Key{Scope: "payments", ID: "T1"}, Reason: errors.New("bad\namount"), Attempts: 3}
+			{Key: consumer.MetaCause, Value: []byte("validate")}, {Key: "idem-outbox-id", Value: []byte("0f1e")},
+			{Key: "Traceparent", Value: []byte("the producer's")}, {Key: "tracestate", Value: []byte("the producer's")}}}
+	fp := dedup.FingerprintOf(m.Value)
+	l := consumer.Letter{Message: m, Key: dedup.Key{Scope: "payments", ID: "T1"}, Fingerprint: fp, Cause: consumer.CausePermanent,
+		Reason: errors.New("bad\namount"), Attempts: 3, Headers: []consumer.Header{{Key: "traceparent", Value: []byte("the batch's")}, {Key: "tracestate"}}}
 	rec := l.Record(1 << 20)
 	got := map[string]string{}
 	for _, h := range rec.Headers {
@@ -27,6 +31,7 @@ func TestDeadLetterRecord(t *testing.T) {
 		"trace": "t1", "idem-outbox-id": "0f1e", consumer.MetaReason: "bad amount", consumer.MetaAttempts: "3", consumer.MetaTopic: "pay",
 		consumer.MetaPartition: "3", consumer.MetaLane: "pay/3", consumer.MetaOffset: "42", consumer.MetaMessageID: "pay/3/42",
 		consumer.MetaAttempt: "2", consumer.MetaKeyScope: "payments", consumer.MetaKey: "T1",
+		consumer.MetaCause: "permanent", consumer.MetaFingerprint: hex.EncodeToString(fp[:]), "traceparent": "the batch's",
 	}
 	for k, v := range want {
 		if got[k] != v {
@@ -49,9 +54,9 @@ func TestDeadLetterRecord(t *testing.T) {
 	if big.Value != nil || len(sum) != 64 || size != "15" {
 		t.Errorf("oversized: value %q, sha %q, size %q", big.Value, sum, size)
 	}
-	l.Key = dedup.Key{}
+	l.Key, l.Fingerprint = dedup.Key{}, dedup.Fingerprint{}
 	for _, h := range l.Record(1 << 20).Headers {
-		if strings.HasPrefix(h.Key, "idem-key") {
+		if strings.HasPrefix(h.Key, "idem-key") || h.Key == consumer.MetaFingerprint {
 			t.Errorf("no key derived, yet %s", h.Key)
 		}
 	}

@@ -42,8 +42,17 @@
 // batch is isolated without savepoints: the batch is split and the messages
 // before it commit on their own.
 //
+// Dead letters count incidents: every letter carries its [Cause] (the
+// idem-cause header: bad_input, validate, fingerprint_mismatch, permanent,
+// exhausted, failed_before) and its dedup key whenever one was derived. A
+// message whose key failed for good before is dead-lettered as
+// failed_before, a repeat of the incident its first letter (permanent)
+// reported and `idem failed` lists, never as a new one.
+//
 // Operating: [Consumer.Stats] counts what the lanes did; an [Observer]
 // (Config.Observer, consumer/otelconsumer for OpenTelemetry) sees the same
-// events one by one; [Consumer.Health] is what a readiness or liveness probe
-// looks at.
+// events one by one, and the dead letters being written when it is a
+// [DeadLetterObserver]; [Consumer.Health] is what a readiness or liveness
+// probe looks at. Logs, dedup rows and letters name a message alike
+// ([Message.Ref]).
 package consumer

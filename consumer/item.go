@@ -23,19 +23,39 @@ type item struct {
 	lineage bool
 }
 
-// keyItem derives the item's dedup key and fingerprint. An error is bad
-// input: the message is dead-lettered with it.
-func (c *Consumer[TTx]) keyItem(it *item) error {
+// keyItem derives the item's dedup key and fingerprint. An error means the
+// message is dead-lettered with it, for the cause returned: CauseValidate
+// when Config.Validate refused it, else CauseBadInput. it.claim then holds
+// what could be derived — a refused message's key too, for its letter; it
+// is never claimed.
+func (c *Consumer[TTx]) keyItem(it *item) (Cause, error) {
 	m := it.msg
 	c.readOrigin(m) // first: a dead letter of a copy keeps its original's coordinates
 	if max := c.cfg.MaxPayloadBytes; max > 0 && len(m.Value) > max {
-		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrPayloadTooLarge, len(m.Value), max)
+		return CauseBadInput, fmt.Errorf("%w: %d bytes, the limit is %d", ErrPayloadTooLarge, len(m.Value), max)
 	}
 	if c.cfg.Validate != nil {
 		if err := c.cfg.Validate(m); err != nil {
-			return fmt.Errorf("validate: %w", err)
+			// The key names, in the letter, the message a forgery imitates;
+			// it is not claimed, so the genuine one is judged on its own.
+			_ = c.deriveKey(it, true)
+			return CauseValidate, fmt.Errorf("validate: %w", err)
 		}
 	}
+	if err := c.deriveKey(it, false); err != nil {
+		return CauseBadInput, err
+	}
+	m.dedupKey = it.claim.Key
+	return 0, nil
+}
+
+// deriveKey sets it.claim: the key (as soon as it is known, so that a
+// letter carries it when the fingerprint fails), the fingerprint and the
+// source. refused: the message is dead-lettered whatever comes of it, so a
+// fallback to the message ID is neither counted nor logged.
+func (c *Consumer[TTx]) deriveKey(it *item, refused bool) error {
+	m := it.msg
+	src := m.Ref()
 	if c.cfg.Offsets != nil {
 		if m.Topic == "" || m.Offset < 0 {
 			return fmt.Errorf("%w: with Config.Offsets a message needs a topic and an offset (got %q, %d)", ErrNoKey, m.Topic, m.Offset)
@@ -45,11 +65,10 @@ func (c *Consumer[TTx]) keyItem(it *item) error {
 			// observers and Message.DedupKey (the work flowing on from it).
 			// A redriven copy is named by its original and claimed under
 			// that name: its offset is new, the message is not.
-			src := m.ID
-			if src == "" {
-				src = m.Coordinates()
+			id := m.ID
+			if id == "" {
+				id = m.Coordinates()
 			}
-			id := src
 			if o, ok := m.Origin(); ok {
 				if id = o.ID; id == "" {
 					id = o.Coordinates()
@@ -67,14 +86,15 @@ func (c *Consumer[TTx]) keyItem(it *item) error {
 				}
 				it.claim.Fingerprint = fp
 			}
-			m.dedupKey = k
 			return nil
 		}
 	}
 	id, err := c.cfg.Key(m)
 	if err != nil && errors.Is(err, ErrNoKey) && c.cfg.OnMissingKey == FallBackToMessageID && m.identity() != "" {
-		c.stats.keyFallbacks.Add(1)
-		c.cfg.Logger.Warn("idem: no key, keyed by the message ID (OnMissingKey)", slog.String("message", m.Coordinates()), slog.Any("error", err))
+		if !refused {
+			c.stats.keyFallbacks.Add(1)
+			c.cfg.Logger.Warn("idem: no key, keyed by the message ID (OnMissingKey)", slog.String("message", m.Ref()), slog.Any("error", err))
+		}
 		id, err = m.identity(), nil
 	}
 	if err != nil {
@@ -92,15 +112,11 @@ func (c *Consumer[TTx]) keyItem(it *item) error {
 	if err := k.Validate(); err != nil {
 		return err
 	}
-	src := m.ID // Kafka: topic/partition/offset already
-	if src == "" {
-		src = m.Coordinates()
-	}
+	it.claim = dedup.Claim{Key: k, Source: src}
 	fp, err := c.cfg.Fingerprint(m)
 	if err != nil {
 		return fmt.Errorf("fingerprint: %w", err)
 	}
-	it.claim = dedup.Claim{Key: k, Fingerprint: fp, Source: src}
-	m.dedupKey = k
+	it.claim.Fingerprint = fp
 	return nil
 }

@@ -116,7 +116,7 @@ func (l *lane[TTx]) run(ctx context.Context, c *Consumer[TTx]) {
 // place, the keyed messages between are committed — then acknowledges the
 // settled messages and releases the others. A stopped lane releases them all.
 func (l *lane[TTx]) process(ctx context.Context, c *Consumer[TTx], batch []*Message) {
-	ctx = c.cfg.Observer.BatchStart(ctx, Batch{Consumer: c.cfg.Name, Lane: l.name, Messages: batch})
+	ctx = c.cfg.Observer.BatchStart(ctx, Batch{Consumer: c.cfg.Name, Source: c.source, Lane: l.name, Messages: batch})
 	items := l.items[:0]
 	for _, m := range batch {
 		items = append(items, item{msg: m})
@@ -146,7 +146,7 @@ func (l *lane[TTx]) settleInOrder(ctx context.Context, c *Consumer[TTx], items [
 	defer func() { clear(run); l.runs = run[:0] }()
 	for i := range items {
 		it := &items[i]
-		kerr := c.keyItem(it)
+		cause, kerr := c.keyItem(it)
 		if kerr == nil {
 			run = append(run, it)
 			continue
@@ -157,7 +157,7 @@ func (l *lane[TTx]) settleInOrder(ctx context.Context, c *Consumer[TTx], items [
 			}
 			run = run[:0]
 		}
-		if err := c.deadLetter(ctx, it, kerr, CauseBadInput); err != nil {
+		if err := c.deadLetter(ctx, it, kerr, cause); err != nil {
 			return err
 		}
 		if err := l.advancePast(ctx, c, it.msg); err != nil {
@@ -215,7 +215,7 @@ func (l *lane[TTx]) finish(ctx context.Context, c *Consumer[TTx], batch []*Messa
 		}
 		c.releaseAll(rel, err)
 	}
-	c.cfg.Observer.BatchEnd(ctx, Batch{Consumer: c.cfg.Name, Lane: l.name, Messages: batch, Acked: acks, Released: rel, AckErr: aerr})
+	c.cfg.Observer.BatchEnd(ctx, Batch{Consumer: c.cfg.Name, Source: c.source, Lane: l.name, Messages: batch, Acked: acks, Released: rel, AckErr: aerr})
 	clear(acks)
 	clear(rel)
 	l.acks, l.release = acks[:0], rel[:0]

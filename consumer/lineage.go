@@ -104,7 +104,7 @@ func (c *Consumer[TTx]) readOrigin(m *Message) {
 	m.origin, m.hasOrigin = o, why == ""
 	if why != "" && why != noLineage && why != otherTopic {
 		c.cfg.Logger.Warn("idem: lineage headers not honoured; the message is keyed as a message of its own",
-			slog.String("message", m.Coordinates()), slog.String("why", why))
+			slog.String("message", m.Ref()), slog.String("why", why))
 	}
 }
 

@@ -75,10 +75,31 @@ func (m *Message) Header(key string) ([]byte, bool) {
 	return nil, false
 }
 
-// Coordinates returns where the message came from, for logs and audit:
-// topic/partition/offset.
+// Coordinates returns where the message came from: topic/partition/offset
+// (a RocketMQ queue ID is unique only within its broker: see Ref).
 func (m *Message) Coordinates() string {
 	return m.Topic + "/" + itoa(int64(m.Partition)) + "/" + itoa(m.Offset)
+}
+
+// Ref names the message wherever idem shows one — its logs, the source of
+// its dedup row (`idem show`, `idem failed`) — in one form: its lane and
+// offset, then its broker message ID in parentheses where that is not the
+// same thing.
+//
+//	Kafka     payments/0/120                                 (the ID is the position)
+//	RocketMQ  payments/broker-a/0/120 (AC110001000078308DB1B2D2D6F80000)
+//
+// A dead letter carries the same parts in MetaLane, MetaOffset and
+// MetaMessageID. A message without a Lane is named by its Coordinates.
+func (m *Message) Ref() string {
+	pos := m.Coordinates()
+	if m.Lane != "" {
+		pos = m.Lane + "/" + itoa(m.Offset)
+	}
+	if m.ID == "" || m.ID == pos || m.ID == m.Coordinates() {
+		return pos
+	}
+	return pos + " (" + m.ID + ")"
 }
 
 func itoa(n int64) string {

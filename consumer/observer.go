@@ -43,6 +43,7 @@ type Observer interface {
 // Batch is one batch of a lane.
 type Batch struct {
 	Consumer string     // Config.Name
+	Source   SourceInfo // Consumer.SourceInfo
 	Lane     string     // the partition or queue
 	Messages []*Message // in delivery order
 	// At BatchEnd: what was acknowledged (settled) and released (given back
@@ -93,37 +94,66 @@ func (o Outcome) String() string {
 	return "unknown"
 }
 
-// Cause says why a message was dead-lettered.
+// Cause says why a message was dead-lettered. A letter carries it in the
+// MetaCause header as its String, so that whoever reads the dead-letter
+// topic can tell incidents apart by it alone.
+//
+// One message, one incident: each cause but CauseFailedBefore is the first
+// letter of its message's trouble. CauseFailedBefore is a repeat: another
+// message with a key whose failure is recorded already (CausePermanent
+// recorded it, and `idem failed` lists it), dead-lettered without running
+// the handler — a re-send of what is dead-lettered already, counted apart.
 type Cause uint8
 
 const (
-	CauseBadInput     Cause = iota + 1 // no key, an invalid key, Validate refused it, too large: no row recorded
+	CauseBadInput     Cause = iota + 1 // no key, an invalid key, an unreadable or too large payload: no row recorded
 	CauseMismatch                      // its key was applied before with another payload
-	CauseFailedBefore                  // its key was recorded as failed before
+	CauseFailedBefore                  // its key was recorded as failed before: a repeat of an incident
 	CausePermanent                     // Permanent, a constraint violation: recorded as failed
 	CauseExhausted                     // its retries ran out
+	CauseValidate                      // Config.Validate refused it: no row recorded, the key stays free
 )
 
+var causeNames = [...]string{
+	CauseBadInput:     "bad_input",
+	CauseMismatch:     "fingerprint_mismatch",
+	CauseFailedBefore: "failed_before",
+	CausePermanent:    "permanent",
+	CauseExhausted:    "exhausted",
+	CauseValidate:     "validate",
+}
+
 func (c Cause) String() string {
-	switch c {
-	case CauseBadInput:
-		return "bad_input"
-	case CauseMismatch:
-		return "fingerprint_mismatch"
-	case CauseFailedBefore:
-		return "failed_before"
-	case CausePermanent:
-		return "permanent"
-	case CauseExhausted:
-		return "exhausted"
+	if int(c) < len(causeNames) && causeNames[c] != "" {
+		return causeNames[c]
 	}
 	return "unknown"
 }
 
+// Causes lists every Cause, in their order.
+func Causes() []Cause {
+	return []Cause{CauseBadInput, CauseMismatch, CauseFailedBefore, CausePermanent, CauseExhausted, CauseValidate}
+}
+
+// ParseCause returns the Cause whose String is s: what a reader of the
+// dead-letter topic makes of a letter's MetaCause.
+func ParseCause(s string) (Cause, bool) {
+	for _, c := range Causes() {
+		if c.String() == s {
+			return c, true
+		}
+	}
+	return 0, false
+}
+
+// Repeat reports whether the cause is a repeat of an incident dead-lettered
+// before (CauseFailedBefore) rather than a new one.
+func (c Cause) Repeat() bool { return c == CauseFailedBefore }
+
 // Settlement is one message settled.
 type Settlement struct {
 	Message *Message
-	Key     dedup.Key // zero for CauseBadInput
+	Key     dedup.Key // zero when no key was derived (CauseBadInput)
 	Outcome Outcome
 	// OutcomeDuplicate: when the key was first claimed (store clock) and how old
 	// it was when the duplicate arrived, as in Duplicate.
@@ -143,6 +173,17 @@ type RetryEvent struct {
 	// Class: dedup.ClassConflict for a conflict with another transaction,
 	// ClassUnavailable for the database away.
 	Class dedup.ErrorClass
+}
+
+// DeadLetterObserver is an Observer that also sees each dead letter as it
+// is written: New wraps Config.DeadLetter with ObserveDeadLetter, so that
+// the letter is written under the observer's view of it (a PRODUCER span
+// whose trace context the letter carries, in otelconsumer). ctx is the
+// batch's (BatchStart's). The wrapper must pass the Letter's Message on as
+// it is: a Source finds its in-flight message by it. Wrapping a sink the
+// observer wrapped already must return it unchanged.
+type DeadLetterObserver interface {
+	ObserveDeadLetter(next DeadLetter) DeadLetter
 }
 
 // NopObserver observes nothing. Embed it to implement some of Observer's

@@ -52,7 +52,7 @@ func (c *Consumer[TTx]) fail(ctx context.Context, it *item, reason error, record
 				return ctx.Err()
 			}
 			if class := classify(err, c.cfg.Store.ClassifyError); class == dedup.ClassPermanent || class == dedup.ClassFatal {
-				c.cfg.Logger.Error("idem: recording a failure failed", slog.String("key", it.claim.Key.String()), slog.Any("error", err))
+				c.cfg.Logger.Error("idem: recording a failure failed", append(refAttrs(it.msg, it.claim.Key), slog.Any("error", err))...)
 				break
 			}
 			if err := w.wait(ctx, nil, err); err != nil {
@@ -72,7 +72,8 @@ func (c *Consumer[TTx]) fail(ctx context.Context, it *item, reason error, record
 func (c *Consumer[TTx]) deadLetter(ctx context.Context, it *item, reason error, cause Cause) error {
 	w := c.newWait(c.infra)
 	for {
-		err := c.cfg.DeadLetter.DeadLetter(ctx, Letter{Message: it.msg, Key: it.claim.Key, Reason: reason, Attempts: it.attempts})
+		err := c.cfg.DeadLetter.DeadLetter(ctx, Letter{Message: it.msg, Key: it.claim.Key, Fingerprint: it.claim.Fingerprint,
+			Cause: cause, Reason: reason, Attempts: it.attempts})
 		if err == nil {
 			break
 		}
@@ -86,18 +87,16 @@ func (c *Consumer[TTx]) deadLetter(ctx context.Context, it *item, reason error, 
 	c.stats.deadLettered.Add(1)
 	c.cfg.Observer.Settled(ctx, Settlement{Message: it.msg, Key: it.claim.Key, Outcome: OutcomeDeadLettered, Reason: reason, Cause: cause, Attempts: it.attempts})
 	it.settled = true
-	c.cfg.Logger.Warn("idem: message dead-lettered",
-		slog.String("message", it.msg.Coordinates()), slog.String("key", it.claim.Key.String()),
-		slog.Int("attempts", it.attempts), slog.String("reason", reason.Error()))
+	c.cfg.Logger.Warn("idem: message dead-lettered", append(refAttrs(it.msg, it.claim.Key),
+		slog.String("cause", cause.String()), slog.Int("attempts", it.attempts), slog.String("reason", reason.Error()))...)
 	return nil
 }
 
 // halt stops a lane whose message used up its retries (StopLaneOnExhausted).
 func (c *Consumer[TTx]) halt(l *lane[TTx], it *item, err error) {
 	l.halt()
-	c.cfg.Logger.Error("idem: lane stopped: a message used up its retries",
-		slog.String("lane", l.name), slog.String("message", it.msg.Coordinates()),
-		slog.String("key", it.claim.Key.String()), slog.Any("error", err))
+	attrs := append([]any{slog.String("lane", l.name)}, refAttrs(it.msg, it.claim.Key)...)
+	c.cfg.Logger.Error("idem: lane stopped: a message used up its retries", append(attrs, slog.Any("error", err))...)
 }
 
 // fatal stops the consumer over a broken deployment: the lane stops where it
@@ -120,4 +119,14 @@ func (c *Consumer[TTx]) fatal(l *lane[TTx], err error) error {
 			slog.String("lane", l.name), slog.Any("error", err))
 	}
 	return ErrLaneStopped
+}
+
+// refAttrs name a message in a log line as everywhere else: message is its
+// Ref, scope and key its dedup key as `idem show --scope SCOPE KEY` takes
+// it — left out when no key was derived.
+func refAttrs(m *Message, k dedup.Key) []any {
+	if k == (dedup.Key{}) {
+		return []any{slog.String("message", m.Ref())}
+	}
+	return []any{slog.String("message", m.Ref()), slog.String("scope", k.Scope), slog.String("key", k.ID)}
 }

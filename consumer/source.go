@@ -109,12 +109,27 @@ func (l LaneStatus) Stalled(now time.Time, d time.Duration) string {
 	return ""
 }
 
+// SourceInfo is what a Source says of itself, for telemetry and health:
+// the messaging system and the broker's consumer group. Consumer.SourceInfo
+// returns it; consumer/otelconsumer takes messaging.system and
+// messaging.consumer.group.name from it.
+type SourceInfo struct {
+	System string // messaging.system: "kafka", "rocketmq"; empty when unknown
+	Group  string // the broker's consumer group; empty when it has none
+}
+
+// Describer is a Source that says what it is. The Kafka and RocketMQ
+// sources are.
+type Describer interface {
+	SourceInfo() SourceInfo
+}
+
 // Wrapper is a Source that wraps another, to time, log or fault it: the
 // consumer looks for the optional interfaces (OffsetOrdered,
-// AssignmentChecker, LaneReporter, ProducerChosenIDs, ScopeReader) through
-// Unwrap, so a wrapper that embeds the Source interface, which hides them,
-// needs to forward none of them.
-// The wrapper's own methods come first.
+// AssignmentChecker, LaneReporter, ProducerChosenIDs, ScopeReader,
+// Describer) through Unwrap, so a wrapper that embeds the Source interface,
+// which hides them, needs to forward none of them. The wrapper's own
+// methods come first.
 type Wrapper interface {
 	Unwrap() Source
 }
@@ -147,14 +162,29 @@ type ScopeReader interface {
 // Letter is a message the consumer could not process, with why.
 type Letter struct {
 	Message *Message
-	// Key is the dedup key, zero when the key could not be derived.
+	// Key is the dedup key, zero when no key could be derived. A message
+	// Validate refused carries the key it would have been claimed under
+	// (the key is not claimed: see Config.Validate).
 	Key dedup.Key
+	// Fingerprint is the message's fingerprint under Key; zero when it was
+	// not computed (no key, a fingerprint that failed).
+	Fingerprint dedup.Fingerprint
+	// Cause says, as one of a few values, why the message was
+	// dead-lettered; Reason says it in words.
+	Cause Cause
 	// Reason says what went wrong; errors.Is works on it
 	// (dedup.ErrFingerprintMismatch, dedup.ErrInvalidKey, ErrNoKey, ...).
 	Reason error
 	// Attempts is how many times the handler ran and failed (0 when it never
 	// ran).
 	Attempts int
+	// Headers go on the letter in place of the message's headers of the
+	// same names (matched case-insensitively; one with a nil Value only
+	// removes them): a DeadLetterObserver's trace context, so that the
+	// letter names the trace of the batch that failed it, not the
+	// producer's. Record applies them; Message stays the message the
+	// Source delivered.
+	Headers []Header
 }
 
 // DeadLetter stores messages that cannot be processed. The consumer

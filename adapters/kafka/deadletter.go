@@ -46,7 +46,7 @@ func (s *Source) DeadLetter(ctx context.Context, l consumer.Letter) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.DeadLetterTimeout)
 	defer cancel()
 	if err := s.dlq.w.WriteMessages(ctx, s.letter(l)); err != nil {
-		return fmt.Errorf("kafka: dead letter of %s: %w", l.Message.Coordinates(), err)
+		return fmt.Errorf("kafka: dead letter of %s: %w", l.Message.Ref(), err)
 	}
 	return nil
 }
@@ -137,4 +137,5 @@ var (
 	_ consumer.DeadLetter        = (*Source)(nil)
 	_ consumer.OffsetOrdered     = (*Source)(nil)
 	_ consumer.AssignmentChecker = (*Source)(nil)
+	_ consumer.Describer         = (*Source)(nil)
 )

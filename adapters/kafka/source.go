@@ -209,6 +209,13 @@ func (s *Source) Lanes() []consumer.LaneStatus {
 	return out
 }
 
+// SourceInfo says the Source is Kafka's, in Config.Group
+// (consumer.Describer): the consumer's telemetry takes messaging.system and
+// messaging.consumer.group.name from it.
+func (s *Source) SourceInfo() consumer.SourceInfo {
+	return consumer.SourceInfo{System: "kafka", Group: s.cfg.Group}
+}
+
 // InOffsetOrder reports true (consumer.OffsetOrdered): a partition is
 // fetched in offset order, and after a rebalance or restart it starts again
 // from the committed offset (or the store's, with Config.StartOffsets).
@@ -241,7 +248,7 @@ func (s *Source) Release(msgs []*consumer.Message, reason error) {
 	s.settle(msgs, released)
 	if len(msgs) > 0 {
 		s.log.Debug("kafka: messages released", slog.Int("count", len(msgs)),
-			slog.String("first", msgs[0].Coordinates()), slog.Any("reason", reason))
+			slog.String("first", msgs[0].Ref()), slog.Any("reason", reason))
 	}
 }
 

@@ -52,8 +52,8 @@ func (s *Source) DeadLetter(ctx context.Context, l consumer.Letter) error {
 			return err
 		}
 		s.log.Info("rocketmq: message goes to the broker's dead-letter queue",
-			slog.String("dlq", "%DLQ%"+s.cfg.Group), slog.String("message", l.Message.Coordinates()),
-			slog.String("id", l.Message.ID), slog.String("reason", reasonOf(l)))
+			slog.String("dlq", "%DLQ%"+s.cfg.Group), slog.String("message", l.Message.Ref()),
+			slog.String("cause", l.Cause.String()), slog.String("reason", reasonOf(l)))
 		return nil
 	}
 	msg := s.letter(l)
@@ -61,10 +61,10 @@ func (s *Source) DeadLetter(ctx context.Context, l consumer.Letter) error {
 	defer cancel()
 	res, err := dlq.SendSync(ctx, msg)
 	if err != nil {
-		return fmt.Errorf("rocketmq: dead letter of %s to %s: %w", l.Message.Coordinates(), msg.Topic, err)
+		return fmt.Errorf("rocketmq: dead letter of %s to %s: %w", l.Message.Ref(), msg.Topic, err)
 	}
 	if res.Status != primitive.SendOK {
-		return fmt.Errorf("rocketmq: dead letter of %s to %s: send status %d", l.Message.Coordinates(), msg.Topic, res.Status)
+		return fmt.Errorf("rocketmq: dead letter of %s to %s: send status %d", l.Message.Ref(), msg.Topic, res.Status)
 	}
 	return nil
 }

@@ -48,11 +48,11 @@ func TestLanesReportAStalledQueue(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	tel, err := otelconsumer.New(otelconsumer.Config{System: "rocketmq", MeterProvider: mp})
+	tel, err := otelconsumer.New(otelconsumer.Config{MeterProvider: mp})
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg, err := tel.ObserveHealth("payments", r.c.Health, stall)
+	reg, err := tel.Observe(r.c, stall)
 	if err != nil {
 		t.Fatal(err)
 	}

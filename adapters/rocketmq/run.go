@@ -233,7 +233,7 @@ func (r *run) markDead(m *consumer.Message) error {
 	defer r.mu.Unlock()
 	c, ok := r.inflight[m]
 	if !ok {
-		return fmt.Errorf("rocketmq: dead letter for %s: the message is not in flight in this source", m.Coordinates())
+		return fmt.Errorf("rocketmq: dead letter for %s: the message is not in flight in this source", m.Ref())
 	}
 	c.dead = true
 	return nil

@@ -220,6 +220,15 @@ func (s *Source) Lanes() []consumer.LaneStatus {
 // the idem-original-msg-id it carries, wherever it lies.
 func (s *Source) ProducerChosenIDs() bool { return true }
 
+// SourceInfo says the Source is RocketMQ's, in Config.Group
+// (consumer.Describer): the consumer's telemetry takes messaging.system and
+// messaging.consumer.group.name from it.
+func (s *Source) SourceInfo() consumer.SourceInfo {
+	return consumer.SourceInfo{System: "rocketmq", Group: s.cfg.Group}
+}
+
+var _ consumer.Describer = (*Source)(nil)
+
 func (s *Source) current() *run {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -9,14 +9,19 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup"
 )
 
 // rowJSON is a dedup row as --json prints it.
 type rowJSON struct {
-	Scope       string     `json:"scope"`
-	Key         string     `json:"key"`
-	Outcome     string     `json:"outcome"`
+	Scope   string `json:"scope"`
+	Key     string `json:"key"`
+	Outcome string `json:"outcome"`
+	// Cause is a failed row's consumer.Cause, as the dead letter it was
+	// recorded with and the metrics name it: permanent (the only failure
+	// the consumer records). Empty for a done row.
+	Cause       string     `json:"cause,omitempty"`
 	Reason      string     `json:"reason,omitempty"`
 	Source      string     `json:"source,omitempty"`
 	Fingerprint string     `json:"fingerprint"`
@@ -27,7 +32,7 @@ type rowJSON struct {
 func toJSON(rows []dedup.Row) []rowJSON {
 	out := make([]rowJSON, 0, len(rows))
 	for _, r := range rows {
-		j := rowJSON{Scope: r.Key.Scope, Key: r.Key.ID, Outcome: r.Outcome, Reason: r.Reason, Source: r.Source,
+		j := rowJSON{Scope: r.Key.Scope, Key: r.Key.ID, Outcome: r.Outcome, Cause: causeOf(r), Reason: r.Reason, Source: r.Source,
 			Fingerprint: hex.EncodeToString(r.Fingerprint[:]), CreatedAt: r.CreatedAt.UTC()}
 		if !r.ExpiresAt.IsZero() {
 			exp := r.ExpiresAt.UTC()
@@ -36,6 +41,16 @@ func toJSON(rows []dedup.Row) []rowJSON {
 		out = append(out, j)
 	}
 	return out
+}
+
+// causeOf is the cause a row's dead letter carried: the consumer records a
+// failure only for consumer.CausePermanent; a later message with the key
+// is dead-lettered as CauseFailedBefore, a repeat, and adds no row.
+func causeOf(r dedup.Row) string {
+	if r.Outcome == "failed" {
+		return consumer.CausePermanent.String()
+	}
+	return ""
 }
 
 func printRows(e *env, rows []dedup.Row) {
@@ -209,6 +224,9 @@ func runFailed(ctx context.Context, e *env, fs *flag.FlagSet, args []string) int
 		return exitOK
 	}
 	printRows(e, rows)
+	fmt.Fprintf(e.stdout, "\n%d failed keys, one incident each: the dead letter with idem-cause=%s (idem_consumer_dead_letters_total{idem_dead_letter_cause=%q}).\n"+
+		"A later message with one of these keys is dead-lettered as %s, a repeat counted apart, until the key is released.\n",
+		len(rows), consumer.CausePermanent, consumer.CausePermanent.String(), consumer.CauseFailedBefore)
 	return exitOK
 }
 

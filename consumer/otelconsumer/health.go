@@ -2,6 +2,8 @@ package otelconsumer
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -9,14 +11,34 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/dedup"
 )
 
-// ObserveHealth registers gauges read from a consumer's Health at every
-// collection: what a dashboard needs between two batches, and what counters
-// cannot show — a consumer that holds messages and makes no progress, or a
-// lane the source reports stalled (consumer.LaneReporter: a queue whose
-// fetching stopped, or whose messages wait unconsumed), which delivers
-// nothing and so moves no counter.
+// HealthReporter is what Observe reads of a consumer beside its events;
+// *consumer.Consumer[TTx] is one.
+type HealthReporter interface {
+	Name() string
+	SourceInfo() consumer.SourceInfo
+	Health(ctx context.Context) consumer.Health
+}
+
+// Observe adds to the consumer's telemetry what its events cannot show.
+//
+// Every counter, at zero, from the moment Observe is called: with the
+// consumer's attributes (messaging.system, messaging.consumer.group.name,
+// idem.consumer.name), idem.consumer.dead_letters for each cause,
+// idem.consumer.retries for each class of failure that is retried, and
+// idem.consumer.transactions for commits. A scrape right after start lists
+// each, so a dashboard shows 0 rather than "No data", and rate() and
+// increase() see the first increment. (The lanes' points, which add the
+// topic and partition, appear with their first batch.)
+//
+// Gauges read from the consumer's Health at every collection: what a
+// dashboard needs between two batches, and what counters cannot show — a
+// consumer that holds messages and makes no progress, or a lane the source
+// reports stalled (consumer.LaneReporter: a queue whose fetching stopped,
+// or whose messages wait unconsumed), which delivers nothing and so moves
+// no counter.
 //
 //   - idem.consumer.in_flight: messages delivered and not settled yet;
 //   - idem.consumer.progress.age: seconds since a batch was last
@@ -27,10 +49,20 @@ import (
 //   - idem.consumer.lane.waiting: per lane (idem.lane), the source's
 //     fetched messages not settled yet.
 //
-// name is the consumer's Config.Name. Health is called with a context
-// bounded by the collection's. Unregister the returned registration when
-// the consumer is gone.
-func (t *Telemetry) ObserveHealth(name string, health func(context.Context) consumer.Health, stall time.Duration) (metric.Registration, error) {
+// Health is called with a context bounded by the collection's. Unregister
+// the returned registration when the consumer is gone. Call Observe once,
+// for the consumer whose Observer the Telemetry is.
+func (t *Telemetry) Observe(c HealthReporter, stall time.Duration) (metric.Registration, error) {
+	if c == nil {
+		return nil, errors.New("otelconsumer: Observe of a nil consumer")
+	}
+	if stall <= 0 {
+		return nil, fmt.Errorf("otelconsumer: Observe: stall is %v, want a positive bound", stall)
+	}
+	attrs := t.consumerAttrs(c.Name(), c.SourceInfo())
+	t.fallback.Store(&attrs)
+	t.zero(attrs)
+
 	m := t.cfg.MeterProvider.Meter(ScopeName)
 	inFlight, err1 := m.Int64ObservableGauge("idem.consumer.in_flight", metric.WithUnit("{message}"),
 		metric.WithDescription("Messages delivered to the consumer and not settled yet."))
@@ -42,23 +74,12 @@ func (t *Telemetry) ObserveHealth(name string, health func(context.Context) cons
 		metric.WithDescription("Lanes the source reports with no progress for longer than the stall bound."))
 	waiting, err5 := m.Int64ObservableGauge("idem.consumer.lane.waiting", metric.WithUnit("{message}"),
 		metric.WithDescription("A lane's messages fetched by the source and not settled yet."))
-	for _, err := range []error{err1, err2, err3, err4, err5} {
-		if err != nil {
-			return nil, err
-		}
-	}
-	group := t.cfg.Group
-	if group == "" {
-		group = name
-	}
-	attrs := []attribute.KeyValue{
-		semconv.MessagingSystemKey.String(t.cfg.System),
-		semconv.MessagingConsumerGroupName(group),
-		AttrConsumer.String(name),
+	if err := errors.Join(err1, err2, err3, err4, err5); err != nil {
+		return nil, err
 	}
 	set := metric.WithAttributeSet(attribute.NewSet(attrs...))
 	return m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
-		h := health(ctx)
+		h := c.Health(ctx)
 		now := time.Now()
 		o.ObserveInt64(inFlight, h.InFlight, set)
 		var a float64
@@ -73,4 +94,28 @@ func (t *Telemetry) ObserveHealth(name string, health func(context.Context) cons
 		}
 		return nil
 	}, inFlight, age, stopped, stalled, waiting)
+}
+
+// retriedClasses are the classes of the failures a consumer retries: the
+// values of idem.consumer.retries' error.type.
+var retriedClasses = []dedup.ErrorClass{dedup.ClassUnknown, dedup.ClassRetryable, dedup.ClassUnavailable, dedup.ClassConflict}
+
+// zero adds 0 to every counter for the consumer's attributes.
+func (t *Telemetry) zero(attrs []attribute.KeyValue) {
+	ctx := context.Background()
+	with := func(kv ...attribute.KeyValue) metric.MeasurementOption {
+		return metric.WithAttributeSet(attribute.NewSet(append(attrs[:len(attrs):len(attrs)], kv...)...))
+	}
+	set := with()
+	for _, c := range []metric.Int64Counter{t.applied, t.duplicates, t.released, t.conflicts} {
+		c.Add(ctx, 0, set)
+	}
+	t.consumed.Inst().Add(ctx, 0, with(semconv.MessagingOperationName("process")))
+	t.txs.Add(ctx, 0, with(AttrOutcome.String("commit")))
+	for _, c := range consumer.Causes() {
+		t.dead.Add(ctx, 0, with(AttrCause.String(c.String())))
+	}
+	for _, c := range retriedClasses {
+		t.retries.Add(ctx, 0, with(semconv.ErrorTypeKey.String(c.String())))
+	}
 }

@@ -3,9 +3,12 @@ package otelconsumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -27,19 +30,24 @@ const ScopeName = "github.com/idemkit/idem/consumer/otelconsumer"
 // Attributes of idem's own, beside the messaging conventions'.
 const (
 	AttrConsumer = attribute.Key("idem.consumer.name")     // consumer.Config.Name
-	AttrCause    = attribute.Key("idem.dead_letter.cause") // consumer.Cause: bad_input, fingerprint_mismatch, failed_before, permanent, exhausted
+	AttrCause    = attribute.Key("idem.dead_letter.cause") // consumer.Cause: bad_input, validate, fingerprint_mismatch, failed_before, permanent, exhausted
 	AttrOutcome  = attribute.Key("idem.transaction.outcome")
 	AttrMessages = attribute.Key("idem.transaction.messages")
-	AttrKey      = attribute.Key("idem.key")
-	AttrLane     = attribute.Key("idem.lane") // consumer.Message.Lane
+	AttrKeyScope = attribute.Key("idem.key.scope") // the dedup key's scope, as the letter's idem-key-scope
+	AttrKey      = attribute.Key("idem.key")       // the dedup key's ID, as the letter's idem-key
+	AttrMessage  = attribute.Key("idem.message")   // consumer.Message.Ref, as in the consumer's logs
+	AttrLane     = attribute.Key("idem.lane")      // consumer.Message.Lane
 )
 
 // Config configures a Telemetry. Zero values take the defaults.
 type Config struct {
-	// System is messaging.system: "kafka" or "rocketmq". Required.
+	// System is messaging.system; default what the consumer's Source says
+	// (consumer.SourceInfo: "kafka", "rocketmq"). Set it for a Source that
+	// says nothing; without either the attribute is left out.
 	System string
-	// Group is messaging.consumer.group.name; default the consumer's Name.
-	// Set it to the Kafka group or RocketMQ consumer group.
+	// Group is messaging.consumer.group.name; default the Source's group
+	// (the Kafka group, the RocketMQ consumer group), else the consumer's
+	// Name.
 	Group string
 	// MeterProvider and TracerProvider default to the global ones (otel's
 	// no-ops until the application installs an SDK).
@@ -61,6 +69,9 @@ type Telemetry struct {
 	defaultTP trace.TracerProvider
 	prop      propagation.TextMapPropagator
 	lanes     sync.Map // lane name -> *lane
+	// fallback: the consumer's attributes, once Observe knows them, for
+	// the events outside a batch (the store's retries when Run starts)
+	fallback atomic.Pointer[[]attribute.KeyValue]
 
 	consumed   messagingconv.ClientConsumedMessages
 	process    messagingconv.ProcessDuration
@@ -89,11 +100,13 @@ var durationBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
 
 var sizeBuckets = []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10000}
 
-// New returns a Telemetry; set it as consumer.Config.Observer, and wrap the
-// dead-letter sink with DeadLetter to carry trace context into dead letters.
+// New returns a Telemetry; set it as consumer.Config.Observer. The
+// consumer then writes its dead letters through ObserveDeadLetter, which
+// carries the batch's trace context into them; Observe adds what events
+// cannot show (every counter from zero, the health gauges).
 func New(cfg Config) (*Telemetry, error) {
-	if cfg.System == "" {
-		return nil, errors.New("otelconsumer: Config.System is empty: want messaging.system, \"kafka\" or \"rocketmq\"")
+	if strings.TrimSpace(cfg.System) != cfg.System {
+		return nil, fmt.Errorf("otelconsumer: Config.System %q has surrounding spaces", cfg.System)
 	}
 	if cfg.MeterProvider == nil {
 		cfg.MeterProvider = otel.GetMeterProvider()
@@ -168,22 +181,14 @@ func (t *Telemetry) lane(b consumer.Batch) *lane {
 	if l, ok := t.lanes.Load(b.Lane); ok {
 		return l.(*lane)
 	}
-	group := t.cfg.Group
-	if group == "" {
-		group = b.Consumer
-	}
 	l := &lane{}
-	attrs := []attribute.KeyValue{
-		semconv.MessagingSystemKey.String(t.cfg.System),
-		semconv.MessagingConsumerGroupName(group),
-		AttrConsumer.String(b.Consumer),
-	}
+	attrs := t.consumerAttrs(b.Consumer, b.Source)
 	if len(b.Messages) > 0 {
 		m := b.Messages[0]
 		l.topic = m.Topic
 		l.span = "process " + m.Topic
 		attrs = append(attrs, semconv.MessagingDestinationName(m.Topic),
-			semconv.MessagingDestinationPartitionID(strconv.Itoa(int(m.Partition))))
+			semconv.MessagingDestinationPartitionID(PartitionID(m)))
 	}
 	l.attrs = attrs
 	l.set = metric.WithAttributeSet(attribute.NewSet(attrs...))
@@ -192,6 +197,45 @@ func (t *Telemetry) lane(b consumer.Batch) *lane {
 	l.processSet = metric.WithAttributeSet(attribute.NewSet(l.process...))
 	actual, _ := t.lanes.LoadOrStore(b.Lane, l)
 	return actual.(*lane)
+}
+
+// consumerAttrs are the attributes of every point of a consumer:
+// messaging.system (when known), messaging.consumer.group.name and
+// idem.consumer.name, Config's fields before what the Source says.
+func (t *Telemetry) consumerAttrs(name string, src consumer.SourceInfo) []attribute.KeyValue {
+	system, group := t.cfg.System, t.cfg.Group
+	if system == "" {
+		system = src.System
+	}
+	if group == "" {
+		group = src.Group
+	}
+	if group == "" {
+		group = name
+	}
+	attrs := make([]attribute.KeyValue, 0, 6)
+	if system != "" {
+		attrs = append(attrs, semconv.MessagingSystemKey.String(system))
+	}
+	return append(attrs, semconv.MessagingConsumerGroupName(group), AttrConsumer.String(name))
+}
+
+// PartitionID is a message's messaging.destination.partition.id: the
+// conventions want it unique within the destination (the topic), so it is
+// the message's lane without its topic — a Kafka partition's number, and
+// for RocketMQ broker and queue ID, "broker-a/0", since queue 0 of two
+// brokers are two queues. A lane that is not under the message's topic (a
+// queue of RocketMQ's retry topic, %RETRY%group/broker-a/0, delivering
+// the topic's messages again) is given whole, and a message without a lane
+// its partition number.
+func PartitionID(m *consumer.Message) string {
+	if m.Lane == "" {
+		return strconv.Itoa(int(m.Partition))
+	}
+	if rest, ok := strings.CutPrefix(m.Lane, m.Topic+"/"); ok && m.Topic != "" {
+		return rest
+	}
+	return m.Lane
 }
 
 // batch is a batch's state, carried in its context.
@@ -235,7 +279,7 @@ func (t *Telemetry) BatchStart(ctx context.Context, b consumer.Batch) context.Co
 		if len(b.Messages) == 1 {
 			m := b.Messages[0]
 			span.SetAttributes(semconv.MessagingMessageID(m.ID))
-			if t.cfg.System == "kafka" {
+			if t.cfg.System == "kafka" || (t.cfg.System == "" && b.Source.System == "kafka") {
 				span.SetAttributes(semconv.MessagingKafkaOffset(int(m.Offset)))
 			}
 		} else {
@@ -344,10 +388,9 @@ func (t *Telemetry) Settled(ctx context.Context, s consumer.Settlement) {
 			if s.Reason != nil {
 				reason = s.Reason.Error()
 			}
-			b.span.AddEvent("dead_letter", trace.WithAttributes(
-				semconv.MessagingMessageID(s.Message.ID), AttrCause.String(s.Cause.String()),
-				AttrKey.String(s.Key.String()), attribute.String("idem.dead_letter.reason", reason),
-				attribute.Int("idem.dead_letter.attempts", s.Attempts)))
+			attrs := append(keyAttrs(s.Message, s.Key), semconv.MessagingMessageID(s.Message.ID), AttrCause.String(s.Cause.String()),
+				attribute.String("idem.dead_letter.reason", reason), attribute.Int("idem.dead_letter.attempts", s.Attempts))
+			b.span.AddEvent("dead_letter", trace.WithAttributes(attrs...))
 		}
 	}
 }
@@ -360,6 +403,8 @@ func (t *Telemetry) Retry(ctx context.Context, r consumer.RetryEvent) {
 		if b.span.IsRecording() {
 			b.span.AddEvent("retry", trace.WithAttributes(attribute.Int("idem.retry", r.N), semconv.ErrorTypeKey.String(r.Class.String())))
 		}
+	} else if f := t.fallback.Load(); f != nil {
+		attrs = append(attrs, *f...)
 	}
 	t.retries.Add(ctx, 1, metric.WithAttributes(append(attrs, semconv.ErrorTypeKey.String(r.Class.String()))...))
 }
@@ -419,42 +464,83 @@ func (t *Telemetry) BatchEnd(ctx context.Context, e consumer.Batch) {
 	b.span.End()
 }
 
-// DeadLetter wraps a dead-letter sink: each letter is written under a
-// PRODUCER span, a child of the batch's, whose trace context replaces the
-// producer's in the letter's headers (the batch's span links to that one).
-// The message itself is not changed: the letter gets a copy.
-func (t *Telemetry) DeadLetter(next consumer.DeadLetter) consumer.DeadLetter {
-	return consumer.DeadLetterFunc(func(ctx context.Context, l consumer.Letter) error {
-		if l.Message == nil {
-			return next.DeadLetter(ctx, l)
-		}
-		ctx, span := t.tracer.Start(ctx, "dead_letter "+l.Message.Topic, trace.WithSpanKind(trace.SpanKindProducer),
-			trace.WithAttributes(semconv.MessagingSystemKey.String(t.cfg.System),
-				semconv.MessagingOperationTypeSend, semconv.MessagingOperationName("dead_letter"),
-				semconv.MessagingMessageID(l.Message.ID), AttrKey.String(l.Key.String())))
-		defer span.End()
-		if trace.SpanContextFromContext(ctx).IsValid() {
-			m := *l.Message
-			m.Headers = make([]consumer.Header, 0, len(l.Message.Headers)+2)
-			fields := t.prop.Fields()
-		headers:
-			for _, h := range l.Message.Headers {
-				for _, f := range fields {
-					if equalFold(h.Key, f) {
-						continue headers
-					}
-				}
-				m.Headers = append(m.Headers, h)
-			}
-			t.prop.Inject(ctx, HeaderCarrier{Headers: &m.Headers})
-			l.Message = &m
-		}
-		err := next.DeadLetter(ctx, l)
-		if err != nil {
-			span.SetStatus(codes.Error, err.Error())
-		}
-		return err
-	})
+// ObserveDeadLetter wraps the consumer's dead-letter sink
+// (consumer.DeadLetterObserver; consumer.New calls it): each letter is
+// written under a PRODUCER span, "dead_letter <topic>", a child of the
+// batch's, whose trace context the letter carries in place of the
+// producer's (Letter.Headers; the batch's span links to the producer's), so
+// that from a dead letter one finds the trace of the batch that failed it.
+// The message itself is not changed. A sink this Telemetry wrapped already
+// is returned as it is.
+func (t *Telemetry) ObserveDeadLetter(next consumer.DeadLetter) consumer.DeadLetter {
+	if d, ok := next.(*tracedSink); ok && d.t == t {
+		return next
+	}
+	return &tracedSink{t: t, next: next}
 }
 
+// DeadLetter is ObserveDeadLetter, for a sink given to the consumer already
+// wrapped; the consumer does not wrap it twice.
+func (t *Telemetry) DeadLetter(next consumer.DeadLetter) consumer.DeadLetter {
+	return t.ObserveDeadLetter(next)
+}
+
+// tracedSink is a dead-letter sink a Telemetry wrapped.
+type tracedSink struct {
+	t    *Telemetry
+	next consumer.DeadLetter
+}
+
+func (d *tracedSink) DeadLetter(ctx context.Context, l consumer.Letter) error {
+	t := d.t
+	if l.Message == nil {
+		return d.next.DeadLetter(ctx, l)
+	}
+	if t.defaultTP != nil && otel.GetTracerProvider() == t.defaultTP {
+		return d.next.DeadLetter(ctx, l) // no SDK: no span
+	}
+	attrs := []attribute.KeyValue{semconv.MessagingOperationTypeSend, semconv.MessagingOperationName("dead_letter"),
+		semconv.MessagingMessageID(l.Message.ID), AttrCause.String(l.Cause.String())}
+	if b := batchOf(ctx); b != nil {
+		for _, kv := range b.lane.attrs {
+			if kv.Key == semconv.MessagingSystemKey {
+				attrs = append(attrs, kv)
+			}
+		}
+	} else if t.cfg.System != "" {
+		attrs = append(attrs, semconv.MessagingSystemKey.String(t.cfg.System))
+	}
+	attrs = append(attrs, keyAttrs(l.Message, l.Key)...)
+	ctx, span := t.tracer.Start(ctx, "dead_letter "+l.Message.Topic, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
+	defer span.End()
+	if trace.SpanContextFromContext(ctx).IsValid() {
+		// Every field of the propagator replaces the producer's: those the
+		// batch's context has no value for are removed (a nil Value).
+		fields := t.prop.Fields()
+		hs := make([]consumer.Header, 0, len(l.Headers)+len(fields))
+		hs = append(hs, l.Headers...)
+		for _, f := range fields {
+			hs = append(hs, consumer.Header{Key: f})
+		}
+		t.prop.Inject(ctx, HeaderCarrier{Headers: &hs})
+		l.Headers = hs
+	}
+	err := d.next.DeadLetter(ctx, l)
+	if err != nil {
+		span.SetStatus(codes.Error, err.Error())
+	}
+	return err
+}
+
+// keyAttrs name a message and its key as the consumer's logs and the
+// letters do; the key's attributes are left out when no key was derived.
+func keyAttrs(m *consumer.Message, k dedup.Key) []attribute.KeyValue {
+	attrs := []attribute.KeyValue{AttrMessage.String(m.Ref())}
+	if k != (dedup.Key{}) {
+		attrs = append(attrs, AttrKeyScope.String(k.Scope), AttrKey.String(k.ID))
+	}
+	return attrs
+}
+
+var _ consumer.DeadLetterObserver = (*Telemetry)(nil)
 var _ consumer.Observer = (*Telemetry)(nil)

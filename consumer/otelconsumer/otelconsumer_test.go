@@ -243,7 +243,8 @@ func TestMetricsAndSpansMatchStats(t *testing.T) {
 	}
 	// The dead letters carry their span's context, not the producer's.
 	for _, l := range dl.Letters() {
-		sc := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), otelconsumer.HeaderCarrier{Headers: &l.Message.Headers}))
+		rec := l.Record(1 << 20)
+		sc := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), otelconsumer.HeaderCarrier{Headers: &rec.Headers}))
 		sp, ok := byID[sc.SpanID()]
 		if !ok || sp.Name() != "dead_letter pay" {
 			t.Errorf("dead letter %s carries trace context %v, not its dead-letter span's", l.Message.Coordinates(), sc)
@@ -266,8 +267,8 @@ func TestNoProvider(t *testing.T) {
 	if got := tel.BatchStart(ctx, b); got != ctx {
 		t.Errorf("BatchStart changed the context with nothing installed")
 	}
-	if _, err := otelconsumer.New(otelconsumer.Config{}); err == nil {
-		t.Error("New without System")
+	if _, err := otelconsumer.New(otelconsumer.Config{System: " kafka"}); err == nil {
+		t.Error("New with a System of surrounding spaces")
 	}
 }
 

@@ -35,11 +35,10 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net/http"
+	"net"
 	"os"
 	"os/signal"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -51,8 +50,8 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/otelconsumer"
 	"github.com/idemkit/idem/dedup/pgstore"
-	"github.com/idemkit/idem/examples/observe"
 	"github.com/idemkit/idem/examples/payments"
+	"github.com/idemkit/idem/observe"
 )
 
 func main() {
@@ -102,35 +101,20 @@ func run(brokerList, pgURL, topic, group string, demo bool, listen string, log *
 	if err != nil {
 		return err
 	}
-	var obs consumer.Observer
-	var health atomic.Pointer[consumer.Consumer[pgx.Tx]]
+	var srv *observe.Server
+	var tel *otelconsumer.Telemetry
 	if listen != "" {
-		mp, metrics, err := observe.Metrics()
-		if err != nil {
+		// /metrics and /healthz: the system and the group come from the
+		// Source, the letters are traced without a wrapper.
+		if srv, err = observe.New(observe.Config{Stall: 2 * time.Minute, Logger: log}); err != nil {
 			return err
 		}
-		defer mp.Shutdown(context.Background()) //nolint:errcheck
-		tel, err := otelconsumer.New(otelconsumer.Config{System: "kafka", Group: group, MeterProvider: mp})
-		if err != nil {
+		defer srv.Close(context.Background()) //nolint:errcheck
+		if tel, err = srv.Telemetry(otelconsumer.Config{}); err != nil {
 			return err
 		}
-		obs = tel
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", metrics)
-		mux.Handle("/healthz", observe.Health(func(ctx context.Context) consumer.Health {
-			if c := health.Load(); c != nil {
-				return c.Health(ctx)
-			}
-			return consumer.Health{} // not built yet: not running
-		}, 2*time.Minute))
-		addr, stop, err := observe.Serve(listen, mux)
-		if err != nil {
-			return err
-		}
-		defer stop()
-		log.Info("serving", slog.String("metrics", "http://"+addr+"/metrics"), slog.String("health", "http://"+addr+"/healthz"))
 	}
-	c, err := consumer.New(consumer.Config[pgx.Tx]{
+	cfg := consumer.Config[pgx.Tx]{
 		Name:            "payments-ledger",
 		Source:          src,
 		Store:           store,
@@ -140,12 +124,33 @@ func run(brokerList, pgURL, topic, group string, demo bool, listen string, log *
 		MaxPayloadBytes: payments.MaxPayload,
 		DrainTimeout:    30 * time.Second,
 		Logger:          log,
-		Observer:        obs,
-	})
+	}
+	if tel != nil {
+		cfg.Observer = tel
+	}
+	c, err := consumer.New(cfg)
 	if err != nil {
 		return err
 	}
-	health.Store(c)
+	if srv != nil {
+		if err := srv.Watch(c, tel); err != nil {
+			return err
+		}
+		ln, err := net.Listen("tcp", listen)
+		if err != nil {
+			return err
+		}
+		sctx, stopServing := context.WithCancel(ctx)
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(sctx, ln) }()
+		defer func() {
+			stopServing()
+			if err := <-served; err != nil {
+				log.Warn("serving", slog.Any("error", err))
+			}
+		}()
+		log.Info("serving", slog.String("metrics", "http://"+ln.Addr().String()+"/metrics"), slog.String("health", "http://"+ln.Addr().String()+"/healthz"))
+	}
 
 	log.Info("consuming; Ctrl-C to stop", slog.String("topic", topic), slog.String("group", group))
 	err = c.Run(ctx) // Ctrl-C drains: what is in flight is finished and acknowledged

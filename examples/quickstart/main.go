@@ -33,7 +33,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -53,8 +53,8 @@ import (
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/dedup/sqlitestore"
-	"github.com/idemkit/idem/examples/observe"
 	"github.com/idemkit/idem/examples/payments"
+	"github.com/idemkit/idem/observe"
 )
 
 const (
@@ -165,25 +165,27 @@ func main() {
 }
 
 // serveMetrics serves OpenTelemetry's Prometheus exporter at
-// http://addr/metrics, says where on w, and returns the Observer that
-// records into it (consumer/otelconsumer).
+// http://addr/metrics (package observe), says where on w, and returns the
+// Observer that records into it (consumer/otelconsumer). The Kafka source
+// says the system and the group.
 func serveMetrics(addr string, w io.Writer) (consumer.Observer, func(), error) {
-	mp, h, err := observe.Metrics()
+	obs, err := observe.New(observe.Config{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return nil, nil, err
 	}
-	tel, err := otelconsumer.New(otelconsumer.Config{System: "kafka", MeterProvider: mp})
+	tel, err := obs.Telemetry(otelconsumer.Config{})
 	if err != nil {
 		return nil, nil, err
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", h)
-	at, stop, err := observe.Serve(addr, mux)
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, nil, err
 	}
-	fmt.Fprintf(w, "metrics: http://%s/metrics (curl it while the run goes on, or after)\n", at)
-	return tel, func() { stop(); _ = mp.Shutdown(context.Background()) }, nil
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- obs.Serve(ctx, ln) }()
+	fmt.Fprintf(w, "metrics: http://%s/metrics (curl it while the run goes on, or after)\n", ln.Addr())
+	return tel, func() { cancel(); <-served; _ = obs.Close(context.Background()) }, nil
 }
 
 func printSummary(w io.Writer, s Summary, report payments.Report) {

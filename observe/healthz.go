@@ -1,0 +1,137 @@
+package observe
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/idemkit/idem/consumer"
+)
+
+// HealthJSON is /healthz's body.
+type HealthJSON struct {
+	Ready bool `json:"ready"`
+	Live  bool `json:"live"`
+	// Error says why the probe fails; empty when it passes.
+	Error     string         `json:"error,omitempty"`
+	Consumers []ConsumerJSON `json:"consumers"`
+}
+
+// ConsumerJSON is one watched consumer in /healthz.
+type ConsumerJSON struct {
+	Name    string `json:"name"`
+	System  string `json:"system,omitempty"` // consumer.SourceInfo
+	Group   string `json:"group,omitempty"`
+	Running bool   `json:"running"`
+	Ready   bool   `json:"ready"` // consumer.Health.Ready
+	Live    bool   `json:"live"`  // consumer.Health.Live(Config.Stall)
+	Error   string `json:"error,omitempty"`
+	// StoppedLanes are the lanes stopped until a restart
+	// (StopLaneOnExhausted, a broken deployment); StalledLanes the lanes
+	// the source reports with no progress for longer than Config.Stall,
+	// "lane: why" (consumer.Health.StalledLanes). Both are [] when there
+	// are none.
+	StoppedLanes []string   `json:"stopped_lanes"`
+	StalledLanes []string   `json:"stalled_lanes"`
+	InFlight     int64      `json:"in_flight"`
+	LastProgress *time.Time `json:"last_progress"` // null before Run
+	Lanes        []LaneJSON `json:"lanes"`
+}
+
+// LaneJSON is a lane as the source reports it (consumer.LaneStatus).
+type LaneJSON struct {
+	Lane        string     `json:"lane"`
+	Waiting     int64      `json:"waiting"`
+	LastFetch   *time.Time `json:"last_fetch"`
+	LastSettled *time.Time `json:"last_settled"`
+}
+
+func timePtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	t = t.UTC()
+	return &t
+}
+
+// healthz serves /healthz: 200 when every watched consumer passes the
+// probe, 503 when one does not (or none is watched). ?probe=ready checks
+// readiness only, ?probe=live liveness only, neither both.
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	probe := r.URL.Query().Get("probe")
+	if probe != "" && probe != "ready" && probe != "live" {
+		http.Error(w, fmt.Sprintf("observe: probe %q: want ready, live or none", probe), http.StatusBadRequest)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	s.mu.Lock()
+	ws := append([]watched(nil), s.watched...)
+	s.mu.Unlock()
+
+	body := HealthJSON{Ready: true, Live: true, Consumers: make([]ConsumerJSON, 0, len(ws))}
+	var failed []error
+	if len(ws) == 0 {
+		// Not ready: nothing does the work. Live all the same: a restart
+		// would not watch one either.
+		body.Ready = false
+		if probe != "live" {
+			failed = append(failed, errors.New("observe: no consumer is watched"))
+		}
+	}
+	now := time.Now()
+	for _, wc := range ws {
+		h := wc.c.Health(ctx)
+		ready, live := h.Ready(), h.Live(s.cfg.Stall)
+		info := wc.c.SourceInfo()
+		cj := ConsumerJSON{
+			Name: wc.c.Name(), System: info.System, Group: info.Group, Running: h.Running,
+			Ready: ready == nil, Live: live == nil,
+			StoppedLanes: nonNil(h.StoppedLanes), StalledLanes: nonNil(h.StalledLanes(now, s.cfg.Stall)),
+			InFlight: h.InFlight, LastProgress: timePtr(h.LastProgress), Lanes: lanes(h.Lanes),
+		}
+		var err error
+		switch probe {
+		case "ready":
+			err = ready
+		case "live":
+			err = live
+		default:
+			err = errors.Join(ready, live)
+		}
+		if err != nil {
+			cj.Error = err.Error()
+			failed = append(failed, fmt.Errorf("%s: %w", cj.Name, err))
+		}
+		body.Ready = body.Ready && cj.Ready
+		body.Live = body.Live && cj.Live
+		body.Consumers = append(body.Consumers, cj)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	if err := errors.Join(failed...); err != nil {
+		body.Error = err.Error()
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(body)
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+func lanes(ls []consumer.LaneStatus) []LaneJSON {
+	out := make([]LaneJSON, 0, len(ls))
+	for _, l := range ls {
+		out = append(out, LaneJSON{Lane: l.Lane, Waiting: l.Waiting, LastFetch: timePtr(l.LastFetch), LastSettled: timePtr(l.LastSettled)})
+	}
+	return out
+}
