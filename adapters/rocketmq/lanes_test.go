@@ -81,8 +81,9 @@ func TestLanesReportAStalledQueue(t *testing.T) {
 		return len(s) == 1 && strings.HasPrefix(s[0], topic+"/") && strings.Contains(s[0], "waiting") && g == 1,
 			fmt.Sprintf("stalled %q, gauge %d", s, g)
 	})
-	if n := d.count(t, ""); n != 0 {
-		t.Fatalf("%d effects while the batch is held", n)
+	// Payments ahead of T00003 may have committed in a batch of their own.
+	if n := d.count(t, "key = 'T00003'"); n != 0 {
+		t.Fatalf("T00003 applied %d times while its handler is held", n)
 	}
 
 	close(unblock)

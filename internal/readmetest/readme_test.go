@@ -45,6 +45,7 @@ var fragmentImports = []struct{ path, use string }{
 	{"github.com/idemkit/idem/dedup/memstore", "memstore.New"},
 	{"github.com/idemkit/idem/dedup/pgstore", "pgstore.New"},
 	{"github.com/idemkit/idem/dedup/sqlitestore", "sqlitestore.Open"},
+	{"github.com/idemkit/idem/observe", "observe.New"},
 	{"github.com/idemkit/idem/outbox", "outbox.New"},
 	{"github.com/idemkit/idem/outbox/kafkapub", "kafkapub.New"},
 	{"github.com/idemkit/idem/outbox/rocketmqpub", "rocketmqpub.New"},

@@ -285,12 +285,12 @@ func (r *run) letter(ctx context.Context, l *letter) (Result, error) {
 // lineage returns the headers of a letter's copy: the message's own headers
 // (traceparent included), its original coordinates, message ID and key,
 // and the redrive's count and the letter it came from — without the
-// letter's own metadata (its reason, attempts, lane).
+// letter's own metadata (its reason, cause, fingerprint, attempts, lane).
 func lineage(l *letter, count int) []consumer.Header {
 	headers := make([]consumer.Header, 0, len(l.headers)+2)
 	for _, h := range l.headers {
 		switch h.Key {
-		case consumer.MetaReason, consumer.MetaAttempts, consumer.MetaAttempt, consumer.MetaLane,
+		case consumer.MetaReason, consumer.MetaCause, consumer.MetaFingerprint, consumer.MetaAttempts, consumer.MetaAttempt, consumer.MetaLane,
 			consumer.MetaRedriveCount, consumer.MetaRedrivenFrom:
 			// the letter's own, or replaced below
 		default:
