@@ -108,8 +108,11 @@ func TestRedriveRocketMQ(t *testing.T) {
 			if got := p.ledger(); got["T03"] != 1 || len(got) != 5 {
 				t.Errorf("ledger %v: T03 applied %d times, want once", got, got["T03"])
 			}
-			if s := p.consumer.Stats(); s.Applied != 1 || s.Duplicates != 1 {
-				t.Errorf("the two copies: %+v, want one applied and one duplicate", s)
+			// One applied, the other a duplicate; the broker may deliver
+			// again what the first consumer settled after its last offset
+			// persist (every 5 s), which adds duplicates, never effects.
+			if s := p.consumer.Stats(); s.Applied != 1 || s.Duplicates < 1 {
+				t.Errorf("the two copies: %+v, want one applied and at least one duplicate", s)
 			}
 			p.stop()
 
