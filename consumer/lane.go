@@ -12,19 +12,28 @@ import (
 )
 
 // A lane processes one partition's or queue's messages in order (with
-// Config.KeyLanes, the messages of some of its keys). Its data
-// flows through four stages, each a type of its own:
+// Config.KeyLanes, the messages of some of its keys), one batch at a time;
+// deliver (deliver.go) hands each message to its lane. Its data flows
+// through these stages, a file each:
 //
-//	batcher     fills a batch from the lane's channel (batcher.go)
-//	keying      derives each message's key and fingerprint (item.go)
-//	settler     commits the batch in as few transactions as it can, one
-//	            attempt (attempt.go) at a time, and decides what a failure
-//	            means: retry, split, isolate, give up (settle.go)
-//	settlement  dead-letters, acknowledges what committed and releases the
-//	            rest (settlement.go)
+//	batcher      fills a batch from the lane's channel (batcher.go)
+//	keying       derives each message's key and fingerprint, after its
+//	             lineage (keying.go, lineage.go); bad input is
+//	             dead-lettered in its place (settleInOrder, below)
+//	attempt      one transaction: claims the keys — with Config.Offsets,
+//	             moves the partition's next offset (offsets.go) — runs the
+//	             handlers of the new ones, commits (attempt.go)
+//	settler      commits the batch in as few attempts as it can, decides
+//	             what a failure means — retry, split, isolate, give up —
+//	             and settles each item of a committed attempt: applied,
+//	             a duplicate (duplicates.go) or refused (settler.go)
+//	dead letter  writes what cannot be processed to the sink (deadletter.go)
+//	finish       acknowledges what settled and releases the rest (below)
 //
-// Nothing is acknowledged before the transaction (or dead letter) that
-// settled it committed.
+// batcher, attempt and settler are types, a lane's own, whose buffers are
+// reused from batch to batch; keying, the dead letter and finish are
+// methods. Nothing is acknowledged before the transaction (or dead letter)
+// that settled it committed.
 type lane[TTx any] struct {
 	name     string
 	in       chan *Message
