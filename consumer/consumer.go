@@ -169,23 +169,16 @@ func (c *Consumer[TTx]) drainOnCancel(ctx context.Context) {
 // checkStore waits until the store answers and refuses to start on one that
 // is not ready: a table never migrated would fail every message.
 func (c *Consumer[TTx]) checkStore(ctx context.Context) error {
-	w := c.newWait(c.infra)
-	for {
-		err := c.cfg.Store.Check(ctx)
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return nil // stopped before it started
-		}
+	var notReady error
+	_ = c.untilDone(ctx, nil, "store check", func() error { return c.cfg.Store.Check(ctx) }, func(err error) (error, bool) {
 		if class := classify(err, c.cfg.Store.ClassifyError); class == dedup.ClassFatal || class == dedup.ClassPermanent || errors.Is(err, dedup.ErrNotMigrated) {
 			c.cfg.Logger.Error("idem: store not ready", slog.Any("error", err))
-			return fmt.Errorf("consumer: store not ready: %w", err)
+			notReady = fmt.Errorf("consumer: store not ready: %w", err)
+			return notReady, true
 		}
-		if err := w.wait(ctx, nil, fmt.Errorf("store check: %w", err)); err != nil {
-			return nil
-		}
-	}
+		return nil, false
+	})
+	return notReady // nil: the store answers, or the consumer stopped before it started
 }
 
 // Stop stops fetching, finishes the batches in flight and the messages

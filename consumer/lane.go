@@ -204,8 +204,7 @@ func (l *lane[TTx]) advancePast(ctx context.Context, c *Consumer[TTx], m *Messag
 	if cur.known && cur.p == p && cur.next >= next {
 		return nil
 	}
-	w := c.newWait(c.infra)
-	for {
+	err := c.untilDone(ctx, l, "advance the next offset past "+m.Coordinates(), func() error {
 		err := c.cfg.Store.InTx(ctx, func(ctx context.Context, tx TTx) error {
 			expected, err := c.cursorFor(ctx, tx, cur, p)
 			if err != nil || expected >= next {
@@ -217,25 +216,25 @@ func (l *lane[TTx]) advancePast(ctx context.Context, c *Consumer[TTx], m *Messag
 			}
 			return err
 		})
-		if err == nil {
-			if cur.next < next {
-				cur.next = next
-			}
-			return nil
+		if err != nil {
+			cur.known = false
 		}
-		cur.known = false
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
+		return err
+	}, func(err error) (error, bool) {
 		if class := classify(err, c.cfg.Store.ClassifyError); class == dedup.ClassFatal || class == dedup.ClassPermanent {
 			// Retrying cannot help, and going on without the move cannot
 			// either: a redelivery of m, which is settled, would run again.
-			return c.fatal(l, fmt.Errorf("consumer: advance the next offset past %s, which was dead-lettered: %w", m.Coordinates(), err))
+			return c.fatal(l, fmt.Errorf("consumer: advance the next offset past %s, which was dead-lettered: %w", m.Coordinates(), err)), true
 		}
-		if err := w.wait(ctx, l, fmt.Errorf("advance the next offset past %s: %w", m.Coordinates(), err)); err != nil {
-			return err
-		}
+		return nil, false
+	})
+	if err != nil {
+		return err
 	}
+	if cur.next < next {
+		cur.next = next
+	}
+	return nil
 }
 
 // finish acknowledges the settled items and releases the others; err says
