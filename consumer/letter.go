@@ -61,7 +61,6 @@ func (f DeadLetterFunc) DeadLetter(ctx context.Context, l Letter) error { return
 // message's own and stay: a letter redriven later keeps the key it is
 // deduplicated by.
 const (
-	MetaPrefix    = "idem-"
 	MetaCause     = "idem-cause"              // why, as one value: Letter.Cause (bad_input, validate, fingerprint_mismatch, failed_before, permanent, exhausted)
 	MetaReason    = "idem-reason"             // why, in words: the error text, at most dedup.MaxReasonLen bytes
 	MetaAttempts  = "idem-attempts"           // failures charged to the message (Letter.Attempts), decimal
@@ -93,28 +92,24 @@ const (
 	MetaRedrivenFrom = "idem-redriven-from" // the dead letter it was redriven from: topic/partition/offset (Kafka), topic/broker/queue/offset (RocketMQ)
 )
 
-// DeadLetterRecord is a Letter laid out for a broker: what an adapter writes.
-type DeadLetterRecord struct {
-	// Headers are the original message's headers (earlier dead-letter
-	// metadata left out, and those Letter.Headers replace; the redrive
-	// lineage and an outbox identity stay), then Letter.Headers, then the
-	// metadata above. Values carry no control
-	// characters (they become spaces), which some brokers' encodings
-	// cannot hold.
-	Headers []Header
-	// Value is the original value, or nil when it was larger than the
-	// limit (then MetaValueSHA256 and MetaValueSize say what it was).
-	Value []byte
-}
-
-// Record lays l out for a broker, leaving out a value over maxValue bytes.
-// The coordinates and message ID are the message's own, or, for a redriven
-// copy whose lineage the consumer honoured (Message.Origin), its
-// original's: the letter names the message the copy stands for, and is
-// redriven (and deduplicated) as that message again.
-func (l Letter) Record(maxValue int) DeadLetterRecord {
+// Record lays l out for a broker: the headers and the value an adapter
+// writes.
+//
+// The headers are the original message's (earlier dead-letter metadata
+// left out, and those Letter.Headers replace; the redrive lineage and an
+// outbox identity stay), then Letter.Headers, then the metadata above.
+// Values carry no control characters (they become spaces), which some
+// brokers' encodings cannot hold. The coordinates and message ID are the
+// message's own, or, for a redriven copy whose lineage the consumer
+// honoured (Message.Origin), its original's: the letter names the message
+// the copy stands for, and is redriven (and deduplicated) as that message
+// again.
+//
+// The value is the original value, or nil when it is larger than maxValue
+// bytes (then MetaValueSHA256 and MetaValueSize say what it was).
+func (l Letter) Record(maxValue int) (headers []Header, value []byte) {
 	m := l.Message
-	headers := make([]Header, 0, len(m.Headers)+len(l.Headers)+14)
+	headers = make([]Header, 0, len(m.Headers)+len(l.Headers)+14)
 	for _, h := range m.Headers {
 		if !isMeta(h.Key) && !replaced(h.Key, l.Headers) {
 			headers = append(headers, h)
@@ -150,14 +145,14 @@ func (l Letter) Record(maxValue int) DeadLetterRecord {
 			add(MetaFingerprint, hex.EncodeToString(l.Fingerprint[:]))
 		}
 	}
-	value := m.Value
+	value = m.Value
 	if len(value) > maxValue {
 		sum := sha256.Sum256(value)
 		add(MetaValueSHA256, hex.EncodeToString(sum[:]))
 		add(MetaValueSize, strconv.Itoa(len(value)))
 		value = nil
 	}
-	return DeadLetterRecord{Headers: headers, Value: value}
+	return headers, value
 }
 
 var metaNames = map[string]bool{
@@ -167,7 +162,7 @@ var metaNames = map[string]bool{
 }
 
 // isMeta reports whether a header is dead-letter metadata.
-func isMeta(k string) bool { return strings.HasPrefix(k, MetaPrefix) && metaNames[k] }
+func isMeta(k string) bool { return metaNames[k] }
 
 // replaced reports whether one of hs is named k (case-insensitively, as
 // propagators' fields are).

@@ -243,8 +243,8 @@ func TestMetricsAndSpansMatchStats(t *testing.T) {
 	}
 	// The dead letters carry their span's context, not the producer's.
 	for _, l := range dl.Letters() {
-		rec := l.Record(1 << 20)
-		sc := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), otelconsumer.HeaderCarrier{Headers: &rec.Headers}))
+		headers, _ := l.Record(1 << 20)
+		sc := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), otelconsumer.HeaderCarrier{Headers: &headers}))
 		sp, ok := byID[sc.SpanID()]
 		if !ok || sp.Name() != "dead_letter pay" {
 			t.Errorf("dead letter %s carries trace context %v, not its dead-letter span's", l.Message.Coordinates(), sc)

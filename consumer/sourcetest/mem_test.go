@@ -346,15 +346,14 @@ func (s *memSource) DeadLetter(_ context.Context, l consumer.Letter) error {
 	if !s.running {
 		return errors.New("memsource: not running")
 	}
-	rec := l.Record(s.maxBytes)
-	headers := rec.Headers
+	headers, value := l.Record(s.maxBytes)
 	switch b.mut {
 	case noMetadata:
 		headers = slices.DeleteFunc(slices.Clone(headers), func(h consumer.Header) bool { return h.Key == consumer.MetaAttempts })
 	case keepOldMetadata:
 		headers = append(slices.Clone(l.Message.Headers), headers...)
 	}
-	b.letters = append(b.letters, &consumer.Message{Topic: b.topic + ".dlq", Key: l.Message.Key, Value: rec.Value, Headers: headers})
+	b.letters = append(b.letters, &consumer.Message{Topic: b.topic + ".dlq", Key: l.Message.Key, Value: value, Headers: headers})
 	return nil
 }
 
