@@ -264,7 +264,3 @@ func TestPanicIsLoggedAndCanBePermanent(t *testing.T) {
 		t.Errorf("the panic's stack was not logged at ERROR:\n%s", logs.String())
 	}
 }
-
-type writerFunc func([]byte) (int, error)
-
-func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
