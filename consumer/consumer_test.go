@@ -13,11 +13,7 @@ import (
 
 func TestDuplicatesReordersAndCrashesApplyOnce(t *testing.T) {
 	eff := newEffects()
-	cfg := baseConfig(func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
-		id, _ := consumer.ByJSONField("txn_id")(m)
-		eff.add(tx, id)
-		return nil
-	})
+	cfg := baseConfig(eff.apply)
 	cfg.BatchSize = 16
 	var msgs []*consumer.Message
 	var keys []string

@@ -41,11 +41,7 @@ func (u unsetStore) Claim(ctx context.Context, tx *memstore.Tx, claims []dedup.C
 // ones behind it in its lane are acknowledged.
 func TestUnsetClaimResultIsNeverAcknowledged(t *testing.T) {
 	eff := newEffects()
-	cfg := baseConfig(func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
-		id, _ := consumer.ByJSONField("txn_id")(m)
-		eff.add(tx, id)
-		return nil
-	})
+	cfg := baseConfig(eff.apply)
 	cfg.Store = unsetStore{Store: memstore.New(memstore.Config{}), key: "T00001"}
 	src := consumertest.NewSource(consumertest.Script{})
 	cfg.Source = src
@@ -121,12 +117,8 @@ func TestDeterministicCommitErrorUsesTheRetryBudget(t *testing.T) {
 		return nil
 	})
 	cfg.Store = st
-	var msgs []*consumer.Message
-	for i := range 8 {
-		msgs = append(msgs, consumertest.Message("pay", 0, int64(i), "", payment(i)))
-	}
-	res := consumertest.Run(t, cfg, consumertest.Script{}, msgs...)
-	eff.check(t, []string{"T00000", "T00001", "T00002", "T00004", "T00005", "T00006", "T00007"})
+	res := consumertest.Run(t, cfg, consumertest.Script{}, payments(8)...)
+	eff.check(t, txnIDs(8, 3))
 	if len(res.DeadLetters) != 1 {
 		t.Fatalf("dead letters %+v, want T00003's", res.DeadLetters)
 	}

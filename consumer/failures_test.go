@@ -29,14 +29,11 @@ func TestPermanentErrorDeadLettersAndRecordsFailure(t *testing.T) {
 		eff.add(tx, id)
 		return nil
 	})
-	var msgs []*consumer.Message
-	for i := range 8 {
-		msgs = append(msgs, consumertest.Message("pay", 0, int64(i), "", payment(i)))
-	}
+	msgs := payments(8)
 	// T00003 delivered again later: dead-lettered again without running the handler.
 	msgs = append(msgs, consumertest.Message("pay", 0, 8, "", payment(3)))
 	res := consumertest.Run(t, cfg, consumertest.Script{}, msgs...)
-	eff.check(t, []string{"T00000", "T00001", "T00002", "T00004", "T00005", "T00006", "T00007"})
+	eff.check(t, txnIDs(8, 3))
 	if calls.Load() != 1 {
 		t.Errorf("failing handler ran %d times, want 1 (permanent: no retry, and the redelivery is refused by the failed row)", calls.Load())
 	}
@@ -85,20 +82,10 @@ func TestTransientTwiceThenSuccessAppliesOnce(t *testing.T) {
 
 func TestRetriesExhaustedDeadLetterWithAttempts(t *testing.T) {
 	eff := newEffects()
-	cfg := baseConfig(func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
-		id, _ := consumer.ByJSONField("txn_id")(m)
-		if id == "T00001" {
-			return errors.New("always down")
-		}
-		eff.add(tx, id)
-		return nil
-	})
+	cfg := baseConfig(eff.failOn("T00001", errors.New("always down")))
 	clock := consumertest.NewClock()
 	cfg.Clock = clock
-	res := consumertest.Run(t, cfg, consumertest.Script{},
-		consumertest.Message("pay", 0, 0, "", payment(0)),
-		consumertest.Message("pay", 0, 1, "", payment(1)),
-		consumertest.Message("pay", 0, 2, "", payment(2)))
+	res := consumertest.Run(t, cfg, consumertest.Script{}, payments(3)...)
 	eff.check(t, []string{"T00000", "T00002"})
 	if len(res.DeadLetters) != 1 || res.DeadLetters[0].Attempts != 4 {
 		t.Fatalf("dead letters %+v, want one after 4 attempts", res.DeadLetters)
@@ -133,10 +120,7 @@ func TestPanicOnceThenSuccessAndAlwaysPanic(t *testing.T) {
 		eff.add(tx, id)
 		return nil
 	})
-	res := consumertest.Run(t, cfg, consumertest.Script{},
-		consumertest.Message("pay", 0, 0, "", payment(0)),
-		consumertest.Message("pay", 0, 1, "", payment(1)),
-		consumertest.Message("pay", 0, 2, "", payment(2)))
+	res := consumertest.Run(t, cfg, consumertest.Script{}, payments(3)...)
 	eff.check(t, []string{"T00000", "T00002"})
 	var pe *consumer.PanicError
 	if len(res.DeadLetters) != 1 || !errors.As(res.DeadLetters[0].Reason, &pe) || res.DeadLetters[0].Attempts != 4 {

@@ -40,17 +40,11 @@ func (f *flakyStore) ClassifyError(err error) dedup.ErrorClass {
 
 func TestDatabaseOutageIsWaitedOutNotDeadLettered(t *testing.T) {
 	eff := newEffects()
-	cfg := baseConfig(func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
-		id, _ := consumer.ByJSONField("txn_id")(m)
-		eff.add(tx, id)
-		return nil
-	})
+	cfg := baseConfig(eff.apply)
 	st := &flakyStore{Store: memstore.New(memstore.Config{})}
 	st.down.Store(50) // far more than Retry.MaxAttempts
 	cfg.Store = st
-	res := consumertest.Run(t, cfg, consumertest.Script{},
-		consumertest.Message("pay", 0, 0, "", payment(0)),
-		consumertest.Message("pay", 0, 1, "", payment(1)))
+	res := consumertest.Run(t, cfg, consumertest.Script{}, payments(2)...)
 	eff.check(t, []string{"T00000", "T00001"})
 	if len(res.DeadLetters) != 0 {
 		t.Fatalf("dead letters during an outage: %+v", res.DeadLetters)
@@ -117,16 +111,11 @@ func (r *readOnlyStore) Claim(ctx context.Context, tx *memstore.Tx, c []dedup.Cl
 // database dead-lettered healthy messages. No handler ran; it is waited out.
 func TestFailingClaimIsNotTheMessages(t *testing.T) {
 	eff := newEffects()
-	cfg := baseConfig(func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
-		id, _ := consumer.ByJSONField("txn_id")(m)
-		eff.add(tx, id)
-		return nil
-	})
+	cfg := baseConfig(eff.apply)
 	st := &readOnlyStore{Store: memstore.New(memstore.Config{})}
 	st.down.Store(200) // far more than Retry.MaxAttempts
 	cfg.Store = st
-	res := consumertest.Run(t, cfg, consumertest.Script{},
-		consumertest.Message("pay", 0, 0, "", payment(0)), consumertest.Message("pay", 0, 1, "", payment(1)))
+	res := consumertest.Run(t, cfg, consumertest.Script{}, payments(2)...)
 	if len(res.DeadLetters) != 0 {
 		t.Fatalf("dead-lettered while the claim failed: %d, %v", len(res.DeadLetters), res.DeadLetters[0].Reason)
 	}

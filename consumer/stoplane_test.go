@@ -13,14 +13,7 @@ import (
 
 func TestStopLaneOnExhausted(t *testing.T) {
 	eff := newEffects()
-	cfg := baseConfig(func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
-		id, _ := consumer.ByJSONField("txn_id")(m)
-		if id == "T00001" {
-			return errors.New("always down")
-		}
-		eff.add(tx, id)
-		return nil
-	})
+	cfg := baseConfig(eff.failOn("T00001", errors.New("always down")))
 	cfg.OnExhausted = consumer.StopLaneOnExhausted
 	cfg.BatchSize = 1
 	cfg.Clock = consumertest.NewClock()
@@ -38,20 +31,7 @@ func TestStopLaneOnExhausted(t *testing.T) {
 		consumertest.Message("pay", 1, 0, "", payment(3)),
 		consumertest.Message("pay", 1, 1, "", payment(4)),
 	)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(context.Background()) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for eff.count("T00004") == 0 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := c.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	runUntil(t, c, func() bool { return eff.count("T00004") > 0 })
 	// Lane pay/0 stopped at T00001: T00002 was never applied nor acked.
 	if eff.count("T00000") != 1 || eff.count("T00001") != 0 || eff.count("T00002") != 0 {
 		t.Errorf("lane 0 effects: %v", eff.n)
@@ -105,20 +85,7 @@ func TestStoppedLaneDoesNotPassBadInput(t *testing.T) {
 		consumertest.Message("pay", 0, 3, "", `{"amount": 5}`),
 		consumertest.Message("pay", 0, 4, "", payment(2)),
 	)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(context.Background()) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for c.Stats().Released == 0 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := c.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	runUntil(t, c, func() bool { return c.Stats().Released > 0 })
 	if st := c.Stats(); st.Delivered < 5 || st.Released == 0 {
 		t.Fatalf("the batch was not delivered whole, or the lane did not stop: %+v", st)
 	}

@@ -886,32 +886,29 @@ func (m *member) waitCount(t *testing.T, what string, n int) {
 // waitValues waits until every value in want was delivered.
 func (m *member) waitValues(t *testing.T, what string, want map[string]bool) {
 	t.Helper()
-	m.waitFor(t, what, func() (bool, string) {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		missing := 0
-		for v := range want {
-			if m.seen[v] == 0 {
-				missing++
-			}
-		}
-		return missing == 0, fmt.Sprintf("%d of %d not delivered yet", missing, len(want))
-	})
+	m.waitEach(t, what, want, m.seen, "delivered")
 }
 
 // waitAcked waits until every value in want was acked.
 func (m *member) waitAcked(t *testing.T, what string, want map[string]bool) {
+	t.Helper()
+	m.waitEach(t, what, want, m.acked, "acked")
+}
+
+// waitEach waits until every value in want is counted in counts (m.seen
+// or m.acked, read under m.mu); done says what the count means.
+func (m *member) waitEach(t *testing.T, what string, want map[string]bool, counts map[string]int, done string) {
 	t.Helper()
 	m.waitFor(t, what, func() (bool, string) {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		missing := 0
 		for v := range want {
-			if m.acked[v] == 0 {
+			if counts[v] == 0 {
 				missing++
 			}
 		}
-		return missing == 0, fmt.Sprintf("%d of %d not acked yet", missing, len(want))
+		return missing == 0, fmt.Sprintf("%d of %d not %s yet", missing, len(want), done)
 	})
 }
 
