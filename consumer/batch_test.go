@@ -29,20 +29,15 @@ func TestBatchHandlerAppliesOnce(t *testing.T) {
 		if n := int64(len(msgs)); n > biggest.Load() {
 			biggest.Store(n)
 		}
-		for _, m := range msgs {
-			id, _ := consumer.ByJSONField("txn_id")(m)
-			eff.add(tx, id)
-		}
+		eff.applyEach(tx, msgs)
 		return nil
 	})
 	var msgs []*consumer.Message
-	var keys []string
 	for i := range 500 {
 		msgs = append(msgs, consumertest.Message("pay", int32(i%2), int64(i), "", payment(i)))
-		keys = append(keys, fmt.Sprintf("T%05d", i))
 	}
 	res := consumertest.Run(t, cfg, consumertest.Script{MinDeliveries: 2, MaxDeliveries: 3, ReorderWindow: 10, CrashAfterCommitEvery: 3}, msgs...)
-	eff.check(t, keys)
+	eff.check(t, txnIDs(500))
 	if biggest.Load() < 2 || calls.Load() >= int64(res.Source.Deliveries) {
 		t.Fatalf("the handler was not called with batches: %d calls, biggest %d", calls.Load(), biggest.Load())
 	}
@@ -60,16 +55,8 @@ func TestBatchHandlerMessageErrorIsolatesOne(t *testing.T) {
 		}
 		return nil
 	})
-	var msgs []*consumer.Message
-	var keys []string
-	for i := range 10 {
-		msgs = append(msgs, consumertest.Message("pay", 0, int64(i), "", payment(i)))
-		if i != 5 {
-			keys = append(keys, fmt.Sprintf("T%05d", i))
-		}
-	}
-	res := consumertest.Run(t, cfg, consumertest.Script{}, msgs...)
-	eff.check(t, keys)
+	res := consumertest.Run(t, cfg, consumertest.Script{}, payments(10)...)
+	eff.check(t, txnIDs(10, 5))
 	if len(res.DeadLetters) != 1 || res.DeadLetters[0].Key.ID != "T00005" || !strings.Contains(res.DeadLetters[0].Reason.Error(), "closed account") {
 		t.Fatalf("dead letters %+v", res.DeadLetters)
 	}
@@ -93,16 +80,8 @@ func TestBatchHandlerUnnamedFailureIsHalvedDown(t *testing.T) {
 		}
 		return nil
 	})
-	var msgs []*consumer.Message
-	var keys []string
-	for i := range 32 {
-		msgs = append(msgs, consumertest.Message("pay", 0, int64(i), "", payment(i)))
-		if i != 13 {
-			keys = append(keys, fmt.Sprintf("T%05d", i))
-		}
-	}
-	res := consumertest.Run(t, cfg, consumertest.Script{}, msgs...)
-	eff.check(t, keys)
+	res := consumertest.Run(t, cfg, consumertest.Script{}, payments(32)...)
+	eff.check(t, txnIDs(32, 13))
 	if len(res.DeadLetters) != 1 || res.DeadLetters[0].Key.ID != "T00013" {
 		t.Fatalf("dead letters %+v, want T00013 alone", res.DeadLetters)
 	}
@@ -133,21 +112,12 @@ func TestRepeatedConflictsShrinkTheBatch(t *testing.T) {
 		if n := int64(len(msgs)); n > biggest.Load() {
 			biggest.Store(n)
 		}
-		for _, m := range msgs {
-			id, _ := consumer.ByJSONField("txn_id")(m)
-			eff.add(tx, id)
-		}
+		eff.applyEach(tx, msgs)
 		return nil
 	})
 	cfg.Store = conflictStore{memstore.New(memstore.Config{})}
-	var msgs []*consumer.Message
-	var keys []string
-	for i := range 200 {
-		msgs = append(msgs, consumertest.Message("pay", 0, int64(i), "", payment(i)))
-		keys = append(keys, fmt.Sprintf("T%05d", i))
-	}
-	res := consumertest.Run(t, cfg, consumertest.Script{}, msgs...)
-	eff.check(t, keys)
+	res := consumertest.Run(t, cfg, consumertest.Script{}, payments(200)...)
+	eff.check(t, txnIDs(200))
 	if len(res.DeadLetters) != 0 {
 		t.Fatalf("%d dead letters: %+v", len(res.DeadLetters), res.DeadLetters[0])
 	}

@@ -63,7 +63,8 @@ func TestEveryLetterHasItsCause(t *testing.T) {
 	for i, w := range want {
 		l := res.DeadLetters[i]
 		headers := map[string]string{}
-		for _, h := range l.Record(1 << 20).Headers {
+		hs, _ := l.Record(1 << 20)
+		for _, h := range hs {
 			headers[h.Key] = string(h.Value)
 		}
 		if l.Message.Offset != w.offset || l.Cause != w.cause || headers[consumer.MetaCause] != w.cause.String() ||
@@ -147,7 +148,8 @@ func TestOneNameForAMessage(t *testing.T) {
 	}
 	for _, l := range res.DeadLetters {
 		h := map[string]string{}
-		for _, x := range l.Record(1 << 20).Headers {
+		hs, _ := l.Record(1 << 20)
+		for _, x := range hs {
 			h[x.Key] = string(x.Value)
 		}
 		if got := h[consumer.MetaLane] + "/" + h[consumer.MetaOffset]; got != strings.SplitN(l.Message.Ref(), " ", 2)[0] {

@@ -160,8 +160,7 @@ func TestOnDuplicateSeesTheFirstClaim(t *testing.T) {
 		defer mu.Unlock()
 		seen = append(seen, d)
 	}
-	res := consumertest.Run(t, cfg, consumertest.Script{MinDeliveries: 3, MaxDeliveries: 3},
-		consumertest.Message("pay", 0, 0, "", payment(0)), consumertest.Message("pay", 0, 1, "", payment(1)))
+	res := consumertest.Run(t, cfg, consumertest.Script{MinDeliveries: 3, MaxDeliveries: 3}, payments(2)...)
 	mu.Lock()
 	defer mu.Unlock()
 	if len(seen) != 4 || res.Stats.Duplicates != 4 {
@@ -207,11 +206,7 @@ func TestMissingKeyFallsBackWhenAsked(t *testing.T) {
 // under the same key is still applied.
 func TestValidateRunsBeforeTheClaim(t *testing.T) {
 	eff := newEffects()
-	cfg := baseConfig(func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
-		id, _ := consumer.ByJSONField("txn_id")(m)
-		eff.add(tx, id)
-		return nil
-	})
+	cfg := baseConfig(eff.apply)
 	errForged := errors.New("bad signature")
 	cfg.Validate = func(m *consumer.Message) error {
 		if sig, _ := consumer.ByJSONField("sig")(m); sig != "good" {

@@ -169,23 +169,16 @@ func (c *Consumer[TTx]) drainOnCancel(ctx context.Context) {
 // checkStore waits until the store answers and refuses to start on one that
 // is not ready: a table never migrated would fail every message.
 func (c *Consumer[TTx]) checkStore(ctx context.Context) error {
-	w := c.newWait(c.infra)
-	for {
-		err := c.cfg.Store.Check(ctx)
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return nil // stopped before it started
-		}
+	var notReady error
+	_ = c.untilDone(ctx, nil, "store check", func() error { return c.cfg.Store.Check(ctx) }, func(err error) (error, bool) {
 		if class := classify(err, c.cfg.Store.ClassifyError); class == dedup.ClassFatal || class == dedup.ClassPermanent || errors.Is(err, dedup.ErrNotMigrated) {
 			c.cfg.Logger.Error("idem: store not ready", slog.Any("error", err))
-			return fmt.Errorf("consumer: store not ready: %w", err)
+			notReady = fmt.Errorf("consumer: store not ready: %w", err)
+			return notReady, true
 		}
-		if err := w.wait(ctx, nil, fmt.Errorf("store check: %w", err)); err != nil {
-			return nil
-		}
-	}
+		return nil, false
+	})
+	return notReady // nil: the store answers, or the consumer stopped before it started
 }
 
 // Stop stops fetching, finishes the batches in flight and the messages
@@ -225,64 +218,24 @@ func (c *Consumer[TTx]) SourceInfo() SourceInfo { return c.source }
 // Stats returns counters since the consumer started.
 func (c *Consumer[TTx]) Stats() Stats { return c.stats.snapshot() }
 
-func (c *Consumer[TTx]) deliver(ctx, workCtx context.Context, m *Message) error {
-	if err := ctx.Err(); err != nil {
-		return err // select below could still pick the send
+// fatal stops the consumer over a broken deployment: the lane stops where it
+// is (its messages are released, none acknowledged), the source stops
+// fetching, the other lanes finish what they hold, and Run returns err.
+func (c *Consumer[TTx]) fatal(l *lane[TTx], err error) error {
+	l.halt()
+	c.runMu.Lock()
+	first := c.fatalErr == nil
+	if first {
+		c.fatalErr = err
+		c.stopped = true
+		if c.stopSrc != nil {
+			c.stopSrc()
+		}
 	}
-	c.lanesMu.Lock()
-	if c.closed {
-		c.lanesMu.Unlock()
-		return ErrStopped
+	c.runMu.Unlock()
+	if first {
+		c.cfg.Logger.Error("idem: consumer stopping: the deployment is broken, not the message",
+			slog.String("lane", l.name), slog.Any("error", err))
 	}
-	id := c.laneOf(m)
-	l, ok := c.lanes[id]
-	if !ok {
-		l = newLane(c, id.String())
-		c.lanes[id] = l
-		c.lanesWG.Add(1)
-		go l.run(workCtx, c)
-	}
-	// Sending under lanesMu would block other lanes; the channel is closed only
-	// after Source.Run returned, when no deliver is in flight any more.
-	c.lanesMu.Unlock()
-	m.DeliveredAt = time.Now()
-	c.stats.delivered.Add(1)
-	select {
-	case l.in <- m:
-		return nil
-	case <-l.halted:
-		c.stats.delivered.Add(-1)
-		return ErrLaneStopped
-	case <-ctx.Done():
-		c.stats.delivered.Add(-1)
-		return ctx.Err()
-	}
-}
-
-// Stats are a consumer's counters.
-type Stats struct {
-	Delivered    int64 // messages taken from the source, redeliveries included
-	Applied      int64 // messages whose handler effects committed
-	Duplicates   int64 // messages skipped: their key had committed before
-	DeadLettered int64 // messages written to the dead-letter sink
-	Retries      int64 // transactions retried after a transient failure
-	Commits      int64 // transactions committed
-	Released     int64 // messages given back unacknowledged (stop, stopped lane)
-	KeyFallbacks int64 // messages keyed by their message ID for want of a key (FallBackToMessageID)
-	// DuplicateAge is how old the duplicates were when they arrived: the
-	// retention a scope needs is above its Quantile(0.999).
-	DuplicateAge AgeHistogram
-}
-
-type counters struct {
-	delivered, applied, duplicates, deadLettered, retries, commits, released, keyFallbacks atomic.Int64
-	dupAges                                                                                ageCounters
-}
-
-func (c *counters) snapshot() Stats {
-	return Stats{
-		Delivered: c.delivered.Load(), Applied: c.applied.Load(), Duplicates: c.duplicates.Load(),
-		DeadLettered: c.deadLettered.Load(), Retries: c.retries.Load(), Commits: c.commits.Load(),
-		Released: c.released.Load(), KeyFallbacks: c.keyFallbacks.Load(), DuplicateAge: c.dupAges.snapshot(),
-	}
+	return ErrLaneStopped
 }

@@ -29,14 +29,11 @@ func TestPermanentErrorDeadLettersAndRecordsFailure(t *testing.T) {
 		eff.add(tx, id)
 		return nil
 	})
-	var msgs []*consumer.Message
-	for i := range 8 {
-		msgs = append(msgs, consumertest.Message("pay", 0, int64(i), "", payment(i)))
-	}
+	msgs := payments(8)
 	// T00003 delivered again later: dead-lettered again without running the handler.
 	msgs = append(msgs, consumertest.Message("pay", 0, 8, "", payment(3)))
 	res := consumertest.Run(t, cfg, consumertest.Script{}, msgs...)
-	eff.check(t, []string{"T00000", "T00001", "T00002", "T00004", "T00005", "T00006", "T00007"})
+	eff.check(t, txnIDs(8, 3))
 	if calls.Load() != 1 {
 		t.Errorf("failing handler ran %d times, want 1 (permanent: no retry, and the redelivery is refused by the failed row)", calls.Load())
 	}
@@ -85,20 +82,10 @@ func TestTransientTwiceThenSuccessAppliesOnce(t *testing.T) {
 
 func TestRetriesExhaustedDeadLetterWithAttempts(t *testing.T) {
 	eff := newEffects()
-	cfg := baseConfig(func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
-		id, _ := consumer.ByJSONField("txn_id")(m)
-		if id == "T00001" {
-			return errors.New("always down")
-		}
-		eff.add(tx, id)
-		return nil
-	})
+	cfg := baseConfig(eff.failOn("T00001", errors.New("always down")))
 	clock := consumertest.NewClock()
 	cfg.Clock = clock
-	res := consumertest.Run(t, cfg, consumertest.Script{},
-		consumertest.Message("pay", 0, 0, "", payment(0)),
-		consumertest.Message("pay", 0, 1, "", payment(1)),
-		consumertest.Message("pay", 0, 2, "", payment(2)))
+	res := consumertest.Run(t, cfg, consumertest.Script{}, payments(3)...)
 	eff.check(t, []string{"T00000", "T00002"})
 	if len(res.DeadLetters) != 1 || res.DeadLetters[0].Attempts != 4 {
 		t.Fatalf("dead letters %+v, want one after 4 attempts", res.DeadLetters)
@@ -133,10 +120,7 @@ func TestPanicOnceThenSuccessAndAlwaysPanic(t *testing.T) {
 		eff.add(tx, id)
 		return nil
 	})
-	res := consumertest.Run(t, cfg, consumertest.Script{},
-		consumertest.Message("pay", 0, 0, "", payment(0)),
-		consumertest.Message("pay", 0, 1, "", payment(1)),
-		consumertest.Message("pay", 0, 2, "", payment(2)))
+	res := consumertest.Run(t, cfg, consumertest.Script{}, payments(3)...)
 	eff.check(t, []string{"T00000", "T00002"})
 	var pe *consumer.PanicError
 	if len(res.DeadLetters) != 1 || !errors.As(res.DeadLetters[0].Reason, &pe) || res.DeadLetters[0].Attempts != 4 {
@@ -265,6 +249,210 @@ func TestPanicIsLoggedAndCanBePermanent(t *testing.T) {
 	}
 }
 
-type writerFunc func([]byte) (int, error)
+func TestStopLaneOnExhausted(t *testing.T) {
+	eff := newEffects()
+	cfg := baseConfig(eff.failOn("T00001", errors.New("always down")))
+	cfg.OnExhausted = consumer.StopLaneOnExhausted
+	cfg.BatchSize = 1
+	cfg.Clock = consumertest.NewClock()
+	src := consumertest.NewSource(consumertest.Script{})
+	cfg.Source = src
+	cfg.DeadLetter = &consumertest.DeadLetters{}
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.Push(
+		consumertest.Message("pay", 0, 0, "", payment(0)),
+		consumertest.Message("pay", 0, 1, "", payment(1)),
+		consumertest.Message("pay", 0, 2, "", payment(2)),
+		consumertest.Message("pay", 1, 0, "", payment(3)),
+		consumertest.Message("pay", 1, 1, "", payment(4)),
+	)
+	runUntil(t, c, func() bool { return eff.count("T00004") > 0 })
+	// Lane pay/0 stopped at T00001: T00002 was never applied nor acked.
+	if eff.count("T00000") != 1 || eff.count("T00001") != 0 || eff.count("T00002") != 0 {
+		t.Errorf("lane 0 effects: %v", eff.n)
+	}
+	if eff.count("T00003") != 1 || eff.count("T00004") != 1 {
+		t.Errorf("lane 1 effects: %v", eff.n)
+	}
+	if src.Acked("pay/0/1") != 0 || src.Acked("pay/0/2") != 0 {
+		t.Error("a message of the stopped lane was acked")
+	}
+	if src.Acked("pay/0/0") != 1 {
+		t.Error("the message before the failure was not acked")
+	}
+}
 
-func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+// TestStoppedLaneDoesNotPassBadInput: bad input behind the message that
+// stopped its lane, in the same batch, is neither dead-lettered nor acked;
+// bad input before it is.
+func TestStoppedLaneDoesNotPassBadInput(t *testing.T) {
+	eff := newEffects()
+	src := consumertest.NewSource(consumertest.Script{})
+	cfg := baseConfig(func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
+		id, _ := consumer.ByJSONField("txn_id")(m)
+		switch id {
+		case "T00000":
+			// Hold the lane until the rest is delivered: the next batch
+			// holds the bad input on both sides of T00001.
+			for end := time.Now().Add(5 * time.Second); src.Stats().Deliveries < 5 && time.Now().Before(end); {
+				time.Sleep(time.Millisecond)
+			}
+		case "T00001":
+			return errors.New("always down")
+		}
+		eff.add(tx, id)
+		return nil
+	})
+	cfg.OnExhausted = consumer.StopLaneOnExhausted
+	cfg.BatchSize = 10
+	cfg.Clock = consumertest.NewClock()
+	dl := &consumertest.DeadLetters{}
+	cfg.DeadLetter = dl
+	cfg.Source = src
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.Push(
+		consumertest.Message("pay", 0, 0, "", payment(0)),
+		consumertest.Message("pay", 0, 1, "", `{"bad": `),
+		consumertest.Message("pay", 0, 2, "", payment(1)),
+		consumertest.Message("pay", 0, 3, "", `{"amount": 5}`),
+		consumertest.Message("pay", 0, 4, "", payment(2)),
+	)
+	runUntil(t, c, func() bool { return c.Stats().Released > 0 })
+	if st := c.Stats(); st.Delivered < 5 || st.Released == 0 {
+		t.Fatalf("the batch was not delivered whole, or the lane did not stop: %+v", st)
+	}
+	if eff.count("T00000") != 1 || eff.count("T00001") != 0 || eff.count("T00002") != 0 {
+		t.Errorf("effects: %v", eff.n)
+	}
+	letters := dl.Letters()
+	if len(letters) != 1 || letters[0].Message.Offset != 1 {
+		t.Fatalf("dead letters %+v; want only the bad input before the stop (offset 1)", letters)
+	}
+	for _, id := range []string{"pay/0/2", "pay/0/3", "pay/0/4"} {
+		if src.Acked(id) != 0 {
+			t.Errorf("%s, at or behind the stop, was acked", id)
+		}
+	}
+}
+
+// unsetStore leaves the claim result of one key at the zero status, as a
+// buggy third-party store would.
+type unsetStore struct {
+	*memstore.Store
+	key string
+}
+
+func (u unsetStore) Claim(ctx context.Context, tx *memstore.Tx, claims []dedup.Claim, results []dedup.Result) error {
+	if err := u.Store.Claim(ctx, tx, claims, results); err != nil {
+		return err
+	}
+	for i := range claims {
+		if claims[i].Key.ID == u.key {
+			results[i] = dedup.Result{}
+		}
+	}
+	return nil
+}
+
+// TestUnsetClaimResultIsNeverAcknowledged: a claim result left at the zero
+// status used to be acknowledged as settled with no handler run, losing the
+// effect for good. It must fail closed: the transaction rolls back, the
+// consumer stops with dedup.ErrContract, and neither that message nor the
+// ones behind it in its lane are acknowledged.
+func TestUnsetClaimResultIsNeverAcknowledged(t *testing.T) {
+	eff := newEffects()
+	cfg := baseConfig(eff.apply)
+	cfg.Store = unsetStore{Store: memstore.New(memstore.Config{}), key: "T00001"}
+	src := consumertest.NewSource(consumertest.Script{})
+	cfg.Source = src
+	msgs := []*consumer.Message{
+		consumertest.Message("pay", 0, 0, "", payment(0)),
+		consumertest.Message("pay", 0, 1, "", payment(1)),
+		consumertest.Message("pay", 0, 2, "", payment(2)),
+	}
+	cfg.BatchSize = 1 // T00000 commits on its own first
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := consumertest.Drive(ctx, cfg, consumertest.Script{}, msgs...)
+	if !errors.Is(err, dedup.ErrContract) {
+		t.Fatalf("Drive: %v, want dedup.ErrContract (%v)", err, res)
+	}
+	for i, m := range msgs {
+		want := 0
+		if i == 0 {
+			want = 1
+		}
+		if got := src.Acked(m.ID); got != want {
+			t.Errorf("%s acked %d times, want %d", m.ID, got, want)
+		}
+	}
+	if n := eff.count("T00001") + eff.count("T00002"); n != 0 {
+		t.Errorf("%d effects of the refused message and the one behind it, want 0", n)
+	}
+	if len(res.DeadLetters) != 0 {
+		t.Errorf("dead letters: %+v", res.DeadLetters)
+	}
+}
+
+// deferredFailStore fails COMMIT of any transaction in which the handler
+// marked a poison message, as a deferred constraint trigger raising P0001
+// would: an error the store cannot classify, on a healthy connection.
+type deferredFailStore struct {
+	*memstore.Store
+	poisoned sync.Map // *memstore.Tx -> true
+	commits  atomic.Int64
+}
+
+var errTrigger = errors.New("ERROR: amount must be positive (SQLSTATE P0001)")
+
+func (d *deferredFailStore) InTx(ctx context.Context, fn func(context.Context, *memstore.Tx) error) error {
+	return d.Store.InTx(ctx, func(ctx context.Context, tx *memstore.Tx) error {
+		if err := fn(ctx, tx); err != nil {
+			return err
+		}
+		if _, bad := d.poisoned.LoadAndDelete(tx); bad {
+			if d.commits.Add(1) > 100 {
+				return consumer.Permanent(fmt.Errorf("retried without bound: %w", errTrigger))
+			}
+			return fmt.Errorf("commit: %w", errTrigger)
+		}
+		return nil
+	})
+}
+
+// TestDeterministicCommitErrorUsesTheRetryBudget: an error raised at COMMIT
+// that is neither the database's unavailability nor a conflict repeats on a
+// healthy connection. It used to be waited out for ever like an outage,
+// wedging the lane; it must be isolated to its message, fall under
+// Retry.MaxAttempts and end in a dead letter, with the rest applied.
+func TestDeterministicCommitErrorUsesTheRetryBudget(t *testing.T) {
+	eff := newEffects()
+	st := &deferredFailStore{Store: memstore.New(memstore.Config{})}
+	cfg := baseConfig(func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
+		id, _ := consumer.ByJSONField("txn_id")(m)
+		if id == "T00003" {
+			st.poisoned.Store(tx, true)
+		}
+		eff.add(tx, id)
+		return nil
+	})
+	cfg.Store = st
+	res := consumertest.Run(t, cfg, consumertest.Script{}, payments(8)...)
+	eff.check(t, txnIDs(8, 3))
+	if len(res.DeadLetters) != 1 {
+		t.Fatalf("dead letters %+v, want T00003's", res.DeadLetters)
+	}
+	l := res.DeadLetters[0]
+	if l.Key.ID != "T00003" || !errors.Is(l.Reason, errTrigger) || consumer.IsPermanent(l.Reason) {
+		t.Errorf("dead letter %s: %v, want T00003 given up after its retries", l.Key.ID, l.Reason)
+	}
+	if l.Attempts != 4 {
+		t.Errorf("dead letter after %d attempts, want Retry.MaxAttempts = 4", l.Attempts)
+	}
+}

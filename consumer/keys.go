@@ -23,6 +23,21 @@ import (
 // falls back to another key silently.
 type KeyFunc func(m *Message) (string, error)
 
+// MissingKeyPolicy says what happens to a message whose key function finds
+// no key (ErrNoKey).
+type MissingKeyPolicy uint8
+
+const (
+	// DeadLetterMissingKey (the default) dead-letters the message: idem never
+	// falls back to another key silently.
+	DeadLetterMissingKey MissingKeyPolicy = iota
+	// FallBackToMessageID keys the message by its broker message ID instead,
+	// counted in Stats.KeyFallbacks and logged. For migrations, while old
+	// producers do not set the business key yet: such messages are protected
+	// against redelivery only, not against re-sends.
+	FallBackToMessageID
+)
+
 // ByMessageID keys by the broker's message ID (Message.ID). A redriven copy
 // whose lineage the consumer honours (Message.Origin) is keyed by its
 // original's message ID instead, so that a letter redriven twice, or

@@ -1,13 +1,11 @@
 package consumer_test
 
 import (
-	"context"
 	"errors"
 	"testing"
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
-	"github.com/idemkit/idem/dedup/memstore"
 )
 
 func TestBuiltInKeys(t *testing.T) {
@@ -72,11 +70,7 @@ func TestJSONNumberKeysAreValues(t *testing.T) {
 	}
 
 	eff := newEffects()
-	cfg := baseConfig(func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
-		id, _ := consumer.ByJSONField("txn_id")(m)
-		eff.add(tx, id)
-		return nil
-	})
+	cfg := baseConfig(eff.apply)
 	res := consumertest.Run(t, cfg, consumertest.Script{},
 		consumertest.Message("pay", 0, 0, "", `{"txn_id":1000,"amount":5}`),
 		consumertest.Message("pay", 1, 0, "", `{"txn_id":1e3,"amount":5}`),

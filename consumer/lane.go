@@ -3,58 +3,37 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idem/dedup"
 )
 
-// laneID names a lane: the source's lane (Message.Lane, a partition or
-// queue) and, with Config.KeyLanes, which of its key lanes.
-type laneID struct {
-	lane string
-	key  int // 0..KeyLanes-1; -1 without key lanes
-}
-
-// String is the lane's name in logs, observers and Health: the source's
-// lane, with "#k" for key lane k when Config.KeyLanes is above 1.
-func (id laneID) String() string {
-	if id.key < 0 {
-		return id.lane
-	}
-	return id.lane + "#" + itoa(int64(id.key))
-}
-
-// laneOf returns the lane m goes to: its source lane or, with KeyLanes above
-// 1, the key lane its record key hashes to (FNV-1a), so that the messages of
-// one key stay in one lane, in order. Messages without a key share key lane
-// of the empty key.
-func (c *Consumer[TTx]) laneOf(m *Message) laneID {
-	n := c.cfg.KeyLanes
-	if n <= 1 {
-		return laneID{lane: m.Lane, key: -1}
-	}
-	h := uint32(2166136261)
-	for _, b := range m.Key {
-		h ^= uint32(b)
-		h *= 16777619
-	}
-	return laneID{lane: m.Lane, key: int(h % uint32(n))}
-}
-
 // A lane processes one partition's or queue's messages in order (with
-// Config.KeyLanes, the messages of some of its keys). Its data
-// flows through four stages, each a type of its own:
+// Config.KeyLanes, the messages of some of its keys), one batch at a time;
+// deliver (deliver.go) hands each message to its lane. Its data flows
+// through these stages, a file each:
 //
-//	batcher     fills a batch from the lane's channel (batcher.go)
-//	keying      derives each message's key and fingerprint (item.go)
-//	settler     commits the batch in as few transactions as it can, one
-//	            attempt (attempt.go) at a time, and decides what a failure
-//	            means: retry, split, isolate, give up (settle.go)
-//	settlement  dead-letters, acknowledges what committed and releases the
-//	            rest (settlement.go)
+//	batcher      fills a batch from the lane's channel (batcher.go)
+//	keying       derives each message's key and fingerprint, after its
+//	             lineage (keying.go, lineage.go); bad input is
+//	             dead-lettered in its place (settleInOrder, below)
+//	attempt      one transaction: claims the keys — with Config.Offsets,
+//	             moves the partition's next offset (offsets.go) — runs the
+//	             handlers of the new ones, commits (attempt.go)
+//	settler      commits the batch in as few attempts as it can, decides
+//	             what a failure means — retry, split, isolate, give up —
+//	             and settles each item of a committed attempt: applied,
+//	             a duplicate (duplicates.go) or refused (settler.go)
+//	dead letter  writes what cannot be processed to the sink (deadletter.go)
+//	finish       acknowledges what settled and releases the rest (below)
 //
-// Nothing is acknowledged before the transaction (or dead letter) that
-// settled it committed.
+// batcher, attempt and settler are types, a lane's own, whose buffers are
+// reused from batch to batch; keying, the dead letter and finish are
+// methods. Nothing is acknowledged before the transaction (or dead letter)
+// that settled it committed.
 type lane[TTx any] struct {
 	name     string
 	in       chan *Message
@@ -99,6 +78,13 @@ func (l *lane[TTx]) stopped() bool {
 	}
 }
 
+// halt stops a lane whose message used up its retries (StopLaneOnExhausted).
+func (c *Consumer[TTx]) halt(l *lane[TTx], it *item, err error) {
+	l.halt()
+	attrs := append([]any{slog.String("lane", l.name)}, refAttrs(it.msg, it.claim.Key)...)
+	c.cfg.Logger.Error("idem: lane stopped: a message used up its retries", append(attrs, slog.Any("error", err))...)
+}
+
 // run processes batches until the lane's channel is closed.
 func (l *lane[TTx]) run(ctx context.Context, c *Consumer[TTx]) {
 	defer c.lanesWG.Done()
@@ -110,6 +96,20 @@ func (l *lane[TTx]) run(ctx context.Context, c *Consumer[TTx]) {
 		}
 		l.process(ctx, c, batch)
 	}
+}
+
+// item is one message's state within a batch.
+type item struct {
+	msg      *Message
+	claim    dedup.Claim
+	status   dedup.Status
+	reason   string    // recorded failure reason, for StatusFailed
+	firstAt  time.Time // when the key was first claimed, for all but StatusNew
+	attempts int       // failures charged to the message (see Letter.Attempts)
+	settled  bool      // committed, skipped or dead-lettered: may be acknowledged
+	// lineage: with Config.Offsets and no Key, a redriven copy, claimed
+	// in the key table under its original's identity (see lineage.go)
+	lineage bool
 }
 
 // process settles one batch in order — bad input is dead-lettered in its
@@ -187,6 +187,54 @@ func (l *lane[TTx]) settleRun(ctx context.Context, c *Consumer[TTx], run []*item
 		}
 	}
 	return l.advancePast(ctx, c, last)
+}
+
+// advancePast moves the lane's partition's next offset past m, in a
+// transaction of its own, after m was settled outside a batch's transaction
+// (dead-lettered): a redelivery of m is then a duplicate. It retries until
+// it succeeds or ctx ends, and stops the consumer on an error retrying
+// cannot mend (permanent, fatal); an offset already past m is left as it
+// is.
+func (l *lane[TTx]) advancePast(ctx context.Context, c *Consumer[TTx], m *Message) error {
+	if c.cfg.Offsets == nil || m.Offset < 0 {
+		return nil
+	}
+	p, next := c.partitionOf(m), m.Offset+1
+	cur := &l.cursor
+	if cur.known && cur.p == p && cur.next >= next {
+		return nil
+	}
+	err := c.untilDone(ctx, l, "advance the next offset past "+m.Coordinates(), func() error {
+		err := c.cfg.Store.InTx(ctx, func(ctx context.Context, tx TTx) error {
+			expected, err := c.cursorFor(ctx, tx, cur, p)
+			if err != nil || expected >= next {
+				return err
+			}
+			ok, err := c.cfg.Offsets.AdvanceOffset(ctx, tx, p, expected, next)
+			if err == nil && !ok {
+				err = fmt.Errorf("%w (%s/%d, expected %d)", errOffsetMoved, p.Topic, p.Partition, expected)
+			}
+			return err
+		})
+		if err != nil {
+			cur.known = false
+		}
+		return err
+	}, func(err error) (error, bool) {
+		if class := classify(err, c.cfg.Store.ClassifyError); class == dedup.ClassFatal || class == dedup.ClassPermanent {
+			// Retrying cannot help, and going on without the move cannot
+			// either: a redelivery of m, which is settled, would run again.
+			return c.fatal(l, fmt.Errorf("consumer: advance the next offset past %s, which was dead-lettered: %w", m.Coordinates(), err)), true
+		}
+		return nil, false
+	})
+	if err != nil {
+		return err
+	}
+	if cur.next < next {
+		cur.next = next
+	}
+	return nil
 }
 
 // finish acknowledges the settled items and releases the others; err says

@@ -44,7 +44,25 @@ func (s *blockingSource) Release(msgs []*consumer.Message, _ error) {
 	s.released = append(s.released, msgs...)
 }
 
-func stuckConfig(src consumer.Source, block <-chan struct{}, started chan<- struct{}) consumer.Config[*memstore.Tx] {
+// stuck is a consumer whose handler holds the first of two messages of a
+// lane until unblock is called, with the second queued behind it.
+type stuck struct {
+	c       *consumer.Consumer[*memstore.Tx]
+	src     *blockingSource
+	done    chan error // Run's
+	unblock func()
+}
+
+// startStuck runs such a consumer with ctx and Config.DrainTimeout drain,
+// and returns once its first message is in the handler and the second
+// waits in the lane.
+func startStuck(ctx context.Context, t *testing.T, drain time.Duration) *stuck {
+	t.Helper()
+	block, started := make(chan struct{}), make(chan struct{}, 10)
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(block) }) }
+	t.Cleanup(unblock)
+	src := &blockingSource{delivered: make(chan struct{}), msgs: payments(2)}
 	cfg := baseConfig(func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
 		started <- struct{}{}
 		select {
@@ -57,115 +75,69 @@ func stuckConfig(src consumer.Source, block <-chan struct{}, started chan<- stru
 	cfg.BatchSize = 1
 	cfg.DeadLetter = &consumertest.DeadLetters{}
 	cfg.Source = src
-	return cfg
+	cfg.DrainTimeout = drain
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &stuck{c: c, src: src, done: make(chan error, 1), unblock: unblock}
+	go func() { s.done <- c.Run(ctx) }()
+	<-started
+	<-src.delivered // the second message waits in the lane
+	return s
 }
 
-func twoMessages() []*consumer.Message {
-	return []*consumer.Message{
-		consumertest.Message("pay", 0, 0, "", payment(0)),
-		consumertest.Message("pay", 0, 1, "", payment(1)),
+// settled fails t unless Run returns nil, having acknowledged acked
+// messages and released released.
+func (s *stuck) settled(t *testing.T, stop string, acked, released int) {
+	t.Helper()
+	if err := <-s.done; err != nil {
+		t.Fatal(err)
+	}
+	s.src.mu.Lock()
+	defer s.src.mu.Unlock()
+	if len(s.src.acked) != acked || len(s.src.released) != released {
+		t.Fatalf("%s: acked %d, released %d; want %d and %d", stop, len(s.src.acked), len(s.src.released), acked, released)
 	}
 }
 
 func TestStopDrainsQueuedMessages(t *testing.T) {
-	block, started := make(chan struct{}), make(chan struct{}, 10)
-	src := &blockingSource{msgs: twoMessages(), delivered: make(chan struct{})}
-	c, err := consumer.New(stuckConfig(src, block, started))
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- c.Run(context.Background()) }()
-	<-started
-	<-src.delivered // the second message waits in the lane
+	s := startStuck(context.Background(), t, 0)
 	stopped := make(chan error, 1)
-	go func() { stopped <- c.Stop(context.Background()) }()
-	close(block)
+	go func() { stopped <- s.c.Stop(context.Background()) }()
+	s.unblock()
 	if err := <-stopped; err != nil {
 		t.Fatal(err)
 	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if len(src.acked) != 2 || len(src.released) != 0 {
-		t.Fatalf("graceful stop: acked %d, released %d; want 2 and 0", len(src.acked), len(src.released))
-	}
+	s.settled(t, "graceful stop", 2, 0)
 }
 
 func TestStopPastDeadlineReleases(t *testing.T) {
-	block, started := make(chan struct{}), make(chan struct{}, 10)
-	defer close(block)
-	src := &blockingSource{msgs: twoMessages(), delivered: make(chan struct{})}
-	c, err := consumer.New(stuckConfig(src, block, started))
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- c.Run(context.Background()) }()
-	<-started
-	<-src.delivered // the second message waits in the lane
+	s := startStuck(context.Background(), t, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	if err := c.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
+	if err := s.c.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Stop past deadline: %v", err)
 	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if len(src.acked) != 0 || len(src.released) != 2 {
-		t.Fatalf("hard stop: acked %d, released %d; want 0 and 2", len(src.acked), len(src.released))
-	}
+	s.settled(t, "hard stop", 0, 2)
 }
 
 // TestCancelDrainsWithinDrainTimeout: with DrainTimeout set, cancelling
 // Run's context is a graceful stop — the batch in flight and the message
 // queued behind it are finished and acknowledged — with no Stop call.
 func TestCancelDrainsWithinDrainTimeout(t *testing.T) {
-	block, started := make(chan struct{}), make(chan struct{}, 10)
-	src := &blockingSource{msgs: twoMessages(), delivered: make(chan struct{})}
-	cfg := stuckConfig(src, block, started)
-	cfg.DrainTimeout = time.Minute
-	c, err := consumer.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	<-started
-	<-src.delivered // the second message waits in the lane
+	s := startStuck(ctx, t, time.Minute)
 	cancel()
-	close(block) // the handler finishes after the cancel: a hard stop would have rolled it back
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if len(src.acked) != 2 || len(src.released) != 0 {
-		t.Fatalf("drain: acked %d, released %d; want 2 and 0", len(src.acked), len(src.released))
-	}
+	s.unblock() // the handler finishes after the cancel: a hard stop would have rolled it back
+	s.settled(t, "drain", 2, 0)
 }
 
 // TestCancelPastDrainTimeoutReleases: a drain that does not finish in time
 // is cut short: the work in flight rolls back and is released.
 func TestCancelPastDrainTimeoutReleases(t *testing.T) {
-	block, started := make(chan struct{}), make(chan struct{}, 10)
-	defer close(block)
-	src := &blockingSource{msgs: twoMessages(), delivered: make(chan struct{})}
-	cfg := stuckConfig(src, block, started)
-	cfg.DrainTimeout = 50 * time.Millisecond
-	c, err := consumer.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	<-started
-	<-src.delivered
+	s := startStuck(ctx, t, 50*time.Millisecond)
 	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if len(src.acked) != 0 || len(src.released) != 2 {
-		t.Fatalf("drain cut short: acked %d, released %d; want 0 and 2", len(src.acked), len(src.released))
-	}
+	s.settled(t, "drain cut short", 0, 2)
 }

@@ -193,9 +193,9 @@ func TestLetterOfARedrivenCopyNamesTheOriginal(t *testing.T) {
 	if len(res.DeadLetters) != 1 {
 		t.Fatalf("%d dead letters", len(res.DeadLetters))
 	}
-	rec := res.DeadLetters[0].Record(1 << 20)
+	headers, _ := res.DeadLetters[0].Record(1 << 20)
 	got := map[string]string{}
-	for _, h := range rec.Headers {
+	for _, h := range headers {
 		got[h.Key] = string(h.Value)
 	}
 	for k, v := range map[string]string{

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"log/slog"
 	"time"
 
 	"github.com/idemkit/idem/dedup"
@@ -122,4 +123,14 @@ func itoa(n int64) string {
 		b[i] = '-'
 	}
 	return string(b[i:])
+}
+
+// refAttrs name a message in a log line as everywhere else: message is its
+// Ref, scope and key its dedup key as `idem show --scope SCOPE KEY` takes
+// it — left out when no key was derived.
+func refAttrs(m *Message, k dedup.Key) []any {
+	if k == (dedup.Key{}) {
+		return []any{slog.String("message", m.Ref())}
+	}
+	return []any{slog.String("message", m.Ref()), slog.String("scope", k.Scope), slog.String("key", k.ID)}
 }

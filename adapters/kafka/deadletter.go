@@ -58,16 +58,16 @@ func (s *Source) letter(l consumer.Letter) kafkago.Message {
 	if topic == "" {
 		topic = m.Topic + ".dlq"
 	}
-	rec := l.Record(s.cfg.DeadLetterMaxBytes)
-	headers := make([]kafkago.Header, len(rec.Headers))
-	for i, h := range rec.Headers {
+	recHeaders, value := l.Record(s.cfg.DeadLetterMaxBytes)
+	headers := make([]kafkago.Header, len(recHeaders))
+	for i, h := range recHeaders {
 		headers[i] = kafkago.Header{Key: h.Key, Value: h.Value}
 	}
 	return kafkago.Message{
 		Topic:     topic,
 		Partition: int(m.Partition), // read by samePartition only
 		Key:       m.Key,
-		Value:     rec.Value,
+		Value:     value,
 		Headers:   headers,
 	}
 }

@@ -80,8 +80,7 @@ func (s *Source) letter(l consumer.Letter) *primitive.Message {
 	if topic == "" {
 		topic = m.Topic + "_DLQ"
 	}
-	rec := l.Record(s.cfg.DeadLetterMaxBytes)
-	body := rec.Value
+	headers, body := l.Record(s.cfg.DeadLetterMaxBytes)
 	if len(body) == 0 {
 		// The broker refuses an empty body (a NullPointerException in
 		// 5.3): say why there is none.
@@ -91,7 +90,7 @@ func (s *Source) letter(l consumer.Letter) *primitive.Message {
 		}
 	}
 	msg := primitive.NewMessage(topic, body)
-	for _, h := range rec.Headers {
+	for _, h := range headers {
 		msg.WithProperty(h.Key, string(h.Value))
 	}
 	if mx, ok := m.Raw.(*primitive.MessageExt); ok {

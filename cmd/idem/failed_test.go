@@ -91,7 +91,8 @@ func TestFailedAgreesWithTheMetrics(t *testing.T) {
 	}
 	letters := map[string]int64{}
 	for _, l := range res.DeadLetters {
-		for _, h := range l.Record(1 << 20).Headers {
+		hs, _ := l.Record(1 << 20)
+		for _, h := range hs {
 			if h.Key == consumer.MetaCause {
 				letters[string(h.Value)]++
 			}

@@ -62,6 +62,24 @@ func (s *sdk) metrics(t testing.TB) map[string]metricdata.Metrics {
 	return out
 }
 
+// countsAgree fails t unless the metrics that count messages, over the
+// points that carry every attribute of where, say what st says.
+func countsAgree(t testing.TB, ms map[string]metricdata.Metrics, st consumer.Stats, where ...attribute.KeyValue) {
+	t.Helper()
+	for name, want := range map[string]int64{
+		"messaging.client.consumed.messages":  st.Delivered,
+		"idem.consumer.applied":               st.Applied,
+		"idem.consumer.duplicates":            st.Duplicates,
+		"idem.consumer.duplicate.age":         st.Duplicates,
+		"idem.consumer.dead_letters":          st.DeadLettered,
+		"idem.consumer.fetch_to_ack.duration": st.Delivered - st.Released,
+	} {
+		if got := total(t, ms, name, where...); got != want {
+			t.Errorf("%s = %d, Stats say %d", name, got, want)
+		}
+	}
+}
+
 // total sums a counter's points, or counts a histogram's observations,
 // over the points that carry every attribute of where.
 func total(t testing.TB, ms map[string]metricdata.Metrics, name string, where ...attribute.KeyValue) int64 {
@@ -160,18 +178,7 @@ func TestMetricsAndSpansMatchStats(t *testing.T) {
 
 	ms := s.metrics(t)
 	group := attribute.String("messaging.consumer.group.name", "ledger")
-	for name, want := range map[string]int64{
-		"messaging.client.consumed.messages":  st.Delivered,
-		"idem.consumer.applied":               st.Applied,
-		"idem.consumer.duplicates":            st.Duplicates,
-		"idem.consumer.duplicate.age":         st.Duplicates,
-		"idem.consumer.dead_letters":          st.DeadLettered,
-		"idem.consumer.fetch_to_ack.duration": st.Delivered - st.Released,
-	} {
-		if got := total(t, ms, name, group, attribute.String("messaging.system", "kafka"), attribute.String("messaging.destination.name", "pay")); got != want {
-			t.Errorf("%s = %d, Stats say %d", name, got, want)
-		}
-	}
+	countsAgree(t, ms, st, group, attribute.String("messaging.system", "kafka"), attribute.String("messaging.destination.name", "pay"))
 	if got := total(t, ms, "idem.consumer.transactions", attribute.String("idem.transaction.outcome", "commit")); got != st.Commits {
 		t.Errorf("committed transactions %d, Stats.Commits %d", got, st.Commits)
 	}
@@ -243,8 +250,8 @@ func TestMetricsAndSpansMatchStats(t *testing.T) {
 	}
 	// The dead letters carry their span's context, not the producer's.
 	for _, l := range dl.Letters() {
-		rec := l.Record(1 << 20)
-		sc := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), otelconsumer.HeaderCarrier{Headers: &rec.Headers}))
+		headers, _ := l.Record(1 << 20)
+		sc := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), otelconsumer.HeaderCarrier{Headers: &headers}))
 		sp, ok := byID[sc.SpanID()]
 		if !ok || sp.Name() != "dead_letter pay" {
 			t.Errorf("dead letter %s carries trace context %v, not its dead-letter span's", l.Message.Coordinates(), sc)

@@ -191,8 +191,8 @@ func TestDeadLettersTracedWithoutAWrapper(t *testing.T) {
 		if !same {
 			t.Errorf("wrapped %v: the sink got a copy of the message, not the one delivered", wrapped)
 		}
-		rec := l.Record(1 << 20)
-		carrier := otelconsumer.HeaderCarrier{Headers: &rec.Headers}
+		headers, _ := l.Record(1 << 20)
+		carrier := otelconsumer.HeaderCarrier{Headers: &headers}
 		sc := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), carrier))
 		if spans[sc.SpanID()] != "dead_letter pay" || producers[sc.SpanID()] {
 			t.Errorf("wrapped %v: the letter carries trace context %v (%q), not its dead-letter span's", wrapped, sc, spans[sc.SpanID()])

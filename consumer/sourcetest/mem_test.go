@@ -71,6 +71,19 @@ func (b *memBroker) changedLocked() {
 	b.changed = make(chan struct{})
 }
 
+// await releases b.mu, which the caller holds, and waits for the next
+// change; false when ctx ended first.
+func (b *memBroker) await(ctx context.Context) bool {
+	changed := b.changed
+	b.mu.Unlock()
+	select {
+	case <-changed:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
 func (b *memBroker) produce(p int, r record) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -172,12 +185,8 @@ func (s *memSource) Run(ctx context.Context, deliver consumer.DeliverFunc) error
 				}()
 			}
 		}
-		changed := b.changed
-		b.mu.Unlock()
-		select {
-		case <-changed:
+		if b.await(ctx) {
 			continue
-		case <-ctx.Done():
 		}
 		break
 	}
@@ -216,14 +225,10 @@ func (s *memSource) fetch(ctx context.Context, p *memPart, deliver consumer.Deli
 		b.mu.Lock()
 		avail := int64(len(b.parts[p.id]))
 		if p.fetched >= avail {
-			changed := b.changed
-			b.mu.Unlock()
-			select {
-			case <-changed:
+			if b.await(ctx) {
 				continue
-			case <-ctx.Done():
-				return
 			}
+			return
 		}
 		offs := []int64{p.fetched}
 		if b.mut == reorder && p.fetched+1 < avail {
@@ -346,15 +351,14 @@ func (s *memSource) DeadLetter(_ context.Context, l consumer.Letter) error {
 	if !s.running {
 		return errors.New("memsource: not running")
 	}
-	rec := l.Record(s.maxBytes)
-	headers := rec.Headers
+	headers, value := l.Record(s.maxBytes)
 	switch b.mut {
 	case noMetadata:
 		headers = slices.DeleteFunc(slices.Clone(headers), func(h consumer.Header) bool { return h.Key == consumer.MetaAttempts })
 	case keepOldMetadata:
 		headers = append(slices.Clone(l.Message.Headers), headers...)
 	}
-	b.letters = append(b.letters, &consumer.Message{Topic: b.topic + ".dlq", Key: l.Message.Key, Value: rec.Value, Headers: headers})
+	b.letters = append(b.letters, &consumer.Message{Topic: b.topic + ".dlq", Key: l.Message.Key, Value: value, Headers: headers})
 	return nil
 }
 

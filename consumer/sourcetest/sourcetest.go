@@ -397,7 +397,7 @@ func (s suite) deadLetterShape(t *testing.T) {
 	}
 	m := start(t, "source", src, holdAll)
 	m.waitValues(t, "both messages delivered", values([]Message{small, big}))
-	want := map[string]consumer.DeadLetterRecord{}
+	want := map[string]letterLayout{}
 	orig := map[string][]byte{}
 	for _, d := range m.deliveries() {
 		l := consumer.Letter{Message: d, Key: consumerKey(d), Reason: errors.New("sourcetest: rejected\nfor good"), Attempts: 2}
@@ -407,7 +407,8 @@ func (s suite) deadLetterShape(t *testing.T) {
 		if err != nil {
 			t.Fatalf("DeadLetter of %s while Run runs: %v", d.Coordinates(), err)
 		}
-		want[string(d.Key)] = l.Record(maxBytes)
+		headers, value := l.Record(maxBytes)
+		want[string(d.Key)] = letterLayout{headers, value}
 		orig[string(d.Key)] = d.Value
 	}
 	m.stop(t, ack)
@@ -432,21 +433,27 @@ func consumerKey(m *consumer.Message) dedup.Key {
 	return dedup.Key{Scope: "sourcetest", ID: string(m.Key)}
 }
 
+// letterLayout is a letter as Letter.Record lays it out.
+type letterLayout struct {
+	headers []consumer.Header
+	value   []byte
+}
+
 // requireLetter fails unless l carries rec: every header of rec with its
 // value, no other idem-* header, and rec's value; when rec left the value
 // out, any value but the original (orig) will do: a broker that cannot
 // store an empty value (RocketMQ) needs a placeholder.
-func requireLetter(t *testing.T, l *consumer.Message, rec consumer.DeadLetterRecord, orig []byte) {
+func requireLetter(t *testing.T, l *consumer.Message, rec letterLayout, orig []byte) {
 	t.Helper()
 	own := map[string]bool{}
-	for _, h := range rec.Headers {
+	for _, h := range rec.headers {
 		own[h.Key] = true
 		if v, ok := l.Header(h.Key); !ok || string(v) != string(h.Value) {
 			t.Errorf("letter %q: header %s = %q (present %v), want %q", l.Key, h.Key, v, ok, h.Value)
 		}
 	}
 	for _, h := range l.Headers {
-		if strings.HasPrefix(h.Key, consumer.MetaPrefix) && !own[h.Key] {
+		if strings.HasPrefix(h.Key, "idem-") && !own[h.Key] {
 			t.Errorf("letter %q: header %s = %q, which Letter.Record does not have", l.Key, h.Key, h.Value)
 		}
 		if h.Key == consumer.MetaReason && string(h.Value) != string(headerOf(rec, consumer.MetaReason)) {
@@ -457,13 +464,13 @@ func requireLetter(t *testing.T, l *consumer.Message, rec consumer.DeadLetterRec
 		if string(l.Value) == string(orig) {
 			t.Errorf("letter %q: the value, %d bytes, is copied although the limit is smaller", l.Key, len(orig))
 		}
-	} else if string(l.Value) != string(rec.Value) {
-		t.Errorf("letter %q: value of %d bytes, want %d bytes (%q)", l.Key, len(l.Value), len(rec.Value), shorten(rec.Value))
+	} else if string(l.Value) != string(rec.value) {
+		t.Errorf("letter %q: value of %d bytes, want %d bytes (%q)", l.Key, len(l.Value), len(rec.value), shorten(rec.value))
 	}
 }
 
-func headerOf(rec consumer.DeadLetterRecord, k string) []byte {
-	for _, h := range rec.Headers {
+func headerOf(rec letterLayout, k string) []byte {
+	for _, h := range rec.headers {
 		if h.Key == k {
 			return h.Value
 		}
@@ -879,32 +886,29 @@ func (m *member) waitCount(t *testing.T, what string, n int) {
 // waitValues waits until every value in want was delivered.
 func (m *member) waitValues(t *testing.T, what string, want map[string]bool) {
 	t.Helper()
-	m.waitFor(t, what, func() (bool, string) {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		missing := 0
-		for v := range want {
-			if m.seen[v] == 0 {
-				missing++
-			}
-		}
-		return missing == 0, fmt.Sprintf("%d of %d not delivered yet", missing, len(want))
-	})
+	m.waitEach(t, what, want, m.seen, "delivered")
 }
 
 // waitAcked waits until every value in want was acked.
 func (m *member) waitAcked(t *testing.T, what string, want map[string]bool) {
+	t.Helper()
+	m.waitEach(t, what, want, m.acked, "acked")
+}
+
+// waitEach waits until every value in want is counted in counts (m.seen
+// or m.acked, read under m.mu); done says what the count means.
+func (m *member) waitEach(t *testing.T, what string, want map[string]bool, counts map[string]int, done string) {
 	t.Helper()
 	m.waitFor(t, what, func() (bool, string) {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		missing := 0
 		for v := range want {
-			if m.acked[v] == 0 {
+			if counts[v] == 0 {
 				missing++
 			}
 		}
-		return missing == 0, fmt.Sprintf("%d of %d not acked yet", missing, len(want))
+		return missing == 0, fmt.Sprintf("%d of %d not %s yet", missing, len(want), done)
 	})
 }
 

@@ -60,7 +60,8 @@ func TestRedrivenCopiesApplyOnce(t *testing.T) {
 			}
 			copyOf := func(offset int64, count int) *consumer.Message {
 				m := consumertest.Message("payments", 0, offset, "", string(first[2].Value))
-				m.Headers = redriveHeaders(letter.Record(1<<20), count)
+				headers, _ := letter.Record(1 << 20)
+				m.Headers = redriveHeaders(headers, count)
 				return m
 			}
 			forged := consumertest.Message("payments", 0, 7, "", `{"txn_id":"F0001","amount":1}`)
@@ -90,9 +91,9 @@ func TestRedrivenCopiesApplyOnce(t *testing.T) {
 
 // redriveHeaders is what `idem redrive` sends with a letter: its headers
 // without the letter's own (reason, attempts, lane), and the lineage.
-func redriveHeaders(rec consumer.DeadLetterRecord, count int) []consumer.Header {
+func redriveHeaders(headers []consumer.Header, count int) []consumer.Header {
 	var out []consumer.Header
-	for _, h := range rec.Headers {
+	for _, h := range headers {
 		switch h.Key {
 		case consumer.MetaReason, consumer.MetaAttempts, consumer.MetaAttempt, consumer.MetaLane,
 			consumer.MetaRedriveCount, consumer.MetaRedrivenFrom:

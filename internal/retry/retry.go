@@ -72,6 +72,42 @@ func (b *Backoff) Wait(ctx context.Context) (bool, error) {
 	return true, nil
 }
 
+// Forever calls op until it returns nil, waiting p's next delay between
+// calls for as long as it takes: p's MaxAttempts and MaxElapsed are
+// ignored. It is for failures no caller should give up on — a database
+// away, a dead-letter sink failing — which stop only with ctx or with an
+// error retrying cannot mend.
+//
+// After a failed call, Forever returns ctx.Err() when ctx has ended, and
+// what final returns when final (nil: never) says the error ends the
+// retries; otherwise it waits (returning the wait's error when ctx ends
+// meanwhile), tells retried (nil: no one) that retry n — 1 for the first —
+// follows op's error err, and calls op again.
+func Forever(ctx context.Context, p Policy, op func() error, final func(err error) (error, bool), retried func(n int, err error)) error {
+	p.MaxAttempts, p.MaxElapsed = 0, 0
+	b := p.New()
+	for n := 1; ; n++ {
+		err := op()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if final != nil {
+			if ferr, ok := final(err); ok {
+				return ferr
+			}
+		}
+		if _, werr := b.Wait(ctx); werr != nil {
+			return werr
+		}
+		if retried != nil {
+			retried(n, err)
+		}
+	}
+}
+
 // SystemClock is the real clock.
 type SystemClock struct{}
 

@@ -287,11 +287,13 @@ var (
 // letter is a dead letter as an adapter writes it (consumer.Letter.Record)
 // to the dead-letter topic, partition for partition.
 type letter struct {
-	at     recID // its own coordinates in the dead-letter topic
-	from   recID // the message it holds
-	key    []byte
-	rec    consumer.DeadLetterRecord
-	reason string
+	at   recID // its own coordinates in the dead-letter topic
+	from recID // the message it holds
+	key  []byte
+	// headers and value are the letter as Letter.Record lays it out
+	headers []consumer.Header
+	value   []byte
+	reason  string
 }
 
 // dlq is the dead-letter topic.
@@ -311,7 +313,8 @@ func (d *dlq) DeadLetter(_ context.Context, l consumer.Letter) error {
 	m := l.Message
 	at := recID{m.Partition, d.ends[m.Partition]}
 	d.ends[m.Partition]++
-	d.letters = append(d.letters, &letter{at: at, from: recID{m.Partition, m.Offset}, key: m.Key, rec: l.Record(1 << 20), reason: l.Reason.Error()})
+	headers, value := l.Record(1 << 20)
+	d.letters = append(d.letters, &letter{at: at, from: recID{m.Partition, m.Offset}, key: m.Key, headers: headers, value: value, reason: l.Reason.Error()})
 	return nil
 }
 

@@ -48,7 +48,7 @@ func (r *runner) redrive(ctx context.Context, pay string, pick int) {
 // idem-redrive-count, idem-redriven-from.
 func (r *runner) redriveLetter(ctx context.Context, l *letter) (action, reason string) {
 	hdr := func(k string) (string, bool) {
-		for _, h := range l.rec.Headers {
+		for _, h := range l.headers {
 			if h.Key == k {
 				return string(h.Value), true
 			}
@@ -89,7 +89,7 @@ func (r *runner) redriveLetter(ctx context.Context, l *letter) (action, reason s
 		}
 	}
 	var headers []consumer.Header
-	for _, h := range l.rec.Headers {
+	for _, h := range l.headers {
 		switch h.Key {
 		case consumer.MetaReason, consumer.MetaAttempts, consumer.MetaAttempt, consumer.MetaLane,
 			consumer.MetaRedriveCount, consumer.MetaRedrivenFrom:
@@ -106,6 +106,6 @@ func (r *runner) redriveLetter(ctx context.Context, l *letter) (action, reason s
 			pay = rec.pay
 		}
 	}
-	r.b.append(int32(part), l.key, l.rec.Value, headers, pay, true)
+	r.b.append(int32(part), l.key, l.value, headers, pay, true)
 	return "sent", ""
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/idemkit/idem/dedup"
 )
 
-func TestDeadLetterRecord(t *testing.T) {
+func TestLetterRecord(t *testing.T) {
 	m := &consumer.Message{Topic: "pay", Partition: 3, Offset: 42, ID: "pay/3/42", Lane: "pay/3", Attempt: 2,
 		Value: []byte(`{"txn_id":"T1"}`),
 		Headers: []consumer.Header{{Key: "trace", Value: []byte("t1")}, {Key: consumer.MetaReason, Value: []byte("an earlier one")},
@@ -19,9 +19,9 @@ func TestDeadLetterRecord(t *testing.T) {
 	fp := dedup.FingerprintOf(m.Value)
 	l := consumer.Letter{Message: m, Key: dedup.Key{Scope: "payments", ID: "T1"}, Fingerprint: fp, Cause: consumer.CausePermanent,
 		Reason: errors.New("bad\namount"), Attempts: 3, Headers: []consumer.Header{{Key: "traceparent", Value: []byte("the batch's")}, {Key: "tracestate"}}}
-	rec := l.Record(1 << 20)
+	headers, value := l.Record(1 << 20)
 	got := map[string]string{}
-	for _, h := range rec.Headers {
+	for _, h := range headers {
 		if _, dup := got[h.Key]; dup {
 			t.Errorf("header %s twice", h.Key)
 		}
@@ -38,12 +38,12 @@ func TestDeadLetterRecord(t *testing.T) {
 			t.Errorf("%s = %q, want %q", k, got[k], v)
 		}
 	}
-	if len(got) != len(want) || string(rec.Value) != string(m.Value) {
-		t.Errorf("headers %v, value %q", got, rec.Value)
+	if len(got) != len(want) || string(value) != string(m.Value) {
+		t.Errorf("headers %v, value %q", got, value)
 	}
-	big := l.Record(4)
+	bigHeaders, bigValue := l.Record(4)
 	var sum, size string
-	for _, h := range big.Headers {
+	for _, h := range bigHeaders {
 		switch h.Key {
 		case consumer.MetaValueSHA256:
 			sum = string(h.Value)
@@ -51,11 +51,12 @@ func TestDeadLetterRecord(t *testing.T) {
 			size = string(h.Value)
 		}
 	}
-	if big.Value != nil || len(sum) != 64 || size != "15" {
-		t.Errorf("oversized: value %q, sha %q, size %q", big.Value, sum, size)
+	if bigValue != nil || len(sum) != 64 || size != "15" {
+		t.Errorf("oversized: value %q, sha %q, size %q", bigValue, sum, size)
 	}
 	l.Key, l.Fingerprint = dedup.Key{}, dedup.Fingerprint{}
-	for _, h := range l.Record(1 << 20).Headers {
+	hs, _ := l.Record(1 << 20)
+	for _, h := range hs {
 		if strings.HasPrefix(h.Key, "idem-key") || h.Key == consumer.MetaFingerprint {
 			t.Errorf("no key derived, yet %s", h.Key)
 		}
@@ -71,7 +72,8 @@ func TestLetterKeepsLineage(t *testing.T) {
 		{Key: consumer.MetaReason, Value: []byte("old reason")},
 	}}
 	got := map[string][]string{}
-	for _, h := range (consumer.Letter{Message: m, Reason: errors.New("new reason")}).Record(1 << 20).Headers {
+	hs, _ := (consumer.Letter{Message: m, Reason: errors.New("new reason")}).Record(1 << 20)
+	for _, h := range hs {
 		got[h.Key] = append(got[h.Key], string(h.Value))
 	}
 	if c := got[consumer.MetaRedriveCount]; len(c) != 1 || c[0] != "2" {

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 
 	"github.com/idemkit/idem/internal/retry"
@@ -28,6 +29,24 @@ func (c *Consumer[TTx]) logRetry(ctx context.Context, lane string, n int, err er
 		lvl = slog.LevelWarn
 	}
 	c.cfg.Logger.Log(context.Background(), lvl, "idem: retrying", slog.String("lane", lane), slog.Int("retry", n), slog.Any("error", err))
+}
+
+// untilDone calls op until it succeeds, waiting out its failures on the
+// unbounded policy for as long as it takes (retry.Forever: it stops when
+// ctx ends, or when final says op's error ends the retries). Each retry is
+// counted, observed and logged as l's (nil: no lane's, the store's or the
+// dead-letter sink's), with op's error prefixed by what (empty: none).
+func (c *Consumer[TTx]) untilDone(ctx context.Context, l *lane[TTx], what string, op func() error, final func(err error) (error, bool)) error {
+	name := ""
+	if l != nil {
+		name = l.name
+	}
+	return retry.Forever(ctx, c.infra, op, final, func(n int, err error) {
+		if what != "" {
+			err = fmt.Errorf("%s: %w", what, err)
+		}
+		c.logRetry(ctx, name, n, err)
+	})
 }
 
 // next waits for the next retry. It returns false when the policy is used up.

@@ -166,3 +166,32 @@ func (s *settler[TTx]) alone(ctx context.Context, it *item, f *failure) error {
 		}
 	}
 }
+
+// committed settles the items of a committed transaction: the new ones are
+// applied, the duplicates skipped, and the ones the claim refused — another
+// payload under the key, a key that failed before — dead-lettered.
+func (c *Consumer[TTx]) committed(ctx context.Context, its []*item) error {
+	for _, it := range its {
+		switch it.status {
+		case dedup.StatusNew:
+			c.stats.applied.Add(1)
+			c.cfg.Observer.Settled(ctx, Settlement{Message: it.msg, Key: it.claim.Key, Outcome: OutcomeApplied})
+		case dedup.StatusDuplicate:
+			c.duplicate(ctx, it)
+		case dedup.StatusMismatch:
+			err := fmt.Errorf("%w: key %q was processed before with another payload", dedup.ErrFingerprintMismatch, it.claim.Key.ID)
+			if err := c.deadLetter(ctx, it, err, CauseMismatch); err != nil {
+				return err
+			}
+			continue
+		case dedup.StatusFailed:
+			err := fmt.Errorf("%w: key %q: %s", dedup.ErrFailedBefore, it.claim.Key.ID, it.reason)
+			if err := c.deadLetter(ctx, it, err, CauseFailedBefore); err != nil {
+				return err
+			}
+			continue
+		}
+		it.settled = true
+	}
+	return nil
+}

@@ -4,24 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"time"
 
 	"github.com/idemkit/idem/dedup"
 )
-
-// item is one message's state within a batch.
-type item struct {
-	msg      *Message
-	claim    dedup.Claim
-	status   dedup.Status
-	reason   string    // recorded failure reason, for StatusFailed
-	firstAt  time.Time // when the key was first claimed, for all but StatusNew
-	attempts int       // failures charged to the message (see Letter.Attempts)
-	settled  bool      // committed, skipped or dead-lettered: may be acknowledged
-	// lineage: with Config.Offsets and no Key, a redriven copy, claimed
-	// in the key table under its original's identity (see lineage.go)
-	lineage bool
-}
 
 // keyItem derives the item's dedup key and fingerprint. An error means the
 // message is dead-lettered with it, for the cause returned: CauseValidate
