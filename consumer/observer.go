@@ -34,7 +34,8 @@ type Observer interface {
 	TxEnd(ctx context.Context, t TxEvent)
 	// Settled is called for each message the batch settled.
 	Settled(ctx context.Context, s Settlement)
-	// Retry is called before the lane waits to retry after a failure.
+	// Retry is called for each retry after a failure, once its wait is over
+	// and before the attempt it announces.
 	Retry(ctx context.Context, r RetryEvent)
 	// BatchEnd is called with BatchStart's context, after the acknowledgement.
 	BatchEnd(ctx context.Context, b Batch)
