@@ -11,7 +11,11 @@
 //
 //	raw            kafka-go consumer group: fetch, commit; no database (the broker ceiling)
 //	naive          per message: BEGIN; INSERT dedup ON CONFLICT DO NOTHING; business
-//	               INSERT; COMMIT; CommitMessages (what people hand-write)
+//	               INSERT; COMMIT; CommitMessages, in one loop (a floor, not a peer)
+//	watermill      the peers (peers.go): the same transaction per message, run
+//	watermill-tuned  as Go teams run it: Watermill's router over its Sarama
+//	sarama         subscriber with the pool's default size and with -peer-conns
+//	               connections, and a plain Sarama consumer group
 //	idem-b1        idem, batch size 1
 //	idem-b100      idem, batch size 100
 //	pg-ceiling     the same claim and business insert in batches of 100 from two
@@ -32,6 +36,9 @@
 //
 // and prints messages/s, CPU seconds of this process per 100k messages, p50
 // and p99 latency from fetch to acknowledgement, and the ratios between rows.
+// The benchmark is a module of its own (go.mod beside this file), so that
+// the peers' dependencies stay out of the library's go.mod.
+//
 // The RocketMQ rows run only with a name server (-namesrv, default
 // $IDEM_TEST_ROCKETMQ_NAMESRV); without one the default row list skips them.
 package main
@@ -77,6 +84,7 @@ type settings struct {
 	P1Messages   int     `json:"one_partition_messages"`
 	KeyLanes     int     `json:"key_lanes"`
 	P1Batch      int     `json:"one_partition_batch"`
+	PeerConns    int     `json:"peer_connections"`
 
 	// The RocketMQ rows' client settings (both rows use the same).
 	RMQBroker     string `json:"rocketmq_broker,omitempty"`
@@ -88,10 +96,10 @@ type settings struct {
 
 // The rows, in their default order, and the broker each needs.
 var (
-	kafkaRows = []string{"raw", "naive", "idem-b1", "idem-b100", "idem-offsets"}
+	kafkaRows = []string{"raw", "naive", "watermill", "watermill-tuned", "sarama", "idem-b1", "idem-b100", "idem-offsets"}
 	p1Rows    = []string{"p1-idem", "p1-idem-keylanes"}
 	rmqRows   = []string{"rmq-raw", "rmq-idem-b100"}
-	allRows   = []string{"raw", "naive", "idem-b1", "idem-b100", "pg-ceiling", "idem-offsets", "pg-ceiling-1row", "p1-idem", "p1-idem-keylanes", "rmq-raw", "rmq-idem-b100"}
+	allRows   = []string{"raw", "naive", "watermill", "watermill-tuned", "sarama", "idem-b1", "idem-b100", "pg-ceiling", "idem-offsets", "pg-ceiling-1row", "p1-idem", "p1-idem-keylanes", "rmq-raw", "rmq-idem-b100"}
 )
 
 // Row is one measured configuration.
@@ -121,7 +129,7 @@ func main() {
 	flag.StringVar(&s.Brokers, "brokers", envOr("IDEM_TEST_KAFKA_BROKERS", "127.0.0.1:9092"), "Kafka brokers")
 	flag.StringVar(&s.NameServers, "namesrv", os.Getenv("IDEM_TEST_ROCKETMQ_NAMESRV"), "RocketMQ name servers, host:port separated by commas; default $IDEM_TEST_ROCKETMQ_NAMESRV (none: the default rows skip RocketMQ)")
 	flag.IntVar(&s.Messages, "messages", 200000, "messages to prefill and drain")
-	flag.IntVar(&s.SlowMessages, "slow-messages", 20000, "messages the per-message rows (naive, idem-b1) drain; their rate is measured on these")
+	flag.IntVar(&s.SlowMessages, "slow-messages", 20000, "messages the per-message rows (naive, the peers, idem-b1) drain; their rate is measured on these")
 	flag.IntVar(&s.Partitions, "partitions", 8, "topic partitions (Kafka) and queues (RocketMQ)")
 	flag.IntVar(&s.Size, "size", 256, "message size in bytes")
 	flag.Float64Var(&s.DupRate, "dup", 0.10, "share of messages that repeat an earlier business key")
@@ -131,6 +139,7 @@ func main() {
 	flag.IntVar(&s.P1Messages, "p1-messages", 50000, "messages the one-partition rows (p1-*) drain, from a topic of one partition")
 	flag.IntVar(&s.KeyLanes, "key-lanes", 8, "Config.KeyLanes of the p1-idem-keylanes row")
 	flag.IntVar(&s.P1Batch, "p1-batch", 100, "BatchSize of the one-partition rows")
+	flag.IntVar(&s.PeerConns, "peer-conns", 10, "pgx pool size of the watermill-tuned and sarama rows (watermill keeps pgxpool's default)")
 	flag.StringVar(&s.RMQBroker, "rmq-broker", "", "RocketMQ broker address to create the topic on; default: asked from mqadmin clusterList (scripts/testenv/rocketmq.sh)")
 	flag.IntVar(&s.RMQPullBatch, "rmq-pull-batch", 32, "RocketMQ rows: messages pulled from a queue at once (PullBatchSize; the broker caps a pull at maxTransferCountOnMessageInMemory, 32 by default)")
 	flag.IntVar(&s.RMQCallBatch, "rmq-consume-batch", 32, "RocketMQ rows: most messages per consume call (ConsumeMessageBatchMaxSize; a call never spans two pulls)")
@@ -202,7 +211,8 @@ type env struct {
 	topic1   string   // Kafka topic of one partition (the p1-* rows)
 	rmq      *rmqEnv  // nil without RocketMQ rows
 	pool     *pgxpool.Pool
-	pgServer int // pid of the Postgres server (postmaster) when it runs on this machine, else 0
+	pgURL    string // for the peers' own pools
+	pgServer int    // pid of the Postgres server (postmaster) when it runs on this machine, else 0
 	payloads [][]byte
 	log      io.Writer
 	// set by runEngineWith for the row being run: transactions and the
@@ -231,7 +241,7 @@ func bench(ctx context.Context, s settings, pgURL string, log io.Writer) (result
 		return res, err
 	}
 	fmt.Fprintf(log, "postgres: fsync=%s synchronous_commit=%s\n", fsync, sync)
-	e := &env{s: s, brokers: strings.Split(s.Brokers, ","), topic: fmt.Sprintf("idem-bench-%d", time.Now().UnixNano()), pool: pool, log: log}
+	e := &env{s: s, brokers: strings.Split(s.Brokers, ","), topic: fmt.Sprintf("idem-bench-%d", time.Now().UnixNano()), pool: pool, pgURL: pgURL, log: log}
 	var backend int
 	if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err == nil {
 		e.pgServer = serverOf(backend)
@@ -284,7 +294,7 @@ func bench(ctx context.Context, s settings, pgURL string, log io.Writer) (result
 		}
 		for _, name := range order {
 			n := s.Messages
-			if name == "naive" || name == "idem-b1" {
+			if name == "naive" || name == "idem-b1" || slices.Contains(peerRows, name) {
 				n = min(n, s.SlowMessages)
 			}
 			if slices.Contains(p1Rows, name) {
@@ -404,6 +414,12 @@ func runRow(ctx context.Context, e *env, name string, n int) (Row, error) {
 		err = runRaw(ctx, e.brokers, e.topic, group, n, lat)
 	case "naive":
 		err = runNaive(ctx, e.brokers, e.topic, group, n, pool, sc, lat)
+	case "watermill":
+		err = runWatermill(ctx, e, group, n, sc, 0, lat)
+	case "watermill-tuned":
+		err = runWatermill(ctx, e, group, n, sc, e.s.PeerConns, lat)
+	case "sarama":
+		err = runSarama(ctx, e, group, n, sc, e.s.PeerConns, lat)
 	case "idem-b1":
 		err = runIdem(ctx, e, e.topic, group, n, sc, 1, 0, lat)
 	case "idem-b100":
@@ -776,9 +792,9 @@ func ratiosOf(rows []Row) []ratio {
 		rate[r.Name] = r.PerSecond
 	}
 	var out []ratio
-	perTxn := map[string]float64{}
+	perTxn, dbCPU := map[string]float64{}, map[string]float64{}
 	for _, r := range rows {
-		perTxn[r.Name] = r.PerTransaction
+		perTxn[r.Name], dbCPU[r.Name] = r.PerTransaction, r.DBCPU100k
 	}
 	add := func(a, b string, target float64, op string) {
 		if rate[a] == 0 || rate[b] == 0 {
@@ -792,6 +808,28 @@ func ratiosOf(rows []Row) []ratio {
 		}
 		out = append(out, r)
 	}
+	// Postgres CPU per message of a over b's; target 0: informational.
+	addCPU := func(a, b string, target float64) {
+		if rate[a] == 0 || rate[b] == 0 || dbCPU[b] == 0 {
+			return
+		}
+		v := dbCPU[a] / dbCPU[b]
+		r := ratio{Name: a + "/" + b + " Postgres CPU per message", Value: v}
+		if target > 0 {
+			met := v <= target
+			r.Target, r.Met = fmt.Sprintf("<= %.2f", target), &met
+		}
+		out = append(out, r)
+	}
+	// Against the Watermill way first (issue 29's targets).
+	add("idem-b100", "watermill-tuned", 4, ">=")
+	addCPU("idem-b100", "watermill-tuned", 0)
+	add("idem-offsets", "watermill-tuned", 5, ">=")
+	addCPU("idem-offsets", "watermill-tuned", 0)
+	add("idem-b1", "watermill-tuned", 1, ">=")
+	addCPU("idem-b1", "watermill-tuned", 1.2)
+	add("watermill-tuned", "watermill", 0, "")
+	add("sarama", "watermill-tuned", 0, "")
 	add("idem-b100", "raw", 0.5, ">=")
 	add("idem-b100", "naive", 10, ">=")
 	add("idem-b100", "idem-b1", 20, ">=")
