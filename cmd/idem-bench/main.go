@@ -16,7 +16,7 @@
 //	watermill-tuned  as Go teams run it: Watermill's router over its Sarama
 //	sarama         subscriber with the pool's default size and with -peer-conns
 //	               connections, and a plain Sarama consumer group
-//	idem-b1        idem, batch size 1
+//	idem-b1        idem, batch size 1, a Handler with the peers' single-row INSERT
 //	idem-b100      idem, batch size 100
 //	pg-ceiling     the same claim and business insert in batches of 100 from two
 //	               connections, no broker (the database ceiling)
@@ -536,6 +536,23 @@ func insertEffects(sc string) consumer.BatchHandlerFunc[pgx.Tx] {
 	return writeEffects(`INSERT INTO ` + sc + `.effects (txn_id, amount) SELECT * FROM unnest($1::text[], $2::bigint[])`)
 }
 
+// insertEffect is the business write of the rows at batch 1, the peers'
+// statement: one INSERT … VALUES per message.
+func insertEffect(sc string) consumer.HandlerFunc[pgx.Tx] {
+	q := `INSERT INTO ` + sc + `.effects (txn_id, amount) VALUES ($1, $2)`
+	return func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		var p struct {
+			TxnID  string `json:"txn_id"`
+			Amount int64  `json:"amount"`
+		}
+		if err := json.Unmarshal(m.Value, &p); err != nil {
+			return consumer.Permanent(err)
+		}
+		_, err := tx.Exec(ctx, q, p.TxnID, p.Amount)
+		return err
+	}
+}
+
 // upsertEffects is the business write of idem-offsets and pg-ceiling-1row:
 // one set-based INSERT that skips the keys already booked (the payloads'
 // re-sent business keys), as a business table's own unique key does when no
@@ -632,6 +649,13 @@ func runIdemOffsets(ctx context.Context, e *env, topic, group string, n int, sc 
 func runEngine(ctx context.Context, e *env, src consumer.Source, n int, sc string, batch, keyLanes int, lat *latencies, stall time.Duration) error {
 	return runEngineWith(ctx, e, src, n, sc, lat, stall, func(cfg *consumer.Config[pgx.Tx], _ *pgstore.Store) {
 		cfg.BatchSize, cfg.KeyLanes = batch, keyLanes
+		if batch == 1 {
+			// One message per transaction: a Handler with the peers'
+			// single-row INSERT, as one writes it for BatchSize 1 (the
+			// batch insert's unnest costs Postgres twice the CPU for one
+			// row).
+			cfg.BatchHandler, cfg.Handler = nil, insertEffect(sc)
+		}
 	})
 }
 
