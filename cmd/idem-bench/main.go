@@ -85,6 +85,10 @@ type settings struct {
 	KeyLanes     int     `json:"key_lanes"`
 	P1Batch      int     `json:"one_partition_batch"`
 	PeerConns    int     `json:"peer_connections"`
+	// CommitInterval is the idem Kafka rows' kafka.Config.CommitInterval
+	// (0: the adapter's default, a commit as soon as an ack moves a
+	// watermark).
+	CommitInterval time.Duration `json:"idem_commit_interval_ns"`
 
 	// The RocketMQ rows' client settings (both rows use the same).
 	RMQBroker     string `json:"rocketmq_broker,omitempty"`
@@ -139,6 +143,7 @@ func main() {
 	flag.IntVar(&s.P1Messages, "p1-messages", 50000, "messages the one-partition rows (p1-*) drain, from a topic of one partition")
 	flag.IntVar(&s.KeyLanes, "key-lanes", 8, "Config.KeyLanes of the p1-idem-keylanes row")
 	flag.IntVar(&s.P1Batch, "p1-batch", 100, "BatchSize of the one-partition rows")
+	flag.DurationVar(&s.CommitInterval, "commit-interval", 0, "kafka.Config.CommitInterval of idem's Kafka rows; 0: the adapter's default (the peers' Sarama commits once a second)")
 	flag.IntVar(&s.PeerConns, "peer-conns", 10, "pgx pool size of the watermill-tuned and sarama rows (watermill keeps pgxpool's default)")
 	flag.StringVar(&s.RMQBroker, "rmq-broker", "", "RocketMQ broker address to create the topic on; default: asked from mqadmin clusterList (scripts/testenv/rocketmq.sh)")
 	flag.IntVar(&s.RMQPullBatch, "rmq-pull-batch", 32, "RocketMQ rows: messages pulled from a queue at once (PullBatchSize; the broker caps a pull at maxTransferCountOnMessageInMemory, 32 by default)")
@@ -619,7 +624,8 @@ func (t *timedSource) Unwrap() consumer.Source { return t.Source }
 var quiet = slog.New(slog.DiscardHandler)
 
 func runIdem(ctx context.Context, e *env, topic, group string, n int, sc string, batch, keyLanes int, lat *latencies) error {
-	src, err := kafka.New(kafka.Config{Brokers: e.brokers, Topics: []string{topic}, Group: group, MaxBytes: 4 << 20, Logger: quiet})
+	src, err := kafka.New(kafka.Config{Brokers: e.brokers, Topics: []string{topic}, Group: group, MaxBytes: 4 << 20, Logger: quiet,
+		CommitInterval: e.s.CommitInterval})
 	if err != nil {
 		return err
 	}
@@ -634,7 +640,7 @@ func runIdemOffsets(ctx context.Context, e *env, topic, group string, n int, sc 
 		return err
 	}
 	src, err := kafka.New(kafka.Config{Brokers: e.brokers, Topics: []string{topic}, Group: group, MaxBytes: 4 << 20, Logger: quiet,
-		StartOffsets: kafka.StoreOffsets(st, "bench")})
+		CommitInterval: e.s.CommitInterval, StartOffsets: kafka.StoreOffsets(st, "bench")})
 	if err != nil {
 		return err
 	}
