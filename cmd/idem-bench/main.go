@@ -220,6 +220,8 @@ type env struct {
 	pgServer int    // pid of the Postgres server (postmaster) when it runs on this machine, else 0
 	payloads [][]byte
 	log      io.Writer
+	// run by runRow after the row's last CPU snapshot (the peers' pools)
+	afterRow []func()
 	// set by runEngineWith for the row being run: transactions and the
 	// messages they acknowledged
 	txns, txnMsgs int64
@@ -411,6 +413,12 @@ func runRow(ctx context.Context, e *env, name string, n int) (Row, error) {
 		defer pool.Exec(context.Background(), "DROP SCHEMA "+sc+" CASCADE")
 	}
 	group := fmt.Sprintf("%s-%s-%d", e.topic, name, time.Now().UnixNano())
+	defer func() {
+		for _, f := range e.afterRow {
+			f()
+		}
+		e.afterRow = nil
+	}()
 	c0, t0 := snapCPU(e.pgServer), time.Now()
 	e.txns, e.txnMsgs = 0, 0
 	var err error

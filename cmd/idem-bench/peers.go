@@ -48,8 +48,11 @@ type peerTx struct {
 	claimSQL, effectSQL string
 }
 
-func newPeerTx(ctx context.Context, pgURL string, conns int, sc string) (*peerTx, error) {
-	cfg, err := pgxpool.ParseConfig(pgURL)
+// newPeerTx opens the row's pool; runRow closes it after the row's last
+// CPU snapshot, so that its connections' server processes are still there
+// to be read.
+func newPeerTx(ctx context.Context, e *env, conns int, sc string) (*peerTx, error) {
+	cfg, err := pgxpool.ParseConfig(e.pgURL)
 	if err != nil {
 		return nil, err
 	}
@@ -60,11 +63,11 @@ func newPeerTx(ctx context.Context, pgURL string, conns int, sc string) (*peerTx
 	if err != nil {
 		return nil, err
 	}
+	e.afterRow = append(e.afterRow, pool.Close)
 	p := &peerTx{pool: pool,
 		claimSQL:  `INSERT INTO ` + sc + `.dedup (key) VALUES ($1) ON CONFLICT DO NOTHING`,
 		effectSQL: `INSERT INTO ` + sc + `.effects (txn_id, amount) VALUES ($1, $2)`}
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+sc+`.dedup (key text PRIMARY KEY, created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-		pool.Close()
 		return nil, err
 	}
 	return p, nil
@@ -141,11 +144,10 @@ func (c *peerCount) wait(ctx context.Context, fail <-chan error, stall time.Dura
 const peerStall = 60 * time.Second
 
 func runWatermill(ctx context.Context, e *env, group string, n int, sc string, conns int, lat *latencies) error {
-	p, err := newPeerTx(ctx, e.pgURL, conns, sc)
+	p, err := newPeerTx(ctx, e, conns, sc)
 	if err != nil {
 		return err
 	}
-	defer p.pool.Close()
 	sub, err := wmkafka.NewSubscriber(wmkafka.SubscriberConfig{
 		Brokers:               e.brokers,
 		Unmarshaler:           wmkafka.DefaultMarshaler{},
@@ -176,11 +178,10 @@ func runWatermill(ctx context.Context, e *env, group string, n int, sc string, c
 }
 
 func runSarama(ctx context.Context, e *env, group string, n int, sc string, conns int, lat *latencies) error {
-	p, err := newPeerTx(ctx, e.pgURL, conns, sc)
+	p, err := newPeerTx(ctx, e, conns, sc)
 	if err != nil {
 		return err
 	}
-	defer p.pool.Close()
 	cg, err := sarama.NewConsumerGroup(e.brokers, group, saramaConfig(sarama.NewConfig()))
 	if err != nil {
 		return err
