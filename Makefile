@@ -48,9 +48,12 @@ bench-outbox: ## the outbox: what it costs a consumer, the relay against a raw p
 	@set -e; out=$$(scripts/testenv.sh up postgres kafka rocketmq); eval "$$out"; \
 	go test -run '^$$' -bench . -benchtime 20000x -count 1 ./outbox/...
 
-bench-e2e: ## idem vs raw kafka-go, hand-written dedup and the database ceiling (real Kafka, durable Postgres)
+# cmd/idem-bench is a module of its own (its peers, Watermill and Sarama, stay
+# out of the library's go.mod): built there, run from here so that relative
+# paths in BENCH_FLAGS (-json-file) are the repository's.
+bench-e2e: ## idem vs the Watermill way, Sarama, raw kafka-go and the database ceiling (real Kafka, durable Postgres)
 	@set -e; out=$$(scripts/testenv.sh up kafka rocketmq postgres-durable); eval "$$out"; \
-	go run ./cmd/idem-bench $(BENCH_FLAGS)
+	go build -C cmd/idem-bench -o $(CURDIR)/bin/idem-bench . && bin/idem-bench $(BENCH_FLAGS)
 
 .PHONY: stress
 stress: ## run packages again and again under -race, with extra CPU load: make stress PKGS=./dedup/pgstore/ RUNS=20 LOAD=1

@@ -10,7 +10,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 eval "$(scripts/testenv.sh up kafka postgres-durable)"
 out=testdata/scaling
 mkdir -p "$out"
-go build -o "${TMPDIR:-/tmp}/idem-bench" ./cmd/idem-bench
+go build -C cmd/idem-bench -o "${TMPDIR:-/tmp}/idem-bench" . # a module of its own
 bench="${TMPDIR:-/tmp}/idem-bench"
 for lanes in 1 2 4 8; do
   echo "lanes $lanes, batch 100" >&2

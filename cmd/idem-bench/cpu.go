@@ -13,7 +13,10 @@ import (
 // every postgres process on the machine when the server's pid is unknown),
 // by the Kafka and RocketMQ JVMs (by main class), and by the machine as a
 // whole (busy and total ticks over all cores). Processes are kept per pid,
-// so that one that exits during a row does not make the difference negative.
+// so that one that exits during a row does not make the difference negative;
+// the server's children that exit (the connections of a pool closed within
+// the row, autovacuum workers) still count, through the server's time of
+// its exited children.
 type cpuSnap struct {
 	self        time.Duration
 	procs       map[int]procCPU
@@ -23,6 +26,9 @@ type cpuSnap struct {
 type procCPU struct {
 	kind string // "postgres", "kafka", "rocketmq"
 	used time.Duration
+	// reaped: a child of the benchmark's Postgres server, whose CPU time
+	// moves to the server's children's time when it exits
+	reaped bool
 }
 
 // cpuUsed is the CPU time used between two snapshots.
@@ -48,6 +54,13 @@ func (c cpuSnap) since(c0 cpuSnap) cpuUsed {
 			u.kafka += d
 		case "rocketmq":
 			u.rocketmq += d
+		}
+	}
+	for pid, p := range c0.procs {
+		if _, ok := c.procs[pid]; !ok && p.reaped {
+			// Exited since c0: its whole CPU time is now in its server's
+			// (counted above), of which the part before c0 is not the row's.
+			u.postgres -= p.used
 		}
 	}
 	return u
@@ -85,7 +98,7 @@ func snapCPU(pgServer int) cpuSnap {
 			continue
 		}
 		f := procStat(pid)
-		if len(f) <= 12 {
+		if len(f) <= 14 {
 			continue
 		}
 		if kind == "postgres" && pgServer != 0 && pid != pgServer && f[1] != strconv.Itoa(pgServer) {
@@ -93,7 +106,20 @@ func snapCPU(pgServer int) cpuSnap {
 		}
 		u, _ := strconv.ParseInt(f[11], 10, 64)
 		s, _ := strconv.ParseInt(f[12], 10, 64)
-		c.procs[pid] = procCPU{kind: kind, used: ticks(u + s)}
+		p := procCPU{kind: kind, used: ticks(u + s)}
+		if kind == "postgres" && pgServer != 0 {
+			if pid == pgServer {
+				// The exited backends' time (cutime, cstime): a pool
+				// closed before the row's last snapshot took its
+				// connections' CPU with it.
+				cu, _ := strconv.ParseInt(f[13], 10, 64)
+				cs, _ := strconv.ParseInt(f[14], 10, 64)
+				p.used += ticks(cu + cs)
+			} else {
+				p.reaped = true
+			}
+		}
+		c.procs[pid] = p
 	}
 	if b, err := os.ReadFile("/proc/stat"); err == nil {
 		line, _, _ := strings.Cut(string(b), "\n")
@@ -112,7 +138,8 @@ func snapCPU(pgServer int) cpuSnap {
 }
 
 // procStat returns the fields of /proc/pid/stat after the command name:
-// state, ppid, ... (f[1] is the parent, f[11] utime, f[12] stime).
+// state, ppid, ... (f[1] is the parent, f[11] utime, f[12] stime, f[13]
+// cutime and f[14] cstime: the CPU time of its children that exited).
 func procStat(pid int) []string {
 	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {

@@ -11,8 +11,12 @@
 //
 //	raw            kafka-go consumer group: fetch, commit; no database (the broker ceiling)
 //	naive          per message: BEGIN; INSERT dedup ON CONFLICT DO NOTHING; business
-//	               INSERT; COMMIT; CommitMessages (what people hand-write)
-//	idem-b1        idem, batch size 1
+//	               INSERT; COMMIT; CommitMessages, in one loop (a floor, not a peer)
+//	watermill      the peers (peers.go): the same transaction per message, run
+//	watermill-tuned  as Go teams run it: Watermill's router over its Sarama
+//	sarama         subscriber with the pool's default size and with -peer-conns
+//	               connections, and a plain Sarama consumer group
+//	idem-b1        idem, batch size 1, a Handler with the peers' single-row INSERT
 //	idem-b100      idem, batch size 100
 //	pg-ceiling     the same claim and business insert in batches of 100 from two
 //	               connections, no broker (the database ceiling)
@@ -32,6 +36,9 @@
 //
 // and prints messages/s, CPU seconds of this process per 100k messages, p50
 // and p99 latency from fetch to acknowledgement, and the ratios between rows.
+// The benchmark is a module of its own (go.mod beside this file), so that
+// the peers' dependencies stay out of the library's go.mod.
+//
 // The RocketMQ rows run only with a name server (-namesrv, default
 // $IDEM_TEST_ROCKETMQ_NAMESRV); without one the default row list skips them.
 package main
@@ -77,6 +84,11 @@ type settings struct {
 	P1Messages   int     `json:"one_partition_messages"`
 	KeyLanes     int     `json:"key_lanes"`
 	P1Batch      int     `json:"one_partition_batch"`
+	PeerConns    int     `json:"peer_connections"`
+	// CommitInterval is the idem Kafka rows' kafka.Config.CommitInterval
+	// (0: the adapter's default, a commit as soon as an ack moves a
+	// watermark).
+	CommitInterval time.Duration `json:"idem_commit_interval_ns"`
 
 	// The RocketMQ rows' client settings (both rows use the same).
 	RMQBroker     string `json:"rocketmq_broker,omitempty"`
@@ -88,10 +100,10 @@ type settings struct {
 
 // The rows, in their default order, and the broker each needs.
 var (
-	kafkaRows = []string{"raw", "naive", "idem-b1", "idem-b100", "idem-offsets"}
+	kafkaRows = []string{"raw", "naive", "watermill", "watermill-tuned", "sarama", "idem-b1", "idem-b100", "idem-offsets"}
 	p1Rows    = []string{"p1-idem", "p1-idem-keylanes"}
 	rmqRows   = []string{"rmq-raw", "rmq-idem-b100"}
-	allRows   = []string{"raw", "naive", "idem-b1", "idem-b100", "pg-ceiling", "idem-offsets", "pg-ceiling-1row", "p1-idem", "p1-idem-keylanes", "rmq-raw", "rmq-idem-b100"}
+	allRows   = []string{"raw", "naive", "watermill", "watermill-tuned", "sarama", "idem-b1", "idem-b100", "pg-ceiling", "idem-offsets", "pg-ceiling-1row", "p1-idem", "p1-idem-keylanes", "rmq-raw", "rmq-idem-b100"}
 )
 
 // Row is one measured configuration.
@@ -121,7 +133,7 @@ func main() {
 	flag.StringVar(&s.Brokers, "brokers", envOr("IDEM_TEST_KAFKA_BROKERS", "127.0.0.1:9092"), "Kafka brokers")
 	flag.StringVar(&s.NameServers, "namesrv", os.Getenv("IDEM_TEST_ROCKETMQ_NAMESRV"), "RocketMQ name servers, host:port separated by commas; default $IDEM_TEST_ROCKETMQ_NAMESRV (none: the default rows skip RocketMQ)")
 	flag.IntVar(&s.Messages, "messages", 200000, "messages to prefill and drain")
-	flag.IntVar(&s.SlowMessages, "slow-messages", 20000, "messages the per-message rows (naive, idem-b1) drain; their rate is measured on these")
+	flag.IntVar(&s.SlowMessages, "slow-messages", 20000, "messages the per-message rows (naive, the peers, idem-b1) drain; their rate is measured on these")
 	flag.IntVar(&s.Partitions, "partitions", 8, "topic partitions (Kafka) and queues (RocketMQ)")
 	flag.IntVar(&s.Size, "size", 256, "message size in bytes")
 	flag.Float64Var(&s.DupRate, "dup", 0.10, "share of messages that repeat an earlier business key")
@@ -131,6 +143,8 @@ func main() {
 	flag.IntVar(&s.P1Messages, "p1-messages", 50000, "messages the one-partition rows (p1-*) drain, from a topic of one partition")
 	flag.IntVar(&s.KeyLanes, "key-lanes", 8, "Config.KeyLanes of the p1-idem-keylanes row")
 	flag.IntVar(&s.P1Batch, "p1-batch", 100, "BatchSize of the one-partition rows")
+	flag.DurationVar(&s.CommitInterval, "commit-interval", 0, "kafka.Config.CommitInterval of idem's Kafka rows; 0: the adapter's default (the peers' Sarama commits once a second)")
+	flag.IntVar(&s.PeerConns, "peer-conns", 10, "pgx pool size of the watermill-tuned and sarama rows (watermill keeps pgxpool's default)")
 	flag.StringVar(&s.RMQBroker, "rmq-broker", "", "RocketMQ broker address to create the topic on; default: asked from mqadmin clusterList (scripts/testenv/rocketmq.sh)")
 	flag.IntVar(&s.RMQPullBatch, "rmq-pull-batch", 32, "RocketMQ rows: messages pulled from a queue at once (PullBatchSize; the broker caps a pull at maxTransferCountOnMessageInMemory, 32 by default)")
 	flag.IntVar(&s.RMQCallBatch, "rmq-consume-batch", 32, "RocketMQ rows: most messages per consume call (ConsumeMessageBatchMaxSize; a call never spans two pulls)")
@@ -202,9 +216,12 @@ type env struct {
 	topic1   string   // Kafka topic of one partition (the p1-* rows)
 	rmq      *rmqEnv  // nil without RocketMQ rows
 	pool     *pgxpool.Pool
-	pgServer int // pid of the Postgres server (postmaster) when it runs on this machine, else 0
+	pgURL    string // for the peers' own pools
+	pgServer int    // pid of the Postgres server (postmaster) when it runs on this machine, else 0
 	payloads [][]byte
 	log      io.Writer
+	// run by runRow after the row's last CPU snapshot (the peers' pools)
+	afterRow []func()
 	// set by runEngineWith for the row being run: transactions and the
 	// messages they acknowledged
 	txns, txnMsgs int64
@@ -231,7 +248,7 @@ func bench(ctx context.Context, s settings, pgURL string, log io.Writer) (result
 		return res, err
 	}
 	fmt.Fprintf(log, "postgres: fsync=%s synchronous_commit=%s\n", fsync, sync)
-	e := &env{s: s, brokers: strings.Split(s.Brokers, ","), topic: fmt.Sprintf("idem-bench-%d", time.Now().UnixNano()), pool: pool, log: log}
+	e := &env{s: s, brokers: strings.Split(s.Brokers, ","), topic: fmt.Sprintf("idem-bench-%d", time.Now().UnixNano()), pool: pool, pgURL: pgURL, log: log}
 	var backend int
 	if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err == nil {
 		e.pgServer = serverOf(backend)
@@ -284,7 +301,7 @@ func bench(ctx context.Context, s settings, pgURL string, log io.Writer) (result
 		}
 		for _, name := range order {
 			n := s.Messages
-			if name == "naive" || name == "idem-b1" {
+			if name == "naive" || name == "idem-b1" || slices.Contains(peerRows, name) {
 				n = min(n, s.SlowMessages)
 			}
 			if slices.Contains(p1Rows, name) {
@@ -396,6 +413,12 @@ func runRow(ctx context.Context, e *env, name string, n int) (Row, error) {
 		defer pool.Exec(context.Background(), "DROP SCHEMA "+sc+" CASCADE")
 	}
 	group := fmt.Sprintf("%s-%s-%d", e.topic, name, time.Now().UnixNano())
+	defer func() {
+		for _, f := range e.afterRow {
+			f()
+		}
+		e.afterRow = nil
+	}()
 	c0, t0 := snapCPU(e.pgServer), time.Now()
 	e.txns, e.txnMsgs = 0, 0
 	var err error
@@ -404,6 +427,12 @@ func runRow(ctx context.Context, e *env, name string, n int) (Row, error) {
 		err = runRaw(ctx, e.brokers, e.topic, group, n, lat)
 	case "naive":
 		err = runNaive(ctx, e.brokers, e.topic, group, n, pool, sc, lat)
+	case "watermill":
+		err = runWatermill(ctx, e, group, n, sc, 0, lat)
+	case "watermill-tuned":
+		err = runWatermill(ctx, e, group, n, sc, e.s.PeerConns, lat)
+	case "sarama":
+		err = runSarama(ctx, e, group, n, sc, e.s.PeerConns, lat)
 	case "idem-b1":
 		err = runIdem(ctx, e, e.topic, group, n, sc, 1, 0, lat)
 	case "idem-b100":
@@ -520,6 +549,23 @@ func insertEffects(sc string) consumer.BatchHandlerFunc[pgx.Tx] {
 	return writeEffects(`INSERT INTO ` + sc + `.effects (txn_id, amount) SELECT * FROM unnest($1::text[], $2::bigint[])`)
 }
 
+// insertEffect is the business write of the rows at batch 1, the peers'
+// statement: one INSERT … VALUES per message.
+func insertEffect(sc string) consumer.HandlerFunc[pgx.Tx] {
+	q := `INSERT INTO ` + sc + `.effects (txn_id, amount) VALUES ($1, $2)`
+	return func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		var p struct {
+			TxnID  string `json:"txn_id"`
+			Amount int64  `json:"amount"`
+		}
+		if err := json.Unmarshal(m.Value, &p); err != nil {
+			return consumer.Permanent(err)
+		}
+		_, err := tx.Exec(ctx, q, p.TxnID, p.Amount)
+		return err
+	}
+}
+
 // upsertEffects is the business write of idem-offsets and pg-ceiling-1row:
 // one set-based INSERT that skips the keys already booked (the payloads'
 // re-sent business keys), as a business table's own unique key does when no
@@ -586,7 +632,8 @@ func (t *timedSource) Unwrap() consumer.Source { return t.Source }
 var quiet = slog.New(slog.DiscardHandler)
 
 func runIdem(ctx context.Context, e *env, topic, group string, n int, sc string, batch, keyLanes int, lat *latencies) error {
-	src, err := kafka.New(kafka.Config{Brokers: e.brokers, Topics: []string{topic}, Group: group, MaxBytes: 4 << 20, Logger: quiet})
+	src, err := kafka.New(kafka.Config{Brokers: e.brokers, Topics: []string{topic}, Group: group, MaxBytes: 4 << 20, Logger: quiet,
+		CommitInterval: e.s.CommitInterval})
 	if err != nil {
 		return err
 	}
@@ -601,7 +648,7 @@ func runIdemOffsets(ctx context.Context, e *env, topic, group string, n int, sc 
 		return err
 	}
 	src, err := kafka.New(kafka.Config{Brokers: e.brokers, Topics: []string{topic}, Group: group, MaxBytes: 4 << 20, Logger: quiet,
-		StartOffsets: kafka.StoreOffsets(st, "bench")})
+		CommitInterval: e.s.CommitInterval, StartOffsets: kafka.StoreOffsets(st, "bench")})
 	if err != nil {
 		return err
 	}
@@ -616,6 +663,13 @@ func runIdemOffsets(ctx context.Context, e *env, topic, group string, n int, sc 
 func runEngine(ctx context.Context, e *env, src consumer.Source, n int, sc string, batch, keyLanes int, lat *latencies, stall time.Duration) error {
 	return runEngineWith(ctx, e, src, n, sc, lat, stall, func(cfg *consumer.Config[pgx.Tx], _ *pgstore.Store) {
 		cfg.BatchSize, cfg.KeyLanes = batch, keyLanes
+		if batch == 1 {
+			// One message per transaction: a Handler with the peers'
+			// single-row INSERT, as one writes it for BatchSize 1 (the
+			// batch insert's unnest costs Postgres twice the CPU for one
+			// row).
+			cfg.BatchHandler, cfg.Handler = nil, insertEffect(sc)
+		}
 	})
 }
 
@@ -776,9 +830,9 @@ func ratiosOf(rows []Row) []ratio {
 		rate[r.Name] = r.PerSecond
 	}
 	var out []ratio
-	perTxn := map[string]float64{}
+	perTxn, dbCPU := map[string]float64{}, map[string]float64{}
 	for _, r := range rows {
-		perTxn[r.Name] = r.PerTransaction
+		perTxn[r.Name], dbCPU[r.Name] = r.PerTransaction, r.DBCPU100k
 	}
 	add := func(a, b string, target float64, op string) {
 		if rate[a] == 0 || rate[b] == 0 {
@@ -792,6 +846,28 @@ func ratiosOf(rows []Row) []ratio {
 		}
 		out = append(out, r)
 	}
+	// Postgres CPU per message of a over b's; target 0: informational.
+	addCPU := func(a, b string, target float64) {
+		if rate[a] == 0 || rate[b] == 0 || dbCPU[b] == 0 {
+			return
+		}
+		v := dbCPU[a] / dbCPU[b]
+		r := ratio{Name: a + "/" + b + " Postgres CPU per message", Value: v}
+		if target > 0 {
+			met := v <= target
+			r.Target, r.Met = fmt.Sprintf("<= %.2f", target), &met
+		}
+		out = append(out, r)
+	}
+	// Against the Watermill way first (issue 29's targets).
+	add("idem-b100", "watermill-tuned", 4, ">=")
+	addCPU("idem-b100", "watermill-tuned", 0)
+	add("idem-offsets", "watermill-tuned", 5, ">=")
+	addCPU("idem-offsets", "watermill-tuned", 0)
+	add("idem-b1", "watermill-tuned", 1, ">=")
+	addCPU("idem-b1", "watermill-tuned", 1.2)
+	add("watermill-tuned", "watermill", 0, "")
+	add("sarama", "watermill-tuned", 0, "")
 	add("idem-b100", "raw", 0.5, ">=")
 	add("idem-b100", "naive", 10, ">=")
 	add("idem-b100", "idem-b1", 20, ">=")

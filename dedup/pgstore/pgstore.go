@@ -92,6 +92,10 @@ type Store struct {
 	purgeSQL    string
 	http        httpQueries // http.go
 
+	// One key (claimOne): a plain INSERT … VALUES, and the stored row by
+	// primary key.
+	insertOneSQL, lookupOneSQL string
+
 	// lostAt is when a transaction of this store last lost its connection
 	// or could not get one (monotonic nanoseconds since epoch), 0 when never.
 	lostAt atomic.Int64
@@ -164,6 +168,15 @@ GROUP BY input.s, input.k`
 SELECT input.i::int4, t.fingerprint = input.f, t.outcome = 'failed', coalesce(t.reason, ''), t.created_at
 FROM input JOIN ` + t + ` t ON ` + shardJoin + `t.scope = input.s AND t.key = input.k
 WHERE input.i = ANY (string_to_array($6, ',')::int8[])`
+	st.insertOneSQL = `INSERT INTO ` + t + ` (` + shardCol + `scope, key, fingerprint, source, expires_at)
+VALUES (` + shardFail + `$1, $2, $3, $4, CASE WHEN $5::bigint < 0 THEN NULL ELSE now() + $5::bigint * interval '1 millisecond' END)
+ON CONFLICT (` + pk + `) DO NOTHING`
+	shardWhere := ""
+	if cfg.Distributed {
+		shardWhere = "shard = " + shardOf("$1::text", "$2::text") + " AND "
+	}
+	st.lookupOneSQL = `SELECT fingerprint = $3, outcome = 'failed', coalesce(reason, ''), created_at FROM ` + t + `
+WHERE ` + shardWhere + `scope = $1 AND key = $2`
 	st.failSQL = `INSERT INTO ` + t + ` (` + shardCol + `scope, key, fingerprint, source, outcome, reason, expires_at)
 VALUES (` + shardFail + `$1, $2, $3, $4, 'failed', $5, CASE WHEN $6::bigint < 0 THEN NULL ELSE now() + $6::bigint * interval '1 millisecond' END)
 ON CONFLICT (` + pk + `) DO NOTHING`
@@ -391,9 +404,10 @@ func (s *Store) retentionMillis(scope string) int64 {
 }
 
 // Claim claims keys in tx with one INSERT … ON CONFLICT DO NOTHING; see
-// dedup.Store. The batch travels as five text parameters (fields joined by
-// U+001F, which valid keys cannot contain) and is split by string_to_array on
-// the server: encoding a Go []string as text[] costs an allocation per
+// dedup.Store. One key goes as a plain INSERT … VALUES (claimOne). A
+// batch travels as five text parameters (fields joined by U+001F, which
+// valid keys cannot contain) and is split by string_to_array on the
+// server: encoding a Go []string as text[] costs an allocation per
 // element, this costs one per batch. The insert answers with the ordinals
 // of the claims it inserted; the rest are looked up in a second statement,
 // which also sees rows committed while the insert waited.
@@ -406,6 +420,9 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, claims []dedup.Claim, resu
 		return nil
 	}
 	clear(results[:n]) // a result left from an earlier batch must not stand
+	if n == 1 {
+		return s.claimOne(ctx, tx, &claims[0], &results[0])
+	}
 	buf := s.bufs.Get().(*claimBuf)
 	defer s.bufs.Put(buf)
 	buf.encode(claims, s.retentionMillis)
@@ -502,6 +519,79 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, claims []dedup.Claim, resu
 		}
 	}
 	return nil
+}
+
+// claimOne claims one key (BatchSize 1, or a batch of one): a plain
+// INSERT … VALUES … ON CONFLICT DO NOTHING, and when it inserted nothing,
+// the stored row by its primary key. The set-based statement's unpacking,
+// sort, join and aggregate cost the database more than the insert itself
+// for one key (2.5× a plain INSERT's CPU, issue 29), and its lookup, which
+// must be planned afresh for a batch, is a primary-key read here: both are
+// prepared statements, their generic plans an index probe whatever the
+// table's size (TestOneKeyLookupPlan). The same rows, statuses and errors
+// as a batch of one (TestOneKeyClaimStoresWhatABatchStores); the lookup
+// runs in a statement of its own, so it sees a row committed while the
+// insert waited.
+func (s *Store) claimOne(ctx context.Context, tx pgx.Tx, c *dedup.Claim, res *dedup.Result) error {
+	var src any // NULL without a source, as nullif(src, '') in a batch
+	if c.Source != "" {
+		src = cleanSource(c.Source)
+	}
+	var b pgx.Batch
+	before := s.queueBounded(&b, s.insertOneSQL, c.Key.Scope, c.Key.ID, c.Fingerprint[:], src, s.retentionMillis(c.Key.Scope))
+	br := tx.SendBatch(ctx, &b)
+	for range before {
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return s.claimErr(err)
+		}
+	}
+	tag, err := br.Exec()
+	if err != nil {
+		br.Close()
+		return s.claimErr(err)
+	}
+	if s.cfg.Distributed {
+		if _, err := br.Exec(); err != nil { // statement_timeout restored
+			br.Close()
+			return s.claimErr(err)
+		}
+	}
+	if err := br.Close(); err != nil {
+		return s.claimErr(err)
+	}
+	if tag.RowsAffected() == 1 {
+		*res = dedup.Result{Status: dedup.StatusNew}
+		return nil
+	}
+	var same, failed bool
+	var reason string
+	var first time.Time
+	err = tx.QueryRow(ctx, s.lookupOneSQL, c.Key.Scope, c.Key.ID, c.Fingerprint[:]).Scan(&same, &failed, &reason, &first)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("%w: key %s vanished during the claim (purged?)", dedup.ErrInFlight, c.Key)
+	case err != nil:
+		return s.claimErr(err)
+	case !same:
+		*res = dedup.Result{Status: dedup.StatusMismatch, FirstAt: first}
+	case failed:
+		*res = dedup.Result{Status: dedup.StatusFailed, Reason: reason, FirstAt: first}
+	default:
+		*res = dedup.Result{Status: dedup.StatusDuplicate, FirstAt: first}
+	}
+	return nil
+}
+
+// cleanSource is appendClean of one audit string, without a copy when
+// there is nothing to replace.
+func cleanSource(s string) string {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c == 0x7f {
+			return string(appendClean(nil, s))
+		}
+	}
+	return s
 }
 
 // ordinal reads an int4 column without the allocations of Scan.
