@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -397,9 +398,10 @@ func TestDistributedSerializationFailuresRetried(t *testing.T) {
 		msgs = append(msgs, consumertest.Message("payments", int32(i%4), int64(i/4), "",
 			fmt.Sprintf(`{"txn_id":"T%05d","amount":%d}`, i, 100+i)))
 	}
+	conflicts := &conflictCounter{}
 	res := consumertest.Run(t, consumer.Config[pgx.Tx]{
 		Name: "payments", Store: st, Handler: insertEffect(table), Key: consumer.ByJSONField("txn_id"),
-		BatchSize: 20, Logger: quiet,
+		BatchSize: 20, Logger: quiet, Observer: conflicts,
 	}, consumertest.Script{MinDeliveries: 2, MaxDeliveries: 4, ReorderWindow: 20, CrashAfterCommitEvery: 5, Seed: 3}, msgs...)
 	t.Log(res)
 
@@ -416,11 +418,26 @@ func TestDistributedSerializationFailuresRetried(t *testing.T) {
 	if got := injected(); got != 40 {
 		t.Fatalf("%d failures injected, want 40", got)
 	}
-	if res.Stats.Retries < 40 {
-		t.Fatalf("%d retries for 40 injected failures", res.Stats.Retries)
+	// Every injected failure rolled a transaction back as a conflict. (Not
+	// every one is a retry: a second conflict in a row halves the batch
+	// instead of waiting.)
+	if got := conflicts.n.Load(); got < 40 || res.Stats.Retries < 1 {
+		t.Fatalf("%d transactions rolled back as conflicts, %d retries, for 40 injected failures", got, res.Stats.Retries)
 	}
 	if res.Stats.Applied != n || len(res.DeadLetters) != 0 {
 		t.Fatalf("stats %+v, dead letters %+v", res.Stats, res.DeadLetters)
+	}
+}
+
+// conflictCounter counts the transactions rolled back as conflicts.
+type conflictCounter struct {
+	consumer.NopObserver
+	n atomic.Int64
+}
+
+func (c *conflictCounter) TxEnd(_ context.Context, e consumer.TxEvent) {
+	if e.Err != nil && e.Class == dedup.ClassConflict {
+		c.n.Add(1)
 	}
 }
 
