@@ -19,7 +19,6 @@ import (
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/deduptest"
 	"github.com/idemkit/idem/dedup/pgstore"
-	"github.com/idemkit/idem/httpidem"
 	"github.com/idemkit/idem/internal/testenv"
 )
 
@@ -368,9 +367,9 @@ func TestDistributedRefusesHTTP(t *testing.T) {
 	st := distributedStore(t, d, pgstore.Config{})
 	ctx := context.Background()
 	c := deduptest.Claim("http", "k", "p")
-	_, err := st.RunRequest(ctx, c, time.Hour, func(ctx context.Context, tx pgx.Tx) (httpidem.Response, error) {
+	_, err := st.RunRequest(ctx, c, time.Hour, func(ctx context.Context, tx pgx.Tx) (dedup.StoredResponse, error) {
 		t.Error("the handler ran")
-		return httpidem.Response{Status: 200}, nil
+		return dedup.StoredResponse{Status: 200}, nil
 	})
 	if !errors.Is(err, pgstore.ErrDistributedHTTP) || pgstore.Classify(err) != dedup.ClassFatal {
 		t.Fatalf("RunRequest: %v", err)

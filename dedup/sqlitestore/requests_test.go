@@ -4,47 +4,46 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/dedup/deduptest"
 	"github.com/idemkit/idem/dedup/sqlitestore"
-	"github.com/idemkit/idem/httpidem"
 	"github.com/idemkit/idem/httpidem/httpidemtest"
 )
 
-// TestHTTPConformance runs the HTTP Idempotency-Key suite on SQLite.
+// requestHarness is a fresh store for the request suites, with a business
+// table of effects.
+func requestHarness(t *testing.T, lockTimeout time.Duration) deduptest.RequestHarness[*sql.Tx] {
+	st, db := openStore(t, sqlitestore.Config{LockTimeout: lockTimeout}, false)
+	if _, err := db.ExecContext(context.Background(), `CREATE TABLE effects (id TEXT NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return deduptest.RequestHarness[*sql.Tx]{
+		Store: st,
+		Effect: func(ctx context.Context, tx *sql.Tx, id string) error {
+			_, err := tx.ExecContext(ctx, `INSERT INTO effects (id) VALUES (?)`, id)
+			return err
+		},
+		Effects: func(ctx context.Context, id string) (n int, err error) {
+			err = db.QueryRowContext(ctx, `SELECT count(*) FROM effects WHERE id = ?`, id).Scan(&n)
+			return n, err
+		},
+	}
+}
+
+func TestRequestsConformance(t *testing.T) {
+	deduptest.RunRequests(t, func(t *testing.T, cfg deduptest.RequestConfig) deduptest.RequestHarness[*sql.Tx] {
+		return requestHarness(t, cfg.LockTimeout)
+	})
+}
+
+// TestHTTPConformance runs the HTTP Idempotency-Key middleware's suite on
+// SQLite.
 func TestHTTPConformance(t *testing.T) {
 	httpidemtest.Run(t, func(t *testing.T, cfg httpidemtest.Config) httpidemtest.Harness[*sql.Tx] {
-		db, err := sqlitestore.Open(filepath.Join(t.TempDir(), "idem.db"), cfg.LockTimeout)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { db.Close() })
-		st, err := sqlitestore.New(db, sqlitestore.Config{LockTimeout: cfg.LockTimeout})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx := context.Background()
-		if err := st.Migrate(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := db.ExecContext(ctx, `CREATE TABLE effects (id TEXT NOT NULL)`); err != nil {
-			t.Fatal(err)
-		}
-		return httpidemtest.Harness[*sql.Tx]{
-			Store: st,
-			Effect: func(ctx context.Context, tx *sql.Tx, id string) error {
-				_, err := tx.ExecContext(ctx, `INSERT INTO effects (id) VALUES (?)`, id)
-				return err
-			},
-			Effects: func(ctx context.Context, id string) (n int, err error) {
-				err = db.QueryRowContext(ctx, `SELECT count(*) FROM effects WHERE id = ?`, id).Scan(&n)
-				return n, err
-			},
-			OneWriter: true,
-		}
+		return httpidemtest.Harness[*sql.Tx]{RequestHarness: requestHarness(t, cfg.LockTimeout), OneWriter: true}
 	})
 }
 
@@ -54,22 +53,11 @@ func TestHTTPConformance(t *testing.T) {
 // expired (as rows written before that rule do), deleting it once the
 // lease has run out.
 func TestLeaseKeepsItsRow(t *testing.T) {
-	db, err := sqlitestore.Open(filepath.Join(t.TempDir(), "idem.db"), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	st, err := sqlitestore.New(db, sqlitestore.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, db := openStore(t, sqlitestore.Config{}, false)
 	ctx := context.Background()
-	if err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
 	c := dedup.Claim{Key: dedup.Key{Scope: "POST /payouts", ID: "p1"}, Fingerprint: dedup.FingerprintOf([]byte("x"))}
 	rec, err := st.AcquireLease(ctx, c, time.Millisecond, time.Millisecond)
-	if err != nil || rec.Verdict != httpidem.Run {
+	if err != nil || rec.Verdict != dedup.VerdictRun {
 		t.Fatalf("acquire: %+v, %v", rec, err)
 	}
 	if err := st.ExtendLease(ctx, c.Key, rec.Token, time.Hour); err != nil {
@@ -104,21 +92,10 @@ func TestLeaseKeepsItsRow(t *testing.T) {
 // the largest token stored: the next token given to a key is larger than
 // any it had.
 func TestMigrateSeedsTokens(t *testing.T) {
-	db, err := sqlitestore.Open(filepath.Join(t.TempDir(), "idem.db"), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	st, err := sqlitestore.New(db, sqlitestore.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, db := openStore(t, sqlitestore.Config{}, false)
 	ctx := context.Background()
-	if err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
 	c := dedup.Claim{Key: dedup.Key{Scope: "POST /payouts", ID: "p1"}, Fingerprint: dedup.FingerprintOf([]byte("x"))}
-	if rec, err := st.AcquireLease(ctx, c, time.Hour, time.Hour); err != nil || rec.Verdict != httpidem.Run {
+	if rec, err := st.AcquireLease(ctx, c, time.Hour, time.Hour); err != nil || rec.Verdict != dedup.VerdictRun {
 		t.Fatalf("acquire: %+v, %v", rec, err)
 	}
 	// The table as an earlier version left it: tokens counted per key.
@@ -136,7 +113,7 @@ func TestMigrateSeedsTokens(t *testing.T) {
 	}
 	other := dedup.Claim{Key: dedup.Key{Scope: "POST /payouts", ID: "p2"}, Fingerprint: c.Fingerprint}
 	rec, err := st.AcquireLease(ctx, other, time.Hour, time.Hour)
-	if err != nil || rec.Verdict != httpidem.Run || rec.Token <= 41 {
+	if err != nil || rec.Verdict != dedup.VerdictRun || rec.Token <= 41 {
 		t.Fatalf("a new key after the upgrade: %+v, %v; want a token above the stored 41", rec, err)
 	}
 }
