@@ -17,7 +17,7 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/dedup/pgstore"
+	"github.com/idemkit/idem/internal/pgerr"
 	"github.com/idemkit/idem/internal/retry"
 )
 
@@ -287,7 +287,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if loopCtx.Err() != nil {
 			return nil
 		}
-		if errors.Is(err, dedup.ErrNotMigrated) || pgstore.Classify(err) == dedup.ClassFatal {
+		if errors.Is(err, dedup.ErrNotMigrated) || pgerr.Classify(err) == dedup.ClassFatal {
 			return err
 		}
 		r.cfg.Logger.Warn("idem outbox: relay waits for Postgres", slog.Any("error", err))
@@ -301,7 +301,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		switch {
 		case err != nil && loopCtx.Err() != nil:
 			return nil
-		case err != nil && pgstore.Classify(err) == dedup.ClassFatal:
+		case err != nil && pgerr.Classify(err) == dedup.ClassFatal:
 			r.cfg.Logger.Error("idem outbox: relay stopped", slog.Any("error", err))
 			return err
 		case err != nil:

@@ -250,7 +250,7 @@ func (s *Store) Table() string { return s.table }
 // dedup.Store.
 //
 // When the transaction fails because its connection died (or no connection
-// could be had), the error is wrapped in a *ConnLostError, which Classify
+// could be had), the error is wrapped in a *dedup.ConnLostError, which Classify
 // reports as dedup.ClassUnavailable: the consumer waits the database out
 // instead of blaming the message. A network error a handler got from
 // somewhere else leaves the connection alive and is returned as it is.
@@ -282,7 +282,7 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *sql.T
 		}
 		if !isContextErr(err) || s.lostSince(began) || !s.answers(ctx) {
 			s.markLost()
-			err = &ConnLostError{Err: err}
+			err = connLost(err)
 		}
 	}()
 	if !s.preset {
@@ -308,7 +308,7 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *sql.T
 		// The connection broke during COMMIT: the outcome is unknown, and
 		// the redelivery's claim finds out.
 		s.markLost()
-		return &ConnLostError{Err: err}
+		return connLost(err)
 	}
 	committed = true
 	return nil
@@ -323,7 +323,7 @@ func (s *Store) beginErr(ctx context.Context, err error) error {
 		return err
 	}
 	s.markLost()
-	return &ConnLostError{Err: err}
+	return connLost(err)
 }
 
 // connDead reports whether a Rollback failed because the connection is gone
@@ -370,25 +370,22 @@ func isContextErr(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }
 
-// ConnLostError is a store operation that failed because its connection to
-// the database was lost or could not be had. When it happened during COMMIT
-// the outcome is unknown: the retry's claim finds out.
-type ConnLostError struct{ Err error }
-
-func (e *ConnLostError) Error() string { return "mysqlstore: connection lost: " + e.Err.Error() }
-func (e *ConnLostError) Unwrap() error { return e.Err }
+// connLost is a store operation that failed because its connection to the
+// database was lost or could not be had. When it happened during COMMIT the
+// outcome is unknown: the retry's claim finds out.
+func connLost(err error) error { return &dedup.ConnLostError{Store: "mysqlstore", Err: err} }
 
 // connErr wraps an error of the store's own statements outside InTx
 // (Check, Migrate, RecordFailure, Purge): a MySQL error or a context error
 // as it is, anything else (a broken or refused connection) as a
-// *ConnLostError.
+// *dedup.ConnLostError.
 func (s *Store) connErr(op string, err error) error {
 	var me *mysql.MySQLError
 	if errors.As(err, &me) || isContextErr(err) {
 		return fmt.Errorf("mysqlstore: %s: %w", op, err)
 	}
 	s.markLost()
-	return &ConnLostError{Err: fmt.Errorf("%s: %w", op, err)}
+	return connLost(fmt.Errorf("%s: %w", op, err))
 }
 
 // Check reports whether the table is migrated to this version of the store;
@@ -770,7 +767,7 @@ func (s *Store) ClassifyError(err error) dedup.ErrorClass { return Classify(err)
 //     conflict (retried whole, not counted against the message);
 //   - 1317 query interrupted, 3024 (MySQL max_execution_time), 1969
 //     (MariaDB max_statement_time): retryable (bounded);
-//   - a *ConnLostError (the store's own connection broke or could not be
+//   - a *dedup.ConnLostError (the store's own connection broke or could not be
 //     had), 1040 too many connections, 1053 shutdown in progress, 1927
 //     connection killed, 1152/1158–1161 network errors, 1290/1836/1792 (a
 //     read-only server or transaction: a failover in progress), SQLSTATE
@@ -790,7 +787,7 @@ func Classify(err error) dedup.ErrorClass {
 	if err == nil {
 		return dedup.ClassUnknown
 	}
-	var lost *ConnLostError
+	var lost *dedup.ConnLostError
 	if errors.As(err, &lost) {
 		return dedup.ClassUnavailable
 	}

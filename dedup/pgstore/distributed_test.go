@@ -346,7 +346,7 @@ func TestDistributedModeMismatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := dist.Check(ctx); !errors.Is(err, pgstore.ErrModeMismatch) || pgstore.Classify(err) != dedup.ClassFatal {
+	if err := dist.Check(ctx); !errors.Is(err, pgstore.ErrModeMismatch) || dist.ClassifyError(err) != dedup.ClassFatal {
 		t.Fatalf("distributed Check of a default-mode table: %v", err)
 	}
 	sharded := distributedStore(t, d, pgstore.Config{Table: "sharded"})
@@ -371,7 +371,7 @@ func TestDistributedRefusesHTTP(t *testing.T) {
 		t.Error("the handler ran")
 		return dedup.StoredResponse{Status: 200}, nil
 	})
-	if !errors.Is(err, pgstore.ErrDistributedHTTP) || pgstore.Classify(err) != dedup.ClassFatal {
+	if !errors.Is(err, pgstore.ErrDistributedHTTP) || st.ClassifyError(err) != dedup.ClassFatal {
 		t.Fatalf("RunRequest: %v", err)
 	}
 	if _, err := st.AcquireLease(ctx, c, time.Hour, time.Minute); !errors.Is(err, pgstore.ErrDistributedHTTP) {

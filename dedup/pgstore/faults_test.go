@@ -357,7 +357,7 @@ func TestHandlerTimeoutAfterShortOutageIsWaitedOut(t *testing.T) {
 			_, err := tx.Exec(ctx, `SELECT 1`)
 			return err
 		})
-		if pgstore.Classify(err) != dedup.ClassUnavailable {
+		if o.spy.Store.ClassifyError(err) != dedup.ClassUnavailable {
 			panic(fmt.Sprintf("a transaction during the outage: %v, want a lost connection", err))
 		}
 		// ...and the database is back before the hung statement's deadline;

@@ -210,7 +210,7 @@ func (s *Store) RunRequest(ctx context.Context, c dedup.Claim, retention time.Du
 			return rec, err
 		}
 		s.markLost()
-		return rec, &ConnLostError{Err: err}
+		return rec, connLost(err)
 	}
 	conn := pc.Conn()
 	defer func() {
@@ -229,7 +229,7 @@ func (s *Store) RunRequest(ctx context.Context, c dedup.Claim, retention time.Du
 		}
 		if !isContextErr(err) || s.lostSince(began) || !s.answers(ctx) { // as InTx decides
 			s.markLost()
-			err = &ConnLostError{Err: err}
+			err = connLost(err)
 		}
 	}()
 	// BEGIN and the look in one round trip.
