@@ -63,6 +63,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/internal/sqlmigrate"
 )
 
 // Config configures a Store. Zero values take the defaults.
@@ -391,7 +392,7 @@ func (s *Store) connErr(op string, err error) error {
 // Check reports whether the table is migrated to this version of the store;
 // see dedup.Store.
 func (s *Store) Check(ctx context.Context) error {
-	want, err := s.lastVersion()
+	ms, err := s.migrations("")
 	if err != nil {
 		return err
 	}
@@ -410,10 +411,8 @@ func (s *Store) Check(ctx context.Context) error {
 		return fmt.Errorf("%w: mysqlstore: %s does not exist: call Store.Migrate before Run", dedup.ErrNotMigrated, s.versions)
 	case err != nil:
 		return s.connErr("check", err)
-	case tables == 0 || have < want:
-		return fmt.Errorf("%w: mysqlstore: table %s is at migration %d of %d: call Store.Migrate before Run", dedup.ErrNotMigrated, s.table, have, want)
 	}
-	return nil
+	return sqlmigrate.Check("mysqlstore", s.table, tables > 0, have, ms, "Store.Migrate before Run")
 }
 
 // retention returns the retention of scope in µs, nil for forever.

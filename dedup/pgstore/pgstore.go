@@ -34,6 +34,7 @@ import (
 
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/internal/pgerr"
+	"github.com/idemkit/idem/internal/sqlmigrate"
 )
 
 // Config configures a Store. Zero values take the defaults.
@@ -318,8 +319,8 @@ func (s *Store) Check(ctx context.Context) error {
 			return connLost(err) // the pool's connection died under the query
 		}
 		return fmt.Errorf("pgstore: check: %w", err) // ClassifyError reads the SQLSTATE or the failed connect
-	case table == nil || int(have) < ms[len(ms)-1].version:
-		return fmt.Errorf("%w: pgstore: table %s is at migration %d of %d: call Store.Migrate before Run", dedup.ErrNotMigrated, s.table, have, ms[len(ms)-1].version)
+	case table == nil || int(have) < sqlmigrate.Latest(ms):
+		return sqlmigrate.Check("pgstore", s.table, table != nil, int(have), ms, "Store.Migrate before Run")
 	case sharded != s.cfg.Distributed:
 		return s.mismatch(sharded)
 	}
