@@ -21,16 +21,6 @@ import (
 
 func (s *Store) epochsTable() string { return `"` + s.cfg.Table + `_epochs"` }
 
-func (s *Store) migrateEpochs(ctx context.Context) error {
-	_, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+s.epochsTable()+` (
-    scope         TEXT    NOT NULL PRIMARY KEY CHECK (length(CAST(scope AS BLOB)) BETWEEN 1 AND 128),
-    epoch         INTEGER NOT NULL CHECK (epoch > 0),
-    release_token INTEGER,
-    release_until INTEGER
-) WITHOUT ROWID`)
-	return err
-}
-
 // Epochs returns the epoch of every scope that has one; see
 // dedup.EpochStore.
 func (s *Store) Epochs(ctx context.Context) (map[string]dedup.Epoch, error) {

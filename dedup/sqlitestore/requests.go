@@ -29,63 +29,11 @@ import (
 // one counter row (table <table>_tokens), incremented in the transaction
 // that writes the token. SQLite's one writer orders those transactions, so
 // a key claimed again after its row was purged gets a token larger than
-// all it had. Migrate seeds the counter with the largest token stored.
-
-// httpColumns are the columns Migrate adds for HTTP requests.
-var httpColumns = []string{
-	`state TEXT CHECK (state IN ('processing', 'finished'))`,
-	`token INTEGER CHECK (token > 0)`,
-	`lease_expires_at INTEGER`,
-	`status INTEGER CHECK (status BETWEEN 100 AND 999)`,
-	`header BLOB`,
-	`body BLOB`,
-}
+// all it had. Migration 003 seeds the counter with the largest token stored.
 
 type execQuerier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-}
-
-// hasHTTPColumns reports whether the table has the HTTP request columns.
-func (s *Store) hasHTTPColumns(ctx context.Context, q execQuerier) (bool, error) {
-	var n int
-	err := q.QueryRowContext(ctx, `SELECT count(*) FROM pragma_table_info(?) WHERE name = 'state'`, s.cfg.Table).Scan(&n)
-	return n > 0, err
-}
-
-// hasTokens reports whether the counter of lease tokens exists.
-func (s *Store) hasTokens(ctx context.Context, q execQuerier) (bool, error) {
-	var n int
-	err := q.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?`, s.cfg.Table+"_tokens").Scan(&n)
-	return n > 0, err
-}
-
-// migrateHTTP adds the HTTP request columns and the index of leases unless
-// the table has them, and the counter of lease tokens unless it exists
-// (seeded with the largest token stored), in one transaction.
-func (s *Store) migrateHTTP(ctx context.Context) error {
-	return s.InTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		ok, err := s.hasHTTPColumns(ctx, tx)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			for _, col := range httpColumns {
-				if _, err := tx.ExecContext(ctx, `ALTER TABLE `+s.table+` ADD COLUMN `+col); err != nil {
-					return err
-				}
-			}
-			if _, err := tx.ExecContext(ctx, `CREATE INDEX IF NOT EXISTS "`+s.cfg.Table+`_lease" ON `+s.table+` (lease_expires_at) WHERE state = 'processing'`); err != nil {
-				return err
-			}
-		}
-		_, err = tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+s.tokens+` (
-    id   INTEGER PRIMARY KEY CHECK (id = 1),
-    last INTEGER NOT NULL CHECK (last >= 0)
-);
-INSERT OR IGNORE INTO `+s.tokens+` (id, last) SELECT 1, coalesce(max(token), 0) FROM `+s.table)
-		return err
-	})
 }
 
 // nextToken draws a lease token in tx: larger than every one drawn before.

@@ -4,6 +4,10 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -87,33 +91,105 @@ func TestLeaseKeepsItsRow(t *testing.T) {
 	}
 }
 
-// TestMigrateSeedsTokens: a table migrated before the counter of lease
-// tokens existed fails Check until Migrate, which seeds the counter with
-// the largest token stored: the next token given to a key is larger than
-// any it had.
-func TestMigrateSeedsTokens(t *testing.T) {
-	st, db := openStore(t, sqlitestore.Config{}, false)
-	ctx := context.Background()
-	c := dedup.Claim{Key: dedup.Key{Scope: "POST /payouts", ID: "p1"}, Fingerprint: dedup.FingerprintOf([]byte("x"))}
-	if rec, err := st.AcquireLease(ctx, c, time.Hour, time.Hour); err != nil || rec.Verdict != dedup.VerdictRun {
-		t.Fatalf("acquire: %+v, %v", rec, err)
+// TestMigrateAdoptsUnversionedDatabases: a database that an earlier,
+// unversioned Migrate left at any of its four states (the table; with the
+// HTTP request columns; with the counter of lease tokens; with the release
+// epochs) fails Check until Migrate, which records what it has, applies
+// the rest and keeps its rows: the schema is then a fresh one's, a lease
+// token given after the upgrade is larger than any stored (the counter is
+// seeded from them when it was missing), and a second Migrate changes
+// nothing.
+func TestMigrateAdoptsUnversionedDatabases(t *testing.T) {
+	_, freshDB := openStore(t, sqlitestore.Config{}, false)
+	want := schemaOf(t, freshDB)
+	steps, err := filepath.Glob(filepath.Join("testdata", "unversioned", "*.sql"))
+	if err != nil || len(steps) != 4 {
+		t.Fatalf("fixtures %v, %v: want the four states of the unversioned Migrate", steps, err)
 	}
-	// The table as an earlier version left it: tokens counted per key.
-	if _, err := db.ExecContext(ctx, `DROP TABLE idem_dedup_tokens; UPDATE idem_dedup SET token = 41`); err != nil {
+	for n := 1; n <= len(steps); n++ {
+		t.Run(filepath.Base(steps[n-1]), func(t *testing.T) {
+			st, db := openStore(t, sqlitestore.Config{}, true)
+			ctx := context.Background()
+			// Each state's rows are written by the release that made it,
+			// before the next one's Migrate.
+			fp := dedup.FingerprintOf([]byte("x"))
+			rows := map[int]string{
+				1: `INSERT INTO idem_dedup (scope, key, fingerprint) VALUES ('payments', 'm1', ?)`,
+				// A request its lease holds, with a token of the old counting.
+				2: `INSERT INTO idem_dedup (scope, key, fingerprint, state, token, lease_expires_at)
+VALUES ('POST /payouts', 'p1', ?, 'processing', 41, ` + "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)" + ` + 3600000)`,
+			}
+			for i, f := range steps[:n] {
+				ddl, err := os.ReadFile(f)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := db.ExecContext(ctx, string(ddl)); err != nil {
+					t.Fatalf("%s: %v", f, err)
+				}
+				if q, ok := rows[i+1]; ok {
+					if _, err := db.ExecContext(ctx, q, fp[:]); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if err := st.Check(ctx); !errors.Is(err, dedup.ErrNotMigrated) {
+				t.Fatalf("Check before Migrate: %v, want ErrNotMigrated", err)
+			}
+			for range 2 {
+				if err := st.Migrate(ctx); err != nil {
+					t.Fatalf("Migrate: %v", err)
+				}
+			}
+			if err := st.Check(ctx); err != nil {
+				t.Fatalf("Check after Migrate: %v", err)
+			}
+			if got := schemaOf(t, db); got != want {
+				t.Fatalf("schema after the upgrade:\n%s\nwant a fresh one's:\n%s", got, want)
+			}
+			var versions int
+			if err := db.QueryRowContext(ctx, `SELECT count(*) FROM idem_schema_migrations WHERE table_name = 'idem_dedup'`).Scan(&versions); err != nil || versions != 4 {
+				t.Fatalf("%d versions recorded (%v), want 4, once each", versions, err)
+			}
+			res := make([]dedup.Result, 1)
+			err := st.InTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+				return st.Claim(ctx, tx, []dedup.Claim{{Key: dedup.Key{Scope: "payments", ID: "m1"}, Fingerprint: fp}}, res)
+			})
+			if err != nil || res[0].Status != dedup.StatusDuplicate {
+				t.Fatalf("the stored key after the upgrade: %v, %v; want a duplicate", res[0].Status, err)
+			}
+			rec, err := st.AcquireLease(ctx, dedup.Claim{Key: dedup.Key{Scope: "POST /payouts", ID: "p2"}, Fingerprint: fp}, time.Hour, time.Hour)
+			if err != nil || rec.Verdict != dedup.VerdictRun || n >= 2 && rec.Token <= 41 {
+				t.Fatalf("a new key after the upgrade: %+v, %v; want it run, with a token above the stored 41", rec, err)
+			}
+			if n >= 2 {
+				busy, err := st.AcquireLease(ctx, dedup.Claim{Key: dedup.Key{Scope: "POST /payouts", ID: "p1"}, Fingerprint: fp}, time.Hour, time.Hour)
+				if err != nil || busy.Verdict != dedup.VerdictBusy || busy.Token != 41 {
+					t.Fatalf("the stored lease after the upgrade: %+v, %v; want it busy with token 41", busy, err)
+				}
+			}
+		})
+	}
+}
+
+// schemaOf is the database's tables and indexes as SQL, spaces collapsed.
+func schemaOf(t *testing.T, db *sql.DB) string {
+	t.Helper()
+	rows, err := db.Query(`SELECT type, name, coalesce(sql, '') FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' ORDER BY type, name`)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Check(ctx); !errors.Is(err, dedup.ErrNotMigrated) {
-		t.Fatalf("Check without the counter: %v, want ErrNotMigrated", err)
+	defer rows.Close()
+	var b strings.Builder
+	for rows.Next() {
+		var typ, name, def string
+		if err := rows.Scan(&typ, &name, &def); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&b, "%s %s: %s\n", typ, name, strings.Join(strings.Fields(def), " "))
 	}
-	if err := st.Migrate(ctx); err != nil {
+	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Check(ctx); err != nil {
-		t.Fatalf("Check after Migrate: %v", err)
-	}
-	other := dedup.Claim{Key: dedup.Key{Scope: "POST /payouts", ID: "p2"}, Fingerprint: c.Fingerprint}
-	rec, err := st.AcquireLease(ctx, other, time.Hour, time.Hour)
-	if err != nil || rec.Verdict != dedup.VerdictRun || rec.Token <= 41 {
-		t.Fatalf("a new key after the upgrade: %+v, %v; want a token above the stored 41", rec, err)
-	}
+	return b.String()
 }

@@ -144,34 +144,6 @@ func (s *Store) Table() string { return s.table }
 // nowMillis is SQLite's clock in Unix milliseconds.
 const nowMillis = `CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)`
 
-// Migrate creates the table and its indexes when missing, adds the
-// columns of HTTP Idempotency-Key requests to a table created before them
-// (see http.go), and creates the release epochs' table (see epochs.go).
-func (s *Store) Migrate(ctx context.Context) error {
-	_, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+s.table+` (
-    scope       TEXT    NOT NULL CHECK (length(CAST(scope AS BLOB)) BETWEEN 1 AND 128),
-    key         TEXT    NOT NULL CHECK (length(CAST(key AS BLOB)) BETWEEN 1 AND 256),
-    fingerprint BLOB    NOT NULL CHECK (length(fingerprint) = 32),
-    outcome     TEXT    NOT NULL DEFAULT 'done' CHECK (outcome IN ('done', 'failed')),
-    reason      TEXT,
-    source      TEXT,
-    created_at  INTEGER NOT NULL DEFAULT (`+nowMillis+`),
-    expires_at  INTEGER,
-    PRIMARY KEY (scope, key)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS "`+s.cfg.Table+`_expires" ON `+s.table+` (expires_at) WHERE expires_at IS NOT NULL;`)
-	if err != nil {
-		return fmt.Errorf("sqlitestore: migrate: %w", err)
-	}
-	if err := s.migrateHTTP(ctx); err != nil {
-		return fmt.Errorf("sqlitestore: migrate: %w", err)
-	}
-	if err := s.migrateEpochs(ctx); err != nil {
-		return fmt.Errorf("sqlitestore: migrate: %w", err)
-	}
-	return nil
-}
-
 // InTx runs fn in an IMMEDIATE transaction; see dedup.Store.
 func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) (err error) {
 	tx, err := s.db.BeginTx(ctx, nil)
@@ -202,29 +174,6 @@ func txEnded(err error) error {
 		return fmt.Errorf("%w (commit and rollback are the consumer's): %w", dedup.ErrTxEnded, err)
 	}
 	return err
-}
-
-// Check reports whether Migrate created the table; see dedup.Store.
-func (s *Store) Check(ctx context.Context) error {
-	var n int
-	err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?`, s.cfg.Table).Scan(&n)
-	switch {
-	case err != nil:
-		return fmt.Errorf("sqlitestore: check: %w", err)
-	case n == 0:
-		return fmt.Errorf("%w: sqlitestore: table %s does not exist: call Store.Migrate before Run", dedup.ErrNotMigrated, s.table)
-	}
-	if ok, err := s.hasHTTPColumns(ctx, s.db); err != nil {
-		return fmt.Errorf("sqlitestore: check: %w", err)
-	} else if !ok {
-		return fmt.Errorf("%w: sqlitestore: table %s lacks the HTTP request columns: call Store.Migrate before Run", dedup.ErrNotMigrated, s.table)
-	}
-	if ok, err := s.hasTokens(ctx, s.db); err != nil {
-		return fmt.Errorf("sqlitestore: check: %w", err)
-	} else if !ok {
-		return fmt.Errorf("%w: sqlitestore: table %s of lease tokens does not exist: call Store.Migrate before Run", dedup.ErrNotMigrated, s.tokens)
-	}
-	return nil
 }
 
 func (s *Store) retentionMillis(scope string) any {
