@@ -196,10 +196,10 @@ SELECT ctid FROM ` + t + ` WHERE ` + purgeable + ` LIMIT $1 FOR UPDATE SKIP LOCK
 	return st, nil
 }
 
-// Shards is the number of hash shards of a distributed-mode table.
-const Shards = 16
+// shardCount is the number of hash shards of a distributed-mode table.
+const shardCount = 16
 
-// shardOf is the SQL of a key's shard, 0 to Shards-1: the first hex digit
+// shardOf is the SQL of a key's shard, 0 to shardCount-1: the first hex digit
 // of md5(scope, U+001F, key). md5, left and strpos are in Postgres,
 // CockroachDB and YugabyteDB alike (hashtext is not in CockroachDB), and
 // the value is computed in each INSERT rather than by a generated column,
