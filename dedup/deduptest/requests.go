@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/internal/testenv/poll"
 )
 
 // RequestConfig is what RunRequests asks of a fresh store.
@@ -84,13 +85,7 @@ func wantEffects[TTx any](t *testing.T, h RequestHarness[TTx], id string, want i
 // a wait on a condition, never on a fixed time.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for wait := time.Millisecond; !cond(); wait = min(2*wait, 50*time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting for %s", what)
-		}
-		time.Sleep(wait)
-	}
+	poll.Until(t, time.Minute, what, cond)
 }
 
 // runRequest runs a request under c; with res it stores res (when the verdict

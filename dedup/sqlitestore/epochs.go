@@ -11,6 +11,7 @@ import (
 	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/internal/rowscan"
 )
 
 // Release epochs: the table <Table>_epochs holds one row per scope that was
@@ -29,16 +30,8 @@ func (s *Store) Epochs(ctx context.Context) (map[string]dedup.Epoch, error) {
 		return nil, s.epochErr("read", err)
 	}
 	defer rows.Close()
-	out := make(map[string]dedup.Epoch)
-	for rows.Next() {
-		var scope string
-		var e dedup.Epoch
-		if err := rows.Scan(&scope, &e.N, &e.Releasing); err != nil {
-			return nil, s.epochErr("read", err)
-		}
-		out[scope] = e
-	}
-	if err := rows.Err(); err != nil {
+	out, err := rowscan.Epochs(rows)
+	if err != nil {
 		return nil, s.epochErr("read", err)
 	}
 	return out, nil

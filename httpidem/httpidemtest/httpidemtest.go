@@ -27,6 +27,7 @@ import (
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/deduptest"
 	"github.com/idemkit/idem/httpidem"
+	"github.com/idemkit/idem/internal/testenv/poll"
 )
 
 // Config is what the suite asks of a fresh store.
@@ -197,13 +198,7 @@ func wantEffects[TTx any](t *testing.T, h Harness[TTx], id string, want int) {
 // a wait on a condition, never on a fixed time.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for wait := time.Millisecond; !cond(); wait = min(2*wait, 50*time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting for %s", what)
-		}
-		time.Sleep(wait)
-	}
+	poll.Until(t, time.Minute, what, cond)
 }
 
 // gate lets a test hold a handler half-way: the handler calls wait, the
