@@ -5,8 +5,6 @@ import (
 	"embed"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/idemkit/idem/internal/sqlmigrate"
 	"github.com/idemkit/idem/internal/sqlmigrate/pgmigrate"
 )
@@ -22,7 +20,7 @@ func (o *Outbox) migrations() ([]sqlmigrate.Migration, error) {
 	}{
 		Table: o.table,
 		Dead:  o.dead,
-		Index: func(suffix string) string { return pgx.Identifier{o.cfg.Table + "_" + suffix}.Sanitize() },
+		Index: pgmigrate.Index(o.cfg.Table),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("outbox: %w", err)

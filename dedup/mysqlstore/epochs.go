@@ -23,12 +23,7 @@ import (
 // Epochs returns the epoch of every scope that has one; see
 // dedup.EpochStore.
 func (s *Store) Epochs(ctx context.Context) (map[string]dedup.Epoch, error) {
-	rows, err := s.db.QueryContext(ctx, "SELECT scope, epoch, coalesce(release_until > UTC_TIMESTAMP(6), 0) FROM "+s.epochs)
-	if err != nil {
-		return nil, s.epochErr("read", err)
-	}
-	defer rows.Close()
-	out, err := rowscan.Epochs(rows)
+	out, err := rowscan.Epochs(s.db.QueryContext(ctx, "SELECT scope, epoch, coalesce(release_until > UTC_TIMESTAMP(6), 0) FROM "+s.epochs))
 	if err != nil {
 		return nil, s.epochErr("read", err)
 	}

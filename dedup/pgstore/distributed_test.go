@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -428,35 +427,7 @@ func TestDistributedSerializationFailuresRetried(t *testing.T) {
 func TestDistributedHundredConcurrentDeliveries(t *testing.T) {
 	d := testenv.NewDistributed(t)
 	st := distributedStore(t, d, pgstore.Config{LockTimeout: time.Second})
-	ctx := context.Background()
-	table := effectsTable(t, d.Admin, d.Schema)
-	var wg sync.WaitGroup
-	results := make([]consumertest.Result, 4)
-	for c := range 4 {
-		var msgs []*consumer.Message
-		for p := range 25 {
-			msgs = append(msgs, consumertest.Message("payments", int32(c*25+p), 0, "", `{"txn_id":"HOT","amount":500}`))
-		}
-		wg.Go(func() {
-			results[c] = consumertest.Run(t, consumer.Config[pgx.Tx]{
-				Name: "payments", Store: st, Handler: insertEffect(table), Key: consumer.ByJSONField("txn_id"), Logger: quiet,
-			}, consumertest.Script{}, msgs...)
-		})
-	}
-	wg.Wait()
-	var effects int64
-	if err := d.Admin.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&effects); err != nil {
-		t.Fatal(err)
-	}
-	var applied, dups, letters int64
-	for _, r := range results {
-		applied += r.Stats.Applied
-		dups += r.Stats.Duplicates
-		letters += int64(len(r.DeadLetters))
-	}
-	if effects != 1 || applied != 1 || dups != 99 || letters != 0 {
-		t.Fatalf("effects %d, applied %d, duplicates %d, dead letters %d; want 1, 1, 99, 0", effects, applied, dups, letters)
-	}
+	raceOneKey(t, st, d.Admin, effectsTable(t, d.Admin, d.Schema))
 }
 
 // TestDistributedNextOffsetBounded (issue 25, item 8c): in distributed mode

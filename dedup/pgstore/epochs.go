@@ -28,12 +28,7 @@ func (s *Store) EpochsTable() string { return s.epochs }
 // Epochs returns the epoch of every scope that has one; see
 // dedup.EpochStore.
 func (s *Store) Epochs(ctx context.Context) (map[string]dedup.Epoch, error) {
-	rows, err := s.pool.Query(ctx, `SELECT scope, epoch, coalesce(release_until > now(), false) FROM `+s.epochs)
-	if err != nil {
-		return nil, s.epochErr("read", err)
-	}
-	defer rows.Close()
-	out, err := rowscan.Epochs(rows)
+	out, err := rowscan.Epochs(s.pool.Query(ctx, `SELECT scope, epoch, coalesce(release_until > now(), false) FROM `+s.epochs))
 	if err != nil {
 		return nil, s.epochErr("read", err)
 	}

@@ -5,8 +5,6 @@ import (
 	"embed"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/idemkit/idem/internal/sqlmigrate"
 	"github.com/idemkit/idem/internal/sqlmigrate/pgmigrate"
 )
@@ -27,7 +25,7 @@ func (s *Store) migrations() ([]sqlmigrate.Migration, error) {
 		Offsets:     s.offsets,
 		Epochs:      s.epochs,
 		Distributed: s.cfg.Distributed,
-		Index:       func(suffix string) string { return pgx.Identifier{s.cfg.Table + "_" + suffix}.Sanitize() },
+		Index:       pgmigrate.Index(s.cfg.Table),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: %w", err)

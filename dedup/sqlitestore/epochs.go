@@ -25,12 +25,7 @@ func (s *Store) epochsTable() string { return `"` + s.cfg.Table + `_epochs"` }
 // Epochs returns the epoch of every scope that has one; see
 // dedup.EpochStore.
 func (s *Store) Epochs(ctx context.Context) (map[string]dedup.Epoch, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT scope, epoch, coalesce(release_until > `+nowMillis+`, 0) FROM `+s.epochsTable())
-	if err != nil {
-		return nil, s.epochErr("read", err)
-	}
-	defer rows.Close()
-	out, err := rowscan.Epochs(rows)
+	out, err := rowscan.Epochs(s.db.QueryContext(ctx, `SELECT scope, epoch, coalesce(release_until > `+nowMillis+`, 0) FROM `+s.epochsTable()))
 	if err != nil {
 		return nil, s.epochErr("read", err)
 	}

@@ -11,9 +11,13 @@ type Rows interface {
 	Err() error
 }
 
-// Epochs reads rows of (scope, epoch, releasing) into dedup.EpochStore's
-// map. The caller closes rows.
-func Epochs(rows Rows) (map[string]dedup.Epoch, error) {
+// Epochs reads the result of a query of (scope, epoch, releasing) into
+// dedup.EpochStore's map, and closes its rows: rowscan.Epochs(db.Query(…)).
+func Epochs(rows Rows, err error) (map[string]dedup.Epoch, error) {
+	if err != nil {
+		return nil, err
+	}
+	defer closeRows(rows)
 	out := make(map[string]dedup.Epoch)
 	for rows.Next() {
 		var scope string
@@ -27,4 +31,15 @@ func Epochs(rows Rows) (map[string]dedup.Epoch, error) {
 		return nil, err
 	}
 	return out, nil
+}
+
+// closeRows closes pgx.Rows (Close()) and *sql.Rows (Close() error) alike;
+// an error of the latter is rows.Err's, read before.
+func closeRows(rows Rows) {
+	switch r := rows.(type) {
+	case interface{ Close() }:
+		r.Close()
+	case interface{ Close() error }:
+		_ = r.Close()
+	}
 }

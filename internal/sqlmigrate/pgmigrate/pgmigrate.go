@@ -99,3 +99,9 @@ func Version(ctx context.Context, pool *pgxpool.Pool, schema, table string) (ver
 	}
 	return int(have), reg != nil, err
 }
+
+// Index returns the template function that names an index or constraint
+// of table: {{call .Index "expires"}} is "<table>_expires", sanitized.
+func Index(table string) func(suffix string) string {
+	return func(suffix string) string { return pgx.Identifier{table + "_" + suffix}.Sanitize() }
+}
