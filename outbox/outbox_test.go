@@ -27,6 +27,21 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
+// outboxAndStore migrates an outbox and a dedup store into one fresh
+// schema.
+func outboxAndStore(t *testing.T) (*outbox.Outbox, *pgxpool.Pool, *pgstore.Store) {
+	t.Helper()
+	ob, pool, schema := relaytest.NewOutbox(t)
+	store, err := pgstore.New(pool, pgstore.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return ob, pool, store
+}
+
 // row is what a test reads back from the outbox table.
 type row struct {
 	ID, Scope, Key string
@@ -206,14 +221,7 @@ func TestEnqueueRefusesBadMessages(t *testing.T) {
 // the outbox holds exactly one per payment, identified by the callback's
 // dedup key.
 func TestEnqueueInAConsumer(t *testing.T) {
-	ob, pool, schema := relaytest.NewOutbox(t)
-	store, err := pgstore.New(pool, pgstore.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	ob, pool, store := outboxAndStore(t)
 	var msgs []*consumer.Message
 	for i := range 200 {
 		msgs = append(msgs, consumertest.Message("payments", int32(i%4), int64(i/4), "", fmt.Sprintf(`{"txn_id":"T%03d"}`, i)))
@@ -244,14 +252,7 @@ func TestEnqueueInAConsumer(t *testing.T) {
 // message numbered after its first); the outbox holds exactly two per
 // payment, positions 0 and 1, however often the payments were delivered.
 func TestEnqueueAllInABatchHandler(t *testing.T) {
-	ob, pool, schema := relaytest.NewOutbox(t)
-	store, err := pgstore.New(pool, pgstore.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	ob, pool, store := outboxAndStore(t)
 	var msgs []*consumer.Message
 	for i := range 150 {
 		msgs = append(msgs, consumertest.Message("payments", int32(i%3), int64(i/3), "", fmt.Sprintf(`{"txn_id":"T%03d"}`, i)))
@@ -282,7 +283,7 @@ func TestEnqueueAllInABatchHandler(t *testing.T) {
 			t.Fatalf("row %+v: want position %d", r, want)
 		}
 	}
-	err = inTx(t, pool, func(tx pgx.Tx) error {
+	err := inTx(t, pool, func(tx pgx.Tx) error {
 		return ob.EnqueueAll(context.Background(), tx, []outbox.Outgoing{{From: consumertest.Message("p", 0, 0, "", "{}"), Messages: []outbox.Message{msg("t", "", "")}}})
 	})
 	if !consumer.IsPermanent(err) {
