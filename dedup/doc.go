@@ -24,6 +24,16 @@
 // writers expecting one value at most one moves it, and that a move rolled
 // back is forgotten.
 //
+// A [RequestStore] keeps HTTP Idempotency-Key requests (package httpidem) in
+// the same key rows: a request's state, a lease with a fencing token that
+// only grows, and its stored response. It guarantees that a key runs once
+// (VerdictRun) and is replayed, busy or a mismatch after, that a write with
+// an outdated token is refused ([ErrLeaseLost]), and that no lease is
+// shorter than the row that holds it.
+//
+// A lost connection is a [*ConnLostError], whichever store lost it.
+//
 // The conformance suite in package deduptest pins this contract down; every
-// store runs it (deduptest.Run; deduptest.RunOffsets for offset stores).
+// store runs it (deduptest.Run; deduptest.RunOffsets for offset stores,
+// deduptest.RunRequests for request stores).
 package dedup

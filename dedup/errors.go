@@ -97,3 +97,20 @@ func (c ErrorClass) String() string {
 		return "unknown"
 	}
 }
+
+// ConnLostError is a store operation that failed because its connection to
+// the database was lost or could not be had (pgstore's and mysqlstore's
+// InTx, Check and the like). When it happened during COMMIT the outcome is
+// unknown: the redelivery's claim finds out. The stores' ClassifyError
+// reports it as ClassUnavailable, which the consumer waits out. Match it
+// with errors.As and a *ConnLostError; an EOF or network error a handler got
+// from somewhere else is never one.
+type ConnLostError struct {
+	// Store names the store that lost its connection ("pgstore").
+	Store string
+	// Err is what the driver reported.
+	Err error
+}
+
+func (e *ConnLostError) Error() string { return e.Store + ": connection lost: " + e.Err.Error() }
+func (e *ConnLostError) Unwrap() error { return e.Err }

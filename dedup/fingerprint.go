@@ -30,11 +30,3 @@ func FingerprintOf(payload []byte) Fingerprint {
 	}
 	return sha256.Sum256(payload)
 }
-
-// CanonicalJSON returns the canonical form of a JSON text, or an error when
-// payload is not exactly one valid JSON value: what FingerprintOf hashes. Kept
-// for finding out why two payloads' fingerprints differ (a mismatch in a
-// dead letter): compare their canonical forms.
-func CanonicalJSON(payload []byte) ([]byte, error) {
-	return jsonx.Canonical(nil, payload)
-}

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+
+	"github.com/idemkit/idem/dedup"
 )
 
 // ErrResponseTooLarge: the handler wrote more than Route.MaxResponseBytes.
@@ -67,7 +69,7 @@ func (c *capture) finish() {
 }
 
 // response is what is stored: the status, the fields of stored, the body.
-func (c *capture) response(stored map[string]bool) Response {
+func (c *capture) response(stored map[string]bool) dedup.StoredResponse {
 	var pairs [][2]string
 	for name, vs := range c.header {
 		if stored[name] {
@@ -85,7 +87,7 @@ func (c *capture) response(stored map[string]bool) Response {
 		return 0
 	})
 	header, _ := json.Marshal(pairs)
-	return Response{Status: c.status, Header: header, Body: c.body.Bytes()}
+	return dedup.StoredResponse{Status: c.status, Header: header, Body: c.body.Bytes()}
 }
 
 // send writes the captured response to w.
@@ -101,7 +103,7 @@ func (c *capture) send(w http.ResponseWriter) {
 
 // replay sends a stored response, with Idempotent-Replayed: true when it is
 // a replay.
-func replay(w http.ResponseWriter, res Response, replayed bool) error {
+func replay(w http.ResponseWriter, res dedup.StoredResponse, replayed bool) error {
 	var pairs [][2]string
 	if len(res.Header) > 0 {
 		if err := json.Unmarshal(res.Header, &pairs); err != nil {

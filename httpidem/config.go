@@ -8,13 +8,15 @@ import (
 	"strings"
 	"time"
 	"unicode"
+
+	"github.com/idemkit/idem/dedup"
 )
 
 // Config configures a Middleware. Zero values take the defaults.
 type Config[TTx any] struct {
 	// Store keeps the keys and their request records: *pgstore.Store or
 	// *sqlitestore.Store, migrated. Required.
-	Store Store[TTx]
+	Store dedup.RequestStore[TTx]
 	// Tenant, when set, names whom a request acts for — the authenticated
 	// account — and becomes part of its keys' scope, so that two tenants
 	// may use one key without seeing each other's responses. Take it from

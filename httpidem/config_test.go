@@ -17,7 +17,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func sqliteMiddleware(t *testing.T) *httpidem.Middleware[*sql.Tx] {
 	t.Helper()
-	db, err := sqlitestore.Open(filepath.Join(t.TempDir(), "idem.db"), 0)
+	db, err := sqlitestore.Open(filepath.Join(t.TempDir(), "idem.db"), sqlitestore.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,8 +48,11 @@
 // included; a retry after that runs again. Fencing tokens only grow: a
 // key purged and claimed again gets a larger token than any it had.
 //
-// Operators see keys stuck in Processing past their lease with
-// Store.StuckRequests, and release one with Store.ReleaseRequest (the next
-// request with the key takes it over; a still-running holder is fenced
-// out). The conformance suite in httpidemtest runs on every store.
+// The store is a dedup.RequestStore (pgstore.Store, sqlitestore.Store):
+// the contract of request records, verdicts, leases and tokens lives in
+// package dedup, with its conformance suite in deduptest.RunRequests.
+// Operators see keys stuck in Processing past their lease with the store's
+// StuckRequests, and release one with its ReleaseRequest (the next request
+// with the key takes it over; a still-running holder is fenced out). The
+// middleware's own suite, httpidemtest, runs on every store.
 package httpidem

@@ -25,7 +25,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	db, err := sqlitestore.Open(filepath.Join(dir, "shop.db"), 0)
+	db, err := sqlitestore.Open(filepath.Join(dir, "shop.db"), sqlitestore.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}

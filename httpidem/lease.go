@@ -19,7 +19,7 @@ type leaseStore interface {
 // the lease's token before the handler runs; other requests with the key
 // get 409 until the handler's response is stored, or until the lease runs
 // out and one of them takes the key over with a larger token. From then on
-// the store refuses this lease's writes (ErrLeaseLost).
+// the store refuses this lease's writes (dedup.ErrLeaseLost).
 //
 // Effects outside the store's database cannot be fenced by the store: pass
 // Key and Token to the system that performs them (the key as its
@@ -81,7 +81,7 @@ func (l *Lease) Expires() time.Time {
 }
 
 // Extend makes the lease run for d from now (the route's Lease when d ≤ 0).
-// It fails with ErrLeaseLost once the key was taken over or released: stop
+// It fails with dedup.ErrLeaseLost once the key was taken over or released: stop
 // then, and do not perform further effects.
 func (l *Lease) Extend(ctx context.Context, d time.Duration) error {
 	if l == nil {

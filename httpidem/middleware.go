@@ -23,7 +23,7 @@ import (
 // elsewhere. Safe for concurrent use; one Middleware serves every route of
 // a process (it knows which keys the process is executing).
 type Middleware[TTx any] struct {
-	store    Store[TTx]
+	store    dedup.RequestStore[TTx]
 	tenant   func(*http.Request) (string, error)
 	log      *slog.Logger
 	inflight inflight
@@ -253,37 +253,37 @@ func (t *txRoute[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	k := p.claim.Key
 	if p.keyed {
 		if !m.inflight.acquire(k) {
-			m.answer(w, p.r, Record{Key: k, Verdict: Busy})
+			m.answer(w, p.r, dedup.RequestRecord{Key: k, Verdict: dedup.VerdictBusy})
 			return
 		}
 		defer m.inflight.release(k)
 	}
 	cw := newCapture(rt.MaxResponseBytes)
 	var handlerErr error
-	run := func(ctx context.Context, tx TTx) (Response, error) {
+	run := func(ctx context.Context, tx TTx) (dedup.StoredResponse, error) {
 		if handlerErr = serveTx(t.h, cw, p.r, tx); handlerErr != nil {
-			return Response{}, handlerErr
+			return dedup.StoredResponse{}, handlerErr
 		}
 		if cw.tooLarge {
 			handlerErr = fmt.Errorf("%w: more than %d bytes (Route.MaxResponseBytes)", ErrResponseTooLarge, rt.MaxResponseBytes)
-			return Response{}, handlerErr
+			return dedup.StoredResponse{}, handlerErr
 		}
 		cw.finish()
 		return cw.response(rt.stored), nil
 	}
-	var rec Record
+	var rec dedup.RequestRecord
 	var err error
 	if p.keyed {
 		rec, err = m.store.RunRequest(p.r.Context(), p.claim, rt.Retention, run)
 	} else {
-		rec.Verdict = Run
+		rec.Verdict = dedup.VerdictRun
 		err = m.store.InTx(p.r.Context(), func(ctx context.Context, tx TTx) error {
 			_, err := run(ctx, tx)
 			return err
 		})
 	}
 	switch {
-	case err == nil && rec.Verdict == Run:
+	case err == nil && rec.Verdict == dedup.VerdictRun:
 		cw.send(w)
 	case err == nil:
 		m.answer(w, p.r, rec)
@@ -347,7 +347,7 @@ func (l *leaseRoute[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.storeFailed(w, p.r, k, err)
 		return
 	}
-	if rec.Verdict != Run {
+	if rec.Verdict != dedup.VerdictRun {
 		m.answer(w, p.r, rec)
 		return
 	}
@@ -378,7 +378,7 @@ func (l *leaseRoute[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		err := m.store.FinishLease(ctx, k, lease.token, cw.response(rt.stored))
 		switch {
-		case errors.Is(err, ErrLeaseLost):
+		case errors.Is(err, dedup.ErrLeaseLost):
 			writeProblem(w, http.StatusConflict, titleLost,
 				"This request's lease ran out and another request with the same key took it over (or an operator released it); its outcome stands, and this response was not stored.", 0)
 		case err != nil:
@@ -393,13 +393,13 @@ func (l *leaseRoute[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // answer responds for a key that is not this request's to run.
-func (m *Middleware[TTx]) answer(w http.ResponseWriter, r *http.Request, rec Record) {
+func (m *Middleware[TTx]) answer(w http.ResponseWriter, r *http.Request, rec dedup.RequestRecord) {
 	switch rec.Verdict {
-	case Replay:
+	case dedup.VerdictReplay:
 		if err := replay(w, rec.Response, true); err != nil {
 			m.serverError(w, r, "replay", err)
 		}
-	case Mismatch:
+	case dedup.VerdictMismatch:
 		writeProblem(w, http.StatusUnprocessableEntity, titleMismatch,
 			"This key was used for a different request (another method, route, resource in the path, or body): an Idempotency-Key must not be reused for another request.", 0)
 	default:

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/idemkit/idem/dedup"
 )
 
 // problem is an RFC 9457 problem detail. Its titles for the key's own
@@ -46,8 +48,8 @@ func writeProblem(w http.ResponseWriter, status int, title, detail string, retry
 }
 
 // problemResponse is a problem as a stored response.
-func problemResponse(status int, title, detail string) Response {
+func problemResponse(status int, title, detail string) dedup.StoredResponse {
 	body, _ := json.Marshal(problem{Title: title, Status: status, Detail: detail})
 	header, _ := json.Marshal([][2]string{{"Content-Type", "application/problem+json"}})
-	return Response{Status: status, Header: header, Body: body}
+	return dedup.StoredResponse{Status: status, Header: header, Body: body}
 }

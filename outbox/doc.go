@@ -39,7 +39,7 @@
 //
 // # Relays, leases and wakeup
 //
-// The outbox is divided into Shards by a hash of topic and key. A relay's
+// The outbox is divided into 16 shards by a hash of topic and key. A relay's
 // round opens a transaction, locks the shards it reads with
 // pg_try_advisory_xact_lock (skipping those another relay holds), reads
 // their oldest unsent rows (at most BatchSize), publishes them, deletes or

@@ -34,10 +34,10 @@ const (
 	HeaderPrefix = "idem-outbox-"
 )
 
-// Shards is how many relay locks the outbox is divided into. A message's
+// shardCount is how many relay locks the outbox is divided into. A message's
 // shard is a hash of its topic and key, so all messages of one key are in
 // one shard and one relay at a time publishes them, in order.
-const Shards = 16
+const shardCount = 16
 
 // Message is an outgoing message, written by Enqueue in the handler's
 // transaction and published by a Relay after it committed.
@@ -337,7 +337,7 @@ func shardOf(parent dedup.Key, m Message) int16 {
 		h.Write([]byte(m.Topic + "\x1f"))
 		h.Write(m.Key)
 	}
-	return int16(h.Sum32() % Shards)
+	return int16(h.Sum32() % shardCount)
 }
 
 func (m *Message) validate() error {

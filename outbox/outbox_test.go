@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idem/consumer/consumertest"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/pgstore"
+	"github.com/idemkit/idem/internal/relaytest"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/outbox"
 )
@@ -26,24 +27,19 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-// newOutbox migrates an outbox (and a dedup store) into a fresh schema.
-func newOutbox(t *testing.T) (*outbox.Outbox, *pgxpool.Pool, string) {
+// outboxAndStore migrates an outbox and a dedup store into one fresh
+// schema.
+func outboxAndStore(t *testing.T) (*outbox.Outbox, *pgxpool.Pool, *pgstore.Store) {
 	t.Helper()
-	pool, schema := testenv.SchemaPool(t)
-	ob, err := outbox.New(pool, outbox.Config{Schema: schema})
+	ob, pool, schema := relaytest.NewOutbox(t)
+	store, err := pgstore.New(pool, pgstore.Config{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ob.Migrate(context.Background()); err != nil {
+	if err := store.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	return ob, pool, schema
-}
-
-func ctxTimeout(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
+	return ob, pool, store
 }
 
 // row is what a test reads back from the outbox table.
@@ -82,7 +78,7 @@ func msg(topic, key, value string) outbox.Message {
 
 func inTx(t *testing.T, pool *pgxpool.Pool, fn func(tx pgx.Tx) error) error {
 	t.Helper()
-	return pgx.BeginFunc(ctxTimeout(t, time.Minute), pool, fn)
+	return pgx.BeginFunc(testenv.Context(t, time.Minute), pool, fn)
 }
 
 func TestCheckAndMigrate(t *testing.T) {
@@ -91,7 +87,7 @@ func TestCheckAndMigrate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := ctxTimeout(t, time.Minute)
+	ctx := testenv.Context(t, time.Minute)
 	if err := ob.Check(ctx); !errors.Is(err, dedup.ErrNotMigrated) {
 		t.Fatalf("Check before Migrate: %v, want ErrNotMigrated", err)
 	}
@@ -118,8 +114,8 @@ func TestCheckAndMigrate(t *testing.T) {
 // the parent key and their position — computed by the server as MessageID
 // computes them.
 func TestEnqueueCommitsWithItsTransaction(t *testing.T) {
-	ob, pool, _ := newOutbox(t)
-	ctx := ctxTimeout(t, time.Minute)
+	ob, pool, _ := relaytest.NewOutbox(t)
+	ctx := testenv.Context(t, time.Minute)
 	parent := dedup.Key{Scope: "payments", ID: "4200000001"}
 	boom := errors.New("handler failed")
 	err := inTx(t, pool, func(tx pgx.Tx) error {
@@ -190,8 +186,8 @@ func TestMessageIDIsStable(t *testing.T) {
 }
 
 func TestEnqueueRefusesBadMessages(t *testing.T) {
-	ob, pool, _ := newOutbox(t)
-	ctx := ctxTimeout(t, time.Minute)
+	ob, pool, _ := relaytest.NewOutbox(t)
+	ctx := testenv.Context(t, time.Minute)
 	parent := dedup.Key{Scope: "payments", ID: "1"}
 	for _, c := range []struct {
 		name   string
@@ -225,14 +221,7 @@ func TestEnqueueRefusesBadMessages(t *testing.T) {
 // the outbox holds exactly one per payment, identified by the callback's
 // dedup key.
 func TestEnqueueInAConsumer(t *testing.T) {
-	ob, pool, schema := newOutbox(t)
-	store, err := pgstore.New(pool, pgstore.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	ob, pool, store := outboxAndStore(t)
 	var msgs []*consumer.Message
 	for i := range 200 {
 		msgs = append(msgs, consumertest.Message("payments", int32(i%4), int64(i/4), "", fmt.Sprintf(`{"txn_id":"T%03d"}`, i)))
@@ -263,14 +252,7 @@ func TestEnqueueInAConsumer(t *testing.T) {
 // message numbered after its first); the outbox holds exactly two per
 // payment, positions 0 and 1, however often the payments were delivered.
 func TestEnqueueAllInABatchHandler(t *testing.T) {
-	ob, pool, schema := newOutbox(t)
-	store, err := pgstore.New(pool, pgstore.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	ob, pool, store := outboxAndStore(t)
 	var msgs []*consumer.Message
 	for i := range 150 {
 		msgs = append(msgs, consumertest.Message("payments", int32(i%3), int64(i/3), "", fmt.Sprintf(`{"txn_id":"T%03d"}`, i)))
@@ -301,7 +283,7 @@ func TestEnqueueAllInABatchHandler(t *testing.T) {
 			t.Fatalf("row %+v: want position %d", r, want)
 		}
 	}
-	err = inTx(t, pool, func(tx pgx.Tx) error {
+	err := inTx(t, pool, func(tx pgx.Tx) error {
 		return ob.EnqueueAll(context.Background(), tx, []outbox.Outgoing{{From: consumertest.Message("p", 0, 0, "", "{}"), Messages: []outbox.Message{msg("t", "", "")}}})
 	})
 	if !consumer.IsPermanent(err) {

@@ -17,7 +17,7 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/dedup/pgstore"
+	"github.com/idemkit/idem/internal/pgerr"
 	"github.com/idemkit/idem/internal/retry"
 )
 
@@ -147,7 +147,7 @@ type Relay struct {
 	lockSQL, readSQL, sentSQL, deadSQL, purgeSQL string
 
 	// Used by the Run goroutine only.
-	shards    [Shards]shardState
+	shards    [shardCount]shardState
 	rotation  int
 	lastPurge time.Time
 
@@ -203,7 +203,7 @@ ON CONFLICT (seq) DO NOTHING`,
 		purgeSQL: `DELETE FROM ` + o.table + ` WHERE seq IN (
 SELECT seq FROM ` + o.table + ` WHERE sent_at < now() - $1::bigint * interval '1 millisecond' LIMIT $2 FOR UPDATE SKIP LOCKED)`,
 		done:     make(chan struct{}),
-		rotation: rand.IntN(Shards),
+		rotation: rand.IntN(shardCount),
 	}
 	if cfg.Retention > 0 {
 		r.sentSQL = `UPDATE ` + o.table + ` SET sent_at = now() WHERE seq = ANY($1::bigint[])`
@@ -287,7 +287,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if loopCtx.Err() != nil {
 			return nil
 		}
-		if errors.Is(err, dedup.ErrNotMigrated) || pgstore.Classify(err) == dedup.ClassFatal {
+		if errors.Is(err, dedup.ErrNotMigrated) || pgerr.Classify(err) == dedup.ClassFatal {
 			return err
 		}
 		r.cfg.Logger.Warn("idem outbox: relay waits for Postgres", slog.Any("error", err))
@@ -301,7 +301,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		switch {
 		case err != nil && loopCtx.Err() != nil:
 			return nil
-		case err != nil && pgstore.Classify(err) == dedup.ClassFatal:
+		case err != nil && pgerr.Classify(err) == dedup.ClassFatal:
 			r.cfg.Logger.Error("idem outbox: relay stopped", slog.Any("error", err))
 			return err
 		case err != nil:
@@ -365,9 +365,9 @@ func (r *Relay) idleWait() time.Duration {
 // relays spread over the shards and none is always last.
 func (r *Relay) eligible(now time.Time) []int32 {
 	r.rotation++
-	out := make([]int32, 0, Shards)
-	for i := range Shards {
-		s := (r.rotation + i) % Shards
+	out := make([]int32, 0, shardCount)
+	for i := range shardCount {
+		s := (r.rotation + i) % shardCount
 		if u := r.shards[s].until; u.IsZero() || !now.Before(u) {
 			out = append(out, int32(s))
 		}

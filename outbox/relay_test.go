@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/internal/relaytest"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/outbox"
 )
@@ -81,52 +81,16 @@ func (p *recorder) records() []outbox.Record {
 	return append([]outbox.Record(nil), p.sent...)
 }
 
-// waitFor polls cond until it holds, failing the test after timeout with
-// what cond last said. The timeout bounds a hung test only.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) {
+// checkOrder checks that the first copy of each record was published in
+// its key's order and that every message was; it returns how many copies
+// were duplicates.
+func checkOrder(t *testing.T, sent []outbox.Record, want int) int {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after %v (%s)", what, timeout, state)
-		}
-		time.Sleep(10 * time.Millisecond)
+	got := make([]relaytest.Delivered, len(sent))
+	for i, r := range sent {
+		got[i] = relaytest.Delivered{ID: r.ID, Key: string(r.Key), Value: string(r.Value)}
 	}
-}
-
-// startRelay runs a relay until the test ends (a graceful Stop).
-func startRelay(t *testing.T, cfg outbox.RelayConfig) *outbox.Relay {
-	t.Helper()
-	if cfg.Logger == nil {
-		cfg.Logger = testenv.Logger(t)
-	}
-	if cfg.PollInterval == 0 {
-		cfg.PollInterval = 5 * time.Millisecond
-	}
-	if cfg.Backoff.Initial == 0 {
-		cfg.Backoff = consumer.RetryPolicy{Initial: 5 * time.Millisecond, Max: 50 * time.Millisecond}
-	}
-	r, err := outbox.NewRelay(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := r.Stop(ctx); err != nil {
-			t.Errorf("Stop: %v", err)
-		}
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	return r
+	return relaytest.CheckKeyOrder(t, got, want)
 }
 
 func pending(t testing.TB, pool *pgxpool.Pool, ob *outbox.Outbox) int {
@@ -138,93 +102,19 @@ func pending(t testing.TB, pool *pgxpool.Pool, ob *outbox.Outbox) int {
 	return n
 }
 
-// produce enqueues perKey messages for each of keys keys over topics, from
-// as many goroutines as keys/3 (a key is always written by the same one,
-// in order), in transactions of 1 to 4 messages. Values are "key n".
-func produce(t *testing.T, pool *pgxpool.Pool, ob *outbox.Outbox, keys, perKey int, topics ...string) int {
-	t.Helper()
-	writers := max(1, keys/3)
-	var wg sync.WaitGroup
-	errs := make(chan error, writers)
-	for w := range writers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var mine []int
-			for k := w; k < keys; k += writers {
-				mine = append(mine, k)
-			}
-			for n := 0; n < perKey; {
-				size := 1 + (n+w)%4
-				err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
-					var msgs []outbox.Message
-					for i := 0; i < size && n+i < perKey; i++ {
-						for _, k := range mine {
-							key := fmt.Sprintf("k%03d", k)
-							msgs = append(msgs, msg(topics[k%len(topics)], key, key+" "+strconv.Itoa(n+i)))
-						}
-					}
-					return ob.EnqueueFor(context.Background(), tx, dedup.Key{Scope: "producer", ID: fmt.Sprintf("w%d-%d", w, n)}, msgs...)
-				})
-				if err != nil {
-					errs <- err
-					return
-				}
-				n += size
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	return keys * perKey
-}
-
-// checkOrder checks that the first copy of each message was published in
-// its key's order and that every message was published; it returns how
-// many copies were duplicates.
-func checkOrder(t *testing.T, sent []outbox.Record, want int) int {
-	t.Helper()
-	seen := map[string]bool{}
-	next := map[string]int{}
-	dups := 0
-	for _, r := range sent {
-		if seen[r.ID] {
-			dups++
-			continue
-		}
-		seen[r.ID] = true
-		key, nstr, _ := strings.Cut(string(r.Value), " ")
-		n, _ := strconv.Atoi(nstr)
-		if key != string(r.Key) {
-			t.Fatalf("record %s: value %q under key %q", r.ID, r.Value, r.Key)
-		}
-		if n != next[key] {
-			t.Fatalf("key %s: message %d published (first copy) when %d was due", key, n, next[key])
-		}
-		next[key]++
-	}
-	if len(seen) != want {
-		t.Fatalf("%d distinct messages published, want %d", len(seen), want)
-	}
-	return dups
-}
-
 // TestRelaysPublishEachRowOnceInKeyOrder: three relays publish what
 // producers enqueue meanwhile; with no failures every row is published
 // exactly once (no two relays share a shard), each key in order, and the
 // outbox ends empty.
 func TestRelaysPublishEachRowOnceInKeyOrder(t *testing.T) {
-	ob, pool, _ := newOutbox(t)
+	ob, pool, _ := relaytest.NewOutbox(t)
 	pub := newRecorder()
 	var relays []*outbox.Relay
 	for range 3 {
-		relays = append(relays, startRelay(t, outbox.RelayConfig{Outbox: ob, Publisher: pub, BatchSize: 40}))
+		relays = append(relays, relaytest.StartRelay(t, outbox.RelayConfig{Outbox: ob, Publisher: pub, BatchSize: 40}))
 	}
-	want := produce(t, pool, ob, 60, 25, "orders", "audit")
-	waitFor(t, 2*time.Minute, "every message published", func() (bool, string) {
+	want := relaytest.Enqueue(t, pool, ob, 60, 25, "orders", "audit")
+	relaytest.WaitFor(t, 2*time.Minute, "every message published", func() (bool, string) {
 		n := len(pub.records())
 		return n >= want && pending(t, pool, ob) == 0, fmt.Sprintf("%d of %d published", n, want)
 	})
@@ -249,11 +139,11 @@ func TestRelaysPublishEachRowOnceInKeyOrder(t *testing.T) {
 // batch, another publishes the other shards and none of the stuck relay's
 // rows; released, the first marks its rows and nothing is published twice.
 func TestRelaysNeverShareAShard(t *testing.T) {
-	ob, pool, _ := newOutbox(t)
-	want := produce(t, pool, ob, 48, 4, "orders")
+	ob, pool, _ := relaytest.NewOutbox(t)
+	want := relaytest.Enqueue(t, pool, ob, 48, 4, "orders")
 	stuck := newRecorder()
 	stuck.block = make(chan struct{})
-	startRelay(t, outbox.RelayConfig{Outbox: ob, Publisher: stuck, BatchSize: 10})
+	relaytest.StartRelay(t, outbox.RelayConfig{Outbox: ob, Publisher: stuck, BatchSize: 10})
 	select {
 	case <-stuck.entered:
 	case <-time.After(time.Minute):
@@ -266,8 +156,8 @@ func TestRelaysNeverShareAShard(t *testing.T) {
 	}
 	stuck.mu.Unlock()
 	other := newRecorder()
-	startRelay(t, outbox.RelayConfig{Outbox: ob, Publisher: other, BatchSize: 10})
-	waitFor(t, 2*time.Minute, "the second relay publishes every shard but the stuck relay's", func() (bool, string) {
+	relaytest.StartRelay(t, outbox.RelayConfig{Outbox: ob, Publisher: other, BatchSize: 10})
+	relaytest.WaitFor(t, 2*time.Minute, "the second relay publishes every shard but the stuck relay's", func() (bool, string) {
 		var left int
 		err := pool.QueryRow(context.Background(), `SELECT count(*) FROM `+ob.Table()+` WHERE sent_at IS NULL
 AND shard NOT IN (SELECT shard FROM `+ob.Table()+` WHERE seq = ANY($1))`, held).Scan(&left)
@@ -282,7 +172,7 @@ AND shard NOT IN (SELECT shard FROM `+ob.Table()+` WHERE seq = ANY($1))`, held).
 		}
 	}
 	close(stuck.block)
-	waitFor(t, 2*time.Minute, "the first relay marks its batch", func() (bool, string) {
+	relaytest.WaitFor(t, 2*time.Minute, "the first relay marks its batch", func() (bool, string) {
 		return pending(t, pool, ob) == 0, ""
 	})
 	all := append(stuck.records(), other.records()...)
@@ -306,8 +196,8 @@ var errBrokerDown = errors.New("broker down")
 // first calls, then a third of the keys on every other call: nothing is
 // lost, first copies stay in key order, the failing shards back off.
 func TestRelayWaitsOutFailures(t *testing.T) {
-	ob, pool, _ := newOutbox(t)
-	want := produce(t, pool, ob, 30, 20, "orders")
+	ob, pool, _ := relaytest.NewOutbox(t)
+	want := relaytest.Enqueue(t, pool, ob, 30, 20, "orders")
 	pub := newRecorder()
 	pub.fail = func(call int, r *outbox.Record) error {
 		switch {
@@ -318,8 +208,8 @@ func TestRelayWaitsOutFailures(t *testing.T) {
 		}
 		return nil
 	}
-	relay := startRelay(t, outbox.RelayConfig{Outbox: ob, Publisher: pub, BatchSize: 50})
-	waitFor(t, 2*time.Minute, "every message published", func() (bool, string) {
+	relay := relaytest.StartRelay(t, outbox.RelayConfig{Outbox: ob, Publisher: pub, BatchSize: 50})
+	relaytest.WaitFor(t, 2*time.Minute, "every message published", func() (bool, string) {
 		return pending(t, pool, ob) == 0, fmt.Sprintf("%d pending, stats %+v", pending(t, pool, ob), relay.Stats())
 	})
 	checkOrder(t, pub.records(), want)
@@ -333,8 +223,8 @@ func TestRelayWaitsOutFailures(t *testing.T) {
 // to the dead-letter table with the reason; the messages after it, of its
 // key too, are published.
 func TestRelayDeadLettersRefusals(t *testing.T) {
-	ob, pool, _ := newOutbox(t)
-	ctx := ctxTimeout(t, time.Minute)
+	ob, pool, _ := relaytest.NewOutbox(t)
+	ctx := testenv.Context(t, time.Minute)
 	err := inTx(t, pool, func(tx pgx.Tx) error {
 		return ob.EnqueueFor(ctx, tx, dedup.Key{Scope: "s", ID: "1"},
 			msg("orders", "k", "k 0"), outbox.Message{Topic: "orders", Key: []byte("k"), Value: []byte("huge"),
@@ -350,8 +240,8 @@ func TestRelayDeadLettersRefusals(t *testing.T) {
 		}
 		return nil
 	}
-	relay := startRelay(t, outbox.RelayConfig{Outbox: ob, Publisher: pub})
-	waitFor(t, time.Minute, "the outbox is empty", func() (bool, string) { return pending(t, pool, ob) == 0, "" })
+	relay := relaytest.StartRelay(t, outbox.RelayConfig{Outbox: ob, Publisher: pub})
+	relaytest.WaitFor(t, time.Minute, "the outbox is empty", func() (bool, string) { return pending(t, pool, ob) == 0, "" })
 	checkOrder(t, pub.records(), 2)
 	var id, reason string
 	var hk []string
@@ -371,7 +261,7 @@ INSERT INTO `+ob.Table()+` (id, parent_scope, parent_key, position, shard, topic
 SELECT id, parent_scope, parent_key, position, 0, topic, key, 'now fits', header_keys, header_values FROM d`); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, time.Minute, "the message put back is published", func() (bool, string) { return len(pub.records()) == 3, "" })
+	relaytest.WaitFor(t, time.Minute, "the message put back is published", func() (bool, string) { return len(pub.records()) == 3, "" })
 	if r := pub.records()[2]; r.ID != id || string(r.Value) != "now fits" {
 		t.Fatalf("put back and published: %+v", r)
 	}
@@ -380,11 +270,11 @@ SELECT id, parent_scope, parent_key, position, 0, topic, key, 'now fits', header
 // TestRelayRetainsSentRows: with Retention, sent rows stay, marked, until
 // they are older than it.
 func TestRelayRetainsSentRows(t *testing.T) {
-	ob, pool, _ := newOutbox(t)
-	want := produce(t, pool, ob, 3, 10, "orders")
+	ob, pool, _ := relaytest.NewOutbox(t)
+	want := relaytest.Enqueue(t, pool, ob, 3, 10, "orders")
 	pub := newRecorder()
-	startRelay(t, outbox.RelayConfig{Outbox: ob, Publisher: pub, Retention: time.Hour})
-	waitFor(t, time.Minute, "every message published", func() (bool, string) { return pending(t, pool, ob) == 0, "" })
+	relaytest.StartRelay(t, outbox.RelayConfig{Outbox: ob, Publisher: pub, Retention: time.Hour})
+	relaytest.WaitFor(t, time.Minute, "every message published", func() (bool, string) { return pending(t, pool, ob) == 0, "" })
 	got := rows(t, pool, ob.Table())
 	if len(got) != want {
 		t.Fatalf("%d rows kept, want %d", len(got), want)
@@ -394,8 +284,8 @@ func TestRelayRetainsSentRows(t *testing.T) {
 			t.Fatalf("row %+v not marked sent", r)
 		}
 	}
-	purger := startRelay(t, outbox.RelayConfig{Outbox: ob, Publisher: pub, Retention: time.Millisecond, PurgeEvery: time.Millisecond, PurgeBatch: 7})
-	waitFor(t, time.Minute, "the sent rows purged", func() (bool, string) {
+	purger := relaytest.StartRelay(t, outbox.RelayConfig{Outbox: ob, Publisher: pub, Retention: time.Millisecond, PurgeEvery: time.Millisecond, PurgeBatch: 7})
+	relaytest.WaitFor(t, time.Minute, "the sent rows purged", func() (bool, string) {
 		n := len(rows(t, pool, ob.Table()))
 		return n == 0, fmt.Sprintf("%d rows left", n)
 	})
@@ -408,8 +298,8 @@ func TestRelayRetainsSentRows(t *testing.T) {
 // TestRelayStops: Stop lets the round finish and mark its rows; a
 // cancelled context abandons it, and its rows are published again.
 func TestRelayStops(t *testing.T) {
-	ob, pool, _ := newOutbox(t)
-	produce(t, pool, ob, 3, 2, "orders")
+	ob, pool, _ := relaytest.NewOutbox(t)
+	relaytest.Enqueue(t, pool, ob, 3, 2, "orders")
 	for _, graceful := range []bool{true, false} {
 		pub := newRecorder()
 		pub.block = make(chan struct{})
@@ -444,7 +334,7 @@ func TestRelayStops(t *testing.T) {
 			t.Fatalf("a hard stop marked rows it did not publish: %d pending of %d", after, before)
 		}
 		if graceful {
-			produce(t, pool, ob, 3, 2, "orders")
+			relaytest.Enqueue(t, pool, ob, 3, 2, "orders")
 		}
 	}
 	if err := func() error {
@@ -465,7 +355,7 @@ func TestRelayRefusesAnUnmigratedOutbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Run(ctxTimeout(t, time.Minute)); !errors.Is(err, dedup.ErrNotMigrated) {
+	if err := r.Run(testenv.Context(t, time.Minute)); !errors.Is(err, dedup.ErrNotMigrated) {
 		t.Fatalf("Run on an outbox never migrated: %v", err)
 	}
 	_, err = outbox.NewRelay(outbox.RelayConfig{BatchSize: -1, PollInterval: -1, Backoff: consumer.RetryPolicy{Jitter: 2}})

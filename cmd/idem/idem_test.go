@@ -110,7 +110,7 @@ func TestSQLite(t *testing.T) {
 	if code, _, _ := idem(t, "", envs, "migrate"); code != exitOK {
 		t.Fatalf("migrate: exit %d", code)
 	}
-	db, err := sqlitestore.Open(path, 0)
+	db, err := sqlitestore.Open(path, sqlitestore.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,7 +32,7 @@ func ageHistogram(name, partition string, cumulative map[string]int) string {
 // up to six hours late is too short; a scope kept for ever is fine.
 func TestRetentionFromMetrics(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "idem.db")
-	db, err := sqlitestore.Open(path, 0)
+	db, err := sqlitestore.Open(path, sqlitestore.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -58,7 +58,7 @@ func (f *storeFlags) open(ctx context.Context, create bool) (dedup.Admin, func()
 		if _, err := os.Stat(f.sqlite); err != nil && !create {
 			return nil, nil, fmt.Errorf("sqlite: %w", err)
 		}
-		db, err := sqlitestore.Open(f.sqlite, 0)
+		db, err := sqlitestore.Open(f.sqlite, sqlitestore.Config{})
 		if err != nil {
 			return nil, nil, err
 		}

@@ -37,8 +37,6 @@ func RunOffsets[TTx any](t *testing.T, newStore OffsetFactory[TTx]) {
 	t.Run("WaiterRefusedAfterCommit", func(t *testing.T) { offsetsWaiter(t, newStore(t, 200*time.Millisecond)) })
 }
 
-var errRollbackOffsets = errors.New("deduptest: roll back")
-
 func advance[TTx any](ctx context.Context, st OffsetStore[TTx], p dedup.Partition, expected, next int64) (ok bool, err error) {
 	err = st.InTx(ctx, func(ctx context.Context, tx TTx) error {
 		ok, err = st.AdvanceOffset(ctx, tx, p, expected, next)
@@ -133,9 +131,9 @@ func offsetsRollback[TTx any](t *testing.T, st OffsetStore[TTx]) {
 		if n, err := st.NextOffset(ctx, tx, p); err != nil || n != 100 {
 			return fmt.Errorf("next offset inside the transaction: %d, %v; want 100", n, err)
 		}
-		return errRollbackOffsets
+		return errRollback
 	})
-	if !errors.Is(err, errRollbackOffsets) {
+	if !errors.Is(err, errRollback) {
 		t.Fatal(err)
 	}
 	if n := readNext(t, ctx, st, p); n != 0 {

@@ -10,6 +10,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/internal/rowscan"
 )
 
 // Release epochs: the table <Table>_epochs (migration 002) holds one row
@@ -22,21 +23,8 @@ import (
 // Epochs returns the epoch of every scope that has one; see
 // dedup.EpochStore.
 func (s *Store) Epochs(ctx context.Context) (map[string]dedup.Epoch, error) {
-	rows, err := s.db.QueryContext(ctx, "SELECT scope, epoch, coalesce(release_until > UTC_TIMESTAMP(6), 0) FROM "+s.epochs)
+	out, err := rowscan.Epochs(s.db.QueryContext(ctx, "SELECT scope, epoch, coalesce(release_until > UTC_TIMESTAMP(6), 0) FROM "+s.epochs))
 	if err != nil {
-		return nil, s.epochErr("read", err)
-	}
-	defer rows.Close()
-	out := make(map[string]dedup.Epoch)
-	for rows.Next() {
-		var scope string
-		var e dedup.Epoch
-		if err := rows.Scan(&scope, &e.N, &e.Releasing); err != nil {
-			return nil, s.epochErr("read", err)
-		}
-		out[scope] = e
-	}
-	if err := rows.Err(); err != nil {
 		return nil, s.epochErr("read", err)
 	}
 	return out, nil

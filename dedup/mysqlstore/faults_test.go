@@ -120,7 +120,7 @@ func TestServerKilledMidStream(t *testing.T) {
 	res, err := consumertest.Drive(dctx, consumer.Config[*sql.Tx]{
 		Name: "payments", Store: st, Handler: h, Key: consumer.ByJSONField(payments.KeyField),
 		MaxPayloadBytes: payments.MaxPayload, BatchSize: 20, Logger: quiet,
-		Clock: realShortClock{}, // real waits, short: the server restarts meanwhile
+		Clock: testenv.ShortClock{}, // real waits, short: the server restarts meanwhile
 	}, consumertest.Script{MinDeliveries: 1, MaxDeliveries: 2, CrashAfterCommitEvery: 5, Seed: 7}, msgs...)
 	close(stop)
 	if err := <-killed; err != nil {
@@ -147,20 +147,5 @@ func TestServerKilledMidStream(t *testing.T) {
 	}
 	if want := s.Bad + s.Conflicting; len(dead) != want {
 		t.Fatalf("%d messages dead-lettered, want the %d bad and conflicting ones: the outage dead-lettered good ones", len(dead), want)
-	}
-}
-
-// realShortClock sleeps for real, a tenth of the asked delay.
-type realShortClock struct{}
-
-func (realShortClock) Now() time.Time { return time.Now() }
-func (realShortClock) Sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d / 10)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }

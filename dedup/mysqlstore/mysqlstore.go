@@ -63,6 +63,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/internal/sqlmigrate"
 )
 
 // Config configures a Store. Zero values take the defaults.
@@ -250,7 +251,7 @@ func (s *Store) Table() string { return s.table }
 // dedup.Store.
 //
 // When the transaction fails because its connection died (or no connection
-// could be had), the error is wrapped in a *ConnLostError, which Classify
+// could be had), the error is wrapped in a *dedup.ConnLostError, which Classify
 // reports as dedup.ClassUnavailable: the consumer waits the database out
 // instead of blaming the message. A network error a handler got from
 // somewhere else leaves the connection alive and is returned as it is.
@@ -282,7 +283,7 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *sql.T
 		}
 		if !isContextErr(err) || s.lostSince(began) || !s.answers(ctx) {
 			s.markLost()
-			err = &ConnLostError{Err: err}
+			err = connLost(err)
 		}
 	}()
 	if !s.preset {
@@ -308,7 +309,7 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *sql.T
 		// The connection broke during COMMIT: the outcome is unknown, and
 		// the redelivery's claim finds out.
 		s.markLost()
-		return &ConnLostError{Err: err}
+		return connLost(err)
 	}
 	committed = true
 	return nil
@@ -323,7 +324,7 @@ func (s *Store) beginErr(ctx context.Context, err error) error {
 		return err
 	}
 	s.markLost()
-	return &ConnLostError{Err: err}
+	return connLost(err)
 }
 
 // connDead reports whether a Rollback failed because the connection is gone
@@ -370,31 +371,28 @@ func isContextErr(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }
 
-// ConnLostError is a store operation that failed because its connection to
-// the database was lost or could not be had. When it happened during COMMIT
-// the outcome is unknown: the retry's claim finds out.
-type ConnLostError struct{ Err error }
-
-func (e *ConnLostError) Error() string { return "mysqlstore: connection lost: " + e.Err.Error() }
-func (e *ConnLostError) Unwrap() error { return e.Err }
+// connLost is a store operation that failed because its connection to the
+// database was lost or could not be had. When it happened during COMMIT the
+// outcome is unknown: the retry's claim finds out.
+func connLost(err error) error { return &dedup.ConnLostError{Store: "mysqlstore", Err: err} }
 
 // connErr wraps an error of the store's own statements outside InTx
 // (Check, Migrate, RecordFailure, Purge): a MySQL error or a context error
 // as it is, anything else (a broken or refused connection) as a
-// *ConnLostError.
+// *dedup.ConnLostError.
 func (s *Store) connErr(op string, err error) error {
 	var me *mysql.MySQLError
 	if errors.As(err, &me) || isContextErr(err) {
 		return fmt.Errorf("mysqlstore: %s: %w", op, err)
 	}
 	s.markLost()
-	return &ConnLostError{Err: fmt.Errorf("%s: %w", op, err)}
+	return connLost(fmt.Errorf("%s: %w", op, err))
 }
 
 // Check reports whether the table is migrated to this version of the store;
 // see dedup.Store.
 func (s *Store) Check(ctx context.Context) error {
-	want, err := s.lastVersion()
+	ms, err := s.migrations("")
 	if err != nil {
 		return err
 	}
@@ -413,10 +411,8 @@ func (s *Store) Check(ctx context.Context) error {
 		return fmt.Errorf("%w: mysqlstore: %s does not exist: call Store.Migrate before Run", dedup.ErrNotMigrated, s.versions)
 	case err != nil:
 		return s.connErr("check", err)
-	case tables == 0 || have < want:
-		return fmt.Errorf("%w: mysqlstore: table %s is at migration %d of %d: call Store.Migrate before Run", dedup.ErrNotMigrated, s.table, have, want)
 	}
-	return nil
+	return sqlmigrate.Check("mysqlstore", s.table, tables > 0, have, ms, "Store.Migrate before Run")
 }
 
 // retention returns the retention of scope in µs, nil for forever.
@@ -770,7 +766,7 @@ func (s *Store) ClassifyError(err error) dedup.ErrorClass { return Classify(err)
 //     conflict (retried whole, not counted against the message);
 //   - 1317 query interrupted, 3024 (MySQL max_execution_time), 1969
 //     (MariaDB max_statement_time): retryable (bounded);
-//   - a *ConnLostError (the store's own connection broke or could not be
+//   - a *dedup.ConnLostError (the store's own connection broke or could not be
 //     had), 1040 too many connections, 1053 shutdown in progress, 1927
 //     connection killed, 1152/1158–1161 network errors, 1290/1836/1792 (a
 //     read-only server or transaction: a failover in progress), SQLSTATE
@@ -790,7 +786,7 @@ func Classify(err error) dedup.ErrorClass {
 	if err == nil {
 		return dedup.ClassUnknown
 	}
-	var lost *ConnLostError
+	var lost *dedup.ConnLostError
 	if errors.As(err, &lost) {
 		return dedup.ClassUnavailable
 	}

@@ -355,8 +355,8 @@ func TestClassify(t *testing.T) {
 		{me(1927, "70100"), dedup.ClassUnavailable},
 		{me(1969, "70100"), dedup.ClassRetryable},
 		{me(1644, "45000"), dedup.ClassUnknown}, // SIGNAL in a trigger: the message's
-		{&mysqlstore.ConnLostError{Err: mysql.ErrInvalidConn}, dedup.ClassUnavailable},
-		{fmt.Errorf("wrapped: %w", &mysqlstore.ConnLostError{Err: io.ErrUnexpectedEOF}), dedup.ClassUnavailable},
+		{&dedup.ConnLostError{Store: "mysqlstore", Err: mysql.ErrInvalidConn}, dedup.ClassUnavailable},
+		{fmt.Errorf("wrapped: %w", &dedup.ConnLostError{Store: "mysqlstore", Err: io.ErrUnexpectedEOF}), dedup.ClassUnavailable},
 		// Errors a handler gets from elsewhere are not the database going away.
 		{mysql.ErrInvalidConn, dedup.ClassUnknown},
 		{io.EOF, dedup.ClassUnknown},
@@ -435,7 +435,7 @@ func TestInTxContextErrorIsNotConnLost(t *testing.T) {
 			if err == nil {
 				t.Fatal("InTx succeeded: the case proves nothing")
 			}
-			var lost *mysqlstore.ConnLostError
+			var lost *dedup.ConnLostError
 			if errors.As(err, &lost) != c.lost {
 				t.Fatalf("InTx: %v; want ConnLostError %v", err, c.lost)
 			}

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,7 +19,6 @@ import (
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/deduptest"
 	"github.com/idemkit/idem/dedup/pgstore"
-	"github.com/idemkit/idem/httpidem"
 	"github.com/idemkit/idem/internal/testenv"
 )
 
@@ -348,7 +346,7 @@ func TestDistributedModeMismatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := dist.Check(ctx); !errors.Is(err, pgstore.ErrModeMismatch) || pgstore.Classify(err) != dedup.ClassFatal {
+	if err := dist.Check(ctx); !errors.Is(err, pgstore.ErrModeMismatch) || dist.ClassifyError(err) != dedup.ClassFatal {
 		t.Fatalf("distributed Check of a default-mode table: %v", err)
 	}
 	sharded := distributedStore(t, d, pgstore.Config{Table: "sharded"})
@@ -369,11 +367,11 @@ func TestDistributedRefusesHTTP(t *testing.T) {
 	st := distributedStore(t, d, pgstore.Config{})
 	ctx := context.Background()
 	c := deduptest.Claim("http", "k", "p")
-	_, err := st.RunRequest(ctx, c, time.Hour, func(ctx context.Context, tx pgx.Tx) (httpidem.Response, error) {
+	_, err := st.RunRequest(ctx, c, time.Hour, func(ctx context.Context, tx pgx.Tx) (dedup.StoredResponse, error) {
 		t.Error("the handler ran")
-		return httpidem.Response{Status: 200}, nil
+		return dedup.StoredResponse{Status: 200}, nil
 	})
-	if !errors.Is(err, pgstore.ErrDistributedHTTP) || pgstore.Classify(err) != dedup.ClassFatal {
+	if !errors.Is(err, pgstore.ErrDistributedHTTP) || st.ClassifyError(err) != dedup.ClassFatal {
 		t.Fatalf("RunRequest: %v", err)
 	}
 	if _, err := st.AcquireLease(ctx, c, time.Hour, time.Minute); !errors.Is(err, pgstore.ErrDistributedHTTP) {
@@ -446,35 +444,7 @@ func (c *conflictCounter) TxEnd(_ context.Context, e consumer.TxEvent) {
 func TestDistributedHundredConcurrentDeliveries(t *testing.T) {
 	d := testenv.NewDistributed(t)
 	st := distributedStore(t, d, pgstore.Config{LockTimeout: time.Second})
-	ctx := context.Background()
-	table := effectsTable(t, d.Admin, d.Schema)
-	var wg sync.WaitGroup
-	results := make([]consumertest.Result, 4)
-	for c := range 4 {
-		var msgs []*consumer.Message
-		for p := range 25 {
-			msgs = append(msgs, consumertest.Message("payments", int32(c*25+p), 0, "", `{"txn_id":"HOT","amount":500}`))
-		}
-		wg.Go(func() {
-			results[c] = consumertest.Run(t, consumer.Config[pgx.Tx]{
-				Name: "payments", Store: st, Handler: insertEffect(table), Key: consumer.ByJSONField("txn_id"), Logger: quiet,
-			}, consumertest.Script{}, msgs...)
-		})
-	}
-	wg.Wait()
-	var effects int64
-	if err := d.Admin.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&effects); err != nil {
-		t.Fatal(err)
-	}
-	var applied, dups, letters int64
-	for _, r := range results {
-		applied += r.Stats.Applied
-		dups += r.Stats.Duplicates
-		letters += int64(len(r.DeadLetters))
-	}
-	if effects != 1 || applied != 1 || dups != 99 || letters != 0 {
-		t.Fatalf("effects %d, applied %d, duplicates %d, dead letters %d; want 1, 1, 99, 0", effects, applied, dups, letters)
-	}
+	raceOneKey(t, st, d.Admin, effectsTable(t, d.Admin, d.Schema))
 }
 
 // TestDistributedNextOffsetBounded (issue 25, item 8c): in distributed mode

@@ -114,7 +114,6 @@ func TestThousandMessagesDeliveredManyTimesApplyOnce(t *testing.T) {
 // that up to 100 transactions claim the key at once.
 func TestHundredConcurrentDeliveriesOfOneKey(t *testing.T) {
 	pool, _, st, table := effectsRig(t, pgstore.Config{LockTimeout: time.Second})
-	ctx := context.Background()
 	slow := func(next consumer.Handler[pgx.Tx]) consumer.Handler[pgx.Tx] {
 		return consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			// Hold the claim a moment so that the others pile up on it.
@@ -124,6 +123,16 @@ func TestHundredConcurrentDeliveriesOfOneKey(t *testing.T) {
 			return next.Handle(ctx, tx, m)
 		})
 	}
+	raceOneKey(t, st, pool, table, slow)
+}
+
+// raceOneKey delivers one payment 100 times at once through four consumers
+// of st (as four processes would) with 25 lanes each, and wants one effect
+// in table (counted through db), one applied and 99 duplicates.
+func raceOneKey(t *testing.T, st *pgstore.Store, db interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, table string, mw ...consumer.Middleware[pgx.Tx]) {
+	t.Helper()
 	var wg sync.WaitGroup
 	results := make([]consumertest.Result, 4)
 	for c := range 4 {
@@ -136,7 +145,7 @@ func TestHundredConcurrentDeliveriesOfOneKey(t *testing.T) {
 				Name:       "payments",
 				Store:      st,
 				Handler:    insertEffect(table),
-				Middleware: []consumer.Middleware[pgx.Tx]{slow},
+				Middleware: mw,
 				Key:        consumer.ByJSONField("txn_id"),
 				Logger:     quiet,
 			}, consumertest.Script{}, msgs...)
@@ -144,7 +153,7 @@ func TestHundredConcurrentDeliveriesOfOneKey(t *testing.T) {
 	}
 	wg.Wait()
 	var effects int64
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&effects); err != nil {
+	if err := db.QueryRow(context.Background(), `SELECT count(*) FROM `+table).Scan(&effects); err != nil {
 		t.Fatal(err)
 	}
 	var applied, dups, letters int64

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/internal/rowscan"
 )
 
 // Release epochs: the table <Table>_epochs (migration 004) holds one row
@@ -27,21 +28,8 @@ func (s *Store) EpochsTable() string { return s.epochs }
 // Epochs returns the epoch of every scope that has one; see
 // dedup.EpochStore.
 func (s *Store) Epochs(ctx context.Context) (map[string]dedup.Epoch, error) {
-	rows, err := s.pool.Query(ctx, `SELECT scope, epoch, coalesce(release_until > now(), false) FROM `+s.epochs)
+	out, err := rowscan.Epochs(s.pool.Query(ctx, `SELECT scope, epoch, coalesce(release_until > now(), false) FROM `+s.epochs))
 	if err != nil {
-		return nil, s.epochErr("read", err)
-	}
-	defer rows.Close()
-	out := make(map[string]dedup.Epoch)
-	for rows.Next() {
-		var scope string
-		var e dedup.Epoch
-		if err := rows.Scan(&scope, &e.N, &e.Releasing); err != nil {
-			return nil, s.epochErr("read", err)
-		}
-		out[scope] = e
-	}
-	if err := rows.Err(); err != nil {
 		return nil, s.epochErr("read", err)
 	}
 	return out, nil

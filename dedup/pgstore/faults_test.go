@@ -121,7 +121,7 @@ func TestBackendsTerminatedRepeatedly(t *testing.T) {
 	res, err := consumertest.Drive(ctx, consumer.Config[pgx.Tx]{
 		Name: "payments", Store: rig.st, Handler: insertEffect(rig.table), Key: consumer.ByJSONField("txn_id"),
 		BatchSize: 10, Logger: quiet,
-		Clock: realShortClock{}, // real waits, short: the pool must reconnect between attempts
+		Clock: testenv.ShortClock{}, // real waits, short: the pool must reconnect between attempts
 	}, consumertest.Script{MinDeliveries: 1, MaxDeliveries: 2}, rig.messages(n)...)
 	close(stop)
 	wg.Wait()
@@ -135,21 +135,6 @@ func TestBackendsTerminatedRepeatedly(t *testing.T) {
 	rig.checkOnce(t, n)
 	if len(res.DeadLetters) != 0 {
 		t.Fatalf("%d messages dead-lettered over database faults", len(res.DeadLetters))
-	}
-}
-
-// realShortClock sleeps for real, a tenth of the asked delay.
-type realShortClock struct{}
-
-func (realShortClock) Now() time.Time { return time.Now() }
-func (realShortClock) Sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d / 10)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }
 
@@ -357,7 +342,7 @@ func TestHandlerTimeoutAfterShortOutageIsWaitedOut(t *testing.T) {
 			_, err := tx.Exec(ctx, `SELECT 1`)
 			return err
 		})
-		if pgstore.Classify(err) != dedup.ClassUnavailable {
+		if o.spy.Store.ClassifyError(err) != dedup.ClassUnavailable {
 			panic(fmt.Sprintf("a transaction during the outage: %v, want a lost connection", err))
 		}
 		// ...and the database is back before the hung statement's deadline;

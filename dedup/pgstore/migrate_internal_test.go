@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/internal/sqlmigrate"
 )
 
 // TestSplitStatements: distributed mode runs the embedded migrations
@@ -27,23 +29,23 @@ func TestSplitStatements(t *testing.T) {
 		4: {"CREATE TABLE IF NOT EXISTS"},
 	}
 	for _, m := range ms {
-		got := splitStatements(m.sql)
-		w, ok := want[m.version]
+		got := sqlmigrate.Split(m.SQL)
+		w, ok := want[m.Version]
 		if !ok {
-			t.Fatalf("migration %s: add its statements to this test", m.name)
+			t.Fatalf("migration %s: add its statements to this test", m.Name)
 		}
 		if len(got) != len(w) {
-			t.Fatalf("migration %s split into %d statements, want %d: %q", m.name, len(got), len(w), got)
+			t.Fatalf("migration %s split into %d statements, want %d: %q", m.Name, len(got), len(w), got)
 		}
 		for i, stmt := range got {
 			if !strings.HasPrefix(stmt, w[i]) || strings.Contains(stmt, ";") || strings.Contains(stmt, "--") {
-				t.Errorf("migration %s statement %d: %q, want one statement starting %q", m.name, i+1, stmt, w[i])
+				t.Errorf("migration %s statement %d: %q, want one statement starting %q", m.Name, i+1, stmt, w[i])
 			}
 		}
-		if !strings.Contains(got[0], "shard") && m.version == 1 {
+		if !strings.Contains(got[0], "shard") && m.Version == 1 {
 			t.Errorf("distributed migration 1 has no shard column: %s", got[0])
 		}
-		if strings.Contains(got[0], "fillfactor") && m.version == 3 {
+		if strings.Contains(got[0], "fillfactor") && m.Version == 3 {
 			t.Errorf("distributed migration 3 sets a Postgres storage parameter: %s", got[0])
 		}
 	}

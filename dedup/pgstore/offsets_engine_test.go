@@ -201,14 +201,9 @@ func TestOffsetsZombieRefused(t *testing.T) {
 		}
 	}
 	zsrc := consumertest.NewSource(consumertest.Script{})
-	zombie, err := consumer.New(cfg(zsrc))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	zdone := make(chan error, 1)
-	go func() { zdone <- zombie.Run(ctx) }()
+	zombie, zdone := running(t, ctx, cfg(zsrc))
 	zsrc.Push(msgs[:50]...)
 	if err := zsrc.WaitIdle(ctx); err != nil {
 		t.Fatal(err)
@@ -220,15 +215,7 @@ func TestOffsetsZombieRefused(t *testing.T) {
 	}
 
 	zsrc.Push(msgs[50:]...)
-	if err := zsrc.WaitIdle(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := zombie.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-zdone; err != nil {
-		t.Fatal(err)
-	}
+	drain(t, ctx, zombie, zdone, zsrc)
 	zs := zombie.Stats()
 	if zs.Applied != 50 || zs.Duplicates != 50 {
 		t.Fatalf("zombie: %+v; want 50 applied, 50 duplicates", zs)
@@ -319,25 +306,41 @@ func (unassigned) Assigned(*consumer.Message) bool { return false }
 // end without an error (not ErrOffsetsAhead).
 func runStale(t *testing.T, cfg consumer.Config[pgx.Tx], inner *consumertest.Source, stale []*consumer.Message) consumer.Stats {
 	t.Helper()
-	cons, err := consumer.New(cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cons, done := running(t, ctx, cfg)
+	inner.Push(stale...)
+	drain(t, ctx, cons, done, inner) // Run ends without ErrOffsetsAhead: the stale messages skipped
+	return cons.Stats()
+}
+
+// running starts a consumer of cfg; Run's result arrives on the channel.
+func running(t *testing.T, ctx context.Context, cfg consumer.Config[pgx.Tx]) (*consumer.Consumer[pgx.Tx], <-chan error) {
+	t.Helper()
+	c, err := consumer.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- cons.Run(ctx) }()
-	inner.Push(stale...)
-	if err := inner.WaitIdle(ctx); err != nil {
+	go func() { done <- c.Run(ctx) }()
+	return c, done
+}
+
+// drain waits until src has no message in flight, stops c gracefully and
+// wants its Run to end without an error.
+func drain(t *testing.T, ctx context.Context, c *consumer.Consumer[pgx.Tx], done <-chan error, src interface {
+	WaitIdle(ctx context.Context) error
+}) {
+	t.Helper()
+	if err := src.WaitIdle(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := cons.Stop(ctx); err != nil {
+	if err := c.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-done; err != nil {
-		t.Fatalf("Run: %v; want the stale messages skipped", err)
+		t.Fatalf("Run: %v", err)
 	}
-	return cons.Stats()
 }
 
 // TestOffsetsStaleLaneNotAhead: a lane still holding messages of an
@@ -386,14 +389,9 @@ func TestOffsetsHeldBackAtARefusedMessage(t *testing.T) {
 	src := consumertest.NewSource(consumertest.Script{})
 	first := cfg
 	first.Source, first.DeadLetter, first.Clock = src, down, consumertest.NewClock()
-	c, err := consumer.New(first)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
+	c, done := running(t, ctx, first)
 	src.Push(msgs...)
 	// However the lane cut its batches, the re-send's letter is tried only
 	// after the batch holding it committed; the lane then retries the letter
@@ -452,14 +450,9 @@ func TestOffsetsReleasedComeBackFirst(t *testing.T) {
 	src := consumertest.NewSource(consumertest.Script{})
 	a := cfg
 	a.Source, a.DeadLetter, a.Clock = src, &consumertest.DeadLetters{}, consumertest.NewClock()
-	ca, err := consumer.New(a)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- ca.Run(ctx) }()
+	ca, done := running(t, ctx, a)
 	src.Push(paymentMsgs("payments", 1, 30, 0)...)
 	select {
 	case <-blocked:
@@ -549,12 +542,7 @@ func TestOffsetsZombieFencedAtARefusedMessage(t *testing.T) {
 	zsrc, zletters := consumertest.NewSource(consumertest.Script{}), &consumertest.DeadLetters{}
 	zcfg := cfg
 	zcfg.Source, zcfg.DeadLetter = zsrc, zletters
-	zombie, err := consumer.New(zcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	zdone := make(chan error, 1)
-	go func() { zdone <- zombie.Run(ctx) }()
+	zombie, zdone := running(t, ctx, zcfg)
 	zsrc.Push(msgs[0])
 	if err := zsrc.WaitIdle(ctx); err != nil {
 		t.Fatal(err)
@@ -575,15 +563,7 @@ func TestOffsetsZombieFencedAtARefusedMessage(t *testing.T) {
 	}
 
 	zsrc.Push(msgs[1:]...)
-	if err := zsrc.WaitIdle(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := zombie.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-zdone; err != nil {
-		t.Fatal(err)
-	}
+	drain(t, ctx, zombie, zdone, zsrc)
 	if rows, distinct := countEffects(t, pool, table); rows != 2 || distinct != 2 {
 		t.Fatalf("effects %d (distinct %d), want 2: the zombie applied a payment again (zombie %+v)", rows, distinct, zombie.Stats())
 	}
@@ -608,15 +588,10 @@ func TestOffsetsAdvancePastStopsOnAPermanentError(t *testing.T) {
 		t.Fatal(err)
 	}
 	src := consumertest.NewSource(consumertest.Script{})
-	c, err := consumer.New(consumer.Config[pgx.Tx]{
+	c, done := running(t, ctx, consumer.Config[pgx.Tx]{
 		Name: "payments", Store: st, Offsets: st, Key: consumer.ByJSONField("txn_id"), Handler: insertEffect(table),
 		Source: src, DeadLetter: &consumertest.DeadLetters{}, Clock: consumertest.NewClock(), Logger: quiet,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
 	src.Push(consumertest.Message("payments", 0, 0, "", `{"amount":1}`)) // no txn_id: bad input, dead-lettered
 	select {
 	case err := <-done:

@@ -33,6 +33,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/internal/pgerr"
+	"github.com/idemkit/idem/internal/sqlmigrate"
 )
 
 // Config configures a Store. Zero values take the defaults.
@@ -207,10 +209,10 @@ SELECT ctid FROM ` + t + ` WHERE ` + purgeable + ` LIMIT $1 FOR UPDATE SKIP LOCK
 	return st, nil
 }
 
-// Shards is the number of hash shards of a distributed-mode table.
-const Shards = 16
+// shardCount is the number of hash shards of a distributed-mode table.
+const shardCount = 16
 
-// shardOf is the SQL of a key's shard, 0 to Shards-1: the first hex digit
+// shardOf is the SQL of a key's shard, 0 to shardCount-1: the first hex digit
 // of md5(scope, U+001F, key). md5, left and strpos are in Postgres,
 // CockroachDB and YugabyteDB alike (hashtext is not in CockroachDB), and
 // the value is computed in each INSERT rather than by a generated column,
@@ -227,8 +229,8 @@ func (s *Store) Table() string { return s.table }
 // dedup.Store.
 //
 // When the transaction fails because its connection died (or no connection
-// could be had), the error is wrapped in a *ConnLostError, which Classify
-// reports as dedup.ClassUnavailable: the consumer waits the database out
+// could be had), the error is wrapped in a *dedup.ConnLostError, which
+// ClassifyError reports as dedup.ClassUnavailable: the consumer waits the database out
 // instead of blaming the message. Other errors, the handler's included, are
 // returned as they are.
 //
@@ -257,7 +259,7 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx
 			return err
 		}
 		s.markLost()
-		return &ConnLostError{Err: err}
+		return connLost(err)
 	}
 	tx, err := pc.BeginTx(ctx, opts)
 	if err != nil {
@@ -266,7 +268,7 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx
 			return err
 		}
 		s.markLost()
-		return &ConnLostError{Err: err}
+		return connLost(err)
 	}
 	defer func() {
 		// Always: also when fn panicked or called runtime.Goexit (t.Fatal);
@@ -280,12 +282,12 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx
 		switch {
 		case !isContextErr(err):
 			s.markLost() // direct evidence: the connection died under the statement
-			err = &ConnLostError{Err: err}
+			err = connLost(err)
 		case s.lostSince(began) || !s.answers(ctx):
 			// Evidence from elsewhere (answers marks a failed ping). Not
 			// marked again: a verdict is no evidence, and marking it would
 			// let overrunning handlers excuse each other for ever.
-			err = &ConnLostError{Err: err}
+			err = connLost(err)
 		}
 	}()
 	if err = fn(ctx, tx); err != nil {
@@ -327,11 +329,11 @@ func (s *Store) Check(ctx context.Context) error {
 	case err != nil:
 		var connErr *pgconn.ConnectError
 		if ctx.Err() == nil && !errors.As(err, &pgErr) && !errors.As(err, &connErr) {
-			return &ConnLostError{Err: err} // the pool's connection died under the query
+			return connLost(err) // the pool's connection died under the query
 		}
-		return fmt.Errorf("pgstore: check: %w", err) // Classify reads the SQLSTATE or the failed connect
-	case table == nil || int(have) < ms[len(ms)-1].version:
-		return fmt.Errorf("%w: pgstore: table %s is at migration %d of %d: call Store.Migrate before Run", dedup.ErrNotMigrated, s.table, have, ms[len(ms)-1].version)
+		return fmt.Errorf("pgstore: check: %w", err) // ClassifyError reads the SQLSTATE or the failed connect
+	case table == nil || int(have) < sqlmigrate.Latest(ms):
+		return sqlmigrate.Check("pgstore", s.table, table != nil, int(have), ms, "Store.Migrate before Run")
 	case sharded != s.cfg.Distributed:
 		return s.mismatch(sharded)
 	}
@@ -383,13 +385,10 @@ func isContextErr(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }
 
-// ConnLostError is a transaction that failed because its connection to
-// Postgres was lost or could not be had. When it happened during COMMIT the
-// outcome is unknown: the retry's claim finds out.
-type ConnLostError struct{ Err error }
-
-func (e *ConnLostError) Error() string { return "pgstore: connection lost: " + e.Err.Error() }
-func (e *ConnLostError) Unwrap() error { return e.Err }
+// connLost is a transaction that failed because its connection to Postgres
+// was lost or could not be had. When it happened during COMMIT the outcome
+// is unknown: the retry's claim finds out.
+func connLost(err error) error { return &dedup.ConnLostError{Store: "pgstore", Err: err} }
 
 // retentionMillis returns the retention of scope in ms, -1 for forever.
 func (s *Store) retentionMillis(scope string) int64 {
@@ -707,70 +706,15 @@ func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	return int(tag.RowsAffected()), nil
 }
 
-// ClassifyError classifies Postgres errors by SQLSTATE; see Classify.
-func (s *Store) ClassifyError(err error) dedup.ErrorClass { return Classify(err) }
-
-// Classify sorts a Postgres error:
-//   - 40001 serialization failure, 40P01 deadlock, 55P03 lock not available:
-//     conflict (retried whole, not counted against the message);
-//   - 57014 statement timeout: retryable (bounded);
-//   - 57P01..57P03 (shutdown, cannot connect now), class 53 (disk full, out
-//     of memory, too many connections), class 58 (I/O error), 25006 (a
-//     read-only transaction: a demoted primary), class 08 (connection
-//     exceptions), a *ConnLostError (InTx saw its connection die) or a
-//     failed connect: unavailable (waited out, never dead-lettered). An EOF or network error a handler got from
-//     somewhere else is not: it counts against the message's retries;
-//   - class 23 (integrity constraint violation), class 22 (data exception),
-//     and pgx.ErrTxCommitRollback (a COMMIT that became ROLLBACK because a
-//     statement failed and the error was swallowed): permanent;
-//   - class 42 (undefined table or column, syntax error, 42501 insufficient
-//     privilege), 3F000 (no such schema), 0A000 (feature not supported):
-//     fatal — a broken deployment stops the consumer, nothing dead-lettered.
-//     A handler whose SQL depends on the message (a table per tenant) and
-//     can meet such an error for one message alone wraps it in
-//     consumer.Permanent, which dead-letters that message instead;
-//   - ErrDistributedHTTP and ErrModeMismatch: fatal;
-//   - anything else: unknown, retried within the message's budget.
-func Classify(err error) dedup.ErrorClass {
-	if err == nil {
-		return dedup.ClassUnknown
-	}
-	if errors.Is(err, pgx.ErrTxCommitRollback) {
-		return dedup.ClassPermanent
-	}
+// ClassifyError classifies Postgres errors by SQLSTATE (see
+// internal/pgerr: conflicts, unavailability, permanent and fatal codes), a
+// *dedup.ConnLostError as dedup.ClassUnavailable, and ErrDistributedHTTP
+// and ErrModeMismatch as dedup.ClassFatal.
+func (s *Store) ClassifyError(err error) dedup.ErrorClass {
 	if errors.Is(err, ErrDistributedHTTP) || errors.Is(err, ErrModeMismatch) {
 		return dedup.ClassFatal
 	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch code := pgErr.Code; {
-		case code == "40001", code == "40P01", code == "55P03":
-			return dedup.ClassConflict
-		case code == "57014":
-			return dedup.ClassRetryable
-		case code == "57P01", code == "57P02", code == "57P03", code[:2] == "08",
-			code[:2] == "53", code[:2] == "58", code == "25006":
-			// Shut down, insufficient resources (disk full, out of memory,
-			// too many connections), system I/O errors, a read-only
-			// transaction (a connection string that still reaches a
-			// demoted primary): the database cannot take writes now.
-			return dedup.ClassUnavailable
-		case code[:2] == "23", code[:2] == "22":
-			return dedup.ClassPermanent
-		case code[:2] == "42", code == "3F000", code == "0A000":
-			// Undefined table or column, syntax, insufficient privilege,
-			// no such schema, unsupported feature: the deployment is
-			// broken, and every message would fail the same way.
-			return dedup.ClassFatal
-		}
-		return dedup.ClassUnknown
-	}
-	var lost *ConnLostError
-	var connErr *pgconn.ConnectError
-	if errors.As(err, &lost) || errors.As(err, &connErr) {
-		return dedup.ClassUnavailable
-	}
-	return dedup.ClassUnknown
+	return pgerr.Classify(err)
 }
 
 var _ dedup.Store[pgx.Tx] = (*Store)(nil)

@@ -5,14 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/deduptest"
@@ -111,40 +110,25 @@ func TestRetentionUsesDatabaseClock(t *testing.T) {
 	}
 }
 
-func TestClassify(t *testing.T) {
-	cases := []struct {
+// TestClassifyStoreErrors: the store's own sentinels are fatal; the rest
+// is internal/pgerr's (TestClassify there).
+func TestClassifyStoreErrors(t *testing.T) {
+	st, err := pgstore.New(new(pgxpool.Pool), pgstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
 		err  error
 		want dedup.ErrorClass
 	}{
+		{fmt.Errorf("check: %w", pgstore.ErrModeMismatch), dedup.ClassFatal},
+		{pgstore.ErrDistributedHTTP, dedup.ClassFatal},
 		{&pgconn.PgError{Code: "40001"}, dedup.ClassConflict},
-		{&pgconn.PgError{Code: "40P01"}, dedup.ClassConflict},
-		{&pgconn.PgError{Code: "55P03"}, dedup.ClassConflict},
-		{&pgconn.PgError{Code: "57014"}, dedup.ClassRetryable},
-		{&pgconn.PgError{Code: "23505"}, dedup.ClassPermanent},
-		{&pgconn.PgError{Code: "23503"}, dedup.ClassPermanent},
-		{&pgconn.PgError{Code: "22P02"}, dedup.ClassPermanent},
-		{&pgconn.PgError{Code: "57P01"}, dedup.ClassUnavailable},
-		{&pgconn.PgError{Code: "25006"}, dedup.ClassUnavailable}, // read-only: a demoted primary
-		{&pgconn.PgError{Code: "53100"}, dedup.ClassUnavailable}, // disk full
-		{&pgconn.PgError{Code: "58030"}, dedup.ClassUnavailable}, // I/O error
-		{&pgconn.PgError{Code: "08006"}, dedup.ClassUnavailable},
-		{&pgconn.PgError{Code: "42P01"}, dedup.ClassFatal},   // undefined table: a broken deployment
-		{&pgconn.PgError{Code: "42501"}, dedup.ClassFatal},   // insufficient privilege
-		{&pgconn.PgError{Code: "P0001"}, dedup.ClassUnknown}, // raised by a trigger: the message's
-		{pgx.ErrTxCommitRollback, dedup.ClassPermanent},
-		{&pgstore.ConnLostError{Err: io.ErrUnexpectedEOF}, dedup.ClassUnavailable},
-		{fmt.Errorf("wrapped: %w", &pgstore.ConnLostError{Err: pgconn.ErrConnClosed}), dedup.ClassUnavailable},
-		// Errors a handler gets from elsewhere are not the database going away.
-		{io.EOF, dedup.ClassUnknown},
+		{&dedup.ConnLostError{Store: "pgstore", Err: io.ErrUnexpectedEOF}, dedup.ClassUnavailable},
 		{io.ErrUnexpectedEOF, dedup.ClassUnknown},
-		{context.DeadlineExceeded, dedup.ClassUnknown},
-		{&url.Error{Op: "Post", URL: "http://127.0.0.1:1", Err: &net.OpError{Op: "dial", Err: errors.New("connection refused")}}, dedup.ClassUnknown},
-		{pgx.ErrTxClosed, dedup.ClassUnknown},
-		{errors.New("something else"), dedup.ClassUnknown},
-	}
-	for _, c := range cases {
-		if got := pgstore.Classify(c.err); got != c.want {
-			t.Errorf("Classify(%v) = %v, want %v", c.err, got, c.want)
+	} {
+		if got := st.ClassifyError(c.err); got != c.want {
+			t.Errorf("ClassifyError(%v) = %v, want %v", c.err, got, c.want)
 		}
 	}
 }
@@ -189,14 +173,14 @@ func TestInTxContextErrorIsNotConnLost(t *testing.T) {
 			if !closed {
 				t.Fatalf("the connection survived (%v): the case proves nothing", err)
 			}
-			var lost *pgstore.ConnLostError
+			var lost *dedup.ConnLostError
 			if errors.As(err, &lost) != c.lost {
 				t.Fatalf("InTx: %v; want ConnLostError %v", err, c.lost)
 			}
 			if c.ctxError != nil && !errors.Is(err, c.ctxError) {
 				t.Fatalf("InTx: %v; want %v", err, c.ctxError)
 			}
-			if got := pgstore.Classify(err); (got == dedup.ClassUnavailable) != c.lost {
+			if got := st.ClassifyError(err); (got == dedup.ClassUnavailable) != c.lost {
 				t.Fatalf("Classify(%v) = %v", err, got)
 			}
 		})

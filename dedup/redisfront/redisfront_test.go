@@ -77,7 +77,7 @@ func sqliteInner(t testing.TB, cfg deduptest.Config) *sqlitestore.Store {
 }
 
 func sqliteInnerDB(t testing.TB, cfg deduptest.Config) (*sqlitestore.Store, *sql.DB) {
-	db, err := sqlitestore.OpenWith(filepath.Join(t.TempDir(), "idem.db"), sqlitestore.OpenOptions{LockTimeout: cfg.LockTimeout, Synchronous: sqlitestore.SynchronousNormal})
+	db, err := sqlitestore.Open(filepath.Join(t.TempDir(), "idem.db"), sqlitestore.Config{LockTimeout: cfg.LockTimeout, Synchronous: sqlitestore.SynchronousNormal})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/internal/retry"
 )
 
 // Release runs keys again: it begins a release of their scopes in the
@@ -66,7 +67,7 @@ func (s *Store[TTx]) release(ctx context.Context, op string, scopes []string, de
 		}
 		tokens[scope] = t
 	}
-	if err := sleep(ctx, s.settle()); err != nil {
+	if err := retry.Sleep(ctx, s.settle()); err != nil {
 		return fmt.Errorf("redisfront: %s: nothing deleted: %w", op, err)
 	}
 	deadline := began.Add(s.cfg.ReleaseHold - s.settle())
@@ -110,17 +111,5 @@ func (s *Store[TTx]) forget(ctx context.Context, scopes []string) error {
 			return fmt.Errorf("redisfront: forget: %w", err)
 		}
 	}
-	return sleep(ctx, s.settle())
-}
-
-// sleep waits d or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return retry.Sleep(ctx, s.settle())
 }

@@ -11,6 +11,7 @@ import (
 	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/internal/rowscan"
 )
 
 // Release epochs: the table <Table>_epochs holds one row per scope that was
@@ -21,34 +22,11 @@ import (
 
 func (s *Store) epochsTable() string { return `"` + s.cfg.Table + `_epochs"` }
 
-func (s *Store) migrateEpochs(ctx context.Context) error {
-	_, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+s.epochsTable()+` (
-    scope         TEXT    NOT NULL PRIMARY KEY CHECK (length(CAST(scope AS BLOB)) BETWEEN 1 AND 128),
-    epoch         INTEGER NOT NULL CHECK (epoch > 0),
-    release_token INTEGER,
-    release_until INTEGER
-) WITHOUT ROWID`)
-	return err
-}
-
 // Epochs returns the epoch of every scope that has one; see
 // dedup.EpochStore.
 func (s *Store) Epochs(ctx context.Context) (map[string]dedup.Epoch, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT scope, epoch, coalesce(release_until > `+nowMillis+`, 0) FROM `+s.epochsTable())
+	out, err := rowscan.Epochs(s.db.QueryContext(ctx, `SELECT scope, epoch, coalesce(release_until > `+nowMillis+`, 0) FROM `+s.epochsTable()))
 	if err != nil {
-		return nil, s.epochErr("read", err)
-	}
-	defer rows.Close()
-	out := make(map[string]dedup.Epoch)
-	for rows.Next() {
-		var scope string
-		var e dedup.Epoch
-		if err := rows.Scan(&scope, &e.N, &e.Releasing); err != nil {
-			return nil, s.epochErr("read", err)
-		}
-		out[scope] = e
-	}
-	if err := rows.Err(); err != nil {
 		return nil, s.epochErr("read", err)
 	}
 	return out, nil

@@ -33,7 +33,7 @@ func Example() {
 	}
 	// consume is one run of the process: open the file, consume, close.
 	consume := func() error {
-		db, err := sqlitestore.Open(path, 0)
+		db, err := sqlitestore.Open(path, sqlitestore.Config{})
 		if err != nil {
 			return err
 		}

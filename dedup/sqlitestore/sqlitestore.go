@@ -36,21 +36,13 @@ type Config struct {
 	// LockTimeout bounds the wait for the database's write lock; default 5s.
 	// Open sets it as busy_timeout.
 	LockTimeout time.Duration
+	// Synchronous trades durability for speed; default SynchronousFull.
+	// Open sets it.
+	Synchronous Synchronous
 	// Retention is how long a row is kept; default 0: forever.
 	Retention time.Duration
 	// ScopeRetention overrides Retention for the scopes it names.
 	ScopeRetention map[string]time.Duration
-}
-
-// Open opens (creating it when missing) the SQLite database at path with
-// the settings a Store needs: WAL journal, IMMEDIATE transactions, a busy
-// timeout of lockTimeout, and synchronous=FULL, so that a transaction that
-// returned from COMMIT survives a power loss or an OS crash. The consumer
-// acknowledges the broker right after COMMIT: with anything less durable a
-// crash of the machine can lose both the effect and the message. OpenWith
-// chooses otherwise.
-func Open(path string, lockTimeout time.Duration) (*sql.DB, error) {
-	return OpenWith(path, OpenOptions{LockTimeout: lockTimeout})
 }
 
 // Synchronous is SQLite's synchronous setting for a WAL database.
@@ -70,31 +62,25 @@ const (
 	SynchronousNormal
 )
 
-// OpenOptions are Open's settings; the zero value is Open's defaults.
-type OpenOptions struct {
-	// LockTimeout is SQLite's busy_timeout; default 5s.
-	LockTimeout time.Duration
-	// Synchronous trades durability for speed; default SynchronousFull.
-	Synchronous Synchronous
-}
-
-// OpenWith is Open with a choice of settings.
-func OpenWith(path string, opts OpenOptions) (*sql.DB, error) {
-	lockTimeout := opts.LockTimeout
-	if lockTimeout <= 0 {
-		lockTimeout = 5 * time.Second
+// Open opens (creating it when missing) the SQLite database at path with
+// the settings a Store with cfg needs: WAL journal, IMMEDIATE transactions,
+// a busy timeout of cfg.LockTimeout, and cfg.Synchronous — by default
+// synchronous=FULL, so that a transaction that returned from COMMIT
+// survives a power loss or an OS crash. The consumer acknowledges the
+// broker right after COMMIT: with anything less durable a crash of the
+// machine can lose both the effect and the message. Pass the same cfg to
+// New.
+func Open(path string, cfg Config) (*sql.DB, error) {
+	if err := cfg.normalize(); err != nil {
+		return nil, err
 	}
 	sync := "FULL"
-	switch opts.Synchronous {
-	case SynchronousFull:
-	case SynchronousNormal:
+	if cfg.Synchronous == SynchronousNormal {
 		sync = "NORMAL"
-	default:
-		return nil, fmt.Errorf("sqlitestore: OpenOptions.Synchronous %d is not SynchronousFull or SynchronousNormal", opts.Synchronous)
 	}
 	q := url.Values{}
 	q.Set("_txlock", "immediate")
-	q.Add("_pragma", "busy_timeout("+strconv.FormatInt(lockTimeout.Milliseconds(), 10)+")")
+	q.Add("_pragma", "busy_timeout("+strconv.FormatInt(cfg.LockTimeout.Milliseconds(), 10)+")")
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "synchronous("+sync+")")
 	q.Add("_pragma", "foreign_keys(ON)")
@@ -115,20 +101,39 @@ type Store struct {
 
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
 
-// New returns a Store on db, which should come from Open. Call Migrate
-// before the first claim.
+// normalize validates cfg and fills in its defaults.
+func (c *Config) normalize() error {
+	if c.Table == "" {
+		c.Table = "idem_dedup"
+	}
+	if !identRE.MatchString(c.Table) {
+		return fmt.Errorf("sqlitestore: Config.Table %q: want [a-z_][a-z0-9_]*, at most 48 bytes", c.Table)
+	}
+	if c.LockTimeout < 0 || c.Retention < 0 {
+		return errors.New("sqlitestore: Config.LockTimeout and Config.Retention must not be negative")
+	}
+	for scope, d := range c.ScopeRetention {
+		if d < 0 {
+			return fmt.Errorf("sqlitestore: Config.ScopeRetention[%q] is negative", scope)
+		}
+	}
+	if c.LockTimeout == 0 {
+		c.LockTimeout = 5 * time.Second
+	}
+	if c.Synchronous != SynchronousFull && c.Synchronous != SynchronousNormal {
+		return fmt.Errorf("sqlitestore: Config.Synchronous %d is not SynchronousFull or SynchronousNormal", c.Synchronous)
+	}
+	return nil
+}
+
+// New returns a Store on db, which should come from Open with the same
+// cfg. Call Migrate before the first claim.
 func New(db *sql.DB, cfg Config) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("sqlitestore: db is nil")
 	}
-	if cfg.Table == "" {
-		cfg.Table = "idem_dedup"
-	}
-	if !identRE.MatchString(cfg.Table) {
-		return nil, fmt.Errorf("sqlitestore: Config.Table %q: want [a-z_][a-z0-9_]*, at most 48 bytes", cfg.Table)
-	}
-	if cfg.LockTimeout < 0 || cfg.Retention < 0 {
-		return nil, errors.New("sqlitestore: Config.LockTimeout and Config.Retention must not be negative")
+	if err := cfg.normalize(); err != nil {
+		return nil, err
 	}
 	return &Store{db: db, cfg: cfg, table: `"` + cfg.Table + `"`, tokens: `"` + cfg.Table + `_tokens"`}, nil
 }
@@ -138,34 +143,6 @@ func (s *Store) Table() string { return s.table }
 
 // nowMillis is SQLite's clock in Unix milliseconds.
 const nowMillis = `CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)`
-
-// Migrate creates the table and its indexes when missing, adds the
-// columns of HTTP Idempotency-Key requests to a table created before them
-// (see http.go), and creates the release epochs' table (see epochs.go).
-func (s *Store) Migrate(ctx context.Context) error {
-	_, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+s.table+` (
-    scope       TEXT    NOT NULL CHECK (length(CAST(scope AS BLOB)) BETWEEN 1 AND 128),
-    key         TEXT    NOT NULL CHECK (length(CAST(key AS BLOB)) BETWEEN 1 AND 256),
-    fingerprint BLOB    NOT NULL CHECK (length(fingerprint) = 32),
-    outcome     TEXT    NOT NULL DEFAULT 'done' CHECK (outcome IN ('done', 'failed')),
-    reason      TEXT,
-    source      TEXT,
-    created_at  INTEGER NOT NULL DEFAULT (`+nowMillis+`),
-    expires_at  INTEGER,
-    PRIMARY KEY (scope, key)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS "`+s.cfg.Table+`_expires" ON `+s.table+` (expires_at) WHERE expires_at IS NOT NULL;`)
-	if err != nil {
-		return fmt.Errorf("sqlitestore: migrate: %w", err)
-	}
-	if err := s.migrateHTTP(ctx); err != nil {
-		return fmt.Errorf("sqlitestore: migrate: %w", err)
-	}
-	if err := s.migrateEpochs(ctx); err != nil {
-		return fmt.Errorf("sqlitestore: migrate: %w", err)
-	}
-	return nil
-}
 
 // InTx runs fn in an IMMEDIATE transaction; see dedup.Store.
 func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) (err error) {
@@ -197,29 +174,6 @@ func txEnded(err error) error {
 		return fmt.Errorf("%w (commit and rollback are the consumer's): %w", dedup.ErrTxEnded, err)
 	}
 	return err
-}
-
-// Check reports whether Migrate created the table; see dedup.Store.
-func (s *Store) Check(ctx context.Context) error {
-	var n int
-	err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?`, s.cfg.Table).Scan(&n)
-	switch {
-	case err != nil:
-		return fmt.Errorf("sqlitestore: check: %w", err)
-	case n == 0:
-		return fmt.Errorf("%w: sqlitestore: table %s does not exist: call Store.Migrate before Run", dedup.ErrNotMigrated, s.table)
-	}
-	if ok, err := s.hasHTTPColumns(ctx, s.db); err != nil {
-		return fmt.Errorf("sqlitestore: check: %w", err)
-	} else if !ok {
-		return fmt.Errorf("%w: sqlitestore: table %s lacks the HTTP request columns: call Store.Migrate before Run", dedup.ErrNotMigrated, s.table)
-	}
-	if ok, err := s.hasTokens(ctx, s.db); err != nil {
-		return fmt.Errorf("sqlitestore: check: %w", err)
-	} else if !ok {
-		return fmt.Errorf("%w: sqlitestore: table %s of lease tokens does not exist: call Store.Migrate before Run", dedup.ErrNotMigrated, s.tokens)
-	}
-	return nil
 }
 
 func (s *Store) retentionMillis(scope string) any {

@@ -17,20 +17,30 @@ import (
 	"github.com/idemkit/idem/dedup/sqlitestore"
 )
 
-func TestConformance(t *testing.T) {
-	deduptest.Run(t, func(t *testing.T, cfg deduptest.Config) dedup.Store[*sql.Tx] {
-		db, err := sqlitestore.Open(filepath.Join(t.TempDir(), "idem.db"), cfg.LockTimeout)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { db.Close() })
-		st, err := sqlitestore.New(db, sqlitestore.Config{LockTimeout: cfg.LockTimeout, ScopeRetention: cfg.ScopeRetention})
-		if err != nil {
-			t.Fatal(err)
-		}
+// openStore opens a fresh database in t's temporary directory with cfg and
+// returns a Store on it, migrated unless bare is set, with the database.
+func openStore(t *testing.T, cfg sqlitestore.Config, bare bool) (*sqlitestore.Store, *sql.DB) {
+	t.Helper()
+	db, err := sqlitestore.Open(filepath.Join(t.TempDir(), "idem.db"), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	st, err := sqlitestore.New(db, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bare {
 		if err := st.Migrate(context.Background()); err != nil {
 			t.Fatal(err)
 		}
+	}
+	return st, db
+}
+
+func TestConformance(t *testing.T) {
+	deduptest.Run(t, func(t *testing.T, cfg deduptest.Config) dedup.Store[*sql.Tx] {
+		st, _ := openStore(t, sqlitestore.Config{LockTimeout: cfg.LockTimeout, ScopeRetention: cfg.ScopeRetention}, false)
 		return st
 	})
 }
@@ -39,7 +49,7 @@ func TestConfigErrors(t *testing.T) {
 	if _, err := sqlitestore.New(nil, sqlitestore.Config{}); err == nil {
 		t.Error("nil db accepted")
 	}
-	db, err := sqlitestore.Open(filepath.Join(t.TempDir(), "x.db"), 0)
+	db, err := sqlitestore.Open(filepath.Join(t.TempDir(), "x.db"), sqlitestore.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,10 +68,9 @@ func TestOpenIsDurable(t *testing.T) {
 		open func(path string) (*sql.DB, error)
 		want int
 	}{
-		{"Open", func(p string) (*sql.DB, error) { return sqlitestore.Open(p, 0) }, 2},
-		{"OpenWith zero", func(p string) (*sql.DB, error) { return sqlitestore.OpenWith(p, sqlitestore.OpenOptions{}) }, 2},
-		{"OpenWith Normal", func(p string) (*sql.DB, error) {
-			return sqlitestore.OpenWith(p, sqlitestore.OpenOptions{Synchronous: sqlitestore.SynchronousNormal})
+		{"Open", func(p string) (*sql.DB, error) { return sqlitestore.Open(p, sqlitestore.Config{}) }, 2},
+		{"Open Normal", func(p string) (*sql.DB, error) {
+			return sqlitestore.Open(p, sqlitestore.Config{Synchronous: sqlitestore.SynchronousNormal})
 		}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -83,7 +92,7 @@ func TestOpenIsDurable(t *testing.T) {
 			}
 		})
 	}
-	if _, err := sqlitestore.OpenWith(filepath.Join(t.TempDir(), "x.db"), sqlitestore.OpenOptions{Synchronous: 7}); err == nil {
+	if _, err := sqlitestore.Open(filepath.Join(t.TempDir(), "x.db"), sqlitestore.Config{Synchronous: 7}); err == nil {
 		t.Error("an unknown Synchronous was accepted")
 	}
 }
@@ -92,18 +101,10 @@ func TestOpenIsDurable(t *testing.T) {
 // retried for ever; consumertest.Drive with a 4 s context returned after
 // 34 s.
 func TestRunRefusesAStoreThatWasNeverMigrated(t *testing.T) {
-	db, err := sqlitestore.Open(filepath.Join(t.TempDir(), "idem.db"), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	st, err := sqlitestore.New(db, sqlitestore.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, _ := openStore(t, sqlitestore.Config{}, true)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, err = consumertest.Drive(ctx, consumer.Config[*sql.Tx]{
+	_, err := consumertest.Drive(ctx, consumer.Config[*sql.Tx]{
 		Name: "payments", Store: st, Key: consumer.ByMessageID(), Logger: slog.New(slog.DiscardHandler),
 		Handler: consumer.HandlerFunc[*sql.Tx](func(context.Context, *sql.Tx, *consumer.Message) error { return nil }),
 	}, consumertest.Script{}, consumertest.Message("payments", 0, 0, "", `{}`))
@@ -115,18 +116,7 @@ func TestRunRefusesAStoreThatWasNeverMigrated(t *testing.T) {
 // TestMissingBusinessTableStopsTheConsumer: a handler's missing table is a
 // broken deployment, not a bad message: nothing dead-lettered or acked.
 func TestMissingBusinessTableStopsTheConsumer(t *testing.T) {
-	db, err := sqlitestore.Open(filepath.Join(t.TempDir(), "idem.db"), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	st, err := sqlitestore.New(db, sqlitestore.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Migrate(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	st, _ := openStore(t, sqlitestore.Config{}, false)
 	src := consumertest.NewSource(consumertest.Script{})
 	m := consumertest.Message("payments", 0, 0, "", `{}`)
 	res, err := consumertest.Drive(context.Background(), consumer.Config[*sql.Tx]{
@@ -146,33 +136,14 @@ func TestMissingBusinessTableStopsTheConsumer(t *testing.T) {
 
 func TestAdmin(t *testing.T) {
 	deduptest.RunAdmin(t, func(t *testing.T) (dedup.Store[*sql.Tx], dedup.Admin) {
-		db, err := sqlitestore.Open(filepath.Join(t.TempDir(), "idem.db"), 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { db.Close() })
-		st, err := sqlitestore.New(db, sqlitestore.Config{ScopeRetention: map[string]time.Duration{"hour": time.Hour}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := st.Migrate(context.Background()); err != nil {
-			t.Fatal(err)
-		}
+		st, _ := openStore(t, sqlitestore.Config{ScopeRetention: map[string]time.Duration{"hour": time.Hour}}, false)
 		return st, st.Admin()
 	})
 }
 
 func TestEpochsConformance(t *testing.T) {
 	deduptest.RunEpochs(t, func(t *testing.T) dedup.EpochStore {
-		db, err := sqlitestore.Open(filepath.Join(t.TempDir(), "idem.db"), 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { db.Close() })
-		st, err := sqlitestore.New(db, sqlitestore.Config{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		st, _ := openStore(t, sqlitestore.Config{}, true)
 		if _, err := st.Epochs(context.Background()); !errors.Is(err, dedup.ErrNotMigrated) {
 			t.Fatalf("Epochs before Migrate: %v, want ErrNotMigrated", err)
 		}
@@ -181,4 +152,44 @@ func TestEpochsConformance(t *testing.T) {
 		}
 		return st
 	})
+}
+
+// TestMigrateConcurrently: migrators of one file in four processes (four
+// pools here) take turns under SQLite's write lock; each migration is
+// applied and recorded once.
+func TestMigrateConcurrently(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "idem.db")
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			db, err := sqlitestore.Open(path, sqlitestore.Config{})
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer db.Close()
+			st, err := sqlitestore.New(db, sqlitestore.Config{})
+			if err == nil {
+				err = st.Migrate(context.Background())
+			}
+			errs <- err
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatalf("Migrate: %v", err)
+		}
+	}
+	db, err := sqlitestore.Open(path, sqlitestore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var n, versions int
+	if err := db.QueryRow(`SELECT count(*), count(DISTINCT version) FROM idem_schema_migrations WHERE table_name = 'idem_dedup'`).Scan(&n, &versions); err != nil {
+		t.Fatal(err)
+	}
+	if n != 4 || versions != 4 {
+		t.Fatalf("%d version rows for %d versions, want each of the 4 once", n, versions)
+	}
 }

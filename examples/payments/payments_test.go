@@ -50,7 +50,7 @@ func config[TTx any](st dedup.Store[TTx], h consumer.Handler[TTx]) consumer.Conf
 }
 
 func sqliteBackend(t *testing.T) backend {
-	db, err := sqlitestore.Open(filepath.Join(t.TempDir(), "payments.db"), 0)
+	db, err := sqlitestore.Open(filepath.Join(t.TempDir(), "payments.db"), sqlitestore.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -340,7 +340,7 @@ func openBackend(ctx context.Context, pgURL string) (*backend, error) {
 		if err != nil {
 			return nil, err
 		}
-		db, err := sqlitestore.Open(filepath.Join(dir, "quickstart.db"), 0)
+		db, err := sqlitestore.Open(filepath.Join(dir, "quickstart.db"), sqlitestore.Config{})
 		if err != nil {
 			return nil, err
 		}

@@ -157,7 +157,9 @@ func openPostgres(ctx context.Context, pool *pgxpool.Pool, opts Options) (http.H
 	return h, st, err
 }
 
-func sqliteOpenPath(path string) (*sql.DB, error) { return sqlitestore.Open(path, 0) }
+func sqliteOpenPath(path string) (*sql.DB, error) {
+	return sqlitestore.Open(path, sqlitestore.Config{})
+}
 
 func openSQLite(ctx context.Context, db *sql.DB, opts Options) (http.Handler, *sqlitestore.Store, error) {
 	st, err := sqlitestore.New(db, sqlitestore.Config{})

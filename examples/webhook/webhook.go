@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/examples/payments"
 	"github.com/idemkit/idem/httpidem"
 )
@@ -54,7 +55,7 @@ func reply(w http.ResponseWriter, status int, code, message string) error {
 // The fingerprint is the callback's fields that define the payment, not its
 // spelling: a channel re-sending it reformatted is a replay, the same
 // transaction number with another amount is refused with 422.
-func Handler[TTx any](st httpidem.Store[TTx], db func(TTx) payments.DB, opts Options) (http.Handler, error) {
+func Handler[TTx any](st dedup.RequestStore[TTx], db func(TTx) payments.DB, opts Options) (http.Handler, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}

@@ -1,8 +1,9 @@
-// Package httpidemtest is the conformance suite of httpidem.Store and of the
-// middleware on it: the store's request records (claims, leases, fencing,
-// stuck keys, release, purge) and the HTTP behaviour matrix of both modes,
-// including 100 concurrent requests with one key, with and without a
-// failure half-way through the handler. Every store runs it:
+// Package httpidemtest is the conformance suite of the httpidem middleware
+// on a store: the HTTP behaviour matrix of both modes, including 100
+// concurrent requests with one key, with and without a failure half-way
+// through the handler. The store's own contract (dedup.RequestStore:
+// request records, leases, fencing, stuck keys, release, purge) is
+// deduptest.RunRequests; every store runs both:
 //
 //	func TestHTTPConformance(t *testing.T) {
 //		httpidemtest.Run(t, func(t *testing.T, cfg httpidemtest.Config) httpidemtest.Harness[pgx.Tx] {
@@ -24,7 +25,9 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/dedup/deduptest"
 	"github.com/idemkit/idem/httpidem"
+	"github.com/idemkit/idem/internal/testenv/poll"
 )
 
 // Config is what the suite asks of a fresh store.
@@ -37,13 +40,9 @@ type Config struct {
 // Harness is one store under test, with a business table the suite writes
 // its effects to.
 type Harness[TTx any] struct {
-	// Store is fresh, empty and migrated; it must be a dedup.Purger too.
-	Store httpidem.Store[TTx]
-	// Effect writes one business effect named id in tx: an INSERT into a
-	// table without a unique constraint, so that a double effect shows.
-	Effect func(ctx context.Context, tx TTx, id string) error
-	// Effects counts the committed effects named id.
-	Effects func(ctx context.Context, id string) (int, error)
+	// RequestHarness is the store (fresh, empty, migrated, a dedup.Purger
+	// too) and its business table, as deduptest.RunRequests takes them.
+	deduptest.RequestHarness[TTx]
 	// DropConn, when set, breaks tx's connection to the database from the
 	// outside, as a network failure or a killed backend would
 	// (pg_terminate_backend). A store without connections leaves it nil;
@@ -63,16 +62,6 @@ type Factory[TTx any] func(t *testing.T, cfg Config) Harness[TTx]
 // Run runs the suite.
 func Run[TTx any](t *testing.T, newHarness Factory[TTx]) {
 	s := suite[TTx]{newHarness: newHarness}
-	t.Run("Store", func(t *testing.T) {
-		t.Run("ClaimSaveReplay", s.claimSaveReplay)
-		t.Run("ClaimRollbackForgets", s.claimRollbackForgets)
-		t.Run("KeyTakenMeanwhile", s.keyTaken)
-		t.Run("LeaseFencing", s.leaseFencing)
-		t.Run("LeaseExpiryTakeoverAndStuck", s.leaseExpiry)
-		t.Run("ConcurrentAcquireOneWinner", s.concurrentAcquire)
-		t.Run("PurgeDeletesRecords", s.purge)
-		t.Run("PurgedKeyTokensGrow", s.purgeTokensGrow)
-	})
 	t.Run("Transactional", func(t *testing.T) {
 		t.Run("Matrix", s.txMatrix)
 		t.Run("BadKeys", s.badKeys)
@@ -123,7 +112,7 @@ func ctxFor(t *testing.T) context.Context {
 // quiet discards the middleware's logs: the suite provokes failures.
 var quiet = slog.New(slog.DiscardHandler)
 
-func newMiddleware[TTx any](t *testing.T, st httpidem.Store[TTx], tenant func(*http.Request) (string, error)) *httpidem.Middleware[TTx] {
+func newMiddleware[TTx any](t *testing.T, st dedup.RequestStore[TTx], tenant func(*http.Request) (string, error)) *httpidem.Middleware[TTx] {
 	t.Helper()
 	m, err := httpidem.New(httpidem.Config[TTx]{Store: st, Tenant: tenant, Logger: quiet})
 	if err != nil {
@@ -209,13 +198,7 @@ func wantEffects[TTx any](t *testing.T, h Harness[TTx], id string, want int) {
 // a wait on a condition, never on a fixed time.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for wait := time.Millisecond; !cond(); wait = min(2*wait, 50*time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting for %s", what)
-		}
-		time.Sleep(wait)
-	}
+	poll.Until(t, time.Minute, what, cond)
 }
 
 // gate lets a test hold a handler half-way: the handler calls wait, the

@@ -15,11 +15,11 @@ import (
 	"github.com/idemkit/idem/outbox"
 )
 
-// Enqueue enqueues perKey messages for each of keys keys ("k000", ...) to
-// topic, from keys/3 goroutines (a key is always written by the same one,
+// Enqueue enqueues perKey messages for each of keys keys ("k000", ...), key
+// k to topics[k%len(topics)], from keys/3 goroutines (a key is always written by the same one,
 // in order), in transactions of 1 to 4 messages per key. Values are
 // "<key> <n>". It returns how many messages it enqueued.
-func Enqueue(t testing.TB, pool *pgxpool.Pool, ob *outbox.Outbox, keys, perKey int, topic string) int {
+func Enqueue(t testing.TB, pool *pgxpool.Pool, ob *outbox.Outbox, keys, perKey int, topics ...string) int {
 	t.Helper()
 	writers := max(1, keys/3)
 	var wg sync.WaitGroup
@@ -35,7 +35,7 @@ func Enqueue(t testing.TB, pool *pgxpool.Pool, ob *outbox.Outbox, keys, perKey i
 					for i := 0; i < size && n+i < perKey; i++ {
 						for k := w; k < keys; k += writers {
 							key := fmt.Sprintf("k%03d", k)
-							msgs = append(msgs, outbox.Message{Topic: topic, Key: []byte(key), Value: []byte(key + " " + strconv.Itoa(n+i))})
+							msgs = append(msgs, outbox.Message{Topic: topics[k%len(topics)], Key: []byte(key), Value: []byte(key + " " + strconv.Itoa(n+i))})
 						}
 					}
 					return ob.EnqueueFor(context.Background(), tx, dedup.Key{Scope: "producer", ID: fmt.Sprintf("w%d-%d", w, n)}, msgs...)

@@ -4,24 +4,15 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/idemkit/idem/internal/testenv/poll"
 )
 
 // WaitFor polls cond until it holds, failing the test after timeout with
-// what cond said last. The timeout only bounds a hung test; nothing asserts
-// how long it took.
+// what cond said last; see poll.UntilProgress.
 func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after %v (%s)", what, timeout, state)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.UntilProgress(t, timeout, what, cond)
 }
 
 // Ctx returns a context that ends after d or with the test.

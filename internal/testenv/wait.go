@@ -8,34 +8,23 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idemkit/idem/internal/retry"
+	"github.com/idemkit/idem/internal/testenv/poll"
 )
 
 // WaitUntil polls cond until it holds, failing the test after d with what it
-// waited for. The deadline bounds a hang; no assertion depends on how long
-// the wait took.
+// waited for; see poll.Until.
 func WaitUntil(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	WaitUntilProgress(t, d, what, func() (bool, string) { return cond(), "" })
+	poll.Until(t, d, what, cond)
 }
 
-// WaitUntilProgress is WaitUntil for a condition that says how far it got:
-// the failure shows the progress it last reported.
+// WaitUntilProgress is WaitUntil for a condition that says how far it got;
+// see poll.UntilProgress.
 func WaitUntilProgress(t testing.TB, d time.Duration, what string, cond func() (ok bool, progress string)) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		ok, progress := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			if progress != "" {
-				progress = " (" + progress + ")"
-			}
-			t.Fatalf("gave up after %v waiting until %s%s", d, what, progress)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.UntilProgress(t, d, what, cond)
 }
 
 // Context returns a context that ends after d or when the test ends.
@@ -62,3 +51,12 @@ func Name(t testing.TB, what string) string {
 	}
 	return fmt.Sprintf("idem_%s_%s_%d_%d", what, s, os.Getpid(), names.Add(1))
 }
+
+// ShortClock is a consumer.Clock that waits for real, a tenth of the asked
+// delay: for fault tests whose retries must really wait (a pool
+// reconnecting, a server restarting) without the policy's full delays.
+type ShortClock struct{}
+
+func (ShortClock) Now() time.Time { return time.Now() }
+
+func (ShortClock) Sleep(ctx context.Context, d time.Duration) error { return retry.Sleep(ctx, d/10) }

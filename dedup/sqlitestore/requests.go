@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/httpidem"
 )
 
 // An HTTP Idempotency-Key (package httpidem) is a row of the dedup table
@@ -30,63 +29,11 @@ import (
 // one counter row (table <table>_tokens), incremented in the transaction
 // that writes the token. SQLite's one writer orders those transactions, so
 // a key claimed again after its row was purged gets a token larger than
-// all it had. Migrate seeds the counter with the largest token stored.
-
-// httpColumns are the columns Migrate adds for HTTP requests.
-var httpColumns = []string{
-	`state TEXT CHECK (state IN ('processing', 'finished'))`,
-	`token INTEGER CHECK (token > 0)`,
-	`lease_expires_at INTEGER`,
-	`status INTEGER CHECK (status BETWEEN 100 AND 999)`,
-	`header BLOB`,
-	`body BLOB`,
-}
+// all it had. Migration 003 seeds the counter with the largest token stored.
 
 type execQuerier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-}
-
-// hasHTTPColumns reports whether the table has the HTTP request columns.
-func (s *Store) hasHTTPColumns(ctx context.Context, q execQuerier) (bool, error) {
-	var n int
-	err := q.QueryRowContext(ctx, `SELECT count(*) FROM pragma_table_info(?) WHERE name = 'state'`, s.cfg.Table).Scan(&n)
-	return n > 0, err
-}
-
-// hasTokens reports whether the counter of lease tokens exists.
-func (s *Store) hasTokens(ctx context.Context, q execQuerier) (bool, error) {
-	var n int
-	err := q.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?`, s.cfg.Table+"_tokens").Scan(&n)
-	return n > 0, err
-}
-
-// migrateHTTP adds the HTTP request columns and the index of leases unless
-// the table has them, and the counter of lease tokens unless it exists
-// (seeded with the largest token stored), in one transaction.
-func (s *Store) migrateHTTP(ctx context.Context) error {
-	return s.InTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		ok, err := s.hasHTTPColumns(ctx, tx)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			for _, col := range httpColumns {
-				if _, err := tx.ExecContext(ctx, `ALTER TABLE `+s.table+` ADD COLUMN `+col); err != nil {
-					return err
-				}
-			}
-			if _, err := tx.ExecContext(ctx, `CREATE INDEX IF NOT EXISTS "`+s.cfg.Table+`_lease" ON `+s.table+` (lease_expires_at) WHERE state = 'processing'`); err != nil {
-				return err
-			}
-		}
-		_, err = tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+s.tokens+` (
-    id   INTEGER PRIMARY KEY CHECK (id = 1),
-    last INTEGER NOT NULL CHECK (last >= 0)
-);
-INSERT OR IGNORE INTO `+s.tokens+` (id, last) SELECT 1, coalesce(max(token), 0) FROM `+s.table)
-		return err
-	})
 }
 
 // nextToken draws a lease token in tx: larger than every one drawn before.
@@ -108,8 +55,8 @@ func retentionArg(d time.Duration) any {
 
 // look reads c's key and gives the verdict for a request with c's
 // fingerprint.
-func (s *Store) look(ctx context.Context, q execQuerier, c dedup.Claim) (httpidem.Record, error) {
-	rec := httpidem.Record{Key: c.Key}
+func (s *Store) look(ctx context.Context, q execQuerier, c dedup.Claim) (dedup.RequestRecord, error) {
+	rec := dedup.RequestRecord{Key: c.Key}
 	var fp []byte
 	var created int64
 	var state sql.NullString
@@ -120,7 +67,7 @@ func (s *Store) look(ctx context.Context, q execQuerier, c dedup.Claim) (httpide
 FROM `+s.table+` WHERE scope = ? AND key = ?`, c.Key.Scope, c.Key.ID).Scan(&fp, &created, &state, &token, &leaseExp, &leaseLeft, &status, &header, &body)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		rec.Verdict, rec.Token = httpidem.Run, 1
+		rec.Verdict, rec.Token = dedup.VerdictRun, 1
 		return rec, nil
 	case err != nil:
 		return rec, s.wrap("claim request", err)
@@ -128,10 +75,10 @@ FROM `+s.table+` WHERE scope = ? AND key = ?`, c.Key.Scope, c.Key.ID).Scan(&fp, 
 	rec.FirstAt = time.UnixMilli(created)
 	switch {
 	case string(fp) != string(c.Fingerprint[:]):
-		rec.Verdict = httpidem.Mismatch
+		rec.Verdict = dedup.VerdictMismatch
 		return rec, nil
 	case !state.Valid:
-		return rec, fmt.Errorf("%w: %s", httpidem.ErrNoRecord, c.Key)
+		return rec, fmt.Errorf("%w: %s", dedup.ErrNoRequestRecord, c.Key)
 	}
 	rec.Token = token.Int64
 	if leaseExp.Valid {
@@ -139,10 +86,10 @@ FROM `+s.table+` WHERE scope = ? AND key = ?`, c.Key.Scope, c.Key.ID).Scan(&fp, 
 		rec.LeaseLeft = time.Duration(leaseLeft.Int64) * time.Millisecond
 	}
 	if state.String == "finished" {
-		rec.State, rec.Verdict = httpidem.Finished, httpidem.Replay
-		rec.Response = httpidem.Response{Status: int(status.Int64), Header: header, Body: body}
+		rec.State, rec.Verdict = dedup.StateFinished, dedup.VerdictReplay
+		rec.Response = dedup.StoredResponse{Status: int(status.Int64), Header: header, Body: body}
 	} else {
-		rec.State, rec.Verdict = httpidem.Processing, httpidem.Busy
+		rec.State, rec.Verdict = dedup.StateProcessing, dedup.VerdictBusy
 	}
 	return rec, nil
 }
@@ -152,13 +99,13 @@ FROM `+s.table+` WHERE scope = ? AND key = ?`, c.Key.Scope, c.Key.ID).Scan(&fp, 
 var errTaken = errors.New("sqlitestore: key taken meanwhile")
 
 // RunRequest runs a transactional request in one IMMEDIATE transaction;
-// see httpidem.Store. The transaction holds the database's write lock from
+// see dedup.RequestStore. The transaction holds the database's write lock from
 // its start, so nobody else executes the key in this database until it
 // ends.
 func (s *Store) RunRequest(ctx context.Context, c dedup.Claim, retention time.Duration,
-	fn func(ctx context.Context, tx *sql.Tx) (httpidem.Response, error)) (rec httpidem.Record, err error) {
+	fn func(ctx context.Context, tx *sql.Tx) (dedup.StoredResponse, error)) (rec dedup.RequestRecord, err error) {
 	err = s.InTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		if rec, err = s.look(ctx, tx, c); err != nil || rec.Verdict != httpidem.Run {
+		if rec, err = s.look(ctx, tx, c); err != nil || rec.Verdict != dedup.VerdictRun {
 			return err // nothing written: the commit is empty
 		}
 		res, err := fn(ctx, tx)
@@ -183,25 +130,25 @@ VALUES (?, ?, ?, nullif(?, ''), ? + `+nowMillis+`, 'finished', 1, ?, ?, ?) ON CO
 			rec, err = s.look(ctx, tx, c)
 			return err
 		})
-		if err == nil && rec.Verdict == httpidem.Run {
-			rec.Verdict = httpidem.Busy
+		if err == nil && rec.Verdict == dedup.VerdictRun {
+			rec.Verdict = dedup.VerdictBusy
 		}
 	}
 	return rec, err
 }
 
 // AcquireLease takes c.Key under a lease in a transaction of its own; see
-// httpidem.Store.
-func (s *Store) AcquireLease(ctx context.Context, c dedup.Claim, retention, lease time.Duration) (httpidem.Record, error) {
-	var rec httpidem.Record
+// dedup.RequestStore.
+func (s *Store) AcquireLease(ctx context.Context, c dedup.Claim, retention, lease time.Duration) (dedup.RequestRecord, error) {
+	var rec dedup.RequestRecord
 	ms := max(lease.Milliseconds(), 1)
 	err := s.InTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		var err error
 		if rec, err = s.look(ctx, tx, c); err != nil {
 			return err
 		}
-		taking := rec.Verdict == httpidem.Busy && rec.State == httpidem.Processing && rec.LeaseLeft <= 0
-		if rec.Verdict != httpidem.Run && !taking {
+		taking := rec.Verdict == dedup.VerdictBusy && rec.State == dedup.StateProcessing && rec.LeaseLeft <= 0
+		if rec.Verdict != dedup.VerdictRun && !taking {
 			return nil
 		}
 		token, err := s.nextToken(ctx, tx)
@@ -219,7 +166,7 @@ RETURNING token, lease_expires_at`, token, ms, ms, c.Key.Scope, c.Key.ID, rec.To
 			if err != nil {
 				return s.wrap("take over lease", err)
 			}
-			rec.Verdict, rec.Takeover = httpidem.Run, true
+			rec.Verdict, rec.Takeover = dedup.VerdictRun, true
 		} else {
 			err = tx.QueryRowContext(ctx, `INSERT INTO `+s.table+` (scope, key, fingerprint, source, expires_at, state, token, lease_expires_at)
 VALUES (?, ?, ?, nullif(?, ''), max(?, ?) + `+nowMillis+`, 'processing', ?, ? + `+nowMillis+`) RETURNING token, lease_expires_at`,
@@ -228,11 +175,11 @@ VALUES (?, ?, ?, nullif(?, ''), max(?, ?) + `+nowMillis+`, 'processing', ?, ? + 
 				return s.wrap("acquire lease", err)
 			}
 		}
-		rec.State, rec.LeaseExpires, rec.LeaseLeft = httpidem.Processing, time.UnixMilli(exp), lease
+		rec.State, rec.LeaseExpires, rec.LeaseLeft = dedup.StateProcessing, time.UnixMilli(exp), lease
 		return nil
 	})
 	if err != nil {
-		return httpidem.Record{}, err
+		return dedup.RequestRecord{}, err
 	}
 	return rec, nil
 }
@@ -246,12 +193,12 @@ func (s *Store) leaseWrite(ctx context.Context, op, query string, args ...any) e
 	if n, err := res.RowsAffected(); err != nil {
 		return s.wrap(op, err)
 	} else if n == 0 {
-		return fmt.Errorf("sqlitestore: %s: %w", op, httpidem.ErrLeaseLost)
+		return fmt.Errorf("sqlitestore: %s: %w", op, dedup.ErrLeaseLost)
 	}
 	return nil
 }
 
-// ExtendLease extends a lease if its token still holds; see httpidem.Store.
+// ExtendLease extends a lease if its token still holds; see dedup.RequestStore.
 func (s *Store) ExtendLease(ctx context.Context, k dedup.Key, token int64, lease time.Duration) error {
 	ms := max(lease.Milliseconds(), 1)
 	return s.leaseWrite(ctx, "extend lease", `UPDATE `+s.table+`
@@ -260,21 +207,21 @@ WHERE scope = ? AND key = ? AND token = ? AND state = 'processing'`, ms, ms, k.S
 }
 
 // FinishLease stores a leased request's response if its token still holds;
-// see httpidem.Store.
-func (s *Store) FinishLease(ctx context.Context, k dedup.Key, token int64, res httpidem.Response) error {
+// see dedup.RequestStore.
+func (s *Store) FinishLease(ctx context.Context, k dedup.Key, token int64, res dedup.StoredResponse) error {
 	return s.leaseWrite(ctx, "finish lease", `UPDATE `+s.table+`
 SET state = 'finished', status = ?, header = ?, body = ?, lease_expires_at = NULL
 WHERE scope = ? AND key = ? AND token = ? AND state = 'processing'`, res.Status, res.Header, res.Body, k.Scope, k.ID, token)
 }
 
-// EndLease ends a lease now if its token still holds; see httpidem.Store.
+// EndLease ends a lease now if its token still holds; see dedup.RequestStore.
 func (s *Store) EndLease(ctx context.Context, k dedup.Key, token int64) error {
 	return s.leaseWrite(ctx, "end lease", `UPDATE `+s.table+` SET lease_expires_at = `+nowMillis+`
 WHERE scope = ? AND key = ? AND token = ? AND state = 'processing'`, k.Scope, k.ID, token)
 }
 
-// StuckRequests lists processing keys past their lease; see httpidem.Store.
-func (s *Store) StuckRequests(ctx context.Context, limit int) ([]httpidem.Record, error) {
+// StuckRequests lists processing keys past their lease; see dedup.RequestStore.
+func (s *Store) StuckRequests(ctx context.Context, limit int) ([]dedup.RequestRecord, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
@@ -285,9 +232,9 @@ ORDER BY lease_expires_at LIMIT ?`, limit)
 		return nil, s.wrap("stuck requests", err)
 	}
 	defer rows.Close()
-	var out []httpidem.Record
+	var out []dedup.RequestRecord
 	for rows.Next() {
-		rec := httpidem.Record{State: httpidem.Processing, Verdict: httpidem.Busy}
+		rec := dedup.RequestRecord{State: dedup.StateProcessing, Verdict: dedup.VerdictBusy}
 		var exp, left, created int64
 		if err := rows.Scan(&rec.Key.Scope, &rec.Key.ID, &rec.Token, &exp, &left, &created); err != nil {
 			return nil, s.wrap("stuck requests", err)
@@ -299,7 +246,7 @@ ORDER BY lease_expires_at LIMIT ?`, limit)
 }
 
 // ReleaseRequest ends a processing key's lease and grows its token; see
-// httpidem.Store.
+// dedup.RequestStore.
 func (s *Store) ReleaseRequest(ctx context.Context, k dedup.Key) (released bool, err error) {
 	err = s.InTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		token, err := s.nextToken(ctx, tx)
@@ -318,4 +265,4 @@ WHERE scope = ? AND key = ? AND state = 'processing'`, token, k.Scope, k.ID)
 	return released, s.wrap("release request", err)
 }
 
-var _ httpidem.Store[*sql.Tx] = (*Store)(nil)
+var _ dedup.RequestStore[*sql.Tx] = (*Store)(nil)

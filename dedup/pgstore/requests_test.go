@@ -7,43 +7,58 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/dedup/deduptest"
 	"github.com/idemkit/idem/dedup/pgstore"
-	"github.com/idemkit/idem/httpidem"
 	"github.com/idemkit/idem/httpidem/httpidemtest"
 	"github.com/idemkit/idem/internal/testenv"
 )
 
-// TestHTTPConformance runs the HTTP Idempotency-Key suite on Postgres, with
-// connections dropped from the outside (pg_terminate_backend) as the
-// mid-handler failure.
+// requestHarness is a fresh store for the request suites, with a business
+// table of effects, on pool.
+func requestHarness(t *testing.T, pool *pgxpool.Pool, lockTimeout time.Duration) deduptest.RequestHarness[pgx.Tx] {
+	schema := testenv.Schema(t, pool)
+	st, err := pgstore.New(pool, pgstore.Config{Schema: schema, LockTimeout: lockTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	effects := pgx.Identifier{schema, "effects"}.Sanitize()
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+effects+` (id text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return deduptest.RequestHarness[pgx.Tx]{
+		Store: st,
+		Effect: func(ctx context.Context, tx pgx.Tx, id string) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+effects+` (id) VALUES ($1)`, id)
+			return err
+		},
+		Effects: func(ctx context.Context, id string) (n int, err error) {
+			err = pool.QueryRow(ctx, `SELECT count(*) FROM `+effects+` WHERE id = $1`, id).Scan(&n)
+			return n, err
+		},
+	}
+}
+
+func TestRequestsConformance(t *testing.T) {
+	deduptest.RunRequests(t, func(t *testing.T, cfg deduptest.RequestConfig) deduptest.RequestHarness[pgx.Tx] {
+		return requestHarness(t, testenv.Pool(t), cfg.LockTimeout)
+	})
+}
+
+// TestHTTPConformance runs the HTTP Idempotency-Key middleware's suite on
+// Postgres, with connections dropped from the outside
+// (pg_terminate_backend) as the mid-handler failure.
 func TestHTTPConformance(t *testing.T) {
 	httpidemtest.Run(t, func(t *testing.T, cfg httpidemtest.Config) httpidemtest.Harness[pgx.Tx] {
 		pool := testenv.Pool(t)
-		schema := testenv.Schema(t, pool)
-		st, err := pgstore.New(pool, pgstore.Config{Schema: schema, LockTimeout: cfg.LockTimeout})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx := context.Background()
-		if err := st.Migrate(ctx); err != nil {
-			t.Fatal(err)
-		}
-		effects := pgx.Identifier{schema, "effects"}.Sanitize()
-		if _, err := pool.Exec(ctx, `CREATE TABLE `+effects+` (id text NOT NULL)`); err != nil {
-			t.Fatal(err)
-		}
 		return httpidemtest.Harness[pgx.Tx]{
-			Store: st,
-			Effect: func(ctx context.Context, tx pgx.Tx, id string) error {
-				_, err := tx.Exec(ctx, `INSERT INTO `+effects+` (id) VALUES ($1)`, id)
-				return err
-			},
-			Effects: func(ctx context.Context, id string) (n int, err error) {
-				err = pool.QueryRow(ctx, `SELECT count(*) FROM `+effects+` WHERE id = $1`, id).Scan(&n)
-				return n, err
-			},
+			RequestHarness: requestHarness(t, pool, cfg.LockTimeout),
 			DropConn: func(ctx context.Context, tx pgx.Tx) error {
 				// Waits up to 5 s for the backend to be gone.
 				_, err := pool.Exec(ctx, `SELECT pg_terminate_backend($1, 5000)`, tx.Conn().PgConn().PID())
@@ -61,7 +76,7 @@ func TestRequestTxIsTheStores(t *testing.T) {
 	ctx := context.Background()
 	c := dedup.Claim{Key: dedup.Key{Scope: "POST /x", ID: "k1"}, Fingerprint: dedup.FingerprintOf([]byte("x"))}
 	var leaked pgx.Tx
-	rec, err := st.RunRequest(ctx, c, time.Hour, func(ctx context.Context, tx pgx.Tx) (httpidem.Response, error) {
+	rec, err := st.RunRequest(ctx, c, time.Hour, func(ctx context.Context, tx pgx.Tx) (dedup.StoredResponse, error) {
 		if err := tx.Commit(ctx); !errors.Is(err, dedup.ErrTxEnded) {
 			t.Errorf("Commit by the handler: %v, want ErrTxEnded", err)
 		}
@@ -70,15 +85,15 @@ func TestRequestTxIsTheStores(t *testing.T) {
 		}
 		nested, err := tx.Begin(ctx) // a savepoint still works
 		if err != nil {
-			return httpidem.Response{}, err
+			return dedup.StoredResponse{}, err
 		}
 		if err := nested.Rollback(ctx); err != nil {
-			return httpidem.Response{}, err
+			return dedup.StoredResponse{}, err
 		}
 		leaked = tx
-		return httpidem.Response{Status: 204}, nil
+		return dedup.StoredResponse{Status: 204}, nil
 	})
-	if err != nil || rec.Verdict != httpidem.Run {
+	if err != nil || rec.Verdict != dedup.VerdictRun {
 		t.Fatalf("run: %+v, %v", rec, err)
 	}
 	if _, err := leaked.Exec(ctx, `SELECT 1`); !errors.Is(err, pgx.ErrTxClosed) {
@@ -98,17 +113,17 @@ func TestRequestSwallowedError(t *testing.T) {
 	st := newStore(t, pgstore.Config{})
 	ctx := context.Background()
 	c := dedup.Claim{Key: dedup.Key{Scope: "POST /x", ID: "k1"}, Fingerprint: dedup.FingerprintOf([]byte("x"))}
-	_, err := st.RunRequest(ctx, c, time.Hour, func(ctx context.Context, tx pgx.Tx) (httpidem.Response, error) {
+	_, err := st.RunRequest(ctx, c, time.Hour, func(ctx context.Context, tx pgx.Tx) (dedup.StoredResponse, error) {
 		_, _ = tx.Exec(ctx, `SELECT 1/0`) // swallowed
-		return httpidem.Response{Status: 201}, nil
+		return dedup.StoredResponse{Status: 201}, nil
 	})
 	if !errors.Is(err, pgx.ErrTxCommitRollback) {
 		t.Fatalf("run: %v, want ErrTxCommitRollback", err)
 	}
-	rec, err := st.RunRequest(ctx, c, time.Hour, func(context.Context, pgx.Tx) (httpidem.Response, error) {
-		return httpidem.Response{Status: 201}, nil
+	rec, err := st.RunRequest(ctx, c, time.Hour, func(context.Context, pgx.Tx) (dedup.StoredResponse, error) {
+		return dedup.StoredResponse{Status: 201}, nil
 	})
-	if err != nil || rec.Verdict != httpidem.Run {
+	if err != nil || rec.Verdict != dedup.VerdictRun {
 		t.Fatalf("the key after the failed run: %+v, %v; want it free", rec, err)
 	}
 }
@@ -130,7 +145,7 @@ func TestLeaseKeepsItsRow(t *testing.T) {
 	}
 	c := dedup.Claim{Key: dedup.Key{Scope: "POST /payouts", ID: "p1"}, Fingerprint: dedup.FingerprintOf([]byte("x"))}
 	rec, err := st.AcquireLease(ctx, c, time.Millisecond, time.Millisecond)
-	if err != nil || rec.Verdict != httpidem.Run {
+	if err != nil || rec.Verdict != dedup.VerdictRun {
 		t.Fatalf("acquire: %+v, %v", rec, err)
 	}
 	if err := st.ExtendLease(ctx, c.Key, rec.Token, time.Hour); err != nil {
@@ -182,19 +197,19 @@ func TestRequestsOfTwoTablesDoNotCollide(t *testing.T) {
 	holding, release := make(chan struct{}), make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		_, err := stores[0].RunRequest(ctx, c, time.Hour, func(context.Context, pgx.Tx) (httpidem.Response, error) {
+		_, err := stores[0].RunRequest(ctx, c, time.Hour, func(context.Context, pgx.Tx) (dedup.StoredResponse, error) {
 			close(holding)
 			<-release
-			return httpidem.Response{Status: 201}, nil
+			return dedup.StoredResponse{Status: 201}, nil
 		})
 		done <- err
 	}()
 	<-holding
-	rec, err := stores[1].RunRequest(ctx, c, time.Hour, func(context.Context, pgx.Tx) (httpidem.Response, error) {
-		return httpidem.Response{Status: 201}, nil
+	rec, err := stores[1].RunRequest(ctx, c, time.Hour, func(context.Context, pgx.Tx) (dedup.StoredResponse, error) {
+		return dedup.StoredResponse{Status: 201}, nil
 	})
 	close(release)
-	if err != nil || rec.Verdict != httpidem.Run {
+	if err != nil || rec.Verdict != dedup.VerdictRun {
 		t.Errorf("the other table's request while the first table's runs: %+v, %v; want it run", rec, err)
 	}
 	if err := <-done; err != nil {

@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/httpidem"
 )
 
 // An HTTP Idempotency-Key (package httpidem) is a row of the dedup table
@@ -140,7 +139,7 @@ type lookRow struct {
 
 // look reads c's key, after trying its advisory lock, and gives the
 // verdict for a request with c's fingerprint.
-func (s *Store) look(ctx context.Context, tx pgx.Tx, c dedup.Claim) (httpidem.Record, lookRow, error) {
+func (s *Store) look(ctx context.Context, tx pgx.Tx, c dedup.Claim) (dedup.RequestRecord, lookRow, error) {
 	return s.verdict(tx.QueryRow(ctx, s.http.look, s.lookArgs(c)...), c)
 }
 
@@ -149,28 +148,28 @@ func (s *Store) lookArgs(c dedup.Claim) []any {
 }
 
 // verdict reads a row of the look statement.
-func (s *Store) verdict(row pgx.Row, c dedup.Claim) (httpidem.Record, lookRow, error) {
+func (s *Store) verdict(row pgx.Row, c dedup.Claim) (dedup.RequestRecord, lookRow, error) {
 	var r lookRow
 	err := row.Scan(&r.got, &r.same, &r.created, &r.state, &r.token, &r.leaseExpires, &r.leaseLeftMs, &r.status, &r.header, &r.body)
 	if err != nil {
-		return httpidem.Record{}, r, fmt.Errorf("pgstore: claim request: %w", err)
+		return dedup.RequestRecord{}, r, fmt.Errorf("pgstore: claim request: %w", err)
 	}
-	rec := httpidem.Record{Key: c.Key}
+	rec := dedup.RequestRecord{Key: c.Key}
 	switch {
 	case r.same == nil && r.got:
-		rec.Verdict, rec.Token = httpidem.Run, 1 // new, and this transaction holds its lock
+		rec.Verdict, rec.Token = dedup.VerdictRun, 1 // new, and this transaction holds its lock
 		return rec, r, nil
 	case r.same == nil:
-		rec.Verdict = httpidem.Busy // another transaction is executing it
+		rec.Verdict = dedup.VerdictBusy // another transaction is executing it
 		return rec, r, nil
 	}
 	rec.FirstAt = *r.created
 	switch {
 	case !*r.same:
-		rec.Verdict = httpidem.Mismatch
+		rec.Verdict = dedup.VerdictMismatch
 		return rec, r, nil
 	case r.state == nil:
-		return rec, r, fmt.Errorf("%w: %s", httpidem.ErrNoRecord, c.Key)
+		return rec, r, fmt.Errorf("%w: %s", dedup.ErrNoRequestRecord, c.Key)
 	}
 	rec.Token = *r.token
 	if r.leaseExpires != nil {
@@ -178,10 +177,10 @@ func (s *Store) verdict(row pgx.Row, c dedup.Claim) (httpidem.Record, lookRow, e
 		rec.LeaseLeft = time.Duration(*r.leaseLeftMs) * time.Millisecond
 	}
 	if *r.state == "finished" {
-		rec.State, rec.Verdict = httpidem.Finished, httpidem.Replay
-		rec.Response = httpidem.Response{Status: int(*r.status), Header: r.header, Body: r.body}
+		rec.State, rec.Verdict = dedup.StateFinished, dedup.VerdictReplay
+		rec.Response = dedup.StoredResponse{Status: int(*r.status), Header: r.header, Body: r.body}
 	} else {
-		rec.State, rec.Verdict = httpidem.Processing, httpidem.Busy
+		rec.State, rec.Verdict = dedup.StateProcessing, dedup.VerdictBusy
 	}
 	return rec, r, nil
 }
@@ -193,14 +192,14 @@ func millis(d time.Duration) int64 {
 	return max(d.Milliseconds(), 1)
 }
 
-// RunRequest runs a transactional request; see httpidem.Store. It adds no
+// RunRequest runs a transactional request; see dedup.RequestStore. It adds no
 // round trip to the handler's own: BEGIN goes with the look (advisory lock
 // and the key's row), and the key's row with its response with COMMIT. The row is inserted
 // without ON CONFLICT: should a writer that keeps no lock have committed
 // the key meanwhile, the INSERT fails, COMMIT is skipped, and everything
 // rolls back.
 func (s *Store) RunRequest(ctx context.Context, c dedup.Claim, retention time.Duration,
-	fn func(ctx context.Context, tx pgx.Tx) (httpidem.Response, error)) (rec httpidem.Record, err error) {
+	fn func(ctx context.Context, tx pgx.Tx) (dedup.StoredResponse, error)) (rec dedup.RequestRecord, err error) {
 	if s.cfg.Distributed {
 		return rec, ErrDistributedHTTP
 	}
@@ -211,7 +210,7 @@ func (s *Store) RunRequest(ctx context.Context, c dedup.Claim, retention time.Du
 			return rec, err
 		}
 		s.markLost()
-		return rec, &ConnLostError{Err: err}
+		return rec, connLost(err)
 	}
 	conn := pc.Conn()
 	defer func() {
@@ -230,7 +229,7 @@ func (s *Store) RunRequest(ctx context.Context, c dedup.Claim, retention time.Du
 		}
 		if !isContextErr(err) || s.lostSince(began) || !s.answers(ctx) { // as InTx decides
 			s.markLost()
-			err = &ConnLostError{Err: err}
+			err = connLost(err)
 		}
 	}()
 	// BEGIN and the look in one round trip.
@@ -244,7 +243,7 @@ func (s *Store) RunRequest(ctx context.Context, c dedup.Claim, retention time.Du
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	if err != nil || rec.Verdict != httpidem.Run {
+	if err != nil || rec.Verdict != dedup.VerdictRun {
 		return rec, err // the deferred rollback ends the transaction
 	}
 	tx := br.Tx()
@@ -290,13 +289,13 @@ func (s *Store) RunRequest(ctx context.Context, c dedup.Claim, retention time.Du
 
 // lookAgain reads a key in a transaction of its own, for a request whose
 // run was rolled back because the key was taken.
-func (s *Store) lookAgain(ctx context.Context, c dedup.Claim) (rec httpidem.Record, err error) {
+func (s *Store) lookAgain(ctx context.Context, c dedup.Claim) (rec dedup.RequestRecord, err error) {
 	err = s.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		rec, _, err = s.look(ctx, tx, c)
 		return err
 	})
-	if err == nil && rec.Verdict == httpidem.Run {
-		rec.Verdict = httpidem.Busy // gone again (purged): let the client retry
+	if err == nil && rec.Verdict == dedup.VerdictRun {
+		rec.Verdict = dedup.VerdictBusy // gone again (purged): let the client retry
 	}
 	return rec, err
 }
@@ -378,12 +377,12 @@ type errRow struct{ err error }
 func (r errRow) Scan(...any) error { return r.err }
 
 // AcquireLease takes c.Key under a lease in a transaction of its own; see
-// httpidem.Store.
-func (s *Store) AcquireLease(ctx context.Context, c dedup.Claim, retention, lease time.Duration) (httpidem.Record, error) {
+// dedup.RequestStore.
+func (s *Store) AcquireLease(ctx context.Context, c dedup.Claim, retention, lease time.Duration) (dedup.RequestRecord, error) {
 	if s.cfg.Distributed {
-		return httpidem.Record{}, ErrDistributedHTTP
+		return dedup.RequestRecord{}, ErrDistributedHTTP
 	}
-	var rec httpidem.Record
+	var rec dedup.RequestRecord
 	err := s.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		var r lookRow
 		var err error
@@ -391,19 +390,19 @@ func (s *Store) AcquireLease(ctx context.Context, c dedup.Claim, retention, leas
 			return err
 		}
 		switch {
-		case rec.Verdict == httpidem.Run:
+		case rec.Verdict == dedup.VerdictRun:
 			var exp time.Time
 			err := tx.QueryRow(ctx, s.http.acquire, c.Key.Scope, c.Key.ID, c.Fingerprint[:], c.Source, millis(retention), millis(lease)).Scan(&rec.Token, &exp)
 			if errors.Is(err, pgx.ErrNoRows) {
 				// Committed after the look by a writer without the lock.
-				rec = httpidem.Record{Key: c.Key, Verdict: httpidem.Busy}
+				rec = dedup.RequestRecord{Key: c.Key, Verdict: dedup.VerdictBusy}
 				return nil
 			}
 			if err != nil {
 				return s.claimErr(err)
 			}
-			rec.State, rec.LeaseExpires, rec.LeaseLeft = httpidem.Processing, exp, lease
-		case rec.Verdict == httpidem.Busy && rec.State == httpidem.Processing && rec.LeaseLeft <= 0 && r.got:
+			rec.State, rec.LeaseExpires, rec.LeaseLeft = dedup.StateProcessing, exp, lease
+		case rec.Verdict == dedup.VerdictBusy && rec.State == dedup.StateProcessing && rec.LeaseLeft <= 0 && r.got:
 			// The lease ran out: take over, growing the token.
 			var exp time.Time
 			err := tx.QueryRow(ctx, s.http.takeover, c.Key.Scope, c.Key.ID, rec.Token, millis(lease)).Scan(&rec.Token, &exp)
@@ -412,13 +411,13 @@ func (s *Store) AcquireLease(ctx context.Context, c dedup.Claim, retention, leas
 			case err != nil:
 				return s.claimErr(fmt.Errorf("take over lease: %w", err))
 			default:
-				rec.Verdict, rec.Takeover, rec.LeaseExpires, rec.LeaseLeft = httpidem.Run, true, exp, lease
+				rec.Verdict, rec.Takeover, rec.LeaseExpires, rec.LeaseLeft = dedup.VerdictRun, true, exp, lease
 			}
 		}
 		return nil
 	})
 	if err != nil {
-		return httpidem.Record{}, err
+		return dedup.RequestRecord{}, err
 	}
 	return rec, nil
 }
@@ -430,30 +429,30 @@ func (s *Store) leaseWrite(ctx context.Context, op, sql string, args ...any) err
 		return fmt.Errorf("pgstore: %s: %w", op, err)
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("pgstore: %s: %w", op, httpidem.ErrLeaseLost)
+		return fmt.Errorf("pgstore: %s: %w", op, dedup.ErrLeaseLost)
 	}
 	return nil
 }
 
-// ExtendLease extends a lease if its token still holds; see httpidem.Store.
+// ExtendLease extends a lease if its token still holds; see dedup.RequestStore.
 func (s *Store) ExtendLease(ctx context.Context, k dedup.Key, token int64, lease time.Duration) error {
 	return s.leaseWrite(ctx, "extend lease", s.http.extend, k.Scope, k.ID, token, millis(lease))
 }
 
 // FinishLease stores a leased request's response if its token still holds;
-// see httpidem.Store.
-func (s *Store) FinishLease(ctx context.Context, k dedup.Key, token int64, res httpidem.Response) error {
+// see dedup.RequestStore.
+func (s *Store) FinishLease(ctx context.Context, k dedup.Key, token int64, res dedup.StoredResponse) error {
 	return s.leaseWrite(ctx, "finish lease", s.http.finish, k.Scope, k.ID, token, res.Status, res.Header, res.Body)
 }
 
-// EndLease ends a lease now if its token still holds; see httpidem.Store.
+// EndLease ends a lease now if its token still holds; see dedup.RequestStore.
 func (s *Store) EndLease(ctx context.Context, k dedup.Key, token int64) error {
 	return s.leaseWrite(ctx, "end lease", s.http.end, k.Scope, k.ID, token)
 }
 
 // StuckRequests lists processing keys past their lease, through the
-// partial index of migration 002; see httpidem.Store.
-func (s *Store) StuckRequests(ctx context.Context, limit int) ([]httpidem.Record, error) {
+// partial index of migration 002; see dedup.RequestStore.
+func (s *Store) StuckRequests(ctx context.Context, limit int) ([]dedup.RequestRecord, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
@@ -461,9 +460,9 @@ func (s *Store) StuckRequests(ctx context.Context, limit int) ([]httpidem.Record
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: stuck requests: %w", err)
 	}
-	var out []httpidem.Record
+	var out []dedup.RequestRecord
 	for rows.Next() {
-		rec := httpidem.Record{State: httpidem.Processing, Verdict: httpidem.Busy}
+		rec := dedup.RequestRecord{State: dedup.StateProcessing, Verdict: dedup.VerdictBusy}
 		var left int64
 		if err := rows.Scan(&rec.Key.Scope, &rec.Key.ID, &rec.Token, &rec.LeaseExpires, &left, &rec.FirstAt); err != nil {
 			rows.Close()
@@ -479,7 +478,7 @@ func (s *Store) StuckRequests(ctx context.Context, limit int) ([]httpidem.Record
 }
 
 // ReleaseRequest ends a processing key's lease and grows its token; see
-// httpidem.Store.
+// dedup.RequestStore.
 func (s *Store) ReleaseRequest(ctx context.Context, k dedup.Key) (bool, error) {
 	tag, err := s.pool.Exec(ctx, s.http.relse, k.Scope, k.ID)
 	if err != nil {
@@ -488,4 +487,4 @@ func (s *Store) ReleaseRequest(ctx context.Context, k dedup.Key) (bool, error) {
 	return tag.RowsAffected() > 0, nil
 }
 
-var _ httpidem.Store[pgx.Tx] = (*Store)(nil)
+var _ dedup.RequestStore[pgx.Tx] = (*Store)(nil)
