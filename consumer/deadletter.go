@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"github.com/idemkit/idem/internal/shorten"
 	"log/slog"
 
 	"github.com/idemkit/idem/dedup"
@@ -13,7 +14,7 @@ import (
 func (c *Consumer[TTx]) fail(ctx context.Context, it *item, reason error, record bool) error {
 	if record && c.cfg.Key != nil { // with Config.Offsets alone there is no key row: the offset moves past it after the dead letter
 		err := c.untilDone(ctx, nil, "", func() error {
-			return c.cfg.Store.RecordFailure(ctx, it.claim, dedup.ShortReason(reason.Error()))
+			return c.cfg.Store.RecordFailure(ctx, it.claim, shorten.Reason(reason.Error()))
 		}, func(err error) (error, bool) {
 			if class := classify(err, c.cfg.Store.ClassifyError); class == dedup.ClassPermanent || class == dedup.ClassFatal {
 				c.cfg.Logger.Error("idem: recording a failure failed", append(refAttrs(it.msg, it.claim.Key), slog.Any("error", err))...)

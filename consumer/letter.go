@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"github.com/idemkit/idem/internal/shorten"
 	"strconv"
 	"strings"
 	"unicode"
@@ -126,7 +127,7 @@ func (l Letter) Record(maxValue int) (headers []Header, value []byte) {
 		reason = l.Reason.Error()
 	}
 	add(MetaCause, l.Cause.String())
-	add(MetaReason, dedup.ShortReason(reason))
+	add(MetaReason, shorten.Reason(reason))
 	add(MetaAttempts, strconv.Itoa(l.Attempts))
 	topic, partition, offset, id := m.Topic, m.Partition, m.Offset, m.ID
 	if o, ok := m.Origin(); ok {

@@ -58,11 +58,3 @@ func TestFingerprint(t *testing.T) {
 		seen[f] = p
 	}
 }
-
-func TestShortReason(t *testing.T) {
-	long := strings.Repeat("é", 400) // 800 bytes
-	r := dedup.ShortReason(long)
-	if len(r) > dedup.MaxReasonLen || !strings.HasPrefix(long, r) || len(r) < dedup.MaxReasonLen-1 {
-		t.Fatalf("ShortReason: %d bytes", len(r))
-	}
-}

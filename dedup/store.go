@@ -2,6 +2,7 @@ package dedup
 
 import (
 	"context"
+	"github.com/idemkit/idem/internal/shorten"
 	"time"
 )
 
@@ -113,17 +114,6 @@ type Purger interface {
 	Purge(ctx context.Context, limit int) (int, error)
 }
 
-// MaxReasonLen bounds a recorded failure reason; longer reasons are cut.
-const MaxReasonLen = 500
-
-// ShortReason cuts a reason to MaxReasonLen bytes on a rune boundary.
-func ShortReason(s string) string {
-	if len(s) <= MaxReasonLen {
-		return s
-	}
-	cut := MaxReasonLen
-	for cut > 0 && s[cut]&0xC0 == 0x80 {
-		cut--
-	}
-	return s[:cut]
-}
+// MaxReasonLen bounds a recorded failure reason; longer reasons are cut
+// (on a rune boundary).
+const MaxReasonLen = shorten.MaxLen

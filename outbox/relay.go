@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemkit/idem/internal/shorten"
 	"log/slog"
 	"math/rand/v2"
 	"slices"
@@ -419,7 +420,7 @@ func (r *Relay) round(workCtx context.Context) (int, error) {
 			sent = append(sent, rec.Seq)
 		case errors.Is(err, ErrRefused):
 			dead = append(dead, rec.Seq)
-			reasons = append(reasons, dedup.ShortReason(err.Error()))
+			reasons = append(reasons, shorten.Reason(err.Error()))
 		default:
 			failedKeys[rec.OrderKey()] = true
 			if _, ok := failedShards[shardOf[i]]; !ok {

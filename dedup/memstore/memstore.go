@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemkit/idem/internal/shorten"
 	"slices"
 	"sync"
 	"time"
@@ -212,7 +213,7 @@ func (s *Store) RecordFailure(ctx context.Context, c dedup.Claim, reason string)
 	defer s.mu.Unlock()
 	if _, ok := s.rows[c.Key]; !ok {
 		now := s.cfg.Now()
-		s.rows[c.Key] = row{fp: c.Fingerprint, created: now, failed: true, reason: dedup.ShortReason(reason), expires: s.expiry(c.Key.Scope, now)}
+		s.rows[c.Key] = row{fp: c.Fingerprint, created: now, failed: true, reason: shorten.Reason(reason), expires: s.expiry(c.Key.Scope, now)}
 	}
 	return nil
 }

@@ -51,6 +51,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"github.com/idemkit/idem/internal/shorten"
 	"math/rand/v2"
 	"regexp"
 	"slices"
@@ -685,7 +686,7 @@ func (s *Store) RecordFailure(ctx context.Context, c dedup.Claim, reason string)
 	}
 	_, err := s.db.ExecContext(ctx, "INSERT IGNORE INTO "+s.table+" (scope, `key`, fingerprint, source, claim_token, outcome, reason, created_at, expires_at) "+
 		"VALUES (?, ?, ?, ?, 0, 'failed', ?, UTC_TIMESTAMP(6), DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND))",
-		c.Key.Scope, c.Key.ID, c.Fingerprint[:], clean(c.Source, maxSource), clean(dedup.ShortReason(reason), maxReason), s.retention(c.Key.Scope))
+		c.Key.Scope, c.Key.ID, c.Fingerprint[:], clean(c.Source, maxSource), clean(shorten.Reason(reason), maxReason), s.retention(c.Key.Scope))
 	if err != nil {
 		return s.connErr("record failure", err)
 	}

@@ -22,6 +22,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/idemkit/idem/internal/shorten"
 	"regexp"
 	"strconv"
 	"sync"
@@ -681,7 +682,7 @@ func (s *Store) claimErr(err error) error {
 // dedup.Store.
 func (s *Store) RecordFailure(ctx context.Context, c dedup.Claim, reason string) error {
 	_, err := s.pool.Exec(ctx, s.failSQL, c.Key.Scope, c.Key.ID, c.Fingerprint[:], c.Source,
-		dedup.ShortReason(reason), s.retentionMillis(c.Key.Scope))
+		shorten.Reason(reason), s.retentionMillis(c.Key.Scope))
 	if err != nil {
 		return fmt.Errorf("pgstore: record failure: %w", err)
 	}

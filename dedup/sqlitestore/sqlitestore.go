@@ -16,6 +16,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/idemkit/idem/internal/shorten"
 	"net/url"
 	"regexp"
 	"strconv"
@@ -330,7 +331,7 @@ SELECT v.column1, v.column2, v.column3, v.column4, v.column5 + n.now FROM (VALUE
 func (s *Store) RecordFailure(ctx context.Context, c dedup.Claim, reason string) error {
 	_, err := s.db.ExecContext(ctx, `INSERT INTO `+s.table+` (scope, key, fingerprint, source, outcome, reason, expires_at)
 VALUES (?, ?, ?, ?, 'failed', ?, ? + `+nowMillis+`) ON CONFLICT (scope, key) DO NOTHING`,
-		c.Key.Scope, c.Key.ID, c.Fingerprint[:], c.Source, dedup.ShortReason(reason), s.retentionMillis(c.Key.Scope))
+		c.Key.Scope, c.Key.ID, c.Fingerprint[:], c.Source, shorten.Reason(reason), s.retentionMillis(c.Key.Scope))
 	return s.wrap("record failure", err)
 }
 
