@@ -75,6 +75,7 @@ func Handler[TTx any](st dedup.RequestStore[TTx], db func(TTx) payments.DB, opts
 	mux := http.NewServeMux()
 	mux.Handle(Route, idem.Transactional(route, httpidem.TxHandlerFunc[TTx](
 		func(w http.ResponseWriter, r *http.Request, tx TTx) error {
+			key, _ := httpidem.KeyFrom(r.Context()) // decoded: "42" and 42 are one key
 			body, err := io.ReadAll(r.Body)
 			if err != nil {
 				return err
@@ -87,7 +88,7 @@ func Handler[TTx any](st dedup.RequestStore[TTx], db func(TTx) payments.DB, opts
 				return reply(w, http.StatusBadRequest, "FAIL", err.Error())
 			case cb.Channel != r.PathValue("channel"):
 				return reply(w, http.StatusBadRequest, "FAIL", fmt.Sprintf("channel %q posted to the endpoint of %q", cb.Channel, r.PathValue("channel")))
-			case cb.TxnID != r.Header.Get(httpidem.DefaultHeader):
+			case cb.TxnID != key:
 				return reply(w, http.StatusBadRequest, "FAIL", "the Idempotency-Key must be the callback's txn_id")
 			}
 			err = payments.Apply(r.Context(), db(tx), cb)

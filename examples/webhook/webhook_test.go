@@ -397,3 +397,42 @@ func TestRunServes(t *testing.T) {
 		t.Fatalf("run: %v", err)
 	}
 }
+
+// TestQuotedKey: a key sent quoted, as the IETF draft specifies, is the
+// same key as the bare value: the callback is booked and its re-send,
+// quoted or bare, replayed.
+func TestQuotedKey(t *testing.T) {
+	eachBackend(t, func(t *testing.T, open func(Options) backend) {
+		b := open(Options{Logger: quiet})
+		pay := callback("4200000001", "O-1001", 2500, "wechat")
+		first := post(b.handler, "wechat", `"4200000001"`, pay)
+		if first.Code != http.StatusOK || replayed(first) {
+			t.Fatalf(`Idempotency-Key: "4200000001": %d %s, want 200`, first.Code, first.Body)
+		}
+		for _, key := range []string{`"4200000001"`, "4200000001"} {
+			if w := post(b.handler, "wechat", key, pay); !replayed(w) || w.Body.String() != first.Body.String() {
+				t.Fatalf("re-sent with Idempotency-Key: %s: %d %s, want the first answer replayed", key, w.Code, w.Body)
+			}
+		}
+		reconcile(t, b, payments.Expected{TxnID: "4200000001", Amount: 2500})
+	})
+}
+
+// TestTenantsShareKeys: two channels may use the same transaction number:
+// each is its own key and its own ledger row, and both are booked.
+func TestTenantsShareKeys(t *testing.T) {
+	eachBackend(t, func(t *testing.T, open func(Options) backend) {
+		b := open(Options{Logger: quiet})
+		for _, c := range []struct {
+			channel, order string
+			amount         int64
+		}{{"wechat", "O-1001", 2500}, {"alipay", "O-1002", 990}} {
+			w := post(b.handler, c.channel, "4200000001", callback("4200000001", c.order, c.amount, c.channel))
+			if w.Code != http.StatusOK || replayed(w) {
+				t.Fatalf("%s's callback 4200000001: %d %s, want 200", c.channel, w.Code, w.Body)
+			}
+		}
+		reconcile(t, b, payments.Expected{Channel: "wechat", TxnID: "4200000001", Amount: 2500},
+			payments.Expected{Channel: "alipay", TxnID: "4200000001", Amount: 990})
+	})
+}
