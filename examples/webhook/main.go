@@ -15,8 +15,8 @@
 //	go run ./examples/webhook                        # SQLite in the temp directory, zero setup
 //	go run ./examples/webhook -postgres 'postgres://…' -listen 127.0.0.1:8088
 //
-// It starts with three unpaid orders (O-1001 for 2500, O-1002 for 990,
-// O-1003 for 12000). Pay one:
+// It starts with five unpaid orders (O-1001 for 2500, O-1002 for 990,
+// O-1003 for 12000, O-1004 for 4500, O-1005 for 800). Pay one:
 //
 //	curl -i localhost:8088/callbacks/wechat -H 'Idempotency-Key: 4200000001' \
 //	  -d '{"txn_id":"4200000001","order_id":"O-1001","amount":2500,"channel":"wechat","status":"SUCCESS"}'

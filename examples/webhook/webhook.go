@@ -177,21 +177,28 @@ var Orders = []payments.Order{
 	{ID: "O-1001", Account: "merchant-01", SKU: "sku-001", Amount: 2500},
 	{ID: "O-1002", Account: "merchant-01", SKU: "sku-002", Amount: 990},
 	{ID: "O-1003", Account: "merchant-02", SKU: "sku-001", Amount: 12000},
+	{ID: "O-1004", Account: "merchant-02", SKU: "sku-002", Amount: 4500},
+	{ID: "O-1005", Account: "merchant-01", SKU: "sku-001", Amount: 800},
 }
 
-// Setup creates the payments tables and the demo orders, once.
+// Setup creates the payments tables and the demo orders missing from them.
 func Setup(ctx context.Context, db payments.DB) error {
 	if err := payments.Setup(ctx, db); err != nil {
 		return err
 	}
-	var n int
-	if err := db.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&n); err != nil {
-		return err
+	for _, o := range Orders {
+		var n int
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM orders WHERE id = $1`, o.ID).Scan(&n); err != nil {
+			return err
+		}
+		if n > 0 {
+			continue
+		}
+		if err := payments.CreateOrders(ctx, db, []payments.Order{o}); err != nil {
+			return err
+		}
 	}
-	if n > 0 {
-		return nil
-	}
-	return payments.CreateOrders(ctx, db, Orders)
+	return nil
 }
 
 // Reconcile cross-checks the payments tables with the keys the webhook
