@@ -49,7 +49,8 @@ func Example() {
 	mux := http.NewServeMux()
 	mux.Handle("POST /payments", idem.Transactional(httpidem.Route{}, httpidem.TxHandlerFunc[*sql.Tx](
 		func(w http.ResponseWriter, r *http.Request, tx *sql.Tx) error {
-			if _, err := tx.ExecContext(r.Context(), `INSERT INTO payments VALUES (?, 100)`, r.Header.Get("Idempotency-Key")); err != nil {
+			key, _ := httpidem.KeyFrom(r.Context()) // decoded: "order-42" and order-42 are one key
+			if _, err := tx.ExecContext(r.Context(), `INSERT INTO payments VALUES (?, 100)`, key); err != nil {
 				return err // rolled back, nothing stored: a retry runs again
 			}
 			w.Header().Set("Content-Type", "application/json")

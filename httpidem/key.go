@@ -1,6 +1,7 @@
 package httpidem
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -8,6 +9,19 @@ import (
 
 	"github.com/idemkit/idem/dedup"
 )
+
+type idKey struct{}
+
+// KeyFrom returns the request's key as the middleware decoded it — the
+// header's value as it stands, or the inside of its quoted form ("abc" and
+// abc are one key, abc) — in the handler of either mode; ok is false for a
+// request without one (a keyless request of an Optional route). Compare
+// and store this, never the raw header. A leased handler's Lease has it
+// too, with its scope.
+func KeyFrom(ctx context.Context) (key string, ok bool) {
+	key, ok = ctx.Value(idKey{}).(string)
+	return key, ok
+}
 
 // errNoKey: the request carries no key.
 var errNoKey = errors.New("no key")

@@ -195,7 +195,7 @@ func (m *Middleware[TTx]) prepare(w http.ResponseWriter, r *http.Request, rt *ro
 		writeProblem(w, http.StatusBadRequest, titleBadBody, err.Error(), 0)
 		return prepared{}, false
 	}
-	r2 := r.WithContext(r.Context())
+	r2 := r.WithContext(context.WithValue(r.Context(), idKey{}, id))
 	r2.Body = io.NopCloser(bytes.NewReader(raw))
 	r2.ContentLength = int64(len(raw))
 	r2.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(raw)), nil }

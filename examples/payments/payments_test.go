@@ -246,7 +246,7 @@ func TestFixtures(t *testing.T) {
 			msgs = append(msgs, consumertest.Message("payments", 0, int64(i), "", string(p)))
 		}
 		res := b.drive(t, consumertest.Script{}, msgs)
-		expected := []payments.Expected{{"4200001001", 2599}, {"4200001002", 1200}, {"4200001003", 2599}}
+		expected := []payments.Expected{{TxnID: "4200001001", Amount: 2599}, {TxnID: "4200001002", Amount: 1200}, {TxnID: "4200001003", Amount: 2599}}
 		r := reconcile(t, b, expected)
 		if !r.OK() || r.Credited != 2599+1200+2599 {
 			t.Fatalf("%v, credited %d", r, r.Credited)

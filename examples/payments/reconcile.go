@@ -35,6 +35,9 @@ func (r Report) String() string {
 type Expected struct {
 	TxnID  string
 	Amount int64
+	// Channel, when set, is the channel that sent it: two channels may
+	// send the same transaction number. Empty: any channel.
+	Channel string
 }
 
 // Reconcile cross-checks orders, ledger, accounts, inventory and idem's dedup
@@ -55,15 +58,17 @@ func Reconcile(ctx context.Context, db DB, dedupTable, scope string, expected []
 	if err := q(&r.Credited, `SELECT coalesce(sum(balance), 0) FROM accounts`); err != nil {
 		return r, err
 	}
-	seen := make(map[string]bool, len(expected))
+	seen := make(map[Expected]bool, len(expected))
 	for _, e := range expected {
-		if seen[e.TxnID] {
-			return r, fmt.Errorf("payments: reconcile: %s is expected twice", e.TxnID)
+		id := Expected{TxnID: e.TxnID, Channel: e.Channel}
+		if seen[id] {
+			return r, fmt.Errorf("payments: reconcile: %s is expected twice (channel %q)", e.TxnID, e.Channel)
 		}
-		seen[e.TxnID] = true
+		seen[id] = true
 		var n int64
 		if err := q(&n, `SELECT count(*) FROM ledger l JOIN orders o ON o.id = l.order_id
-WHERE l.txn_id = $1 AND l.amount = $2 AND o.status = 'PAID' AND o.paid_txn = l.txn_id`, e.TxnID, e.Amount); err != nil {
+WHERE l.txn_id = $1 AND l.amount = $2 AND o.status = 'PAID' AND o.paid_txn = l.txn_id
+    AND ($3 = '' OR l.channel = $3)`, e.TxnID, e.Amount, e.Channel); err != nil {
 			return r, err
 		}
 		if n != 1 {

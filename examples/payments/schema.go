@@ -28,12 +28,15 @@ var schema = []string{
     FOREIGN KEY (account_id) REFERENCES accounts (id),
     FOREIGN KEY (sku) REFERENCES inventory (sku)
 )`,
+	// A transaction number is the channel's: two channels may send the
+	// same one, so a ledger row is keyed by both.
 	`CREATE TABLE IF NOT EXISTS ledger (
-    txn_id     VARCHAR(100) PRIMARY KEY,
+    txn_id     VARCHAR(100) NOT NULL,
     order_id   VARCHAR(100) NOT NULL,
     account_id VARCHAR(100) NOT NULL,
     amount     BIGINT NOT NULL,
-    channel    TEXT NOT NULL,
+    channel    VARCHAR(100) NOT NULL,
+    PRIMARY KEY (channel, txn_id),
     FOREIGN KEY (order_id) REFERENCES orders (id),
     FOREIGN KEY (account_id) REFERENCES accounts (id)
 )`,

@@ -26,17 +26,36 @@ import (
 	"github.com/idemkit/idem/internal/testenv"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	testenv.RunChild("webhook", main) // TestPayoutTakeoverAfterSIGKILL's child
+	goleak.VerifyTestMain(m)
+}
 
 var quiet = slog.New(slog.DiscardHandler)
 
-// backend is the webhook on one database.
+// backend is the webhook on one database, with its bank on a test server.
 type backend struct {
 	handler http.Handler
 	db      payments.DB // outside the webhook, for reconciling
 	dedup   string      // the dedup table as SQL names it
+	bank    *Bank
+	store   requestAdmin
 	// drop breaks the connection of a transaction (Postgres only).
 	drop func(ctx context.Context, tx any) error
+}
+
+// newBackend opens the webhook with open, its bank served by a test server.
+func newBackend(t *testing.T, opts Options, db payments.DB, open func(Options) (app, error)) backend {
+	var bank atomic.Pointer[Bank]
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { bank.Load().ServeHTTP(w, r) }))
+	t.Cleanup(srv.Close)
+	opts.Bank = srv.URL
+	a, err := open(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bank.Store(a.bank)
+	return backend{handler: a.handler, db: db, dedup: a.table, bank: a.bank, store: a.store}
 }
 
 func sqliteBackend(t *testing.T, opts Options) backend {
@@ -44,11 +63,7 @@ func sqliteBackend(t *testing.T, opts Options) backend {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, st, err := openSQLite(t.Context(), db, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return backend{handler: h, db: payments.SQL(db), dedup: st.Table()}
+	return newBackend(t, opts, payments.SQL(db), func(o Options) (app, error) { return openSQLite(t.Context(), db, o) })
 }
 
 func sqliteOpen(t *testing.T) (*sql.DB, error) {
@@ -61,15 +76,13 @@ func sqliteOpen(t *testing.T) (*sql.DB, error) {
 
 func postgresBackend(t *testing.T, opts Options) backend {
 	pool, _ := testenv.SchemaPool(t)
-	h, st, err := openPostgres(t.Context(), pool, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := newBackend(t, opts, payments.Pgx(pool), func(o Options) (app, error) { return openPostgres(t.Context(), pool, o) })
 	admin := testenv.Pool(t)
-	return backend{handler: h, db: payments.Pgx(pool), dedup: st.Table(), drop: func(ctx context.Context, tx any) error {
+	b.drop = func(ctx context.Context, tx any) error {
 		_, err := admin.Exec(ctx, `SELECT pg_terminate_backend($1, 5000)`, tx.(pgx.Tx).Conn().PgConn().PID())
 		return err
-	}}
+	}
+	return b
 }
 
 // eachBackend runs f on SQLite and on Postgres; opts is built per backend
@@ -86,9 +99,18 @@ func callback(txn, order string, amount int64, channel string) string {
 
 // post sends a callback; key "" sends none.
 func post(h http.Handler, channel, key, body string) *httptest.ResponseRecorder {
-	r := httptest.NewRequest(http.MethodPost, "/callbacks/"+channel, strings.NewReader(body))
+	return send(h, "/callbacks/"+channel, key, body, "")
+}
+
+// send posts body to target with key and FaultHeader fault ("": none of
+// either).
+func send(h http.Handler, target, key, body, fault string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(http.MethodPost, target, strings.NewReader(body))
 	if key != "" {
 		r.Header.Set("Idempotency-Key", key)
+	}
+	if fault != "" {
+		r.Header.Set(FaultHeader, fault)
 	}
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, r)
@@ -110,7 +132,8 @@ func reconcile(t *testing.T, b backend, expected ...payments.Expected) {
 	}
 }
 
-// gate holds a handler half-way until the test opens it.
+// gate holds handlers half-way until the test opens it; started says the
+// first arrived.
 type gate struct {
 	started chan struct{}
 	open    chan struct{}
@@ -123,29 +146,29 @@ func newGate(t *testing.T) *gate {
 	return g
 }
 
-func (g *gate) hold(context.Context, any) error {
-	select {
-	case g.started <- struct{}{}:
-		<-g.open
-	default: // only the first request waits
-	}
-	return nil
-}
-
 func (g *gate) release() { g.once.Do(func() { close(g.open) }) }
 
-// TestWebhookAnswers drives the curl lines of docs/http.md through the handler:
-// a replay, a concurrent duplicate, a changed body, a missing key.
+// wait is the gate as Options.Hold: every request that calls it waits.
+func (g *gate) wait(ctx context.Context) error {
+	select {
+	case g.started <- struct{}{}:
+	default:
+	}
+	select {
+	case <-g.open:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// TestWebhookAnswers drives the curl lines of docs/http.md for the
+// transactional route through the handler: executed, replayed, a changed
+// body, a missing key, a concurrent duplicate ("Demo-Fault: slow").
 func TestWebhookAnswers(t *testing.T) {
 	eachBackend(t, func(t *testing.T, open func(Options) backend) {
 		g := newGate(t)
-		hold := false
-		b := open(Options{Logger: quiet, Halfway: func(ctx context.Context, tx any) error {
-			if hold {
-				return g.hold(ctx, tx)
-			}
-			return nil
-		}})
+		b := open(Options{Logger: quiet, Hold: g.wait})
 		pay := callback("4200000001", "O-1001", 2500, "wechat")
 		first := post(b.handler, "wechat", "4200000001", pay)
 		if first.Code != http.StatusOK || replayed(first) || !strings.Contains(first.Body.String(), `"SUCCESS"`) {
@@ -166,10 +189,9 @@ func TestWebhookAnswers(t *testing.T) {
 			t.Fatalf("no key: %d %s, want 400", w.Code, w.Body)
 		}
 		// A concurrent duplicate, while the first is booked but not answered.
-		hold = true
 		second := callback("4200000002", "O-1002", 990, "wechat")
 		done := make(chan *httptest.ResponseRecorder)
-		go func() { done <- post(b.handler, "wechat", "4200000002", second) }()
+		go func() { done <- send(b.handler, "/callbacks/wechat", "4200000002", second, "slow") }()
 		<-g.started
 		if w := post(b.handler, "wechat", "4200000002", second); w.Code != http.StatusConflict || w.Header().Get("Retry-After") == "" {
 			t.Fatalf("a concurrent duplicate: %d %s, want 409 with Retry-After", w.Code, w.Body)
@@ -352,48 +374,164 @@ func TestStreamReconciles(t *testing.T) {
 }
 
 // TestRunServes runs the program as `go run ./examples/webhook` does (on
-// SQLite) and answers a callback and its re-send over HTTP.
+// SQLite) and answers a callback and a payout, and their re-sends, over
+// HTTP; the payout is at the bank, once.
 func TestRunServes(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, "127.0.0.1:0", "", filepath.Join(t.TempDir(), "webhook.db"), Options{Logger: quiet}, pw)
+		done <- run(ctx, "127.0.0.1:0", "127.0.0.1:0", "", filepath.Join(t.TempDir(), "webhook.db"), Options{Logger: quiet}, pw)
 		pw.Close()
 	}()
-	line, err := bufio.NewReader(pr).ReadString('\n')
-	if err != nil {
-		t.Fatalf("startup: %v", err)
+	lines := bufio.NewReader(pr)
+	var urls []string
+	for range 2 {
+		line, err := lines.ReadString('\n')
+		if err != nil {
+			t.Fatalf("startup: %v", err)
+		}
+		urls = append(urls, serving(t, line))
 	}
 	go io.Copy(io.Discard, pr)
-	i := strings.Index(line, "http://")
-	if i < 0 {
-		t.Fatalf("startup line %q has no address", line)
-	}
-	url := strings.TrimSpace(strings.TrimSuffix(line[i:], "/callbacks/{channel}\n"))
-	url = strings.TrimSuffix(url, "/callbacks/{channel}") + "/callbacks/wechat"
+	webhook, bank := urls[0], urls[1]
 	client := &http.Client{Transport: &http.Transport{}}
 	defer client.CloseIdleConnections()
-	var bodies []string
-	for n := range 2 {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(callback("4200000009", "O-1003", 12000, "wechat")))
-		req.Header.Set("Idempotency-Key", "4200000009")
+	send := func(path, key, body string) (int, bool, string) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, webhook+path, strings.NewReader(body))
+		req.Header.Set("Idempotency-Key", key)
 		res, err := client.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
-		body, _ := io.ReadAll(res.Body)
+		b, _ := io.ReadAll(res.Body)
 		res.Body.Close()
-		if res.StatusCode != http.StatusOK || (res.Header.Get("Idempotent-Replayed") == "true") != (n == 1) {
-			t.Fatalf("request %d: %d, Idempotent-Replayed %q: %s", n, res.StatusCode, res.Header.Get("Idempotent-Replayed"), body)
-		}
-		bodies = append(bodies, string(body))
+		return res.StatusCode, res.Header.Get("Idempotent-Replayed") == "true", string(b)
 	}
-	if bodies[0] != bodies[1] {
-		t.Fatalf("replay %q differs from %q", bodies[1], bodies[0])
+	for _, r := range []struct {
+		path, key, body string
+		status          int
+	}{
+		{"/callbacks/wechat", "4200000009", callback("4200000009", "O-1003", 12000, "wechat"), http.StatusOK},
+		{"/payouts", "p-1", `{"account":"merchant-01","amount":700}`, http.StatusCreated},
+	} {
+		var bodies []string
+		for n := range 2 {
+			status, replay, body := send(r.path, r.key, r.body)
+			if status != r.status || replay != (n == 1) {
+				t.Fatalf("%s request %d: %d, replayed %v: %s", r.path, n, status, replay, body)
+			}
+			bodies = append(bodies, body)
+		}
+		if bodies[0] != bodies[1] {
+			t.Fatalf("%s: replay %q differs from %q", r.path, bodies[1], bodies[0])
+		}
+	}
+	res, err := client.Get(bank + "/transfers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var transfers []Transfer
+	err = json.NewDecoder(res.Body).Decode(&transfers)
+	res.Body.Close()
+	if err != nil || len(transfers) != 1 || transfers[0].Key != "p-1" || transfers[0].Amount != 700 {
+		t.Fatalf("the bank's transfers: %+v, %v; want p-1's", transfers, err)
 	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("run: %v", err)
 	}
+}
+
+// serving is the base URL a startup line announces.
+func serving(t *testing.T, line string) string {
+	t.Helper()
+	i := strings.Index(line, "http://")
+	if i < 0 {
+		t.Fatalf("startup line %q has no address", line)
+	}
+	return strings.Fields(line[i:])[0]
+}
+
+// TestQuotedKey: a key sent quoted, as the IETF draft specifies, is the
+// same key as the bare value: the callback is booked and its re-send,
+// quoted or bare, replayed.
+func TestQuotedKey(t *testing.T) {
+	eachBackend(t, func(t *testing.T, open func(Options) backend) {
+		b := open(Options{Logger: quiet})
+		pay := callback("4200000001", "O-1001", 2500, "wechat")
+		first := post(b.handler, "wechat", `"4200000001"`, pay)
+		if first.Code != http.StatusOK || replayed(first) {
+			t.Fatalf(`Idempotency-Key: "4200000001": %d %s, want 200`, first.Code, first.Body)
+		}
+		for _, key := range []string{`"4200000001"`, "4200000001"} {
+			if w := post(b.handler, "wechat", key, pay); !replayed(w) || w.Body.String() != first.Body.String() {
+				t.Fatalf("re-sent with Idempotency-Key: %s: %d %s, want the first answer replayed", key, w.Code, w.Body)
+			}
+		}
+		reconcile(t, b, payments.Expected{TxnID: "4200000001", Amount: 2500})
+	})
+}
+
+// TestTenantsShareKeys: two channels may use the same transaction number:
+// each is its own key and its own ledger row, and both are booked.
+func TestTenantsShareKeys(t *testing.T) {
+	eachBackend(t, func(t *testing.T, open func(Options) backend) {
+		b := open(Options{Logger: quiet})
+		for _, c := range []struct {
+			channel, order string
+			amount         int64
+		}{{"wechat", "O-1001", 2500}, {"alipay", "O-1002", 990}} {
+			w := post(b.handler, c.channel, "4200000001", callback("4200000001", c.order, c.amount, c.channel))
+			if w.Code != http.StatusOK || replayed(w) {
+				t.Fatalf("%s's callback 4200000001: %d %s, want 200", c.channel, w.Code, w.Body)
+			}
+		}
+		reconcile(t, b, payments.Expected{Channel: "wechat", TxnID: "4200000001", Amount: 2500},
+			payments.Expected{Channel: "alipay", TxnID: "4200000001", Amount: 990})
+	})
+}
+
+// TestCallbackFaults drives the Demo-Fault rows of the matrix on the
+// transactional route: a 5xx the handler answers is stored and replayed,
+// never booked; an error or a panic after booking rolls it back, stores
+// nothing, and the re-send books it; an unknown knob is refused before the
+// middleware, storing nothing.
+func TestCallbackFaults(t *testing.T) {
+	eachBackend(t, func(t *testing.T, open func(Options) backend) {
+		b := open(Options{Logger: quiet})
+		h := b.handler
+		stored := callback("4200000001", "O-1001", 2500, "wechat")
+		first := send(h, "/callbacks/wechat", "4200000001", stored, "5xx")
+		if first.Code != http.StatusInternalServerError || replayed(first) || !strings.Contains(first.Body.String(), `"FAIL"`) {
+			t.Fatalf("Demo-Fault: 5xx: %d %s, want the handler's 500", first.Code, first.Body)
+		}
+		if w := post(h, "wechat", "4200000001", stored); w.Code != http.StatusInternalServerError || !replayed(w) || w.Body.String() != first.Body.String() {
+			t.Fatalf("re-sent after a stored 500: %d replayed %v %s, want the 500 replayed", w.Code, replayed(w), w.Body)
+		}
+		for i, f := range []string{"error", "panic"} {
+			txn := fmt.Sprint(4200000002 + i)
+			pay := callback(txn, Orders[1+i].ID, Orders[1+i].Amount, "wechat")
+			w := send(h, "/callbacks/wechat", txn, pay, f)
+			if w.Code != http.StatusInternalServerError || replayed(w) || w.Header().Get("Content-Type") != "application/problem+json" {
+				t.Fatalf("Demo-Fault: %s: %d %s, want the middleware's 500 problem", f, w.Code, w.Body)
+			}
+			if w := post(h, "wechat", txn, pay); w.Code != http.StatusOK || replayed(w) {
+				t.Fatalf("re-sent after Demo-Fault: %s: %d %s, want it booked now", f, w.Code, w.Body)
+			}
+		}
+		if w := send(h, "/callbacks/wechat", "4200000009", stored, "flood"); w.Code != http.StatusBadRequest {
+			t.Fatalf("Demo-Fault: flood: %d %s, want 400", w.Code, w.Body)
+		}
+		if w := send(h, "/callbacks/wechat", "4200000009", stored, "crash"); w.Code != http.StatusBadRequest {
+			t.Fatalf("Demo-Fault: crash without Options.Crash: %d %s, want 400", w.Code, w.Body)
+		}
+		// Neither reached the middleware: 4200000009 is still a new key,
+		// and O-1001 still unpaid (the stored 500 booked nothing).
+		if w := post(h, "wechat", "4200000009", callback("4200000009", "O-1001", 2500, "wechat")); w.Code != http.StatusOK || replayed(w) {
+			t.Fatalf("a key whose requests were refused by the knob: %d replayed %v %s, want it new", w.Code, replayed(w), w.Body)
+		}
+		reconcile(t, b, payments.Expected{TxnID: "4200000002", Amount: 990}, payments.Expected{TxnID: "4200000003", Amount: 12000},
+			payments.Expected{TxnID: "4200000009", Amount: 2500})
+	})
 }

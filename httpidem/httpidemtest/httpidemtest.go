@@ -65,6 +65,7 @@ func Run[TTx any](t *testing.T, newHarness Factory[TTx]) {
 	t.Run("Transactional", func(t *testing.T) {
 		t.Run("Matrix", s.txMatrix)
 		t.Run("BadKeys", s.badKeys)
+		t.Run("KeyFrom", s.txKeyFrom)
 		t.Run("BodyLimit", s.bodyLimit)
 		t.Run("StoredErrorsReplayed", s.txStoredErrors)
 		t.Run("HandlerErrorStoresNothing", s.txHandlerError)
@@ -81,6 +82,7 @@ func Run[TTx any](t *testing.T, newHarness Factory[TTx]) {
 	})
 	t.Run("Leased", func(t *testing.T) {
 		t.Run("Matrix", s.leaseMatrix)
+		t.Run("KeyFrom", s.leaseKeyFrom)
 		t.Run("UncertainKeepsLease", s.leaseUncertain)
 		t.Run("EndLease", s.leaseEnd)
 		t.Run("ZombieFenced", s.leaseZombie)
