@@ -30,7 +30,7 @@ func TestEveryLetterHasItsCause(t *testing.T) {
 		}
 		return nil
 	})
-	cfg.Validate = func(m *consumer.Message) error {
+	cfg.Validate = func(_ context.Context, m *consumer.Message) error {
 		if bytes.Contains(m.Value, []byte("forged")) {
 			return errors.New("bad signature")
 		}

@@ -208,7 +208,7 @@ func TestValidateRunsBeforeTheClaim(t *testing.T) {
 	eff := newEffects()
 	cfg := baseConfig(eff.apply)
 	errForged := errors.New("bad signature")
-	cfg.Validate = func(m *consumer.Message) error {
+	cfg.Validate = func(_ context.Context, m *consumer.Message) error {
 		if sig, _ := consumer.ByJSONField("sig")(m); sig != "good" {
 			return errForged
 		}
@@ -220,6 +220,44 @@ func TestValidateRunsBeforeTheClaim(t *testing.T) {
 	eff.check(t, []string{"T1"})
 	if len(res.DeadLetters) != 1 || !errors.Is(res.DeadLetters[0].Reason, errForged) || res.DeadLetters[0].Message.Offset != 0 {
 		t.Fatalf("dead letters %+v, want the forgery", res.DeadLetters)
+	}
+}
+
+// TestValidateWaitsOutRetryable: a Validate that cannot make its check
+// (Retryable: the verifier's certificate is unreachable) holds the message
+// in its lane, far beyond the retry budget, and dead-letters nothing; the
+// message ahead of it commits first; a plain error still refuses.
+func TestValidateWaitsOutRetryable(t *testing.T) {
+	eff := newEffects()
+	cfg := baseConfig(eff.apply)
+	cfg.Retry = consumer.RetryPolicy{MaxAttempts: 2, MaxElapsed: time.Millisecond, Initial: time.Microsecond, Max: time.Microsecond}
+	var mu sync.Mutex
+	calls := 0
+	errCertAway := errors.New("platform certificate: connection refused")
+	cfg.Validate = func(_ context.Context, m *consumer.Message) error {
+		id, _ := consumer.ByJSONField("txn_id")(m)
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case id == "F1":
+			return errors.New("bad signature")
+		case id != "T2":
+			return nil
+		case calls < 50:
+			if calls++; calls == 2 && eff.count("T1") != 1 { // after the first wait
+				t.Error("T1, ahead of T2, was not committed before the wait")
+			}
+			return consumer.Retryable(errCertAway)
+		}
+		return nil
+	}
+	res := consumertest.Run(t, cfg, consumertest.Script{},
+		consumertest.Message("pay", 0, 0, "", `{"txn_id":"T1","amount":100}`),
+		consumertest.Message("pay", 0, 1, "", `{"txn_id":"T2","amount":100}`),
+		consumertest.Message("pay", 0, 2, "", `{"txn_id":"F1","amount":100}`))
+	eff.check(t, []string{"T1", "T2"})
+	if calls != 50 || len(res.DeadLetters) != 1 || res.DeadLetters[0].Cause != consumer.CauseValidate {
+		t.Fatalf("%d failed checks, dead letters %+v; want 50 and the forgery alone", calls, res.DeadLetters)
 	}
 }
 

@@ -124,7 +124,7 @@ func Config[TTx any](ch Channel, db func(TTx) payments.DB) consumer.Config[TTx] 
 	return consumer.Config[TTx]{
 		Name:            ch.Name() + "-callbacks",
 		Handler:         Handler(ch, db),
-		Validate:        func(m *consumer.Message) error { return ch.Verify(m.Value) },
+		Validate:        func(_ context.Context, m *consumer.Message) error { return ch.Verify(m.Value) },
 		Key:             ch.Key(),
 		Fingerprint:     ch.Fingerprint(),
 		MaxPayloadBytes: MaxPayload,
