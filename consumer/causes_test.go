@@ -27,6 +27,10 @@ func TestEveryLetterHasItsCause(t *testing.T) {
 			return consumer.Permanent(errors.New("account closed"))
 		case "R1":
 			return consumer.Retryable(errors.New("downstream away"))
+		case "J1":
+			if amount, _ := consumer.ByJSONField("amount")(m); amount != "2" {
+				return consumer.Reject(errors.New("wrong amount"))
+			}
 		}
 		return nil
 	})
@@ -44,7 +48,9 @@ func TestEveryLetterHasItsCause(t *testing.T) {
 		consumertest.Message("pay", 0, 4, "", `{"txn_id":"P1"}`),
 		consumertest.Message("pay", 0, 5, "", `{"txn_id":"P1"}`),
 		consumertest.Message("pay", 0, 6, "", `{"txn_id":"R1"}`),
-		consumertest.Message("pay", 0, 7, "", `{"txn_id":"F1","sig":"good"}`))
+		consumertest.Message("pay", 0, 7, "", `{"txn_id":"F1","sig":"good"}`),
+		consumertest.Message("pay", 0, 8, "", `{"txn_id":"J1","amount":1}`),
+		consumertest.Message("pay", 0, 9, "", `{"txn_id":"J1","amount":2}`))
 	want := []struct {
 		offset int64
 		cause  consumer.Cause
@@ -56,6 +62,7 @@ func TestEveryLetterHasItsCause(t *testing.T) {
 		{4, consumer.CausePermanent, "P1"},
 		{5, consumer.CauseFailedBefore, "P1"},
 		{6, consumer.CauseExhausted, "R1"},
+		{8, consumer.CauseRejected, "J1"},
 	}
 	if len(res.DeadLetters) != len(want) {
 		t.Fatalf("%d letters, want %d: %+v", len(res.DeadLetters), len(want), res.DeadLetters)
@@ -79,9 +86,10 @@ func TestEveryLetterHasItsCause(t *testing.T) {
 			t.Errorf("letter %d: ParseCause(%q) = %v, %v", i, headers[consumer.MetaCause], c, ok)
 		}
 	}
-	// The forgery did not take F1: the genuine message behind it was applied.
-	if res.Stats.Applied != 2 {
-		t.Errorf("applied %d, want A1 and the genuine F1", res.Stats.Applied)
+	// The forgery did not take F1, nor the rejected message J1: the genuine
+	// messages behind them were applied.
+	if res.Stats.Applied != 3 {
+		t.Errorf("applied %d, want A1, the genuine F1 and J1", res.Stats.Applied)
 	}
 }
 
