@@ -45,6 +45,49 @@ func TestCompositeAndFormKeys(t *testing.T) {
 	}
 }
 
+// TestOptionalKeyParts: an absent optional part at the end leaves the key
+// as it was without it; a present one tells two refunds of one trade
+// apart; an absent one before a present one is an empty part; a malformed
+// payload is still refused.
+func TestOptionalKeyParts(t *testing.T) {
+	f := consumer.ByFormField
+	refund := consumer.Composite(f("trade_no"), f("trade_status"), f("out_biz_no").Optional())
+	for in, want := range map[string]string{
+		"trade_no=T1&trade_status=TRADE_SUCCESS&notify_id=n1":                  "T1:TRADE_SUCCESS",
+		"trade_no=T1&trade_status=TRADE_SUCCESS&out_biz_no=RF1&refund_fee=1":   "T1:TRADE_SUCCESS:RF1",
+		"trade_no=T1&trade_status=TRADE_SUCCESS&out_biz_no=RF2&refund_fee=3":   "T1:TRADE_SUCCESS:RF2",
+		"trade_no=T1&trade_status=TRADE_SUCCESS&out_biz_no=&refund_fee=3":      "T1:TRADE_SUCCESS",
+		"trade_no=T1&trade_status=TRADE_SUCCESS&out_biz_no=R%3A1&refund_fee=3": `T1:TRADE_SUCCESS:R\:1`,
+	} {
+		if got, err := refund(&consumer.Message{Value: []byte(in)}); err != nil || got != want {
+			t.Errorf("%s: %q, %v; want %q", in, got, err, want)
+		}
+	}
+	if _, err := refund(&consumer.Message{Value: []byte("trade_no=T1&out_biz_no=RF1")}); !errors.Is(err, consumer.ErrNoKey) {
+		t.Errorf("a required part missing: %v, want ErrNoKey", err)
+	}
+	if _, err := refund(&consumer.Message{Value: []byte("trade_no=T1&trade_status=S&out_biz_no=a&out_biz_no=b")}); !errors.Is(err, consumer.ErrBadPayload) {
+		t.Errorf("an optional part given twice: %v, want ErrBadPayload", err)
+	}
+	middle := consumer.Composite(f("a"), f("b").Optional(), f("c").Optional(), f("d"))
+	for in, want := range map[string]string{"a=1&d=4": "1:::4", "a=1&b=2&d=4": "1:2::4", "a=1&c=3&d=4": "1::3:4"} {
+		if got, err := middle(&consumer.Message{Value: []byte(in)}); err != nil || got != want {
+			t.Errorf("%s: %q, %v; want %q", in, got, err, want)
+		}
+	}
+	first := consumer.Composite(f("a").Optional(), f("b"))
+	if got, err := first(&consumer.Message{Value: []byte("b=2")}); err != nil || got != ":2" {
+		t.Errorf("an absent first part: %q, %v; want \":2\"", got, err)
+	}
+	none := consumer.Composite(f("a").Optional(), f("b").Optional())
+	if _, err := none(&consumer.Message{Value: []byte("c=3")}); !errors.Is(err, consumer.ErrNoKey) {
+		t.Errorf("every part absent: %v, want ErrNoKey", err)
+	}
+	if _, err := f("a").Optional()(&consumer.Message{Value: []byte("c=3")}); !errors.Is(err, consumer.ErrNoKey) {
+		t.Errorf("Optional alone: %v, want ErrNoKey", err)
+	}
+}
+
 func TestFieldFingerprints(t *testing.T) {
 	fp := func(f consumer.FingerprintFunc, v string) dedup.Fingerprint {
 		t.Helper()
