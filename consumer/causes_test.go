@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -90,6 +91,30 @@ func TestEveryLetterHasItsCause(t *testing.T) {
 	// messages behind them were applied.
 	if res.Stats.Applied != 3 {
 		t.Errorf("applied %d, want A1, the genuine F1 and J1", res.Stats.Applied)
+	}
+}
+
+// TestOutermostMarkWins: Reject wrapped in Permanent is Permanent again
+// (a middleware that makes every refusal permanent), and the other way
+// round.
+func TestOutermostMarkWins(t *testing.T) {
+	err := errors.New("wrong amount")
+	for _, c := range []struct {
+		err                 error
+		rejected, permanent bool
+	}{
+		{consumer.Reject(err), true, false},
+		{consumer.Permanent(consumer.Reject(err)), false, true},
+		{consumer.Reject(consumer.Permanent(err)), true, true},
+		{fmt.Errorf("handler: %w", consumer.Reject(err)), true, false},
+		{err, false, false},
+	} {
+		if consumer.IsRejected(c.err) != c.rejected || consumer.IsPermanent(c.err) != c.permanent {
+			t.Errorf("%v: rejected %t, permanent %t", c.err, consumer.IsRejected(c.err), consumer.IsPermanent(c.err))
+		}
+	}
+	if consumer.Reject(nil) != nil {
+		t.Error("Reject(nil) is not nil")
 	}
 }
 

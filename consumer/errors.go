@@ -33,6 +33,11 @@ type rejectedError struct{ err error }
 func (e *rejectedError) Error() string { return "rejected: " + e.err.Error() }
 func (e *rejectedError) Unwrap() error { return e.err }
 
+// rejects tells the two marks of a message that fails for good apart; the
+// outermost one wins.
+func (e *rejectedError) rejects() bool  { return true }
+func (e *permanentError) rejects() bool { return false }
+
 func (e *retryableError) Error() string { return "retryable: " + e.err.Error() }
 func (e *retryableError) Unwrap() error { return e.err }
 
@@ -58,8 +63,9 @@ func Permanent(err error) error {
 // amount arriving ahead of the genuine one must not take the genuine
 // one's key, as Permanent would (the genuine one would then be
 // dead-lettered as a mismatch or as failed before). A re-send of a
-// rejected message is rejected again, each time a letter. Reject(nil) is
-// nil.
+// rejected message is rejected again, each time a letter. Wrapped in
+// Permanent (or the other way round), the outermost mark wins. Reject(nil)
+// is nil.
 func Reject(err error) error {
 	if err == nil {
 		return nil
@@ -83,10 +89,11 @@ func IsPermanent(err error) bool {
 	return errors.As(err, &p)
 }
 
-// IsRejected reports whether err was marked with Reject.
+// IsRejected reports whether err was marked with Reject, and not wrapped in
+// Permanent since: of the two marks, the outermost says what happens.
 func IsRejected(err error) bool {
-	var r *rejectedError
-	return errors.As(err, &r)
+	var m interface{ rejects() bool }
+	return errors.As(err, &m) && m.rejects()
 }
 
 // IsRetryable reports whether err was marked with Retryable.
@@ -95,15 +102,15 @@ func IsRetryable(err error) bool {
 	return errors.As(err, &r)
 }
 
-// classify decides between retry and dead letter. Explicit marks win
-// (Reject first: it is permanent too, and fail tells it apart), then
+// classify decides between retry and dead letter. Explicit marks win (a
+// Reject is permanent too; fail tells it apart), then
 // idem's own sentinels, then the store's classification (SQLSTATE); anything
 // unknown is retried, bounded by the retry policy.
 func classify(err error, store func(error) dedup.ErrorClass) dedup.ErrorClass {
 	var p *permanentError
 	var r *retryableError
 	switch {
-	case IsRejected(err), errors.As(err, &p):
+	case errors.As(err, &p), IsRejected(err):
 		return dedup.ClassPermanent
 	case errors.As(err, &r):
 		return dedup.ClassRetryable
