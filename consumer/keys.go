@@ -90,10 +90,16 @@ func ByJSONField(path string) KeyFunc {
 
 // ByFormField keys by a field of an application/x-www-form-urlencoded
 // payload, the form Alipay-style payment notifications take (trade_no, say).
-// A field given twice is refused: readers disagree on which one counts.
+// The value is compared after URL-decoding: "a+b", "a%20b" are one key. A
+// body in GBK, GB2312 or GB18030 — as the charset parameter of the
+// message's Content-Type header says or, without one, the body's own
+// charset field, as Alipay sends it — is decoded to UTF-8 first, so that
+// it keys like its UTF-8 twin; UTF-8, US-ASCII or no charset: the bytes
+// are read as they are; any other charset is refused (ErrBadPayload). A
+// field given twice is refused: readers disagree on which one counts.
 func ByFormField(name string) KeyFunc {
 	return func(m *Message) (string, error) {
-		form, err := parseForm(m.Value)
+		form, err := parseForm(m)
 		if err != nil {
 			return "", err
 		}
