@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -27,10 +28,14 @@ func TestEveryLetterHasItsCause(t *testing.T) {
 			return consumer.Permanent(errors.New("account closed"))
 		case "R1":
 			return consumer.Retryable(errors.New("downstream away"))
+		case "J1":
+			if amount, _ := consumer.ByJSONField("amount")(m); amount != "2" {
+				return consumer.Reject(errors.New("wrong amount"))
+			}
 		}
 		return nil
 	})
-	cfg.Validate = func(m *consumer.Message) error {
+	cfg.Validate = func(_ context.Context, m *consumer.Message) error {
 		if bytes.Contains(m.Value, []byte("forged")) {
 			return errors.New("bad signature")
 		}
@@ -44,7 +49,9 @@ func TestEveryLetterHasItsCause(t *testing.T) {
 		consumertest.Message("pay", 0, 4, "", `{"txn_id":"P1"}`),
 		consumertest.Message("pay", 0, 5, "", `{"txn_id":"P1"}`),
 		consumertest.Message("pay", 0, 6, "", `{"txn_id":"R1"}`),
-		consumertest.Message("pay", 0, 7, "", `{"txn_id":"F1","sig":"good"}`))
+		consumertest.Message("pay", 0, 7, "", `{"txn_id":"F1","sig":"good"}`),
+		consumertest.Message("pay", 0, 8, "", `{"txn_id":"J1","amount":1}`),
+		consumertest.Message("pay", 0, 9, "", `{"txn_id":"J1","amount":2}`))
 	want := []struct {
 		offset int64
 		cause  consumer.Cause
@@ -56,6 +63,7 @@ func TestEveryLetterHasItsCause(t *testing.T) {
 		{4, consumer.CausePermanent, "P1"},
 		{5, consumer.CauseFailedBefore, "P1"},
 		{6, consumer.CauseExhausted, "R1"},
+		{8, consumer.CauseRejected, "J1"},
 	}
 	if len(res.DeadLetters) != len(want) {
 		t.Fatalf("%d letters, want %d: %+v", len(res.DeadLetters), len(want), res.DeadLetters)
@@ -79,9 +87,34 @@ func TestEveryLetterHasItsCause(t *testing.T) {
 			t.Errorf("letter %d: ParseCause(%q) = %v, %v", i, headers[consumer.MetaCause], c, ok)
 		}
 	}
-	// The forgery did not take F1: the genuine message behind it was applied.
-	if res.Stats.Applied != 2 {
-		t.Errorf("applied %d, want A1 and the genuine F1", res.Stats.Applied)
+	// The forgery did not take F1, nor the rejected message J1: the genuine
+	// messages behind them were applied.
+	if res.Stats.Applied != 3 {
+		t.Errorf("applied %d, want A1, the genuine F1 and J1", res.Stats.Applied)
+	}
+}
+
+// TestOutermostMarkWins: Reject wrapped in Permanent is Permanent again
+// (a middleware that makes every refusal permanent), and the other way
+// round.
+func TestOutermostMarkWins(t *testing.T) {
+	err := errors.New("wrong amount")
+	for _, c := range []struct {
+		err                 error
+		rejected, permanent bool
+	}{
+		{consumer.Reject(err), true, false},
+		{consumer.Permanent(consumer.Reject(err)), false, true},
+		{consumer.Reject(consumer.Permanent(err)), true, true},
+		{fmt.Errorf("handler: %w", consumer.Reject(err)), true, false},
+		{err, false, false},
+	} {
+		if consumer.IsRejected(c.err) != c.rejected || consumer.IsPermanent(c.err) != c.permanent {
+			t.Errorf("%v: rejected %t, permanent %t", c.err, consumer.IsRejected(c.err), consumer.IsPermanent(c.err))
+		}
+	}
+	if consumer.Reject(nil) != nil {
+		t.Error("Reject(nil) is not nil")
 	}
 }
 

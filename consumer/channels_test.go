@@ -45,6 +45,49 @@ func TestCompositeAndFormKeys(t *testing.T) {
 	}
 }
 
+// TestOptionalKeyParts: an absent optional part at the end leaves the key
+// as it was without it; a present one tells two refunds of one trade
+// apart; an absent one before a present one is an empty part; a malformed
+// payload is still refused.
+func TestOptionalKeyParts(t *testing.T) {
+	f := consumer.ByFormField
+	refund := consumer.Composite(f("trade_no"), f("trade_status"), f("out_biz_no").Optional())
+	for in, want := range map[string]string{
+		"trade_no=T1&trade_status=TRADE_SUCCESS&notify_id=n1":                  "T1:TRADE_SUCCESS",
+		"trade_no=T1&trade_status=TRADE_SUCCESS&out_biz_no=RF1&refund_fee=1":   "T1:TRADE_SUCCESS:RF1",
+		"trade_no=T1&trade_status=TRADE_SUCCESS&out_biz_no=RF2&refund_fee=3":   "T1:TRADE_SUCCESS:RF2",
+		"trade_no=T1&trade_status=TRADE_SUCCESS&out_biz_no=&refund_fee=3":      "T1:TRADE_SUCCESS",
+		"trade_no=T1&trade_status=TRADE_SUCCESS&out_biz_no=R%3A1&refund_fee=3": `T1:TRADE_SUCCESS:R\:1`,
+	} {
+		if got, err := refund(&consumer.Message{Value: []byte(in)}); err != nil || got != want {
+			t.Errorf("%s: %q, %v; want %q", in, got, err, want)
+		}
+	}
+	if _, err := refund(&consumer.Message{Value: []byte("trade_no=T1&out_biz_no=RF1")}); !errors.Is(err, consumer.ErrNoKey) {
+		t.Errorf("a required part missing: %v, want ErrNoKey", err)
+	}
+	if _, err := refund(&consumer.Message{Value: []byte("trade_no=T1&trade_status=S&out_biz_no=a&out_biz_no=b")}); !errors.Is(err, consumer.ErrBadPayload) {
+		t.Errorf("an optional part given twice: %v, want ErrBadPayload", err)
+	}
+	middle := consumer.Composite(f("a"), f("b").Optional(), f("c").Optional(), f("d"))
+	for in, want := range map[string]string{"a=1&d=4": "1:::4", "a=1&b=2&d=4": "1:2::4", "a=1&c=3&d=4": "1::3:4"} {
+		if got, err := middle(&consumer.Message{Value: []byte(in)}); err != nil || got != want {
+			t.Errorf("%s: %q, %v; want %q", in, got, err, want)
+		}
+	}
+	first := consumer.Composite(f("a").Optional(), f("b"))
+	if got, err := first(&consumer.Message{Value: []byte("b=2")}); err != nil || got != ":2" {
+		t.Errorf("an absent first part: %q, %v; want \":2\"", got, err)
+	}
+	none := consumer.Composite(f("a").Optional(), f("b").Optional())
+	if _, err := none(&consumer.Message{Value: []byte("c=3")}); !errors.Is(err, consumer.ErrNoKey) {
+		t.Errorf("every part absent: %v, want ErrNoKey", err)
+	}
+	if _, err := f("a").Optional()(&consumer.Message{Value: []byte("c=3")}); !errors.Is(err, consumer.ErrNoKey) {
+		t.Errorf("Optional alone: %v, want ErrNoKey", err)
+	}
+}
+
 func TestFieldFingerprints(t *testing.T) {
 	fp := func(f consumer.FingerprintFunc, v string) dedup.Fingerprint {
 		t.Helper()
@@ -208,7 +251,7 @@ func TestValidateRunsBeforeTheClaim(t *testing.T) {
 	eff := newEffects()
 	cfg := baseConfig(eff.apply)
 	errForged := errors.New("bad signature")
-	cfg.Validate = func(m *consumer.Message) error {
+	cfg.Validate = func(_ context.Context, m *consumer.Message) error {
 		if sig, _ := consumer.ByJSONField("sig")(m); sig != "good" {
 			return errForged
 		}
@@ -220,6 +263,44 @@ func TestValidateRunsBeforeTheClaim(t *testing.T) {
 	eff.check(t, []string{"T1"})
 	if len(res.DeadLetters) != 1 || !errors.Is(res.DeadLetters[0].Reason, errForged) || res.DeadLetters[0].Message.Offset != 0 {
 		t.Fatalf("dead letters %+v, want the forgery", res.DeadLetters)
+	}
+}
+
+// TestValidateWaitsOutRetryable: a Validate that cannot make its check
+// (Retryable: the verifier's certificate is unreachable) holds the message
+// in its lane, far beyond the retry budget, and dead-letters nothing; the
+// message ahead of it commits first; a plain error still refuses.
+func TestValidateWaitsOutRetryable(t *testing.T) {
+	eff := newEffects()
+	cfg := baseConfig(eff.apply)
+	cfg.Retry = consumer.RetryPolicy{MaxAttempts: 2, MaxElapsed: time.Millisecond, Initial: time.Microsecond, Max: time.Microsecond}
+	var mu sync.Mutex
+	calls := 0
+	errCertAway := errors.New("platform certificate: connection refused")
+	cfg.Validate = func(_ context.Context, m *consumer.Message) error {
+		id, _ := consumer.ByJSONField("txn_id")(m)
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case id == "F1":
+			return errors.New("bad signature")
+		case id != "T2":
+			return nil
+		case calls < 50:
+			if calls++; calls == 2 && eff.count("T1") != 1 { // after the first wait
+				t.Error("T1, ahead of T2, was not committed before the wait")
+			}
+			return consumer.Retryable(errCertAway)
+		}
+		return nil
+	}
+	res := consumertest.Run(t, cfg, consumertest.Script{},
+		consumertest.Message("pay", 0, 0, "", `{"txn_id":"T1","amount":100}`),
+		consumertest.Message("pay", 0, 1, "", `{"txn_id":"T2","amount":100}`),
+		consumertest.Message("pay", 0, 2, "", `{"txn_id":"F1","amount":100}`))
+	eff.check(t, []string{"T1", "T2"})
+	if calls != 50 || len(res.DeadLetters) != 1 || res.DeadLetters[0].Cause != consumer.CauseValidate {
+		t.Fatalf("%d failed checks, dead letters %+v; want 50 and the forgery alone", calls, res.DeadLetters)
 	}
 }
 

@@ -95,12 +95,20 @@ type Config[TTx any] struct {
 	Offsets dedup.OffsetStore[TTx]
 	// Validate, when set, checks a message before its key is claimed — a
 	// signature, a schema. An error is bad input: the message is
-	// dead-lettered with it and its key is not claimed, so a forgery cannot
-	// take the key of the genuine message it imitates. (A handler that
-	// verifies a signature itself is too late for that: a forged callback
-	// arriving first would claim the key, be recorded as failed, and the
-	// genuine one be dead-lettered as failed before.)
-	Validate func(m *Message) error
+	// dead-lettered with it (CauseValidate) and its key is not claimed, so a
+	// forgery cannot take the key of the genuine message it imitates. (A
+	// handler that verifies a signature itself is too late for that: a
+	// forged callback arriving first would claim the key, be recorded as
+	// failed, and the genuine one be dead-lettered as failed before.)
+	//
+	// An error marked with Retryable says the check could not be made — the
+	// verifier's certificate or key could not be fetched — not that the
+	// message is bad: the lane waits and calls Validate again, on Retry's
+	// delays, for as long as it takes (until the consumer stops). Those
+	// waits are not the message's failures: neither Retry.MaxAttempts nor
+	// Retry.MaxElapsed applies, and nothing is dead-lettered. The messages
+	// of the lane ahead of it commit first; those behind it wait.
+	Validate func(ctx context.Context, m *Message) error
 	// OnMissingKey says what happens when Key finds no key (ErrNoKey);
 	// default DeadLetterMissingKey.
 	OnMissingKey MissingKeyPolicy

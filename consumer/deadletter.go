@@ -10,8 +10,12 @@ import (
 
 // fail dead-letters a message that cannot be processed. With record, the
 // failure is first recorded in the store so that a redelivery is dead-lettered
-// without running the handler again.
+// without running the handler again — unless the handler refused the
+// message with Reject, which leaves the key free.
 func (c *Consumer[TTx]) fail(ctx context.Context, it *item, reason error, record bool) error {
+	if IsRejected(reason) {
+		return c.deadLetter(ctx, it, reason, CauseRejected)
+	}
 	if record && c.cfg.Key != nil { // with Config.Offsets alone there is no key row: the offset moves past it after the dead letter
 		err := c.untilDone(ctx, nil, "", func() error {
 			return c.cfg.Store.RecordFailure(ctx, it.claim, shorten.Reason(reason.Error()))

@@ -36,15 +36,17 @@
 // to write) is not honoured; see [Origin] and [ProducerChosenIDs].
 //
 // Failures: errors wrapped with [Permanent] (and decode errors, constraint
-// violations, fingerprint mismatches, bad keys) are dead-lettered at once;
-// everything else is retried with exponential backoff and jitter, bounded by
+// violations, fingerprint mismatches, bad keys) are dead-lettered at once,
+// their key recorded as failed; errors wrapped with [Reject] are
+// dead-lettered at once with their key left free, for the next message
+// with it to be judged on its own; everything else is retried with exponential backoff and jitter, bounded by
 // Config.Retry, and then handled by Config.OnExhausted. A failing message in a
 // batch is isolated without savepoints: the batch is split and the messages
 // before it commit on their own.
 //
 // Dead letters count incidents: every letter carries its [Cause] (the
-// idem-cause header: bad_input, validate, fingerprint_mismatch, permanent,
-// exhausted, failed_before) and its dedup key whenever one was derived. A
+// idem-cause header: bad_input, validate, rejected, fingerprint_mismatch,
+// permanent, exhausted, failed_before) and its dedup key whenever one was derived. A
 // message whose key failed for good before is dead-lettered as
 // failed_before, a repeat of the incident its first letter (permanent)
 // reported and `idem failed` lists, never as a new one.

@@ -28,16 +28,49 @@ func (e *permanentError) Unwrap() error { return e.err }
 
 type retryableError struct{ err error }
 
+type rejectedError struct{ err error }
+
+func (e *rejectedError) Error() string { return "rejected: " + e.err.Error() }
+func (e *rejectedError) Unwrap() error { return e.err }
+
+// rejects tells the two marks of a message that fails for good apart; the
+// outermost one wins.
+func (e *rejectedError) rejects() bool  { return true }
+func (e *permanentError) rejects() bool { return false }
+
 func (e *retryableError) Error() string { return "retryable: " + e.err.Error() }
 func (e *retryableError) Unwrap() error { return e.err }
 
 // Permanent marks err as one that retrying cannot fix: the message is
-// dead-lettered at once. Permanent(nil) is nil.
+// dead-lettered at once (CausePermanent), and its key is recorded as failed,
+// so that every later message with that key is dead-lettered without the
+// handler running (CauseFailedBefore). For a failure of the event itself:
+// what is wrong with this message is wrong with its re-sends too.
+// Permanent(nil) is nil.
 func Permanent(err error) error {
 	if err == nil {
 		return nil
 	}
 	return &permanentError{err}
+}
+
+// Reject refuses the message, not its key: the handler's transaction rolls
+// back, nothing is recorded under the key, and the message is dead-lettered
+// at once (CauseRejected). A later message with that key is judged on its
+// own, by the handler again. For checks that need the store — the amount
+// against the order, read FOR UPDATE in the handler's transaction — and
+// refuse a message that does not speak for its key: a notice with a wrong
+// amount arriving ahead of the genuine one must not take the genuine
+// one's key, as Permanent would (the genuine one would then be
+// dead-lettered as a mismatch or as failed before). A re-send of a
+// rejected message is rejected again, each time a letter. Wrapped in
+// Permanent (or the other way round), the outermost mark wins. Reject(nil)
+// is nil.
+func Reject(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &rejectedError{err}
 }
 
 // Retryable marks err as transient: the message is retried with backoff.
@@ -56,20 +89,28 @@ func IsPermanent(err error) bool {
 	return errors.As(err, &p)
 }
 
+// IsRejected reports whether err was marked with Reject, and not wrapped in
+// Permanent since: of the two marks, the outermost says what happens.
+func IsRejected(err error) bool {
+	var m interface{ rejects() bool }
+	return errors.As(err, &m) && m.rejects()
+}
+
 // IsRetryable reports whether err was marked with Retryable.
 func IsRetryable(err error) bool {
 	var r *retryableError
 	return errors.As(err, &r)
 }
 
-// classify decides between retry and dead letter. Explicit marks win, then
+// classify decides between retry and dead letter. Explicit marks win (a
+// Reject is permanent too; fail tells it apart), then
 // idem's own sentinels, then the store's classification (SQLSTATE); anything
 // unknown is retried, bounded by the retry policy.
 func classify(err error, store func(error) dedup.ErrorClass) dedup.ErrorClass {
 	var p *permanentError
 	var r *retryableError
 	switch {
-	case errors.As(err, &p):
+	case errors.As(err, &p), IsRejected(err):
 		return dedup.ClassPermanent
 	case errors.As(err, &r):
 		return dedup.ClassRetryable

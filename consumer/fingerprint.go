@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"strings"
 
 	"github.com/idemkit/idem/dedup"
@@ -85,12 +84,14 @@ func JSONFields(paths ...string) FingerprintFunc {
 }
 
 // FormFields fingerprints the values of an application/x-www-form-urlencoded
-// payload's fields (the form Alipay-style notifications take). A missing
-// field counts as absent; a field given twice is bad input (readers disagree
-// on which one counts).
+// payload's fields (the form Alipay-style notifications take), read as
+// ByFormField reads them: URL-decoded ("a+b" and "a%20b" are one value),
+// and a GBK, GB2312 or GB18030 body decoded to UTF-8 first, so that it
+// fingerprints like its UTF-8 twin. A missing field counts as absent; a
+// field given twice is bad input (readers disagree on which one counts).
 func FormFields(names ...string) FingerprintFunc {
 	return func(m *Message) (dedup.Fingerprint, error) {
-		form, err := parseForm(m.Value)
+		form, err := parseForm(m)
 		if err != nil {
 			return dedup.Fingerprint{}, err
 		}
@@ -121,13 +122,4 @@ func writeField(h io.Writer, name, value string) {
 // writeAbsent hashes a field that is not there.
 func writeAbsent(h io.Writer, name string) {
 	fmt.Fprintf(h, "%d:%s-", len(name), name)
-}
-
-// parseForm reads a form-urlencoded payload.
-func parseForm(payload []byte) (url.Values, error) {
-	form, err := url.ParseQuery(string(payload))
-	if err != nil {
-		return nil, fmt.Errorf("%w: payload is not a valid form: %v", ErrBadPayload, err)
-	}
-	return form, nil
 }

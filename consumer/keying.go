@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,19 +13,27 @@ import (
 // message is dead-lettered with it, for the cause returned: CauseValidate
 // when Config.Validate refused it, else CauseBadInput. it.claim then holds
 // what could be derived — a refused message's key too, for its letter; it
-// is never claimed.
-func (c *Consumer[TTx]) keyItem(it *item) (Cause, error) {
+// is never claimed. A zero cause with an error means the message was not
+// settled: ctx ended while Validate's check was being waited for.
+//
+// flush settles the items ahead of this one; keyItem calls it before it
+// waits, so that they are not held up by it.
+func (c *Consumer[TTx]) keyItem(ctx context.Context, l *lane[TTx], it *item, flush func() error) (Cause, error) {
 	m := it.msg
 	c.readOrigin(m) // first: a dead letter of a copy keeps its original's coordinates
 	if max := c.cfg.MaxPayloadBytes; max > 0 && len(m.Value) > max {
 		return CauseBadInput, fmt.Errorf("%w: %d bytes, the limit is %d", ErrPayloadTooLarge, len(m.Value), max)
 	}
 	if c.cfg.Validate != nil {
-		if err := c.cfg.Validate(m); err != nil {
+		refused, err := c.validate(ctx, l, m, flush)
+		if err != nil {
+			return 0, err
+		}
+		if refused != nil {
 			// The key names, in the letter, the message a forgery imitates;
 			// it is not claimed, so the genuine one is judged on its own.
 			_ = c.deriveKey(it, true)
-			return CauseValidate, fmt.Errorf("validate: %w", err)
+			return CauseValidate, fmt.Errorf("validate: %w", refused)
 		}
 	}
 	if err := c.deriveKey(it, false); err != nil {
@@ -32,6 +41,38 @@ func (c *Consumer[TTx]) keyItem(it *item) (Cause, error) {
 	}
 	m.dedupKey = it.claim.Key
 	return 0, nil
+}
+
+// validate runs Config.Validate on m and returns what it refused m with
+// (nil: m passed). A Retryable error is waited out on the unbounded policy,
+// outside m's retry budget, after flush settled the items ahead; err is
+// set only when ctx ends meanwhile, or flush fails.
+func (c *Consumer[TTx]) validate(ctx context.Context, l *lane[TTx], m *Message, flush func() error) (refused, err error) {
+	verr := c.cfg.Validate(ctx, m)
+	if verr == nil || !IsRetryable(verr) {
+		return verr, nil
+	}
+	if err := flush(); err != nil {
+		return nil, err
+	}
+	first := true
+	err = c.untilDone(ctx, l, "validate", func() error {
+		if first {
+			first = false
+			return verr // the failure that brought us here: wait before the next call
+		}
+		return c.cfg.Validate(ctx, m)
+	}, func(err error) (error, bool) {
+		if IsRetryable(err) {
+			return nil, false
+		}
+		refused = err
+		return nil, true
+	})
+	if err != nil {
+		return nil, err
+	}
+	return refused, nil
 }
 
 // deriveKey sets it.claim: the key (as soon as it is known, so that a

@@ -90,10 +90,16 @@ func ByJSONField(path string) KeyFunc {
 
 // ByFormField keys by a field of an application/x-www-form-urlencoded
 // payload, the form Alipay-style payment notifications take (trade_no, say).
-// A field given twice is refused: readers disagree on which one counts.
+// The value is compared after URL-decoding: "a+b", "a%20b" are one key. A
+// body in GBK, GB2312 or GB18030 — as the charset parameter of the
+// message's Content-Type header says or, without one, the body's own
+// charset field, as Alipay sends it — is decoded to UTF-8 first, so that
+// it keys like its UTF-8 twin; UTF-8, US-ASCII or no charset: the bytes
+// are read as they are; any other charset is refused (ErrBadPayload). A
+// field given twice is refused: readers disagree on which one counts.
 func ByFormField(name string) KeyFunc {
 	return func(m *Message) (string, error) {
-		form, err := parseForm(m.Value)
+		form, err := parseForm(m)
 		if err != nil {
 			return "", err
 		}
@@ -108,6 +114,26 @@ func ByFormField(name string) KeyFunc {
 	}
 }
 
+// Optional makes f an optional part of a Composite key: where f finds no
+// key (ErrNoKey), the part is absent instead of the whole key missing. Other
+// errors (a malformed payload, a field given twice) stay errors. Outside
+// Composite it changes nothing: a key must be found.
+func (f KeyFunc) Optional() KeyFunc {
+	return func(m *Message) (string, error) {
+		v, err := f(m)
+		if err != nil && errors.Is(err, ErrNoKey) {
+			return "", &absentPart{err}
+		}
+		return v, err
+	}
+}
+
+// absentPart is an Optional part's ErrNoKey.
+type absentPart struct{ err error }
+
+func (e *absentPart) Error() string { return e.err.Error() }
+func (e *absentPart) Unwrap() error { return e.err }
+
 // Composite keys by several parts joined with ':' — a trade number and its
 // status, an event type and an ID — so that each status of one trade is an
 // event of its own:
@@ -115,15 +141,35 @@ func ByFormField(name string) KeyFunc {
 //	Key: consumer.Composite(consumer.ByJSONField("trade_no"), consumer.ByJSONField("trade_status"))
 //
 // A ':' or '\' inside a part is escaped with '\', so that no two lists of
-// parts give one key. Every part must be found: a missing one is the
-// message's missing key.
+// parts give one key. Every part must be found — a missing one is the
+// message's missing key — except an Optional one. Absent optional parts at
+// the end are left out, separator and all, so that adding optional parts
+// to a key changes no key of the messages without them; an absent one
+// followed by a present one is an empty part. An Alipay partial refund is
+// a TRADE_SUCCESS notice of its trade, told apart by its refund request
+// number:
+//
+//	Key: consumer.Composite(consumer.ByFormField("trade_no"), consumer.ByFormField("trade_status"),
+//		consumer.ByFormField("out_biz_no").Optional())
 func Composite(parts ...KeyFunc) KeyFunc {
 	return func(m *Message) (string, error) {
 		var b strings.Builder
+		absent, pending := 0, 0 // absent parts; their separators, not written yet
 		for i, part := range parts {
 			v, err := part(m)
-			if err != nil {
+			var a *absentPart
+			switch {
+			case errors.As(err, &a):
+				absent++
+				if i > 0 {
+					pending++
+				}
+				continue
+			case err != nil:
 				return "", fmt.Errorf("key part %d: %w", i+1, err)
+			}
+			for ; pending > 0; pending-- {
+				b.WriteByte(':')
 			}
 			if i > 0 {
 				b.WriteByte(':')
@@ -134,6 +180,9 @@ func Composite(parts ...KeyFunc) KeyFunc {
 				}
 				b.WriteByte(v[i])
 			}
+		}
+		if absent == len(parts) {
+			return "", fmt.Errorf("%w: every part of the key is absent", ErrNoKey)
 		}
 		return b.String(), nil
 	}

@@ -144,18 +144,26 @@ func (l *lane[TTx]) process(ctx context.Context, c *Consumer[TTx], batch []*Mess
 func (l *lane[TTx]) settleInOrder(ctx context.Context, c *Consumer[TTx], items []item) error {
 	run := l.runs[:0]
 	defer func() { clear(run); l.runs = run[:0] }()
+	flush := func() error {
+		if len(run) == 0 {
+			return nil
+		}
+		err := l.settleRun(ctx, c, run)
+		run = run[:0]
+		return err
+	}
 	for i := range items {
 		it := &items[i]
-		cause, kerr := c.keyItem(it)
+		cause, kerr := c.keyItem(ctx, l, it, flush)
 		if kerr == nil {
 			run = append(run, it)
 			continue
 		}
-		if len(run) > 0 {
-			if err := l.settleRun(ctx, c, run); err != nil {
-				return err
-			}
-			run = run[:0]
+		if cause == 0 {
+			return kerr // not settled: ctx ended while Validate was waited for
+		}
+		if err := flush(); err != nil {
+			return err
 		}
 		if err := c.deadLetter(ctx, it, kerr, cause); err != nil {
 			return err
@@ -164,10 +172,7 @@ func (l *lane[TTx]) settleInOrder(ctx context.Context, c *Consumer[TTx], items [
 			return err
 		}
 	}
-	if len(run) > 0 {
-		return l.settleRun(ctx, c, run)
-	}
-	return nil
+	return flush()
 }
 
 // settleRun settles a run of keyed items. With Config.Offsets, the next

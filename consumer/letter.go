@@ -62,7 +62,7 @@ func (f DeadLetterFunc) DeadLetter(ctx context.Context, l Letter) error { return
 // message's own and stay: a letter redriven later keeps the key it is
 // deduplicated by.
 const (
-	MetaCause     = "idem-cause"              // why, as one value: Letter.Cause (bad_input, validate, fingerprint_mismatch, failed_before, permanent, exhausted)
+	MetaCause     = "idem-cause"              // why, as one value: Letter.Cause (bad_input, validate, rejected, fingerprint_mismatch, failed_before, permanent, exhausted)
 	MetaReason    = "idem-reason"             // why, in words: the error text, at most dedup.MaxReasonLen bytes
 	MetaAttempts  = "idem-attempts"           // failures charged to the message (Letter.Attempts), decimal
 	MetaTopic     = "idem-original-topic"     // the message's topic

@@ -113,6 +113,7 @@ const (
 	CausePermanent                     // Permanent, a constraint violation: recorded as failed
 	CauseExhausted                     // its retries ran out
 	CauseValidate                      // Config.Validate refused it: no row recorded, the key stays free
+	CauseRejected                      // the handler refused it with Reject: rolled back, no row recorded, the key stays free
 )
 
 var causeNames = [...]string{
@@ -122,6 +123,7 @@ var causeNames = [...]string{
 	CausePermanent:    "permanent",
 	CauseExhausted:    "exhausted",
 	CauseValidate:     "validate",
+	CauseRejected:     "rejected",
 }
 
 func (c Cause) String() string {
@@ -133,7 +135,7 @@ func (c Cause) String() string {
 
 // Causes lists every Cause, in their order.
 func Causes() []Cause {
-	return []Cause{CauseBadInput, CauseMismatch, CauseFailedBefore, CausePermanent, CauseExhausted, CauseValidate}
+	return []Cause{CauseBadInput, CauseMismatch, CauseFailedBefore, CausePermanent, CauseExhausted, CauseValidate, CauseRejected}
 }
 
 // ParseCause returns the Cause whose String is s: what a reader of the

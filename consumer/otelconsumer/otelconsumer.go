@@ -30,7 +30,7 @@ const ScopeName = "github.com/idemkit/idem/consumer/otelconsumer"
 // Attributes of idem's own, beside the messaging conventions'.
 const (
 	AttrConsumer = attribute.Key("idem.consumer.name")     // consumer.Config.Name
-	AttrCause    = attribute.Key("idem.dead_letter.cause") // consumer.Cause: bad_input, validate, fingerprint_mismatch, failed_before, permanent, exhausted
+	AttrCause    = attribute.Key("idem.dead_letter.cause") // consumer.Cause: bad_input, validate, rejected, fingerprint_mismatch, failed_before, permanent, exhausted
 	AttrOutcome  = attribute.Key("idem.transaction.outcome")
 	AttrMessages = attribute.Key("idem.transaction.messages")
 	AttrKeyScope = attribute.Key("idem.key.scope") // the dedup key's scope, as the letter's idem-key-scope

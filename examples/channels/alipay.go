@@ -13,7 +13,9 @@ import (
 // body (notify_time, notify_id, sign_type, sign, trade_no, out_trade_no,
 // trade_status, total_amount, refund_fee, …), carried as the record's value
 // unchanged. A re-send has a new notify_time and so a new sign; the trade's
-// later statuses are new notifications under the same trade_no.
+// later statuses are new notifications under the same trade_no, and so is
+// each partial refund: TRADE_SUCCESS again, with refund_fee (the refunded
+// total), gmt_refund and the refund's out_biz_no.
 type Alipay struct{ Secret []byte }
 
 // alipaySignType names the test stand-in for RSA2 (see Keys).
@@ -80,7 +82,19 @@ func (a Alipay) Decode(payload []byte) (Event, error) {
 		if ev.Status == "TRADE_FINISHED" {
 			ev.Kind = Finish
 		}
-		ev.Amount, err = yuan(v.Get("total_amount"))
+		if ev.Amount, err = yuan(v.Get("total_amount")); err != nil {
+			return ev, err
+		}
+		// A partial refund is another TRADE_SUCCESS notice of the trade,
+		// with the refunded total, the refund's time and its request number.
+		if fee := v.Get("refund_fee"); fee != "" && ev.Status == "TRADE_SUCCESS" {
+			if ev.Refunded, err = yuan(fee); err != nil || ev.Refunded == 0 {
+				return ev, err
+			}
+			if ev.Kind, ev.Refund = PartialRefund, v.Get("out_biz_no"); ev.Refund == "" {
+				return ev, fmt.Errorf("%w: alipay: a refund of trade %s without out_biz_no", ErrBadCallback, ev.Trade)
+			}
+		}
 	case "TRADE_CLOSED":
 		// Closed: an unpaid trade timed out, or a paid one was refunded in
 		// full (refund_fee).

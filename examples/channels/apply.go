@@ -30,36 +30,46 @@ func next(from string, kind Kind) (string, error) {
 // Apply applies one event in the consumer's transaction: the order's
 // transition through a conditional UPDATE, its ledger rows and balance, the
 // units sold, and the event's record. key is the event's dedup key and
-// source where the delivery came from. An event that contradicts the order
-// (unknown order, wrong amount or currency, paid by another trade) is a
-// permanent error: nothing is written, the delivery is dead-lettered.
+// source where the delivery came from.
+//
+// An event that contradicts the order (unknown order, wrong amount or
+// currency, paid by another trade) is refused with consumer.Reject: nothing
+// is written, the delivery is dead-lettered, and its key stays free. The
+// check needs the order, read FOR UPDATE in this transaction, so it cannot
+// run in consumer.Config.Validate; and a refusal must not take the key,
+// because a validly signed notice with a wrong amount may come ahead of the
+// genuine notice of its trade and status: recorded as failed (Permanent),
+// it would have the genuine one dead-lettered as a mismatch.
 func Apply(ctx context.Context, db payments.DB, ev Event, key, source string) error {
 	var status, currency, paidTxn, account, sku string
-	var amount int64
-	err := db.QueryRow(ctx, `SELECT status, amount, currency, coalesce(paid_txn, ''), account_id, sku
-FROM orders WHERE id = $1 FOR UPDATE`, ev.Order).Scan(&status, &amount, &currency, &paidTxn, &account, &sku)
+	var amount, refunded int64
+	err := db.QueryRow(ctx, `SELECT status, amount, currency, coalesce(paid_txn, ''), account_id, sku, refunded
+FROM orders WHERE id = $1 FOR UPDATE`, ev.Order).Scan(&status, &amount, &currency, &paidTxn, &account, &sku, &refunded)
 	switch {
 	case errors.Is(err, payments.ErrNoRows):
-		return consumer.Permanent(fmt.Errorf("%w: %s (%s %s)", ErrUnknownOrder, ev.Order, ev.Channel, ev.Trade))
+		return consumer.Reject(fmt.Errorf("%w: %s (%s %s)", ErrUnknownOrder, ev.Order, ev.Channel, ev.Trade))
 	case err != nil:
 		return err
 	}
 	if ev.Kind != Info {
 		switch {
 		case ev.Currency != currency:
-			return consumer.Permanent(fmt.Errorf("%w: order %s is in %s, %s %s %s pays in %s",
+			return consumer.Reject(fmt.Errorf("%w: order %s is in %s, %s %s %s pays in %s",
 				ErrWrongCurrency, ev.Order, currency, ev.Channel, ev.Trade, ev.Status, ev.Currency))
 		case ev.Amount != amount:
-			return consumer.Permanent(fmt.Errorf("%w: order %s costs %d, %s %s %s says %d",
+			return consumer.Reject(fmt.Errorf("%w: order %s costs %d, %s %s %s says %d",
 				ErrWrongAmount, ev.Order, amount, ev.Channel, ev.Trade, ev.Status, ev.Amount))
 		case paidTxn != "" && paidTxn != ev.Trade:
-			return consumer.Permanent(fmt.Errorf("%w: order %s was paid by %s, not %s (a second payment: refund it)",
+			return consumer.Reject(fmt.Errorf("%w: order %s was paid by %s, not %s (a second payment: refund it)",
 				ErrConflict, ev.Order, paidTxn, ev.Trade))
 		}
 	}
+	if ev.Kind == PartialRefund {
+		return applyPartialRefund(ctx, db, ev, key, source, status, account, amount, refunded)
+	}
 	to, err := next(status, ev.Kind)
 	if err != nil {
-		return consumer.Permanent(fmt.Errorf("order %s, %s %s %s: %w", ev.Order, ev.Channel, ev.Trade, ev.Status, err))
+		return consumer.Reject(fmt.Errorf("order %s, %s %s %s: %w", ev.Order, ev.Channel, ev.Trade, ev.Status, err))
 	}
 	effect := "recorded"
 	if to != status {
@@ -75,11 +85,49 @@ FROM orders WHERE id = $1 FOR UPDATE`, ev.Order).Scan(&status, &amount, &currenc
 			return err
 		}
 	}
-	_, err = db.Exec(ctx, `INSERT INTO channel_events
+	return recordEvent(ctx, db, ev, key, source, status, to, effect)
+}
+
+// recordEvent writes the event's row.
+func recordEvent(ctx context.Context, db payments.DB, ev Event, key, source, from, to, effect string) error {
+	_, err := db.Exec(ctx, `INSERT INTO channel_events
     (channel, event_key, order_id, trade, status, kind, from_status, to_status, effect, source)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
-		ev.Channel, key, ev.Order, ev.Trade, ev.Status, string(ev.Kind), status, to, effect, source)
+		ev.Channel, key, ev.Order, ev.Trade, ev.Status, string(ev.Kind), from, to, effect, source)
 	return err
+}
+
+// applyPartialRefund books a partial refund of a paid order: the refunded
+// total grows to ev.Refunded, and the difference is one ledger row,
+// "<trade>/refund/<out_biz_no>". The order stays PAID. A notice whose total
+// a later refund's notice already reached is recorded and changes nothing;
+// a refund of an unpaid or finished order, or of more than was paid, is
+// refused.
+func applyPartialRefund(ctx context.Context, db payments.DB, ev Event, key, source, status, account string, amount, refunded int64) error {
+	switch {
+	case status != "PAID":
+		return consumer.Reject(fmt.Errorf("%w: order %s is %s, %s %s refunds part of it (%s)", ErrConflict, ev.Order, status, ev.Channel, ev.Trade, ev.Refund))
+	case ev.Refunded > amount:
+		return consumer.Reject(fmt.Errorf("%w: order %s costs %d, %s %s refunds %d in all (%s)", ErrWrongAmount, ev.Order, amount, ev.Channel, ev.Trade, ev.Refunded, ev.Refund))
+	case ev.Refunded <= refunded:
+		return recordEvent(ctx, db, ev, key, source, status, status, "recorded")
+	}
+	n, err := db.Exec(ctx, `UPDATE orders SET refunded = $1 WHERE id = $2 AND refunded = $3`, ev.Refunded, ev.Order, refunded)
+	if err != nil {
+		return err
+	}
+	if n != 1 {
+		return fmt.Errorf("channels: order %s refunded meanwhile", ev.Order)
+	}
+	back := refunded - ev.Refunded
+	if _, err := db.Exec(ctx, `INSERT INTO ledger (txn_id, order_id, account_id, amount, channel) VALUES ($1, $2, $3, $4, $5)`,
+		ev.Trade+"/refund/"+ev.Refund, ev.Order, account, back, ev.Channel); err != nil {
+		return err
+	}
+	if _, err := db.Exec(ctx, `UPDATE accounts SET balance = balance + $1 WHERE id = $2`, back, account); err != nil {
+		return err
+	}
+	return recordEvent(ctx, db, ev, key, source, status, status, "applied")
 }
 
 // book writes the money of a transition: the payment when the order leaves

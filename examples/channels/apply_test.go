@@ -78,8 +78,8 @@ func TestApplyReplaysTheOracle(t *testing.T) {
 					return channels.Apply(ctx, payments.Pgx(tx), ev, d.Event, "line")
 				})
 				switch {
-				case d.Expect == channels.DeadLettered && (!errors.Is(err, d.Reason.Err()) || !consumer.IsPermanent(err)):
-					t.Errorf("line %d: %v, want a permanent %v", d.Line, err, d.Reason.Err())
+				case d.Expect == channels.DeadLettered && (!errors.Is(err, d.Reason.Err()) || !consumer.IsRejected(err)):
+					t.Errorf("line %d: %v, want %v rejected", d.Line, err, d.Reason.Err())
 				case d.Expect != channels.DeadLettered && err != nil:
 					t.Errorf("line %d: %v", d.Line, err)
 				}

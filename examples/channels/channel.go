@@ -25,7 +25,8 @@ type Channel interface {
 	Fingerprint() consumer.FingerprintFunc
 }
 
-// Key reads trade_no and trade_status.
+// Key reads trade_no and trade_status, and a refund's out_biz_no: each
+// partial refund is a TRADE_SUCCESS notice of its own.
 func (a Alipay) Key() consumer.KeyFunc { return a.spec().keyFunc() }
 
 // Fingerprint covers out_trade_no, trade_no, trade_status, total_amount and
@@ -48,13 +49,16 @@ func (s Stripe) Key() consumer.KeyFunc { return s.spec().keyFunc() }
 func (s Stripe) Fingerprint() consumer.FingerprintFunc { return s.spec().fingerprintFunc() }
 
 func (s spec) keyFunc() consumer.KeyFunc {
-	parts := make([]consumer.KeyFunc, len(s.key))
-	for i, f := range s.key {
+	var parts []consumer.KeyFunc
+	for i, f := range append(append([]string(nil), s.key...), s.optional...) {
+		part := consumer.ByJSONField(f)
 		if s.form {
-			parts[i] = consumer.ByFormField(f)
-		} else {
-			parts[i] = consumer.ByJSONField(f)
+			part = consumer.ByFormField(f)
 		}
+		if i >= len(s.key) {
+			part = part.Optional()
+		}
+		parts = append(parts, part)
 	}
 	return consumer.Composite(parts...)
 }
@@ -88,7 +92,11 @@ func (s spec) fingerprintFunc() consumer.FingerprintFunc {
 // Handler applies a channel's callbacks in tx; db adapts the transaction
 // (payments.Pgx). It verifies the signature again — it does not rely on
 // being configured with Config's Validate — reads the callback and applies it.
-// It never commits.
+// It never commits. Apply refuses an event that contradicts its order with
+// consumer.Reject; a callback that fails here to verify or to read is
+// Permanent, its key recorded as failed: with Validate configured that
+// cannot happen, and without it a forgery ahead of the genuine callback
+// takes its key (TestForgeryAheadTakesTheKeyWhenOnlyTheHandlerVerifies).
 func Handler[TTx any](ch Channel, db func(TTx) payments.DB) consumer.Handler[TTx] {
 	key := ch.Key()
 	return consumer.HandlerFunc[TTx](func(ctx context.Context, tx TTx, m *consumer.Message) error {
@@ -124,7 +132,7 @@ func Config[TTx any](ch Channel, db func(TTx) payments.DB) consumer.Config[TTx] 
 	return consumer.Config[TTx]{
 		Name:            ch.Name() + "-callbacks",
 		Handler:         Handler(ch, db),
-		Validate:        func(m *consumer.Message) error { return ch.Verify(m.Value) },
+		Validate:        func(_ context.Context, m *consumer.Message) error { return ch.Verify(m.Value) },
 		Key:             ch.Key(),
 		Fingerprint:     ch.Fingerprint(),
 		MaxPayloadBytes: MaxPayload,

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idem/adapters/kafka"
@@ -22,6 +23,7 @@ import (
 
 // result is what one consumer made of a channel's stream.
 type result struct {
+	pool   *pgxpool.Pool // the test's schema
 	report channels.Report
 	stats  consumer.Stats
 	seen   *seen
@@ -93,6 +95,11 @@ func consume(t *testing.T, ch channels.Channel, f channels.Fixture, tweak func(*
 		default:
 		}
 		hwm, committed, err := a.offsets(timeout(t, 10*time.Second), topic, topic, partitions)
+		for p := range hwm {
+			if hwm[p] == 0 {
+				committed[p] = 0 // an empty partition: nothing to commit
+			}
+		}
 		return err == nil && slices.Equal(hwm, committed)
 	})
 	stopCtx, stopCancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -104,7 +111,7 @@ func consume(t *testing.T, ch channels.Channel, f channels.Fixture, tweak func(*
 		t.Errorf("Run: %v", err)
 	}
 
-	r := &result{stats: c.Stats(), seen: s, dlq: a.readAll(t, topic+".dlq"), outcome: map[int]channels.Outcome{}}
+	r := &result{pool: pool, stats: c.Stats(), seen: s, dlq: a.readAll(t, topic+".dlq"), outcome: map[int]channels.Outcome{}}
 	r.report, err = channels.Reconcile(timeout(t, time.Minute), payments.Pgx(pool), store.Table(), cfg.Name, f.Expected)
 	if err != nil {
 		t.Fatal(err)

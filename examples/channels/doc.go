@@ -20,9 +20,13 @@
 //
 // Apply moves an order UNPAID -> PAID -> FINISHED or REFUNDED, only
 // forwards, through conditional UPDATEs, after checking the amount and
-// currency against the order; a payment arriving after its refund or finish
-// is recorded and changes nothing. Reconcile checks the tables against an
-// expected end state.
+// currency against the order, read FOR UPDATE; a payment arriving after its
+// refund or finish is recorded and changes nothing. An event that
+// contradicts its order is refused with consumer.Reject, which leaves its
+// key free for the genuine event. Alipay's partial refunds (TRADE_SUCCESS
+// again, told apart by out_biz_no, an optional key part) are booked one
+// ledger row each. Reconcile checks the tables against an expected end
+// state.
 //
 // Alipay and WeChat Pay sign with RSA; here an HMAC under a test key stands
 // in for it (see Keys). testdata/channels holds generated streams with their

@@ -22,6 +22,10 @@ const (
 	// refund_fee, WeChat Pay REFUND.SUCCESS, Stripe charge.refunded). It also
 	// means the trade had been paid.
 	Refund Kind = "refund"
+	// PartialRefund: part of the payment was refunded; the trade stays paid
+	// (Alipay TRADE_SUCCESS with a refund_fee and the refund's out_biz_no).
+	// Each refund of a trade is an event of its own.
+	PartialRefund Kind = "partial_refund"
 	// Info: nothing to do for the order (Alipay WAIT_BUYER_PAY, an unpaid
 	// trade closed on timeout). Recorded, so that it is not applied twice.
 	Info Kind = "info"
@@ -34,8 +38,13 @@ type Event struct {
 	Order    string // our order number: out_trade_no, metadata.order_id
 	Status   string // the channel's own name of the event (TRADE_SUCCESS, REFUND.SUCCESS, charge.refunded)
 	Kind     Kind
-	Amount   int64  // minor units (fen, cents): paid, or refunded for Refund
+	Amount   int64  // minor units (fen, cents): paid, or refunded for Refund; the trade's total for PartialRefund
 	Currency string // ISO 4217, upper case
+	// PartialRefund: the refund request (Alipay out_biz_no) and the trade's
+	// refunded total with it (refund_fee: Alipay reports the sum of the
+	// trade's refunds so far, not this refund's amount).
+	Refund   string
+	Refunded int64
 }
 
 var (

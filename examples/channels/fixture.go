@@ -39,7 +39,7 @@ const (
 	BadSignature        Reason = "bad-signature"
 	WrongAmount         Reason = "wrong-amount"
 	WrongCurrency       Reason = "wrong-currency"
-	FailedBefore        Reason = "failed-before"        // its event was dead-lettered before
+	FailedBefore        Reason = "failed-before"        // its event was recorded as failed before (consumer.Permanent)
 	FingerprintMismatch Reason = "fingerprint-mismatch" // its event was seen before with another payload
 )
 
@@ -69,6 +69,9 @@ type Delivery struct {
 	Event   string    `json:"event"`   // the event it delivers: trade (or object) and status, as the key reads them
 	Attempt int       `json:"attempt"` // the channel's attempt: 1 is the first send, then its re-sends
 	Forged  string    `json:"forged,omitempty"`
+	// Wrong says what is wrong with a validly signed callback (the amount,
+	// the currency), which the handler refuses; empty when nothing is.
+	Wrong string `json:"wrong,omitempty"`
 	// What the consumer must do with it: with the channel's field
 	// fingerprint, and with the whole-payload one.
 	Expect      Outcome `json:"expect"`
@@ -93,7 +96,8 @@ type OrderState struct {
 	ID          string   `json:"id"`
 	Status      string   `json:"status"`
 	PaidTxn     string   `json:"paid_txn,omitempty"`
-	Transitions []string `json:"transitions"` // "UNPAID>PAID", … in the order they happened
+	Refunded    int64    `json:"refunded,omitempty"` // partial refunds, minor units
+	Transitions []string `json:"transitions"`        // "UNPAID>PAID", … in the order they happened
 }
 
 // Expected is the end state a stream must leave behind, whatever the

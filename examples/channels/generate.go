@@ -53,6 +53,7 @@ type notice struct {
 	at       time.Time
 	attempts []int
 	forged   string                    // "" when genuine
+	wrong    string                    // what is wrong with a genuine notice: "" when nothing
 	render   func(at time.Time) []byte // one delivery's record value, signed at at
 }
 
@@ -133,7 +134,7 @@ func Generate(channel string, keys Keys) (Fixture, error) {
 		if err != nil {
 			return f, err
 		}
-		d := Delivery{Line: i + 1, At: p.at, Order: ev.Order, Event: key, Attempt: p.attempt, Forged: p.n.forged, Value: string(value)}
+		d := Delivery{Line: i + 1, At: p.at, Order: ev.Order, Event: key, Attempt: p.attempt, Forged: p.n.forged, Wrong: p.n.wrong, Value: string(value)}
 		d.Expect, d.Reason = fields.deliver(key, fp, p.n.forged != "", ev)
 		d.ExpectWhole, d.ReasonWhole = whole.deliver(key, string(value), p.n.forged != "", ev)
 		f.Stream = append(f.Stream, d)
@@ -163,12 +164,14 @@ func scenariosOf(g channelGen) []scenario {
 	add(2, forged)
 	add(1, forgedFirst)
 	add(1, wrongAmount)
+	add(1, wrongAmountFirst)
 	switch g.(type) {
 	case *alipayGen:
 		add(3, payThenFinish)
 		add(2, finishFirst)
 		add(2, waitThenPay)
 		add(1, closedUnpaid)
+		add(2, partialRefunds)
 	case *stripeGen:
 		add(1, wrongCurrency)
 	}
@@ -263,14 +266,29 @@ func forgedFirst(g channelGen, o Order, t0 time.Time, rng *rand.Rand) []*notice 
 // was tampered with before the payment was created); once re-sent.
 func wrongAmount(g channelGen, o Order, t0 time.Time, rng *rand.Rand) []*notice {
 	p := g.pay(o, g.trade(), 1, o.Currency, t0, false)
-	p.attempts = []int{1, 2}
+	p.attempts, p.wrong = []int{1, 2}, "amount"
 	return []*notice{p}
+}
+
+// wrongAmountFirst: a validly signed payment notice of the trade with
+// another amount reaches the consumer ahead of the genuine one. The handler
+// refuses it (consumer.Reject), so that its key, the trade and status,
+// stays free for the genuine notice, which is applied. Recorded as failed
+// (consumer.Permanent), it would have the genuine one dead-lettered as a
+// mismatch: a lost payment.
+func wrongAmountFirst(g channelGen, o Order, t0 time.Time, rng *rand.Rand) []*notice {
+	trade := g.trade()
+	w := g.pay(o, trade, o.Amount-1, o.Currency, t0.Add(-3*time.Minute), false)
+	w.attempts, w.wrong = []int{1}, "amount, ahead of the genuine event"
+	p := g.pay(o, trade, o.Amount, o.Currency, t0, false)
+	p.attempts = someAttempts(rng, g.schedule())
+	return []*notice{w, p}
 }
 
 // wrongCurrency: a genuine payment of the right number in another currency.
 func wrongCurrency(g channelGen, o Order, t0 time.Time, rng *rand.Rand) []*notice {
 	p := g.pay(o, g.trade(), o.Amount, "EUR", t0, false)
-	p.attempts = []int{1}
+	p.attempts, p.wrong = []int{1}, "currency"
 	return []*notice{p}
 }
 
@@ -306,6 +324,25 @@ func waitThenPay(g channelGen, o Order, t0 time.Time, rng *rand.Rand) []*notice 
 	p := a.pay(o, trade, o.Amount, o.Currency, t0.Add(time.Duration(1+rng.IntN(5))*time.Minute), false)
 	p.attempts = someAttempts(rng, a.schedule())
 	return []*notice{w, p}
+}
+
+// partialRefunds: paid, then refunded in two parts, hours apart. Alipay
+// reports each as another TRADE_SUCCESS notice of the trade, with the
+// refunded total in refund_fee, gmt_refund and the refund's out_biz_no:
+// keyed by trade and status alone, both would be skipped as duplicates of
+// the payment.
+func partialRefunds(g channelGen, o Order, t0 time.Time, rng *rand.Rand) []*notice {
+	a := g.(*alipayGen)
+	trade := a.trade()
+	p := a.pay(o, trade, o.Amount, o.Currency, t0, false)
+	p.attempts = someAttempts(rng, a.schedule())
+	first, second := max(1, o.Amount/4), max(1, o.Amount/3)
+	at := t0.Add(time.Duration(2+rng.IntN(20)) * time.Hour)
+	r1 := a.notification(o, trade, "TRADE_SUCCESS", o.Amount, first, "RF"+o.ID+"-1", at, false)
+	r1.attempts = someAttempts(rng, a.schedule())
+	r2 := a.notification(o, trade, "TRADE_SUCCESS", o.Amount, first+second, "RF"+o.ID+"-2", at.Add(time.Duration(1+rng.IntN(30))*time.Hour), false)
+	r2.attempts = someAttempts(rng, a.schedule())
+	return []*notice{p, r1, r2}
 }
 
 // closedUnpaid: the buyer never paid; the trade closed on timeout.
@@ -368,8 +405,10 @@ func (g *alipayGen) order(i int) Order {
 const alipayTime = "2006-01-02 15:04:05"
 
 // notification is one Alipay notification of trade at status, sent first
-// at at; the fields a re-send changes are set per delivery.
-func (g *alipayGen) notification(o Order, trade, status string, total, refund int64, at time.Time, forged bool) *notice {
+// at at; the fields a re-send changes are set per delivery. refund is the
+// trade's refunded total, and bizNo the refund request's number when it is
+// above zero.
+func (g *alipayGen) notification(o Order, trade, status string, total, refund int64, bizNo string, at time.Time, forged bool) *notice {
 	v := url.Values{}
 	v.Set("notify_type", "trade_status_sync")
 	v.Set("notify_id", hexOf(g.rng, 17))
@@ -389,10 +428,10 @@ func (g *alipayGen) notification(o Order, trade, status string, total, refund in
 		v.Set("gmt_payment", at.In(cst).Format(alipayTime))
 	case "TRADE_CLOSED":
 		v.Set("gmt_close", at.In(cst).Format(alipayTime))
-		if refund > 0 {
-			v.Set("gmt_refund", at.In(cst).Format(alipayTime))
-			v.Set("out_biz_no", "RF"+o.ID)
-		}
+	}
+	if refund > 0 {
+		v.Set("gmt_refund", at.In(cst).Format(alipayTime))
+		v.Set("out_biz_no", bizNo)
 	}
 	signer := g.a
 	if forged {
@@ -410,16 +449,16 @@ func (g *alipayGen) notification(o Order, trade, status string, total, refund in
 }
 
 func (g *alipayGen) pay(o Order, trade string, amount int64, _ string, at time.Time, forged bool) *notice {
-	return g.notification(o, trade, "TRADE_SUCCESS", amount, 0, at, forged)
+	return g.notification(o, trade, "TRADE_SUCCESS", amount, 0, "", at, forged)
 }
 
 // refund is the notification of a full refund: the trade closes.
 func (g *alipayGen) refund(o Order, trade string, at time.Time) *notice {
-	return g.notification(o, trade, "TRADE_CLOSED", o.Amount, o.Amount, at, false)
+	return g.notification(o, trade, "TRADE_CLOSED", o.Amount, o.Amount, "RF"+o.ID, at, false)
 }
 
 func (g *alipayGen) status(o Order, trade, status string, at time.Time) *notice {
-	return g.notification(o, trade, status, o.Amount, 0, at, false)
+	return g.notification(o, trade, status, o.Amount, 0, "", at, false)
 }
 
 // wechatGen writes WeChat Pay notifications.

@@ -6,7 +6,8 @@ import (
 )
 
 // oracle works out what the consumer must make of a stream: idem's dedup
-// (a key committed or failed, with its fingerprint) and the business rules,
+// (a key committed, with its fingerprint; a refused event leaves its key
+// free, as consumer.Reject does) and the business rules,
 // written independently of Apply's SQL so that the expectations check it.
 type oracle struct {
 	claims   map[string]oracleClaim
@@ -25,6 +26,7 @@ type oracleClaim struct {
 type oracleOrder struct {
 	Order
 	status, paidTxn string
+	refunded        int64 // partial refunds
 	transitions     []string
 }
 
@@ -73,7 +75,9 @@ func (o *oracle) settle(key, fp string, forged bool, ev Event) (Outcome, Reason)
 		return Duplicate, ""
 	}
 	out, reason := o.apply(ev)
-	o.claims[key] = oracleClaim{failed: out == DeadLettered, fp: fp}
+	if out != DeadLettered { // refused with consumer.Reject: the key stays free
+		o.claims[key] = oracleClaim{fp: fp}
+	}
 	return out, reason
 }
 
@@ -95,6 +99,20 @@ func (o *oracle) apply(ev Event) (Outcome, Reason) {
 	}
 	if ord.paidTxn != "" && ord.paidTxn != ev.Trade {
 		panic("channels: the generator paid order " + ord.ID + " twice")
+	}
+	if ev.Kind == PartialRefund {
+		switch {
+		case ord.status != "PAID":
+			panic("channels: the generator refunded part of order " + ord.ID + " while " + ord.status)
+		case ev.Refunded > ord.Amount:
+			return DeadLettered, WrongAmount
+		case ev.Refunded <= ord.refunded:
+			return Recorded, ""
+		}
+		o.balances[ord.Account] -= ev.Refunded - ord.refunded
+		ord.refunded = ev.Refunded
+		ord.transitions = append(ord.transitions, "PAID>PAID")
+		return Applied, ""
 	}
 	to := ""
 	switch {
@@ -129,7 +147,7 @@ func (o *oracle) expected(channel string) Expected {
 	sort.Strings(ids)
 	for _, id := range ids {
 		ord := o.orders[id]
-		e.Orders = append(e.Orders, OrderState{ID: id, Status: ord.status, PaidTxn: ord.paidTxn, Transitions: ord.transitions})
+		e.Orders = append(e.Orders, OrderState{ID: id, Status: ord.status, PaidTxn: ord.paidTxn, Refunded: ord.refunded, Transitions: ord.transitions})
 	}
 	return e
 }

@@ -26,7 +26,7 @@ func (r Report) String() string {
 }
 
 // Reconcile checks the tables against want: every order's status, paying
-// trade and transitions in order; balances and units sold; every ledger row
+// trade, partial refunds and transitions in order; balances and units sold; every ledger row
 // explained by an order and every order's money in the ledger; the events
 // recorded; and, when dedupTable is set (as the store names it), that the
 // committed dedup keys of scope and the recorded events are the same set.
@@ -44,16 +44,20 @@ func Reconcile(ctx context.Context, db payments.DB, dedupTable, scope string, wa
 	var orders int64
 	for _, o := range want.Orders {
 		var status, paid, transitions string
-		err := db.QueryRow(ctx, `SELECT status, coalesce(paid_txn, ''),
+		var refunded int64
+		err := db.QueryRow(ctx, `SELECT status, coalesce(paid_txn, ''), refunded,
     coalesce((SELECT string_agg(e.from_status || '>' || e.to_status, ' ' ORDER BY e.seq)
               FROM channel_events e WHERE e.order_id = o.id AND e.effect = 'applied'), '')
-FROM orders o WHERE id = $1`, o.ID).Scan(&status, &paid, &transitions)
+FROM orders o WHERE id = $1`, o.ID).Scan(&status, &paid, &refunded, &transitions)
 		if err != nil {
 			return r, fmt.Errorf("channels: reconcile: order %s: %w", o.ID, err)
 		}
 		orders++
 		if status != o.Status || paid != o.PaidTxn {
 			problem("order %s is %s paid by %q, want %s by %q", o.ID, status, paid, o.Status, o.PaidTxn)
+		}
+		if refunded != o.Refunded {
+			problem("order %s has %d refunded in part, want %d", o.ID, refunded, o.Refunded)
 		}
 		if got := strings.Fields(transitions); !slices.Equal(got, o.Transitions) {
 			problem("order %s moved %v, want %v", o.ID, got, o.Transitions)
@@ -89,7 +93,10 @@ FROM orders o WHERE id = $1`, o.ID).Scan(&status, &paid, &transitions)
     AND NOT EXISTS (SELECT 1 FROM ledger l WHERE l.txn_id = o.paid_txn || '/refund' AND l.order_id = o.id AND l.amount = -o.amount)`},
 		{"ledger rows no order explains", `SELECT count(*) FROM ledger l LEFT JOIN orders o ON o.id = l.order_id
     WHERE o.id IS NULL OR NOT ((l.txn_id = o.paid_txn AND l.amount = o.amount AND o.status <> 'UNPAID')
-                            OR (l.txn_id = o.paid_txn || '/refund' AND l.amount = -o.amount AND o.status = 'REFUNDED'))`},
+                            OR (l.txn_id = o.paid_txn || '/refund' AND l.amount = -o.amount AND o.status = 'REFUNDED')
+                            OR (starts_with(l.txn_id, o.paid_txn || '/refund/') AND l.amount < 0 AND o.status = 'PAID'))`},
+		{"orders whose partial refunds are not their ledger's", `SELECT count(*) FROM orders o WHERE o.refunded <>
+    (SELECT coalesce(-sum(l.amount), 0) FROM ledger l WHERE l.order_id = o.id AND starts_with(l.txn_id, o.paid_txn || '/refund/'))`},
 	}
 	for _, c := range checks {
 		if n, err := count(c.sql); err != nil {

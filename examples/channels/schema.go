@@ -7,10 +7,12 @@ import (
 	"github.com/idemkit/idem/examples/payments"
 )
 
-// The payments tables, extended: an order has a currency and two more
-// states, and every event applied is recorded, with the transition it made.
+// The payments tables, extended: an order has a currency, two more states
+// and the sum of its partial refunds, and every event applied is recorded,
+// with the transition it made.
 var schema = []string{
 	`ALTER TABLE orders ADD COLUMN IF NOT EXISTS currency TEXT NOT NULL DEFAULT 'CNY'`,
+	`ALTER TABLE orders ADD COLUMN IF NOT EXISTS refunded BIGINT NOT NULL DEFAULT 0`, // partial refunds, minor units
 	`ALTER TABLE orders DROP CONSTRAINT IF EXISTS orders_status_check`,
 	`ALTER TABLE orders ADD CONSTRAINT orders_status_check CHECK (status IN ('UNPAID', 'PAID', 'FINISHED', 'REFUNDED'))`,
 	`CREATE TABLE IF NOT EXISTS channel_events (
@@ -19,7 +21,7 @@ var schema = []string{
     order_id    TEXT NOT NULL REFERENCES orders (id),
     trade       TEXT NOT NULL,
     status      TEXT NOT NULL, -- the channel's name of the event
-    kind        TEXT NOT NULL CHECK (kind IN ('pay', 'finish', 'refund', 'info')),
+    kind        TEXT NOT NULL CHECK (kind IN ('pay', 'finish', 'refund', 'partial_refund', 'info')),
     from_status TEXT NOT NULL,
     to_status   TEXT NOT NULL,
     effect      TEXT NOT NULL CHECK (effect IN ('applied', 'recorded')),

@@ -16,6 +16,9 @@ import (
 type spec struct {
 	form bool     // form fields; else dotted JSON paths into the record
 	key  []string // joined, the dedup key
+	// optional parts of the key after key, left out where absent
+	// (consumer.KeyFunc.Optional): an Alipay refund's out_biz_no
+	optional []string
 	// typeField, when set, picks the fingerprint's fields by its value: a
 	// payment and a refund are defined by different fields. fields[""] is
 	// for every other value, or for all when typeField is empty.
@@ -25,9 +28,10 @@ type spec struct {
 
 func (Alipay) spec() spec {
 	return spec{
-		form:   true,
-		key:    []string{"trade_no", "trade_status"},
-		fields: map[string][]string{"": {"out_trade_no", "trade_no", "trade_status", "total_amount", "refund_fee"}},
+		form:     true,
+		key:      []string{"trade_no", "trade_status"},
+		optional: []string{"out_biz_no"}, // a partial refund is TRADE_SUCCESS again
+		fields:   map[string][]string{"": {"out_trade_no", "trade_no", "trade_status", "total_amount", "refund_fee"}},
 	}
 }
 
@@ -93,10 +97,14 @@ func (s spec) lookup(payload []byte, names []string) ([]string, error) {
 	return out, nil
 }
 
-// keyOf is the event a payload delivers, "trade:status", as
-// consumer.Composite spells it.
+// keyOf is the event a payload delivers, "trade:status" (and
+// ":out_biz_no" for a refund), as consumer.Composite spells it: absent
+// optional parts at the end left out.
 func (s spec) keyOf(payload []byte) (string, error) {
-	parts, err := s.lookup(payload, s.key)
+	parts, err := s.lookup(payload, append(append([]string(nil), s.key...), s.optional...))
+	for len(parts) > len(s.key) && parts[len(parts)-1] == "" {
+		parts = parts[:len(parts)-1]
+	}
 	for i, p := range parts {
 		parts[i] = strings.NewReplacer(`\`, `\\`, ":", `\:`).Replace(p)
 	}
