@@ -54,9 +54,9 @@ func (a *Admin) CreateTopic(t testing.TB, topic string, partitions int) {
 // CreateTopicWith is CreateTopic with these topic configs instead of
 // a.TopicConfigs.
 //
-// A broker that has just (re)started answers BROKER_NOT_AVAILABLE (8) until
-// it has registered with the controller; CreateTopicWith tries again until
-// it answers otherwise, for up to a minute.
+// A broker that has just (re)started may answer BROKER_NOT_AVAILABLE (8)
+// for a while; CreateTopicWith tries again until it answers otherwise, for
+// up to a minute.
 func (a *Admin) CreateTopicWith(t testing.TB, topic string, partitions int, configs []kafkago.ConfigEntry) {
 	t.Helper()
 	var err error

@@ -12,9 +12,8 @@ import (
 	"github.com/idemkit/idem/internal/testenv/kafkatest"
 )
 
-// A broker just restarted answers CreateTopics with BROKER_NOT_AVAILABLE
-// until it has registered with the controller: CreateTopic waits that out
-// instead of failing the test.
+// A broker just restarted may answer CreateTopics with BROKER_NOT_AVAILABLE
+// for a while: CreateTopic waits that out instead of failing the test.
 func TestCreateTopicWaitsOutBrokerNotAvailable(t *testing.T) {
 	c, err := kfake.NewCluster()
 	if err != nil {
