@@ -17,14 +17,18 @@ import (
 // messages past the fetch offset.
 var errStalled = errors.New("fetches return nothing below the high watermark")
 
+// errGenerationEnded: the partition's generation ended while its fetcher
+// was delivering (its context ends a moment later).
+var errGenerationEnded = errors.New("the partition's generation ended")
+
 // stalledAfter is how many such fetches in a row make a connection stalled.
 const stalledAfter = 3
 
 // fetch delivers p's messages in offset order, from the group's committed
-// offset on, until ctx ends or deliver refuses a message. Every broker
-// request has a deadline: a connection that errs or stalls (broker
-// restarted, leader moved, nothing answers) is closed and the partition's
-// leader is looked up and dialled again, with backoff.
+// offset on, until ctx ends, deliver refuses a message or p's generation
+// ends. Every broker request has a deadline: a connection that errs or
+// stalls (broker restarted, leader moved, nothing answers) is closed and the
+// partition's leader is looked up and dialled again, with backoff.
 func (s *Source) fetch(ctx context.Context, p *partition, deliver consumer.DeliverFunc) {
 	offset := p.start
 	bo := s.reconnectBackoff()
@@ -43,7 +47,7 @@ func (s *Source) fetch(ctx context.Context, p *partition, deliver consumer.Deliv
 		}
 		progressed, err := s.read(ctx, conn, p, &offset, deliver)
 		conn.Close()
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || errors.Is(err, errGenerationEnded) {
 			return
 		}
 		var derr *deliverError
@@ -300,7 +304,9 @@ func (s *Source) deliverRecords(ctx context.Context, p *partition, f *fetched, b
 			return ctx.Err() // deliver might still take it
 		}
 		m := p.message(&km)
-		p.push(m)
+		if !p.push(m) {
+			return errGenerationEnded // m is the next owner's
+		}
 		if err := deliver(ctx, m); err != nil {
 			if p.unpush(m) {
 				s.signalSettled() // Run may be draining

@@ -2,9 +2,11 @@ package kafka
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/segmentio/kafka-go/protocol"
 	"github.com/segmentio/kafka-go/protocol/fetch"
@@ -126,5 +128,52 @@ func TestDeliverFetchedFromAnAbortMarker(t *testing.T) {
 	}
 	if !slices.Equal(got, []int64{4}) || offset != 6 {
 		t.Fatalf("delivered %v and moved to %d, want [4] and 6", got, offset)
+	}
+}
+
+// The generation ends while the fetcher delivers a fetch: the committer
+// ended the partition, but the fetcher's context ends a moment later, so
+// the fetcher goes on to the next record. That record must not be
+// delivered: counted as unsettled by an ended partition, whose acks are
+// dropped, it kept Run's drain waiting for ever (a scale-out child that
+// did not exit after SIGTERM).
+func TestDrainEndsWhenTheGenerationEndsMidDelivery(t *testing.T) {
+	s := &Source{settled: make(chan struct{}, 1), parts: map[string]*partition{}}
+	p := testPartition(0)
+	s.parts[p.lane] = p
+	f := &fetched{highWatermark: 3, lastStableOffset: 3, batches: []protocol.RecordReader{dataBatch(1, false, 0, 1, 2)}}
+	var got []int64
+	offset := int64(0)
+	err := s.deliverFetched(context.Background(), p, f, &offset, func(ctx context.Context, m *consumer.Message) error {
+		got = append(got, m.Offset)
+		// The lane takes m and acks it, as a lane with room does.
+		if err := s.Ack(ctx, []*consumer.Message{m}); err != nil {
+			t.Error(err)
+		}
+		if m.Offset == 0 { // the generation ends, as commitLoop ends it
+			p.end()
+			s.signalSettled()
+		}
+		return nil
+	})
+	if !errors.Is(err, errGenerationEnded) {
+		t.Errorf("deliverFetched: %v, want errGenerationEnded", err)
+	}
+	if !slices.Equal(got, []int64{0}) {
+		t.Errorf("delivered %v, want [0]: nothing after the generation ended", got)
+	}
+
+	drained := make(chan struct{})
+	go func() {
+		s.drain()
+		close(drained)
+	}()
+	select {
+	case <-drained:
+	case <-time.After(10 * time.Second):
+		p.mu.Lock()
+		n := p.unsettled
+		p.mu.Unlock()
+		t.Fatalf("drain still waits 10 s after the generation ended: %d unsettled on the ended partition", n)
 	}
 }

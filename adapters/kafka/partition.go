@@ -46,7 +46,7 @@ type partition struct {
 	unsettled int                            // pending and stale messages neither acked nor released
 	next      int64                          // watermark: the offset to commit; -1 when nothing was acked
 	committed int64                          // highest offset committed in this epoch (or found at assignment); -1 when none
-	ended     bool                           // the generation ended: acks are dropped, nothing is committed
+	ended     bool                           // the generation ended: pushes are refused, acks dropped, nothing is committed
 	settledAt time.Time                      // a message was last settled, or the assignment began
 
 	fetchAt atomic.Int64 // unix nanoseconds: the fetcher last sent a fetch
@@ -124,14 +124,23 @@ func (p *partition) message(km *kafkago.Message) *consumer.Message {
 // may ack m before deliver returns. An offset below what this epoch
 // delivered or acked starts a new epoch at it (the fetcher says so first,
 // with restart; this keeps pending ascending whatever happens).
-func (p *partition) push(m *consumer.Message) {
+//
+// Once the generation ended push refuses m and reports false: m must not be
+// delivered. The fetcher's context ends a moment after the generation does,
+// so it may still push; counted, m would stay unsettled for ever (its ack
+// is dropped), and Run's drain would never end.
+func (p *partition) push(m *consumer.Message) bool {
 	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ended {
+		return false
+	}
 	if n := len(p.pending); (n > 0 && m.Offset <= p.pending[n-1].offset) || (n == 0 && m.Offset < p.next) {
 		p.newEpoch(m.Offset)
 	}
 	p.pending = append(p.pending, entry{offset: m.Offset, msg: m})
 	p.unsettled++
-	p.mu.Unlock()
+	return true
 }
 
 // restart starts a new epoch at offset, where the fetcher resumes after

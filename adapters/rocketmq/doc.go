@@ -141,5 +141,13 @@
 //     client reads its process queue without a lock (a data race the race
 //     detector reports, rocketmq-client-go issue #1213); after Shutdown some
 //     of its goroutines linger until their sleeps end (up to ConsumeTimeout,
-//     and a month for its statistics printers).
+//     and a month for its statistics printers). In concurrent mode the
+//     client's Shutdown closes a queue's message channel while a pull that
+//     has just returned messages may send to it (issue #1051, its fix
+//     unmerged): a data race, and, rarely, a panic "send on closed channel"
+//     in the client's pull goroutine, which ends the process while it stops.
+//     No order of calls avoids it: suspending the pulls first leaves the
+//     pull in flight, which the broker holds up to 20 s. Offsets the client
+//     had not persisted yet are then not committed: their messages are
+//     redelivered and skipped as duplicates.
 package rocketmq

@@ -27,6 +27,7 @@ import (
 	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/internal/retry"
 )
 
 // Config configures a Store. Zero values take the defaults.
@@ -71,6 +72,10 @@ const (
 // broker right after COMMIT: with anything less durable a crash of the
 // machine can lose both the effect and the message. Pass the same cfg to
 // New.
+//
+// Open switches the file to WAL before it returns, waiting up to
+// cfg.LockTimeout while other processes opening it at the same time hold
+// it busy.
 func Open(path string, cfg Config) (*sql.DB, error) {
 	if err := cfg.normalize(); err != nil {
 		return nil, err
@@ -82,14 +87,42 @@ func Open(path string, cfg Config) (*sql.DB, error) {
 	q := url.Values{}
 	q.Set("_txlock", "immediate")
 	q.Add("_pragma", "busy_timeout("+strconv.FormatInt(cfg.LockTimeout.Milliseconds(), 10)+")")
-	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "synchronous("+sync+")")
 	q.Add("_pragma", "foreign_keys(ON)")
 	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
 	if err != nil {
 		return nil, fmt.Errorf("sqlitestore: open %s: %w", path, err)
 	}
+	if err := walMode(db, cfg.LockTimeout); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("sqlitestore: open %s: %w", path, err)
+	}
 	return db, nil
+}
+
+// walMode switches db to WAL, once: the mode is the file's, so every
+// connection opened after it has it. It is not a pragma of each new
+// connection because SQLite answers the switch with SQLITE_BUSY at once,
+// without waiting busy_timeout, while another connection has the file open
+// (several processes opening a new database together, or one pool's
+// connections). The switch is tried again on SQLITE_BUSY and SQLITE_LOCKED,
+// with jittered exponential backoff, for up to timeout of waiting.
+func walMode(db *sql.DB, timeout time.Duration) error {
+	wait := retry.Policy{Initial: time.Millisecond, Max: 50 * time.Millisecond, Multiplier: 2, Jitter: 0.5,
+		MaxElapsed: timeout, Clock: retry.SystemClock{}}.New()
+	for {
+		var mode string
+		err := db.QueryRow(`PRAGMA journal_mode=WAL`).Scan(&mode)
+		switch {
+		case err == nil:
+			return nil
+		case Classify(err) != dedup.ClassConflict:
+			return fmt.Errorf("journal_mode=WAL: %w", err)
+		}
+		if more, _ := wait.Wait(context.Background()); !more {
+			return fmt.Errorf("journal_mode=WAL, still busy after %v: %w", timeout, err)
+		}
+	}
 }
 
 // Store is a dedup.Store[*sql.Tx] on SQLite. Safe for concurrent use.

@@ -50,7 +50,9 @@ var RocketMQClientLeaks = []goleak.Option{
 // rocketMQClientRaces are data races inside rocketmq-client-go, as race
 // detector suppressions. race_top matches only the frame that made the racing
 // access, so a race in idem's own code is never hidden: idem neither uses
-// gods nor runs inside these functions.
+// gods nor runs inside these functions. The one race line names a closure
+// of the client's that calls nothing of idem's, so it cannot hide idem's
+// races either.
 const rocketMQClientRaces = `
 # processQueue.takeMessages and Min/Max read the message cache (a gods
 # tree) without the lock putMessage writes it under (orderly mode;
@@ -62,6 +64,18 @@ race_top:^github.com/apache/rocketmq-client-go/v2/internal.(*rmqClient).Shutdown
 # The flow-control counters queueFlowControlTimes and
 # queueMaxSpanFlowControlTimes are plain ints shared by all pull goroutines.
 race_top:^github.com/apache/rocketmq-client-go/v2/consumer.(*pushConsumer).pullMessage$
+# defaultConsumer.shutdown closes each process queue's msgCh (under the
+# queue's mutex) while a pull that has just returned messages may be sending
+# to it in processQueue.putMessage (outside the mutex): issue #1051, whose
+# fix (PR #1052) was closed unmerged. Flagged once at a consumer's Shutdown.
+# The racing accesses are the runtime's close and send, which race_top cannot
+# name; race matches the closure that closes, in the closing stack, and it
+# runs only the client's code. (No "$": where shutdown is inlined, the
+# closure's name grows, "...Shutdown.func1.(*defaultConsumer).shutdown.func2".)
+# The same window can panic "send on closed channel" in the pull goroutine,
+# which no suppression helps: see "Known client defects" in
+# adapters/rocketmq's doc.
+race:^github.com/apache/rocketmq-client-go/v2/consumer.*(*defaultConsumer).shutdown.func
 `
 
 // RocketMQBrokerLossRace suppresses, for a package that kills a broker of a

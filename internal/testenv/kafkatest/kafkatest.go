@@ -53,16 +53,29 @@ func (a *Admin) CreateTopic(t testing.TB, topic string, partitions int) {
 
 // CreateTopicWith is CreateTopic with these topic configs instead of
 // a.TopicConfigs.
+//
+// A broker that has just (re)started may answer BROKER_NOT_AVAILABLE (8)
+// for a while; CreateTopicWith tries again until it answers otherwise, for
+// up to a minute.
 func (a *Admin) CreateTopicWith(t testing.TB, topic string, partitions int, configs []kafkago.ConfigEntry) {
 	t.Helper()
-	ctx := testenv.Context(t, time.Minute)
-	res, err := a.Client.CreateTopics(ctx, &kafkago.CreateTopicsRequest{
-		Topics: []kafkago.TopicConfig{{Topic: topic, NumPartitions: partitions,
-			ReplicationFactor: max(a.ReplicationFactor, 1), ConfigEntries: configs}},
+	var err error
+	testenv.WaitUntilProgress(t, time.Minute, "the brokers take topic "+topic, func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		var res *kafkago.CreateTopicsResponse
+		res, err = a.Client.CreateTopics(ctx, &kafkago.CreateTopicsRequest{
+			Topics: []kafkago.TopicConfig{{Topic: topic, NumPartitions: partitions,
+				ReplicationFactor: max(a.ReplicationFactor, 1), ConfigEntries: configs}},
+		})
+		if err == nil {
+			err = res.Errors[topic]
+		}
+		if errors.Is(err, kafkago.BrokerNotAvailable) {
+			return false, err.Error()
+		}
+		return true, ""
 	})
-	if err == nil {
-		err = res.Errors[topic]
-	}
 	if err != nil && !errors.Is(err, kafkago.TopicAlreadyExists) {
 		t.Fatalf("create topic %s: %v", topic, err)
 	}
