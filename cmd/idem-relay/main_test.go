@@ -12,9 +12,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/internal/relaytest"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/internal/testenv/kafkatest"
+	"github.com/idemkit/idem/internal/testenv/relaytest"
 	"github.com/idemkit/idem/outbox"
 )
 

@@ -18,9 +18,9 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
-	"github.com/idemkit/idem/internal/relaytest"
-	"github.com/idemkit/idem/internal/relaytest/rmqtest"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/relaytest"
+	"github.com/idemkit/idem/internal/testenv/relaytest/rmqtest"
 	"github.com/idemkit/idem/outbox"
 )
 

@@ -15,8 +15,8 @@ import (
 	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/examples/payments"
 	"github.com/idemkit/idem/examples/twohop"
-	"github.com/idemkit/idem/internal/relaytest"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/relaytest"
 	"github.com/idemkit/idem/outbox"
 )
 

@@ -65,7 +65,7 @@ race_top:^github.com/apache/rocketmq-client-go/v2/consumer.(*pushConsumer).pullM
 `
 
 // RocketMQBrokerLossRace suppresses, for a package that kills a broker of a
-// RocketMQ cluster (internal/faults), a race of the client's:
+// RocketMQ cluster (internal/testenv/faults), a race of the client's:
 // namesrvs.cleanOfflineBroker (every 30 s, the heartbeat goroutine) deletes
 // a broker that left every route from BrokerData.BrokerAddresses, a plain
 // map, under a lock FindBrokerAddrByName (a send, a pull) does not take.

@@ -10,8 +10,8 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/internal/relaytest"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/relaytest"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/outbox/kafkapub"
 )

@@ -13,9 +13,9 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/producer"
 
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/internal/relaytest"
-	"github.com/idemkit/idem/internal/relaytest/rmqtest"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/relaytest"
+	"github.com/idemkit/idem/internal/testenv/relaytest/rmqtest"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/outbox/rocketmqpub"
 )

@@ -54,7 +54,7 @@ var scenarios = []scenario{
 
 // TestFaults runs every scenario for every broker it applies to; each
 // scenario's checks are in rig.finish. Run one alone with
-// go test ./internal/faults -run 'TestFaults/kafka/sigkill-after-commit'.
+// go test ./internal/testenv/faults -run 'TestFaults/kafka/sigkill-after-commit'.
 func TestFaults(t *testing.T) {
 	for _, b := range []string{"kafka", "rocketmq", "kafka-cluster", "rocketmq-cluster"} {
 		t.Run(b, func(t *testing.T) {

@@ -14,7 +14,7 @@ import (
 
 	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/internal/relaytest"
+	"github.com/idemkit/idem/internal/testenv/relaytest"
 	trmq "github.com/idemkit/idem/internal/testenv/rmqtest"
 )
 

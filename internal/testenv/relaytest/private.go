@@ -22,7 +22,7 @@ import (
 // repoPath returns a path from the repository's root.
 func repoPath(elem ...string) string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(append([]string{filepath.Dir(file), "..", ".."}, elem...)...)
+	return filepath.Join(append([]string{filepath.Dir(file), "..", "..", ".."}, elem...)...)
 }
 
 // KafkaScript runs scripts/testenv/kafka.sh (kill, start, status). Only a

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/relaytest"
+	"github.com/idemkit/idem/internal/testenv/relaytest"
 	trmq "github.com/idemkit/idem/internal/testenv/rmqtest"
 )
 
@@ -21,7 +21,7 @@ var uniq atomic.Int64
 
 func repoPath(elem ...string) string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(append([]string{filepath.Dir(file), "..", "..", ".."}, elem...)...)
+	return filepath.Join(append([]string{filepath.Dir(file), "..", "..", "..", ".."}, elem...)...)
 }
 
 // PrivateRocketMQ is a RocketMQ name server and broker of the test's own,

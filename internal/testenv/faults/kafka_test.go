@@ -99,7 +99,7 @@ func kafkaScript(t *testing.T, args ...string) {
 
 func scriptPath(name string) string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "scripts", "testenv", name)
+	return filepath.Join(filepath.Dir(file), "..", "..", "..", "scripts", "testenv", name)
 }
 
 func (k *kafkaBroker) offsets(ctx context.Context, topic, group string) (map[int]int64, error) {
