@@ -103,7 +103,7 @@ func RerunWithRocketMQRaceSuppressions(extra ...string) (int, bool) {
 	cmd.Env = append(os.Environ(), rocketMQSuppressedEnv+"=1",
 		"GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" suppressions="+f.Name()))
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	dieWithParent(cmd) // dies with go test's timeout kill
+	DieWithParent(cmd) // dies with go test's timeout kill
 	if err := cmd.Run(); err != nil {
 		var exit *exec.ExitError
 		if errors.As(err, &exit) {
