@@ -3,9 +3,6 @@ package mysqlstore_test
 import (
 	"context"
 	"database/sql"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -71,8 +68,6 @@ func TestServerKilledMidStream(t *testing.T) {
 
 	// The killer: kill once a third of the commits are in, start again,
 	// wait until the consumer commits again, kill again.
-	_, file, _, _ := runtime.Caller(0)
-	script := filepath.Join(filepath.Dir(file), "..", "..", "scripts", "testenv", "mariadb.sh")
 	total := int64(len(msgs) / 20) // about the transactions of a run (batches of 20)
 	killed := make(chan error, 1)
 	stop := make(chan struct{})
@@ -98,9 +93,9 @@ func TestServerKilledMidStream(t *testing.T) {
 				}
 			}
 			for _, cmd := range []string{"kill", "start"} {
-				if out, err := exec.Command(script, cmd).CombinedOutput(); err != nil {
+				if out, err := testenv.RunScript("mariadb", cmd); err != nil {
 					killed <- err
-					t.Logf("%s %s: %s", script, cmd, out)
+					t.Logf("mariadb.sh %s: %s", cmd, out)
 					return
 				}
 			}
