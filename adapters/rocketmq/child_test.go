@@ -2,7 +2,6 @@ package rocketmq_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -19,9 +18,9 @@ import (
 )
 
 // The crash test's first consumer runs in a child process: this test binary,
-// re-executed with childEnv set, runs runChild instead of the tests, and is
-// killed with SIGKILL, so the client neither persists offsets nor
-// unregisters. The child inherits the race detector's suppressions; its race
+// re-executed with childEnv set, runs child.run instead of the tests
+// (testenv.ChildMain), and is killed with SIGKILL, so the client neither
+// persists offsets nor unregisters. The child inherits the race detector's suppressions; its race
 // reports go to a file, and the parent fails the test on any.
 const childEnv = "IDEM_ROCKETMQ_CHILD"
 
@@ -43,11 +42,7 @@ func startChild(t *testing.T, c child) *childProc {
 	t.Helper()
 	c.Namesrv = rmqtest.Shared(t).NameServers
 	c.PgURL = testenv.PostgresURL(t)
-	spec, err := json.Marshal(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := testenv.NewChild(t, childEnv+"="+string(spec))
+	p := testenv.NewChild(t, testenv.SpecEnv(t, childEnv, c))
 	p.Cmd.Stdout, p.Cmd.Stderr = os.Stderr, os.Stderr
 	p.Start(t)
 	return &childProc{p}
@@ -66,20 +61,6 @@ func (p *childProc) kill(t *testing.T) {
 	t.Helper()
 	p.Kill()
 	p.CheckRaces(t)
-}
-
-// runChild is the child process's main.
-func runChild() int {
-	var c child
-	if err := json.Unmarshal([]byte(os.Getenv(childEnv)), &c); err != nil {
-		fmt.Fprintln(os.Stderr, "child:", err)
-		return 2
-	}
-	if err := c.run(); err != nil {
-		fmt.Fprintln(os.Stderr, "child:", err)
-		return 1
-	}
-	return 0
 }
 
 // run consumes until the process is killed.

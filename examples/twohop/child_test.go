@@ -47,19 +47,6 @@ type childSpec struct {
 	BatchSize int
 }
 
-func runChild() int {
-	var spec childSpec
-	if err := json.Unmarshal([]byte(os.Getenv(childEnv)), &spec); err != nil {
-		fmt.Fprintln(os.Stderr, "child:", err)
-		return 2
-	}
-	if err := spec.run(); err != nil {
-		fmt.Fprintln(os.Stderr, "child:", err)
-		return 1
-	}
-	return 0
-}
-
 func (spec *childSpec) run() error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	ctx := context.Background()
@@ -148,11 +135,7 @@ type relayChild struct{ *testenv.Child }
 
 func startRelayChild(t *testing.T, spec childSpec) *relayChild {
 	t.Helper()
-	b, err := json.Marshal(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &relayChild{testenv.StartChild(t, childEnv+"="+string(b))}
+	return &relayChild{testenv.StartChild(t, testenv.SpecEnv(t, childEnv, spec))}
 }
 
 // waitKilled waits until the child killed itself with SIGKILL.

@@ -1,6 +1,8 @@
 package testenv
 
 import (
+	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -44,6 +46,38 @@ func NewChild(t testing.TB, env ...string) *Child {
 	c.Cmd.Stdout, c.Cmd.Stderr = c.Out, c.Out
 	DieWithParent(c.Cmd)
 	return c
+}
+
+// SpecEnv is name=spec as JSON, the variable that gives a child its
+// spec; ChildMain, in the child, decodes it.
+func SpecEnv(t testing.TB, name string, spec any) string {
+	t.Helper()
+	b, err := json.Marshal(spec)
+	if err != nil {
+		t.Fatalf("a child's spec: %v", err)
+	}
+	return name + "=" + string(b)
+}
+
+// ChildMain is the child's side, called first in TestMain: when the
+// variable env is set (SpecEnv), it decodes its JSON into a T, runs run
+// with it and exits: 0, 1 when run failed, 2 when the variable did not
+// decode. In the test process (env unset) it returns.
+func ChildMain[T any](env string, run func(*T) error) {
+	v := os.Getenv(env)
+	if v == "" {
+		return
+	}
+	var spec T
+	if err := json.Unmarshal([]byte(v), &spec); err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		os.Exit(2)
+	}
+	if err := run(&spec); err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
 }
 
 // StartChild starts a child with env added to the environment.

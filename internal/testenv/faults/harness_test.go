@@ -341,11 +341,7 @@ func (r *rig) start(fp failpoints, mods ...func(*childSpec)) *child {
 	for _, m := range mods {
 		m(&spec)
 	}
-	b, err := json.Marshal(spec)
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	c := &child{Child: testenv.StartChild(r.t, childEnv+"="+string(b)), n: n, spec: spec, began: time.Now()}
+	c := &child{Child: testenv.StartChild(r.t, testenv.SpecEnv(r.t, childEnv, spec)), n: n, spec: spec, began: time.Now()}
 	r.mu.Lock()
 	r.children = append(r.children, c)
 	r.mu.Unlock()
