@@ -20,8 +20,9 @@ import (
 // The crash test's first consumer runs in a child process: this test binary,
 // re-executed with childEnv set, runs child.run instead of the tests
 // (testenv.ChildMain), and is killed with SIGKILL, so the client neither
-// persists offsets nor unregisters. The child inherits the race detector's suppressions; its race
-// reports go to a file, and the parent fails the test on any.
+// persists offsets nor unregisters. The child inherits the race
+// detector's suppressions; its race reports go to a file, and the parent
+// fails the test on any.
 const childEnv = "IDEM_ROCKETMQ_CHILD"
 
 // child is what a child process consumes.

@@ -3,8 +3,8 @@ package testenv
 // Private servers, for the tests that stop them: other packages' tests (and
 // other people's runs) share the test environment's services, so a test that
 // kills, restarts or pauses one starts its own on a free port:
-// PrivatePostgres here, PrivateRedis (redis.go), and rmqtest.PrivateRocketMQ
-// (apart, with the RocketMQ client). The shared Kafka has a machine-wide
+// PrivatePostgres here, PrivateRedis (redis.go), and rmqtest.Private (apart,
+// with the RocketMQ client). The shared Kafka has a machine-wide
 // lock instead, KafkaExclusive, and is restarted through
 // scripts/testenv/kafka.sh (Script).
 
