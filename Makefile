@@ -5,10 +5,10 @@ SERVICES ?= postgres kafka rocketmq mariadb redis kafka-cluster rocketmq-cluster
 PKGS ?= ./...
 # make test (scripts/test.sh) runs every package against the single services
 # first, then each cluster on its own: started, its lighter scenario of
-# internal/faults run (the leader of the busiest partitions killed and brought
-# back; a RocketMQ master lost and brought back), stopped. make test-faults
-# runs all of them. Without kafka-cluster or rocketmq-cluster in SERVICES,
-# none of that cluster's.
+# internal/testenv/faults run (the leader of the busiest partitions killed
+# and brought back; a RocketMQ master lost and brought back), stopped. make
+# test-faults runs all of them. Without kafka-cluster or rocketmq-cluster
+# in SERVICES, none of that cluster's.
 # Scenario 20 (scale-out) runs in make test-faults only: in one make test at
 # load 21 a consumer it stopped with SIGTERM had not exited 60 s later, cause
 # not yet known (docs/reliability.md, "A suite that does not flake").
@@ -70,5 +70,5 @@ seams: ## the model-based test of where the features meet, over many seeds: make
 test-faults: ## the fault-injection suite alone (child consumers, SIGKILLs, restarts; failovers on a three-node Kafka and a two-broker RocketMQ) with its summary table, and the outbox relay's faults (examples/twohop)
 	@set -e; out=$$(scripts/testenv.sh up $(filter-out kafka-cluster rocketmq-cluster,$(SERVICES)) kafka-cluster rocketmq-cluster); eval "$$out"; \
 	summary=$$(mktemp); trap 'rm -f $$summary' EXIT; \
-	IDEM_FAULTS_SUMMARY=$$summary go test -race -count=1 -timeout 20m ./internal/faults ./examples/twohop; \
+	IDEM_FAULTS_SUMMARY=$$summary go test -race -count=1 -timeout 20m ./internal/testenv/faults ./examples/twohop; \
 	cat $$summary

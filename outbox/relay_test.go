@@ -15,8 +15,8 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/internal/relaytest"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/relaytest"
 	"github.com/idemkit/idem/outbox"
 )
 
@@ -114,7 +114,7 @@ func TestRelaysPublishEachRowOnceInKeyOrder(t *testing.T) {
 		relays = append(relays, relaytest.StartRelay(t, outbox.RelayConfig{Outbox: ob, Publisher: pub, BatchSize: 40}))
 	}
 	want := relaytest.Enqueue(t, pool, ob, 60, 25, "orders", "audit")
-	relaytest.WaitFor(t, 2*time.Minute, "every message published", func() (bool, string) {
+	testenv.WaitUntilProgress(t, 2*time.Minute, "every message published", func() (bool, string) {
 		n := len(pub.records())
 		return n >= want && pending(t, pool, ob) == 0, fmt.Sprintf("%d of %d published", n, want)
 	})
@@ -157,7 +157,7 @@ func TestRelaysNeverShareAShard(t *testing.T) {
 	stuck.mu.Unlock()
 	other := newRecorder()
 	relaytest.StartRelay(t, outbox.RelayConfig{Outbox: ob, Publisher: other, BatchSize: 10})
-	relaytest.WaitFor(t, 2*time.Minute, "the second relay publishes every shard but the stuck relay's", func() (bool, string) {
+	testenv.WaitUntilProgress(t, 2*time.Minute, "the second relay publishes every shard but the stuck relay's", func() (bool, string) {
 		var left int
 		err := pool.QueryRow(context.Background(), `SELECT count(*) FROM `+ob.Table()+` WHERE sent_at IS NULL
 AND shard NOT IN (SELECT shard FROM `+ob.Table()+` WHERE seq = ANY($1))`, held).Scan(&left)
@@ -172,7 +172,7 @@ AND shard NOT IN (SELECT shard FROM `+ob.Table()+` WHERE seq = ANY($1))`, held).
 		}
 	}
 	close(stuck.block)
-	relaytest.WaitFor(t, 2*time.Minute, "the first relay marks its batch", func() (bool, string) {
+	testenv.WaitUntilProgress(t, 2*time.Minute, "the first relay marks its batch", func() (bool, string) {
 		return pending(t, pool, ob) == 0, ""
 	})
 	all := append(stuck.records(), other.records()...)
@@ -209,7 +209,7 @@ func TestRelayWaitsOutFailures(t *testing.T) {
 		return nil
 	}
 	relay := relaytest.StartRelay(t, outbox.RelayConfig{Outbox: ob, Publisher: pub, BatchSize: 50})
-	relaytest.WaitFor(t, 2*time.Minute, "every message published", func() (bool, string) {
+	testenv.WaitUntilProgress(t, 2*time.Minute, "every message published", func() (bool, string) {
 		return pending(t, pool, ob) == 0, fmt.Sprintf("%d pending, stats %+v", pending(t, pool, ob), relay.Stats())
 	})
 	checkOrder(t, pub.records(), want)
@@ -241,7 +241,7 @@ func TestRelayDeadLettersRefusals(t *testing.T) {
 		return nil
 	}
 	relay := relaytest.StartRelay(t, outbox.RelayConfig{Outbox: ob, Publisher: pub})
-	relaytest.WaitFor(t, time.Minute, "the outbox is empty", func() (bool, string) { return pending(t, pool, ob) == 0, "" })
+	testenv.WaitUntilProgress(t, time.Minute, "the outbox is empty", func() (bool, string) { return pending(t, pool, ob) == 0, "" })
 	checkOrder(t, pub.records(), 2)
 	var id, reason string
 	var hk []string
@@ -261,7 +261,7 @@ INSERT INTO `+ob.Table()+` (id, parent_scope, parent_key, position, shard, topic
 SELECT id, parent_scope, parent_key, position, 0, topic, key, 'now fits', header_keys, header_values FROM d`); err != nil {
 		t.Fatal(err)
 	}
-	relaytest.WaitFor(t, time.Minute, "the message put back is published", func() (bool, string) { return len(pub.records()) == 3, "" })
+	testenv.WaitUntilProgress(t, time.Minute, "the message put back is published", func() (bool, string) { return len(pub.records()) == 3, "" })
 	if r := pub.records()[2]; r.ID != id || string(r.Value) != "now fits" {
 		t.Fatalf("put back and published: %+v", r)
 	}
@@ -274,7 +274,7 @@ func TestRelayRetainsSentRows(t *testing.T) {
 	want := relaytest.Enqueue(t, pool, ob, 3, 10, "orders")
 	pub := newRecorder()
 	relaytest.StartRelay(t, outbox.RelayConfig{Outbox: ob, Publisher: pub, Retention: time.Hour})
-	relaytest.WaitFor(t, time.Minute, "every message published", func() (bool, string) { return pending(t, pool, ob) == 0, "" })
+	testenv.WaitUntilProgress(t, time.Minute, "every message published", func() (bool, string) { return pending(t, pool, ob) == 0, "" })
 	got := rows(t, pool, ob.Table())
 	if len(got) != want {
 		t.Fatalf("%d rows kept, want %d", len(got), want)
@@ -287,7 +287,7 @@ func TestRelayRetainsSentRows(t *testing.T) {
 	purger := relaytest.StartRelay(t, outbox.RelayConfig{Outbox: ob, Publisher: pub, Retention: time.Millisecond, PurgeEvery: time.Millisecond, PurgeBatch: 7})
 	// Wait on the counter, not on the table: the relay counts a purge once
 	// its DELETE has returned, after the rows are gone.
-	relaytest.WaitFor(t, time.Minute, "the sent rows purged", func() (bool, string) {
+	testenv.WaitUntilProgress(t, time.Minute, "the sent rows purged", func() (bool, string) {
 		st := purger.Stats()
 		return st.Purged >= int64(want), fmt.Sprintf("purged %d of %d", st.Purged, want)
 	})

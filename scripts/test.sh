@@ -7,7 +7,7 @@
 #   1. every package under -race against the single services (Postgres,
 #      Kafka, RocketMQ, MariaDB, Redis), the cluster scenarios left out;
 #   2. for each cluster in SERVICES (kafka-cluster, rocketmq-cluster), one
-#      at a time: start it, run its scenarios of internal/faults that
+#      at a time: start it, run its scenarios of internal/testenv/faults that
 #      make test runs (CLUSTER_RUN_<cluster>), stop it.
 #
 # Then each package's time and a count. Environment: SERVICES, PKGS and
@@ -43,14 +43,14 @@ rc=0
 skip="TestFaults/(kafka-cluster|rocketmq-cluster)${SKIP:+|${SKIP}}"
 go test -race -count=1 -timeout 20m -skip "${skip}" "${pkgs[@]}" 2>&1 | tee -a "${log}" || rc=1
 
-# The clusters' scenarios live in internal/faults; a PKGS without it runs none.
-if printf '%s\n' "${pkgs[@]}" | grep -qE '^\./\.\.\.$|internal/faults'; then
+# The clusters' scenarios live in internal/testenv/faults; a PKGS without it runs none.
+if printf '%s\n' "${pkgs[@]}" | grep -qE '^\./\.\.\.$|internal/testenv/faults'; then
   for c in "${clusters[@]}"; do
     began=${SECONDS}
     eval "$(scripts/testenv.sh up "$c")"
     echo "${c} up in $((SECONDS - began)) s"
-    go test -race -count=1 -timeout 20m -run "${cluster_run[$c]}" ./internal/faults 2>&1 \
-      | sed -E "s#^(ok|FAIL)([[:space:]]+github.com/idemkit/idem/internal/faults)([[:space:]])#\1\2@${c}\3#" \
+    go test -race -count=1 -timeout 20m -run "${cluster_run[$c]}" ./internal/testenv/faults 2>&1 \
+      | sed -E "s#^(ok|FAIL)([[:space:]]+github.com/idemkit/idem/internal/testenv/faults)([[:space:]])#\1\2@${c}\3#" \
       | tee -a "${log}" || rc=1
     scripts/testenv.sh down "$c"
   done

@@ -483,38 +483,21 @@ func kafkaScript(t testing.TB) string {
 // an hour), run until the parent kills it.
 const childEnv = "IDEM_KAFKA_TEST_CHILD"
 
-type childProc struct {
-	cmd *exec.Cmd
-	out *testenv.SyncBuffer
-}
+type childProc struct{ *testenv.Child }
 
 func startChild(t *testing.T, topic, group, schema string, env ...string) *childProc {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=1", "CHILD_TOPIC="+topic, "CHILD_GROUP="+group, "CHILD_SCHEMA="+schema)
-	cmd.Env = append(cmd.Env, env...)
-	out := &testenv.SyncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	c := &childProc{cmd: cmd, out: out}
+	c := testenv.StartChild(t, append([]string{childEnv + "=1", "CHILD_TOPIC=" + topic, "CHILD_GROUP=" + group, "CHILD_SCHEMA=" + schema}, env...)...)
 	t.Cleanup(func() {
-		c.kill(t)
+		c.Kill()
 		if t.Failed() {
-			t.Logf("child output:\n%s", out.String())
+			t.Logf("child output:\n%s", c.Out)
 		}
 	})
-	return c
+	return &childProc{c}
 }
 
-func (c *childProc) kill(t testing.TB) {
-	if c.cmd.ProcessState != nil {
-		return
-	}
-	_ = c.cmd.Process.Kill() // SIGKILL: no stop, no commit, no LeaveGroup
-	_ = c.cmd.Wait()
-}
+func (c *childProc) kill(testing.TB) { c.Kill() } // SIGKILL: no stop, no commit, no LeaveGroup
 
 func slogStderr() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))

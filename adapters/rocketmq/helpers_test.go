@@ -27,9 +27,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) != "" {
-		os.Exit(runChild())
-	}
+	testenv.ChildMain(childEnv, (*child).run)
 	if code, rerun := testenv.RerunWithRocketMQRaceSuppressions(); rerun {
 		os.Exit(code)
 	}

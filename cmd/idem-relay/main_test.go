@@ -12,9 +12,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/internal/relaytest"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/internal/testenv/kafkatest"
+	"github.com/idemkit/idem/internal/testenv/relaytest"
 	"github.com/idemkit/idem/outbox"
 )
 
@@ -26,7 +26,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m, testenv.RocketMQClientLea
 // migrates, publishes what was enqueued, and stops cleanly on SIGTERM.
 func TestRelayToKafka(t *testing.T) {
 	k := relaytest.NewKafka(t, testenv.KafkaBrokers(t))
-	topic := relaytest.Name(t, "t")
+	topic := testenv.Name(t, "t")
 	k.CreateTopic(t, topic, 1, nil)
 	pool, schema := testenv.SchemaPool(t)
 	ob, err := outbox.New(pool, outbox.Config{Schema: schema})
@@ -39,8 +39,8 @@ func TestRelayToKafka(t *testing.T) {
 		done <- run([]string{"-postgres", testenv.PostgresURL(t), "-schema", schema, "-kafka", strings.Join(k.Brokers, ","),
 			"-migrate", "-poll", "5ms"}, &out)
 	}()
-	ctx := relaytest.Ctx(t, time.Minute)
-	relaytest.WaitFor(t, time.Minute, "the command migrated the outbox", func() (bool, string) { return ob.Check(ctx) == nil, "" })
+	ctx := testenv.Context(t, time.Minute)
+	testenv.WaitUntilProgress(t, time.Minute, "the command migrated the outbox", func() (bool, string) { return ob.Check(ctx) == nil, "" })
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		var msgs []outbox.Message
 		for i := range 10 {
@@ -50,7 +50,7 @@ func TestRelayToKafka(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	relaytest.WaitFor(t, time.Minute, "the outbox drained", func() (bool, string) { return relaytest.Pending(t, pool, ob) == 0, "" })
+	testenv.WaitUntilProgress(t, time.Minute, "the outbox drained", func() (bool, string) { return relaytest.Pending(t, pool, ob) == 0, "" })
 	var got []relaytest.Delivered
 	for _, m := range k.ReadAll(t, topic) {
 		got = append(got, relaytest.Delivered{ID: kafkatest.Header(m, outbox.HeaderID), Key: string(m.Key), Value: string(m.Value)})

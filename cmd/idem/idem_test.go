@@ -247,60 +247,64 @@ func (p *payments) produce(ids ...string) {
 }
 
 func (p *payments) start() {
-	t := p.t
+	src, err := kafka.New(kafka.Config{Brokers: p.brokers, Topics: []string{p.topic}, Group: p.topic, DeadLetterTopic: p.dlq, Logger: testenv.Logger(p.t)})
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	key := p.key
+	if key == nil && !p.offsets {
+		key = consumer.ByJSONField("txn_id")
+	}
+	p.consumer, p.stop = startPay(p.t, p.pool, p.schema, consumer.Config[pgx.Tx]{Source: src, DeadLetter: src, Key: key}, p.offsets, 30*time.Second)
+}
+
+// startPay runs the tests' consumer "pay" of cfg's source on a migrated
+// pgstore in schema (its offset store too, with offsets), until stop
+// (idempotent; the test's end stops it too) gives it grace to stop. It
+// books each payment callback in ledger, and dead-letters those whose
+// txn_id is in blocked.
+func startPay(t *testing.T, pool *pgxpool.Pool, schema string, cfg consumer.Config[pgx.Tx], offsets bool, grace time.Duration) (*consumer.Consumer[pgx.Tx], func()) {
 	ctx := context.Background()
-	store, err := pgstore.New(p.pool, pgstore.Config{Schema: p.schema})
+	store, err := pgstore.New(pool, pgstore.Config{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := store.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	src, err := kafka.New(kafka.Config{Brokers: p.brokers, Topics: []string{p.topic}, Group: p.topic, DeadLetterTopic: p.dlq, Logger: testenv.Logger(t)})
-	if err != nil {
-		t.Fatal(err)
+	if offsets {
+		cfg.Offsets = store
 	}
-	key := p.key
-	if key == nil && !p.offsets {
-		key = consumer.ByJSONField("txn_id")
-	}
-	var offsets dedup.OffsetStore[pgx.Tx]
-	if p.offsets {
-		offsets = store
-	}
-	c, err := consumer.New(consumer.Config[pgx.Tx]{
-		Name: "pay", Source: src, Store: store, DeadLetter: src, Logger: testenv.Logger(t),
-		Key: key, Offsets: offsets,
-		Handler: consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-			var cb struct {
-				TxnID  string `json:"txn_id"`
-				Amount int64  `json:"amount"`
-			}
-			if err := json.Unmarshal(m.Value, &cb); err != nil {
-				return consumer.Permanent(err)
-			}
-			var blocked bool
-			if err := tx.QueryRow(ctx, `SELECT exists(SELECT FROM blocked WHERE txn_id = $1)`, cb.TxnID).Scan(&blocked); err != nil {
-				return err
-			}
-			if blocked {
-				return consumer.Permanent(errors.New("account blocked"))
-			}
-			_, err := tx.Exec(ctx, `INSERT INTO ledger VALUES ($1, $2)`, cb.TxnID, cb.Amount)
+	cfg.Name, cfg.Store, cfg.Logger = "pay", store, testenv.Logger(t)
+	cfg.Handler = consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		var cb struct {
+			TxnID  string `json:"txn_id"`
+			Amount int64  `json:"amount"`
+		}
+		if err := json.Unmarshal(m.Value, &cb); err != nil {
+			return consumer.Permanent(err)
+		}
+		var blocked bool
+		if err := tx.QueryRow(ctx, `SELECT exists(SELECT FROM blocked WHERE txn_id = $1)`, cb.TxnID).Scan(&blocked); err != nil {
 			return err
-		}),
+		}
+		if blocked {
+			return consumer.Permanent(errors.New("account blocked"))
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO ledger VALUES ($1, $2)`, cb.TxnID, cb.Amount)
+		return err
 	})
+	c, err := consumer.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- c.Run(runCtx) }()
-	p.consumer = c
 	var once sync.Once
-	p.stop = func() { // stops this consumer; start may start another
+	stop := func() { // stops this consumer; the caller may start another
 		once.Do(func() {
-			stopCtx, cancelStop := context.WithTimeout(ctx, 30*time.Second)
+			stopCtx, cancelStop := context.WithTimeout(ctx, grace)
 			defer cancelStop()
 			if err := c.Stop(stopCtx); err != nil {
 				t.Error(err)
@@ -311,7 +315,8 @@ func (p *payments) start() {
 			}
 		})
 	}
-	t.Cleanup(p.stop)
+	t.Cleanup(stop)
+	return c, stop
 }
 
 // waitFor waits until the consumer's stats satisfy ok.

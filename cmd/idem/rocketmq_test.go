@@ -2,13 +2,11 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,7 +16,6 @@ import (
 
 	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/internal/testenv/rmqtest"
 )
@@ -213,63 +210,12 @@ func (p *rocketPayments) produce(ids ...string) {
 }
 
 func (p *rocketPayments) start() {
-	t := p.t
-	ctx := context.Background()
-	store, err := pgstore.New(p.pool, pgstore.Config{Schema: p.schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
 	src, err := rocketmq.New(rocketmq.Config{NameServers: p.b.NameServers, Group: p.group, Topics: []string{p.topic},
-		Tags: "pay", Logger: testenv.Logger(t)})
+		Tags: "pay", Logger: testenv.Logger(p.t)})
 	if err != nil {
-		t.Fatal(err)
+		p.t.Fatal(err)
 	}
-	c, err := consumer.New(consumer.Config[pgx.Tx]{
-		Name: "pay", Source: src, Store: store, DeadLetter: src, Logger: testenv.Logger(t), Key: p.key,
-		Handler: consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-			var cb struct {
-				TxnID  string `json:"txn_id"`
-				Amount int64  `json:"amount"`
-			}
-			if err := json.Unmarshal(m.Value, &cb); err != nil {
-				return consumer.Permanent(err)
-			}
-			var blocked bool
-			if err := tx.QueryRow(ctx, `SELECT exists(SELECT FROM blocked WHERE txn_id = $1)`, cb.TxnID).Scan(&blocked); err != nil {
-				return err
-			}
-			if blocked {
-				return consumer.Permanent(errors.New("account blocked"))
-			}
-			_, err := tx.Exec(ctx, `INSERT INTO ledger VALUES ($1, $2)`, cb.TxnID, cb.Amount)
-			return err
-		}),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(runCtx) }()
-	p.consumer = c
-	var once sync.Once
-	p.stop = func() {
-		once.Do(func() {
-			stopCtx, cancelStop := context.WithTimeout(ctx, time.Minute)
-			defer cancelStop()
-			if err := c.Stop(stopCtx); err != nil {
-				t.Error(err)
-			}
-			cancel()
-			if err := <-done; err != nil {
-				t.Error(err)
-			}
-		})
-	}
-	t.Cleanup(p.stop)
+	p.consumer, p.stop = startPay(p.t, p.pool, p.schema, consumer.Config[pgx.Tx]{Source: src, DeadLetter: src, Key: p.key}, false, time.Minute)
 }
 
 func (p *rocketPayments) waitFor(what string, ok func(consumer.Stats) bool) {

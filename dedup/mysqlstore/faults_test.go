@@ -3,9 +3,6 @@ package mysqlstore_test
 import (
 	"context"
 	"database/sql"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,8 +11,8 @@ import (
 	"github.com/idemkit/idem/consumer/consumertest"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/mysqlstore"
-	"github.com/idemkit/idem/examples/payments"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/ledger"
 )
 
 // commitCounter counts the store's committed transactions.
@@ -36,12 +33,13 @@ func (c *commitCounter) InTx(ctx context.Context, fn func(context.Context, *sql.
 	return err
 }
 
-// TestServerKilledMidStream runs the payments consumer over 600 callbacks,
-// delivered up to twice and with acks lost after commit, and kills the
-// MariaDB server with SIGKILL twice while it works (scripts/testenv/
-// mariadb.sh kill, then start: InnoDB's crash recovery). Nothing is lost,
-// nothing applied twice, no message is dead-lettered over the outage:
-// payments.Reconcile checks the four tables and the dedup table.
+// TestServerKilledMidStream runs the consumer over the ledger workload's
+// 600 credits, delivered up to twice and with acks lost after commit, and
+// kills the MariaDB server with SIGKILL twice while it works
+// (scripts/testenv/mariadb.sh kill, then start: InnoDB's crash recovery).
+// Nothing is lost, nothing applied twice, no message is dead-lettered over
+// the outage: ledger.Reconcile checks the ledger, the balances and the
+// dedup table.
 func TestServerKilledMidStream(t *testing.T) {
 	if testing.Short() {
 		t.Skip("kills the MariaDB server")
@@ -62,23 +60,14 @@ func TestServerKilledMidStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := &commitCounter{Store: inner}
-	pdb := payments.MySQL(db)
-	s := payments.Generate(600, 42)
-	if err := payments.Setup(ctx, pdb); err != nil {
+	s := ledger.Generate(600, 42)
+	if err := ledger.Setup(ctx, db, s.Accounts); err != nil {
 		t.Fatal(err)
 	}
-	if err := payments.CreateOrders(ctx, pdb, s.Orders); err != nil {
-		t.Fatal(err)
-	}
-	var msgs []*consumer.Message
-	for i, p := range s.Payloads {
-		msgs = append(msgs, consumertest.Message("payments", int32(i%4), int64(i/4), payments.PartitionKey(p), string(p)))
-	}
+	msgs := ledger.Messages("ledger", s.Payloads)
 
 	// The killer: kill once a third of the commits are in, start again,
 	// wait until the consumer commits again, kill again.
-	_, file, _, _ := runtime.Caller(0)
-	script := filepath.Join(filepath.Dir(file), "..", "..", "scripts", "testenv", "mariadb.sh")
 	total := int64(len(msgs) / 20) // about the transactions of a run (batches of 20)
 	killed := make(chan error, 1)
 	stop := make(chan struct{})
@@ -104,9 +93,9 @@ func TestServerKilledMidStream(t *testing.T) {
 				}
 			}
 			for _, cmd := range []string{"kill", "start"} {
-				if out, err := exec.Command(script, cmd).CombinedOutput(); err != nil {
+				if out, err := testenv.RunScript("mariadb", cmd); err != nil {
 					killed <- err
-					t.Logf("%s %s: %s", script, cmd, out)
+					t.Logf("mariadb.sh %s: %s", cmd, out)
 					return
 				}
 			}
@@ -116,10 +105,9 @@ func TestServerKilledMidStream(t *testing.T) {
 
 	dctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
-	h := payments.Handler(func(tx *sql.Tx) payments.DB { return payments.MySQL(tx) })
 	res, err := consumertest.Drive(dctx, consumer.Config[*sql.Tx]{
-		Name: "payments", Store: st, Handler: h, Key: consumer.ByJSONField(payments.KeyField),
-		MaxPayloadBytes: payments.MaxPayload, BatchSize: 20, Logger: quiet,
+		Name: "ledger", Store: st, Handler: ledger.Handler(), Key: consumer.ByJSONField(ledger.KeyField),
+		MaxPayloadBytes: ledger.MaxPayload, BatchSize: 20, Logger: quiet,
 		Clock: testenv.ShortClock{}, // real waits, short: the server restarts meanwhile
 	}, consumertest.Script{MinDeliveries: 1, MaxDeliveries: 2, CrashAfterCommitEvery: 5, Seed: 7}, msgs...)
 	close(stop)
@@ -133,13 +121,13 @@ func TestServerKilledMidStream(t *testing.T) {
 	if kills.Load() != 2 || st.lost.Load() == 0 {
 		t.Fatalf("%d kills, %d transactions met them: the test proved nothing", kills.Load(), st.lost.Load())
 	}
-	r, err := payments.Reconcile(ctx, pdb, inner.Table(), "payments", s.Expected)
+	r, err := ledger.Reconcile(ctx, db, inner.Table(), "ledger", s.Expected)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Log(r)
-	if !r.OK() || r.Payments != int64(len(s.Expected)) {
-		t.Fatalf("%v: %d payments, want %d", r, r.Payments, len(s.Expected))
+	if !r.OK() || r.Entries != int64(len(s.Expected)) {
+		t.Fatalf("%v: %d entries, want %d", r, r.Entries, len(s.Expected))
 	}
 	dead := map[string]bool{}
 	for _, l := range res.DeadLetters {

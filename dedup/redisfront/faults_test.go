@@ -18,48 +18,34 @@ import (
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/deduptest"
 	"github.com/idemkit/idem/dedup/redisfront"
-	"github.com/idemkit/idem/examples/payments"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/ledger"
 )
 
 // outcome is what a run left: the reconciliation, each account's balance,
 // and which messages were dead-lettered.
 type outcome struct {
-	report   payments.Report
+	report   ledger.Report
 	balances map[string]int64
 	dead     []string
 	applied  int64
 }
 
-// paymentsRun runs the payments consumer on a fresh SQLite database over
-// 300 callbacks, sent once and then all again (a replay: over half of the
-// deliveries are duplicates), each delivery up to twice, with the store
-// wrapped by wrap. during, when set, runs beside the consumer; done is
+// ledgerRun runs the consumer on a fresh SQLite database over the ledger
+// workload's 300 credits, sent once and then all again (a replay: over half
+// of the deliveries are duplicates), each delivery up to twice, with the
+// store wrapped by wrap. during, when set, runs beside the consumer; done is
 // closed when the consumer settled everything.
-func paymentsRun(t *testing.T, wrap func(dedup.Store[*sql.Tx]) dedup.Store[*sql.Tx], during func(done <-chan struct{})) outcome {
+func ledgerRun(t *testing.T, wrap func(dedup.Store[*sql.Tx]) dedup.Store[*sql.Tx], during func(done <-chan struct{})) outcome {
 	t.Helper()
 	inner, db := sqliteInnerDB(t, deduptest.Config{})
 	st := wrap(inner)
 	ctx := context.Background()
-	pdb := payments.SQL(db)
-	s := payments.Generate(300, 11)
-	if err := payments.Setup(ctx, pdb); err != nil {
+	s := ledger.Generate(300, 11)
+	if err := ledger.Setup(ctx, db, s.Accounts); err != nil {
 		t.Fatal(err)
 	}
-	if err := payments.CreateOrders(ctx, pdb, s.Orders); err != nil {
-		t.Fatal(err)
-	}
-	var msgs []*consumer.Message
-	offsets := map[int32]int64{}
-	for _, p := range append(slices.Clone(s.Payloads), s.Payloads...) {
-		part := int32(0)
-		for _, c := range payments.PartitionKey(p) {
-			part = (part*31 + c) % 4
-		}
-		msgs = append(msgs, consumertest.Message("payments", part, offsets[part], payments.PartitionKey(p), string(p)))
-		offsets[part]++
-	}
-	h := payments.Handler(func(tx *sql.Tx) payments.DB { return payments.SQL(tx) })
+	msgs := ledger.Messages("ledger", append(slices.Clone(s.Payloads), s.Payloads...))
 	dctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	done, ended := make(chan struct{}), make(chan struct{})
@@ -70,31 +56,21 @@ func paymentsRun(t *testing.T, wrap func(dedup.Store[*sql.Tx]) dedup.Store[*sql.
 		}
 	}()
 	res, err := consumertest.Drive(dctx, consumer.Config[*sql.Tx]{
-		Name: "payments", Store: st, Handler: h, Key: consumer.ByJSONField(payments.KeyField),
-		MaxPayloadBytes: payments.MaxPayload, BatchSize: 10, Logger: quiet,
+		Name: "ledger", Store: st, Handler: ledger.Handler(), Key: consumer.ByJSONField(ledger.KeyField),
+		MaxPayloadBytes: ledger.MaxPayload, BatchSize: 10, Logger: quiet,
 	}, consumertest.Script{MinDeliveries: 1, MaxDeliveries: 2, CrashAfterCommitEvery: 7, Seed: 3}, msgs...)
 	close(done)
 	<-ended
 	if err != nil {
 		t.Fatalf("consumer: %v (%v)", err, res)
 	}
-	r, err := payments.Reconcile(ctx, pdb, `"idem_dedup"`, "payments", s.Expected)
+	r, err := ledger.Reconcile(ctx, db, `"idem_dedup"`, "ledger", s.Expected)
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := outcome{report: r, balances: map[string]int64{}, applied: res.Stats.Applied}
-	rows, err := db.Query(`SELECT id, balance FROM accounts`)
-	if err != nil {
+	o := outcome{report: r, applied: res.Stats.Applied}
+	if o.balances, err = ledger.Balances(ctx, db); err != nil {
 		t.Fatal(err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var id string
-		var b int64
-		if err := rows.Scan(&id, &b); err != nil {
-			t.Fatal(err)
-		}
-		o.balances[id] = b
 	}
 	dead := map[string]bool{}
 	for _, l := range res.DeadLetters {
@@ -108,7 +84,7 @@ func paymentsRun(t *testing.T, wrap func(dedup.Store[*sql.Tx]) dedup.Store[*sql.
 }
 
 func reasonClass(err error) string {
-	for _, e := range []error{consumer.ErrBadPayload, consumer.ErrNoKey, consumer.ErrPayloadTooLarge, dedup.ErrFingerprintMismatch, payments.ErrBadCallback} {
+	for _, e := range []error{consumer.ErrBadPayload, consumer.ErrNoKey, consumer.ErrPayloadTooLarge, dedup.ErrFingerprintMismatch, ledger.ErrBadCredit} {
 		if errors.Is(err, e) {
 			return e.Error()
 		}
@@ -130,7 +106,7 @@ func TestRedisFaultsChangeNothing(t *testing.T) {
 	srv := testenv.NewPrivateRedis(t)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1, DialTimeout: time.Second})
 	t.Cleanup(func() { c.Close() })
-	want := paymentsRun(t, func(st dedup.Store[*sql.Tx]) dedup.Store[*sql.Tx] { return st }, nil)
+	want := ledgerRun(t, func(st dedup.Store[*sql.Tx]) dedup.Store[*sql.Tx] { return st }, nil)
 	if !want.report.OK() || want.applied != 300 {
 		t.Fatalf("the database alone: %v, applied %d", want.report, want.applied)
 	}
@@ -170,7 +146,7 @@ func TestRedisFaultsChangeNothing(t *testing.T) {
 			faulted := make(chan error, 1)
 			var before redisfront.Stats
 			var fired atomic.Bool
-			got := paymentsRun(t, func(st dedup.Store[*sql.Tx]) dedup.Store[*sql.Tx] {
+			got := ledgerRun(t, func(st dedup.Store[*sql.Tx]) dedup.Store[*sql.Tx] {
 				inner = &counting[*sql.Tx]{Store: st}
 				cfg := frontConfig(c, nil)
 				cfg.Timeout = 50 * time.Millisecond // shorter than the pause

@@ -14,10 +14,10 @@ import (
 	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
-	"github.com/idemkit/idem/internal/relaytest"
-	"github.com/idemkit/idem/internal/relaytest/rmqtest"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/internal/testenv/kafkatest"
+	"github.com/idemkit/idem/internal/testenv/relaytest"
+	"github.com/idemkit/idem/internal/testenv/rmqtest"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/outbox/kafkapub"
 	"github.com/idemkit/idem/outbox/rocketmqpub"
@@ -48,7 +48,7 @@ func newBroker(t *testing.T, name string) broker {
 	case "kafka":
 		return &kafkaBroker{k: relaytest.NewKafka(t, testenv.KafkaBrokers(t))}
 	default:
-		return &rocketBroker{r: rmqtest.NewRocketMQ(t, testenv.RocketMQNamesrv(t))}
+		return &rocketBroker{r: rmqtest.Open(t, testenv.RocketMQNamesrv(t))}
 	}
 }
 
@@ -60,7 +60,7 @@ func (b *kafkaBroker) name() string    { return "kafka" }
 func (b *kafkaBroker) addrs() []string { return b.k.Brokers }
 
 func (b *kafkaBroker) newTopic(t *testing.T) string {
-	topic := relaytest.Name(t, "order.paid")
+	topic := testenv.Name(t, "order.paid")
 	b.k.CreateTopic(t, topic, parts, nil)
 	return topic
 }
@@ -86,7 +86,7 @@ func newPublisher(broker string, addrs []string) (interface {
 }
 
 func (b *kafkaBroker) source(t testing.TB, topic string) consumer.Source {
-	src, err := kafka.New(kafka.Config{Brokers: b.addrs(), Topics: []string{topic}, Group: relaytest.Name(t, "shipping"),
+	src, err := kafka.New(kafka.Config{Brokers: b.addrs(), Topics: []string{topic}, Group: testenv.Name(t, "shipping"),
 		MaxWait: 100 * time.Millisecond, RequestTimeout: 3 * time.Second, ReconnectBackoff: 500 * time.Millisecond,
 		SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond, CloseTimeout: 3 * time.Second,
 		Logger: testenv.Logger(t)})
@@ -104,13 +104,13 @@ func (b *kafkaBroker) copies(t *testing.T, topic string) map[string]int {
 	return out
 }
 
-type rocketBroker struct{ r *rmqtest.RocketMQ }
+type rocketBroker struct{ r *rmqtest.Broker }
 
 func (b *rocketBroker) name() string    { return "rocketmq" }
 func (b *rocketBroker) addrs() []string { return b.r.NameServers }
 
 func (b *rocketBroker) newTopic(t *testing.T) string {
-	topic := relaytest.Name(t, "order_paid") // RocketMQ names have no dots
+	topic := testenv.Name(t, "order_paid") // RocketMQ names have no dots
 	b.r.CreateTopic(t, topic, parts)
 	return topic
 }
@@ -125,7 +125,7 @@ func (b *rocketBroker) publisher(t testing.TB) outbox.Publisher {
 }
 
 func (b *rocketBroker) source(t testing.TB, topic string) consumer.Source {
-	group := relaytest.Name(t, "shipping")
+	group := testenv.Name(t, "shipping")
 	// The broker creates the retry topic when the group shows up; a
 	// client started before finds its route only at its next refresh.
 	b.r.CreateTopic(t, "%RETRY%"+group, 1)
@@ -139,7 +139,7 @@ func (b *rocketBroker) source(t testing.TB, topic string) consumer.Source {
 
 func (b *rocketBroker) copies(t *testing.T, topic string) map[string]int {
 	out := map[string]int{}
-	for _, m := range b.r.Read(t, topic, parts) {
+	for _, m := range b.r.ReadAll(t, topic) {
 		id, _ := m.Header(outbox.HeaderID)
 		out[string(id)]++
 	}
@@ -188,7 +188,7 @@ func (s *shipping) waitShipped(t *testing.T, w *world, b broker, topic string) m
 	t.Helper()
 	want := int64(len(w.stream.Expected))
 	var copies map[string]int
-	relaytest.WaitFor(t, 3*time.Minute, "shipping consumed every copy", func() (bool, string) {
+	testenv.WaitUntilProgress(t, 3*time.Minute, "shipping consumed every copy", func() (bool, string) {
 		st := s.c.Stats()
 		if st.Applied < want {
 			return false, fmt.Sprintf("applied %d of %d", st.Applied, want)

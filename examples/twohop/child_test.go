@@ -14,7 +14,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -46,19 +45,6 @@ type childSpec struct {
 	// one a line, synced before the kill.
 	KilledLog string
 	BatchSize int
-}
-
-func runChild() int {
-	var spec childSpec
-	if err := json.Unmarshal([]byte(os.Getenv(childEnv)), &spec); err != nil {
-		fmt.Fprintln(os.Stderr, "child:", err)
-		return 2
-	}
-	if err := spec.run(); err != nil {
-		fmt.Fprintln(os.Stderr, "child:", err)
-		return 1
-	}
-	return 0
 }
 
 func (spec *childSpec) run() error {
@@ -145,60 +131,33 @@ func (k *killer) Publish(ctx context.Context, recs []outbox.Record, errs []error
 }
 
 // relayChild is a running relay child.
-type relayChild struct {
-	cmd  *exec.Cmd
-	out  *testenv.SyncBuffer
-	done chan struct{}
-	err  error
-}
+type relayChild struct{ *testenv.Child }
 
 func startRelayChild(t *testing.T, spec childSpec) *relayChild {
 	t.Helper()
-	b, err := json.Marshal(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &relayChild{out: &testenv.SyncBuffer{}, done: make(chan struct{})}
-	c.cmd = exec.Command(os.Args[0], "-test.run=^$")
-	c.cmd.Env = append(os.Environ(), childEnv+"="+string(b))
-	c.cmd.Stdout, c.cmd.Stderr = c.out, c.out
-	dieWithParent(c.cmd)
-	if err := c.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { c.err = c.cmd.Wait(); close(c.done) }()
-	t.Cleanup(func() {
-		_ = c.cmd.Process.Kill()
-		<-c.done
-	})
-	return c
+	return &relayChild{testenv.StartChild(t, testenv.SpecEnv(t, childEnv, spec))}
 }
 
 // waitKilled waits until the child killed itself with SIGKILL.
 func (c *relayChild) waitKilled(t *testing.T, timeout time.Duration) {
 	t.Helper()
-	select {
-	case <-c.done:
-	case <-time.After(timeout):
-		t.Fatalf("the relay child did not reach its failpoint within %v:\n%s", timeout, c.out)
+	if !c.WaitExit(timeout) {
+		t.Fatalf("the relay child did not reach its failpoint within %v:\n%s", timeout, c.Out)
 	}
-	ws, ok := c.cmd.ProcessState.Sys().(syscall.WaitStatus)
-	if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-		t.Fatalf("the relay child ended with %v, not SIGKILL:\n%s", c.err, c.out)
+	if !c.Killed() {
+		t.Fatalf("the relay child ended with %v, not SIGKILL:\n%s", c.Err(), c.Out)
 	}
 }
 
 // terminate stops the child with SIGTERM and expects a clean exit.
 func (c *relayChild) terminate(t *testing.T) {
 	t.Helper()
-	_ = c.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-c.done:
-	case <-time.After(time.Minute):
-		t.Fatalf("the relay child did not stop within a minute of SIGTERM:\n%s", c.out)
+	c.Signal(syscall.SIGTERM)
+	if !c.WaitExit(time.Minute) {
+		t.Fatalf("the relay child did not stop within a minute of SIGTERM:\n%s", c.Out)
 	}
-	if c.err != nil {
-		t.Fatalf("the relay child: %v\n%s", c.err, c.out)
+	if err := c.Err(); err != nil {
+		t.Fatalf("the relay child: %v\n%s", err, c.Out)
 	}
 }
 

@@ -18,9 +18,9 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
-	"github.com/idemkit/idem/internal/relaytest"
-	"github.com/idemkit/idem/internal/relaytest/rmqtest"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/relaytest"
+	"github.com/idemkit/idem/internal/testenv/rmqtest"
 	"github.com/idemkit/idem/outbox"
 )
 
@@ -73,7 +73,7 @@ func TestRelayKilledBetweenPublishAndMark(t *testing.T) {
 
 			dir := t.TempDir()
 			spec := childSpec{Broker: b.name(), Addrs: b.addrs(), PgURL: testenv.PostgresURL(t), Schema: schema,
-				App: relaytest.Name(t, "relay"), BatchSize: 40}
+				App: testenv.Name(t, "relay"), BatchSize: 40}
 			var killed []string
 			for i, after := range []int{30, 80} {
 				spec.KillAfter, spec.KilledLog = after, filepath.Join(dir, "killed-"+strconv.Itoa(i))
@@ -85,7 +85,7 @@ func TestRelayKilledBetweenPublishAndMark(t *testing.T) {
 			spec.KillAfter = 0
 			a, c := startRelayChild(t, spec), startRelayChild(t, spec)
 			waitBooked(t, booked)
-			relaytest.WaitFor(t, 3*time.Minute, "the outbox drained", func() (bool, string) {
+			testenv.WaitUntilProgress(t, 3*time.Minute, "the outbox drained", func() (bool, string) {
 				n := relaytest.Pending(t, pool, w.ob)
 				return n == 0, fmt.Sprintf("%d pending", n)
 			})
@@ -122,15 +122,15 @@ func TestRelayBrokerDown(t *testing.T) {
 			switch name {
 			case "kafka":
 				k := relaytest.NewKafka(t, testenv.KafkaExclusive(t))
-				relaytest.KafkaScript(t, "status")
-				t.Cleanup(func() { relaytest.KafkaScript(t, "start") }) // whatever happened, leave a broker running
+				testenv.Script(t, "kafka", "status")
+				t.Cleanup(func() { testenv.Script(t, "kafka", "start") }) // whatever happened, leave a broker running
 				b = &kafkaBroker{k: k}
-				kill = func() { relaytest.KafkaScript(t, "kill") }
-				restart = func() { relaytest.KafkaScript(t, "start"); k.CloseIdle() }
+				kill = func() { testenv.Script(t, "kafka", "kill") }
+				restart = func() { testenv.Script(t, "kafka", "start"); k.CloseIdle() }
 			default:
 				testenv.RocketMQNamesrv(t) // skips (fails under CI) without RocketMQ
-				p := rmqtest.StartRocketMQ(t)
-				b = &rocketBroker{r: rmqtest.NewRocketMQ(t, p.NameServers())}
+				p := rmqtest.NewPrivate(t)
+				b = &rocketBroker{r: rmqtest.Open(t, p.NameServers())}
 				kill, restart = p.KillBroker, p.StartBroker
 			}
 			pool, schema := testenv.SchemaPool(t)
@@ -143,7 +143,7 @@ func TestRelayBrokerDown(t *testing.T) {
 			msgs := w.callbacks()
 			half := len(msgs) / 2
 			first := waitBooked(t, w.book(t, topic, msgs[:half]))
-			relaytest.WaitFor(t, 2*time.Minute, "the first half's events published", func() (bool, string) {
+			testenv.WaitUntilProgress(t, 2*time.Minute, "the first half's events published", func() (bool, string) {
 				n := relaytest.Pending(t, pool, w.ob)
 				return n == 0, fmt.Sprintf("%d pending", n)
 			})
@@ -154,7 +154,7 @@ func TestRelayBrokerDown(t *testing.T) {
 			}
 			waiting := relaytest.Pending(t, pool, w.ob)
 			failed := relay.Stats().Failed
-			relaytest.WaitFor(t, 2*time.Minute, "the relay tries and fails while the broker is down", func() (bool, string) {
+			testenv.WaitUntilProgress(t, 2*time.Minute, "the relay tries and fails while the broker is down", func() (bool, string) {
 				st := relay.Stats()
 				return st.Failed >= failed+int64(waiting), fmt.Sprintf("stats %+v, %d waiting", st, waiting)
 			})
@@ -164,7 +164,7 @@ func TestRelayBrokerDown(t *testing.T) {
 			}
 			t.Logf("%d events waited out the broker, %d failed publishes", waiting, relay.Stats().Failed)
 			restart()
-			relaytest.WaitFor(t, 3*time.Minute, "the outbox drained after the broker came back", func() (bool, string) {
+			testenv.WaitUntilProgress(t, 3*time.Minute, "the outbox drained after the broker came back", func() (bool, string) {
 				n := relaytest.Pending(t, pool, w.ob)
 				return n == 0, fmt.Sprintf("%d pending, stats %+v", n, relay.Stats())
 			})
@@ -213,8 +213,8 @@ func TestRelayPostgresRestart(t *testing.T) {
 	for _, name := range brokers {
 		t.Run(name, func(t *testing.T) {
 			b := newBroker(t, name)
-			pg := relaytest.StartPostgres(t)
-			ctx := relaytest.Ctx(t, time.Minute)
+			pg := testenv.NewPrivatePostgres(t)
+			ctx := testenv.Context(t, time.Minute)
 			cfg, err := pgxpool.ParseConfig(pg.URL())
 			if err != nil {
 				t.Fatal(err)
@@ -246,7 +246,7 @@ func TestRelayPostgresRestart(t *testing.T) {
 			pg.Start()
 			pool.Reset()
 			close(g.release)
-			relaytest.WaitFor(t, 3*time.Minute, "the relay resumed and drained the outbox", func() (bool, string) {
+			testenv.WaitUntilProgress(t, 3*time.Minute, "the relay resumed and drained the outbox", func() (bool, string) {
 				var n int
 				err := pool.QueryRow(ctx, `SELECT count(*) FROM `+w.ob.Table()).Scan(&n)
 				return err == nil && n == 0, fmt.Sprintf("%d pending (%v), stats %+v", n, err, relay.Stats())
@@ -256,7 +256,7 @@ func TestRelayPostgresRestart(t *testing.T) {
 			}
 
 			ship := startShipping(t, w, b.source(t, topic))
-			relaytest.WaitFor(t, 2*time.Minute, "shipping under way", func() (bool, string) {
+			testenv.WaitUntilProgress(t, 2*time.Minute, "shipping under way", func() (bool, string) {
 				return ship.c.Stats().Applied >= 50, ""
 			})
 			pg.Stop("fast")

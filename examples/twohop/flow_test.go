@@ -15,8 +15,8 @@ import (
 	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/examples/payments"
 	"github.com/idemkit/idem/examples/twohop"
-	"github.com/idemkit/idem/internal/relaytest"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/relaytest"
 	"github.com/idemkit/idem/outbox"
 )
 
@@ -32,7 +32,7 @@ type world struct {
 
 func newWorld(t *testing.T, pool *pgxpool.Pool, schema string, n int, seed uint64) *world {
 	t.Helper()
-	ctx := relaytest.Ctx(t, time.Minute)
+	ctx := testenv.Context(t, time.Minute)
 	store, err := pgstore.New(pool, pgstore.Config{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
@@ -109,7 +109,7 @@ func (w *world) bookPayments(t *testing.T, topic string) consumertest.Result {
 
 func (w *world) reconcile(t *testing.T) twohop.Report {
 	t.Helper()
-	r, err := twohop.Reconcile(relaytest.Ctx(t, time.Minute), w.pool, w.store.Table(), w.ob, w.stream.Expected)
+	r, err := twohop.Reconcile(testenv.Context(t, time.Minute), w.pool, w.store.Table(), w.ob, w.stream.Expected)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +159,7 @@ func TestTwoHopsWithoutABroker(t *testing.T) {
 	w.bookPayments(t, "order.paid")
 	lb := &loopback{}
 	relay := relaytest.StartRelay(t, outbox.RelayConfig{Outbox: w.ob, Publisher: lb})
-	relaytest.WaitFor(t, time.Minute, "the outbox drained", func() (bool, string) { return relaytest.Pending(t, pool, w.ob) == 0, "" })
+	testenv.WaitUntilProgress(t, time.Minute, "the outbox drained", func() (bool, string) { return relaytest.Pending(t, pool, w.ob) == 0, "" })
 	if st := relay.Stats(); st.Published != int64(len(w.stream.Expected)) {
 		t.Fatalf("relay published %d events for %d payments", st.Published, len(w.stream.Expected))
 	}
@@ -183,9 +183,9 @@ func TestReconcileCatchesSecondHopFaults(t *testing.T) {
 	w.bookPayments(t, "order.paid")
 	lb := &loopback{}
 	relay := relaytest.StartRelay(t, outbox.RelayConfig{Outbox: w.ob, Publisher: lb})
-	relaytest.WaitFor(t, time.Minute, "the outbox drained", func() (bool, string) { return relaytest.Pending(t, pool, w.ob) == 0, "" })
+	testenv.WaitUntilProgress(t, time.Minute, "the outbox drained", func() (bool, string) { return relaytest.Pending(t, pool, w.ob) == 0, "" })
 	// Stopped, so that the event put into the outbox below stays there.
-	if err := relay.Stop(relaytest.Ctx(t, time.Minute)); err != nil {
+	if err := relay.Stop(testenv.Context(t, time.Minute)); err != nil {
 		t.Fatal(err)
 	}
 	lb.mu.Lock()
@@ -195,7 +195,7 @@ func TestReconcileCatchesSecondHopFaults(t *testing.T) {
 	if r := w.reconcile(t); !r.OK() {
 		t.Fatalf("before the faults: %v", r)
 	}
-	ctx := relaytest.Ctx(t, time.Minute)
+	ctx := testenv.Context(t, time.Minute)
 	exec := func(sql string) {
 		t.Helper()
 		if _, err := pool.Exec(ctx, sql); err != nil {

@@ -14,9 +14,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) != "" {
-		os.Exit(runChild())
-	}
+	testenv.ChildMain(childEnv, (*childSpec).run)
 	if code, rerun := testenv.RerunWithRocketMQRaceSuppressions(); rerun {
 		os.Exit(code)
 	}

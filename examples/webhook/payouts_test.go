@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -218,13 +220,15 @@ func TestPayoutTakeoverAfterSIGKILL(t *testing.T) {
 		return res.StatusCode, res.Header, string(b), err
 	}
 
-	first := testenv.StartChild(t, "webhook", args...)
+	first := testenv.StartChild(t, testenv.SpecEnv(t, childEnv, args))
 	webhook, _ := childURLs(t, first)
 	status, _, body, err := post(webhook+"/payouts", "p-crash", map[string]string{FaultHeader: "crash"}, payoutBody)
 	if err == nil {
 		t.Fatalf("Demo-Fault: crash answered %d %s; want the connection to die with the process", status, body)
 	}
-	first.WaitKilled(t, time.Minute)
+	if !first.WaitExit(time.Minute) || !first.Killed() {
+		t.Fatalf("the child did not die by SIGKILL (%v):\n%s", first.Err(), first.Out)
+	}
 
 	bank := &Bank{db: payments.Pgx(pool)}
 	paid := oneTransfer(t, bank, "p-crash")
@@ -237,7 +241,7 @@ func TestPayoutTakeoverAfterSIGKILL(t *testing.T) {
 		t.Fatalf("the dead holder's key: state %q, %v; want processing", state, err)
 	}
 
-	second := testenv.StartChild(t, "webhook", args...)
+	second := testenv.StartChild(t, testenv.SpecEnv(t, childEnv, args))
 	webhook, bankURL := childURLs(t, second)
 	var answer string
 	busy := 0
@@ -245,7 +249,7 @@ func TestPayoutTakeoverAfterSIGKILL(t *testing.T) {
 		status, header, body, err := post(webhook+"/payouts", "p-crash", nil, payoutBody)
 		switch {
 		case err != nil:
-			t.Fatalf("retry: %v\n%s", err, second.Output())
+			t.Fatalf("retry: %v\n%s", err, second.Out)
 		case status == http.StatusConflict && header.Get("Retry-After") != "":
 			busy++
 			return false, fmt.Sprintf("%d answers 409", busy)
@@ -277,17 +281,29 @@ func TestPayoutTakeoverAfterSIGKILL(t *testing.T) {
 	oneTransfer(t, bank, "p-crash")
 }
 
+// childEnv carries the webhook's command line to the test binary run again
+// as the webhook (runChild).
+const childEnv = "IDEM_WEBHOOK_CHILD"
+
+// runChild is the child's side: main with args as its command line.
+func runChild(args *[]string) error {
+	os.Args = append([]string{os.Args[0]}, *args...)
+	flag.CommandLine = flag.NewFlagSet(os.Args[0], flag.ExitOnError)
+	main()
+	return nil
+}
+
 // childURLs waits for a child's startup lines and returns the webhook's
 // and the bank's base URLs.
 func childURLs(t *testing.T, c *testenv.Child) (webhook, bank string) {
 	t.Helper()
 	testenv.WaitUntil(t, time.Minute, "the child serves", func() bool {
 		if c.Exited() {
-			t.Fatalf("the child exited:\n%s", c.Output())
+			t.Fatalf("the child exited:\n%s", c.Out.String())
 		}
-		return strings.Contains(c.Output(), "bank: serving http://")
+		return strings.Contains(c.Out.String(), "bank: serving http://")
 	})
-	for _, line := range strings.Split(c.Output(), "\n") {
+	for _, line := range strings.Split(c.Out.String(), "\n") {
 		switch {
 		case strings.HasPrefix(line, "webhook: "):
 			webhook = serving(t, line)
@@ -296,7 +312,7 @@ func childURLs(t *testing.T, c *testenv.Child) (webhook, bank string) {
 		}
 	}
 	if webhook == "" || bank == "" {
-		t.Fatalf("no addresses in the child's output:\n%s", c.Output())
+		t.Fatalf("no addresses in the child's output:\n%s", c.Out.String())
 	}
 	return webhook, bank
 }

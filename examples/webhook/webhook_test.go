@@ -27,7 +27,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	testenv.RunChild("webhook", main) // TestPayoutTakeoverAfterSIGKILL's child
+	testenv.ChildMain(childEnv, runChild) // TestPayoutTakeoverAfterSIGKILL's child
 	goleak.VerifyTestMain(m)
 }
 

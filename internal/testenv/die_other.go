@@ -4,4 +4,5 @@ package testenv
 
 import "os/exec"
 
-func dieWithParent(*exec.Cmd) {}
+// DieWithParent does nothing where Pdeathsig does not exist.
+func DieWithParent(*exec.Cmd) {}

@@ -53,7 +53,7 @@ func splitBrokers(t testing.TB, name, service string) []string {
 // (fails under CI) when it is unset. The failover tests kill its nodes, so
 // the test has the cluster to itself until it ends: it waits until no
 // other test (in any package's test process) uses it, and scripts/testenv.sh
-// up waits for it (scripts/testenv/tests_lock.sh).
+// up waits for it (scripts/testenv/service_lib.sh).
 func KafkaClusterExclusive(t testing.TB) []string {
 	t.Helper()
 	brokers := splitBrokers(t, "IDEM_TEST_KAFKA_CLUSTER", "kafka-cluster")

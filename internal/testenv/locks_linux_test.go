@@ -10,7 +10,7 @@ import (
 
 // TestServicesDoNotHoldTheTestsLocks: a service started by
 // scripts/testenv.sh up must not inherit the tests' lock that up holds
-// while it decides (scripts/testenv/tests_lock.sh): a server holding it
+// while it decides (scripts/testenv/service_lib.sh): a server holding it
 // shared keeps every exclusive test (KafkaExclusive, MySQLExclusive,
 // RedisExclusive, RocketMQClusterExclusive) waiting for as long as the
 // server runs.

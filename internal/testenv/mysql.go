@@ -5,9 +5,6 @@ import (
 	"database/sql"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"testing"
 	"time"
 
@@ -92,15 +89,4 @@ func RedisExclusive(t testing.TB) string {
 	addr := Require(t, "IDEM_TEST_REDIS_ADDR", "redis")
 	lockService(t, "redis", true)
 	return addr
-}
-
-// Script runs scripts/testenv/<service>.sh with args (kill, start, ...) and
-// fails the test when it fails.
-func Script(t testing.TB, service string, args ...string) {
-	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	path := filepath.Join(filepath.Dir(file), "..", "..", "scripts", "testenv", service+".sh")
-	if out, err := exec.Command(path, args...).CombinedOutput(); err != nil {
-		t.Fatalf("%s %v: %v\n%s", path, args, err, out)
-	}
 }

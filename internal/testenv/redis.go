@@ -45,13 +45,7 @@ func NewPrivateRedis(t testing.TB) *PrivateRedis {
 		}
 		t.Skip(msg)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("private redis: find a free port: %v", err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	r := &PrivateRedis{dir: t.TempDir(), port: port}
+	r := &PrivateRedis{dir: t.TempDir(), port: FreePort(t)}
 	t.Cleanup(r.stop)
 	if err := r.start(); err != nil {
 		t.Fatal(err)
@@ -73,7 +67,7 @@ func (r *PrivateRedis) start() error {
 		"--daemonize", "no", "--maxmemory-policy", "volatile-lru")
 	r.log = &SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = r.log, r.log
-	dieWithParent(cmd)
+	DieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("private redis: start: %w", err)
 	}
@@ -170,6 +164,22 @@ func (r *PrivateRedis) Snapshot() (string, error) {
 func (r *PrivateRedis) Restart(snapshot string) error {
 	r.Kill()
 	return r.Start(snapshot)
+}
+
+// RestartSaved stops the server cleanly, saving its data set on the way
+// down (SHUTDOWN SAVE), and starts it again from that data: a clean
+// restart of a server that persists.
+func (r *PrivateRedis) RestartSaved() error {
+	_, _ = r.Do("SHUTDOWN", "SAVE") // no reply: the server closes the connection
+	r.mu.Lock()
+	exited := r.exited
+	r.mu.Unlock()
+	select {
+	case <-exited:
+	case <-time.After(10 * time.Second):
+	}
+	r.stop() // kills it if it did not stop; reaps it
+	return r.start()
 }
 
 // Kill kills the server (SIGKILL) and waits until it is gone.

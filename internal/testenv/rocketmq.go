@@ -18,7 +18,7 @@ func RocketMQNamesrv(t testing.TB) []string {
 // or skips (fails under CI) when it is unset. The failover tests kill its
 // brokers, so the test has the cluster to itself until it ends: it waits
 // until no other test (in any package's test process) uses it, and
-// scripts/testenv.sh up waits for it (scripts/testenv/tests_lock.sh).
+// scripts/testenv.sh up waits for it (scripts/testenv/service_lib.sh).
 func RocketMQClusterExclusive(t testing.TB) []string {
 	t.Helper()
 	addrs := nameServers(t, "IDEM_TEST_ROCKETMQ_CLUSTER", "rocketmq-cluster")

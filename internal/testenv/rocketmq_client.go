@@ -79,7 +79,7 @@ race:^github.com/apache/rocketmq-client-go/v2/consumer.*(*defaultConsumer).shutd
 `
 
 // RocketMQBrokerLossRace suppresses, for a package that kills a broker of a
-// RocketMQ cluster (internal/faults), a race of the client's:
+// RocketMQ cluster (internal/testenv/faults), a race of the client's:
 // namesrvs.cleanOfflineBroker (every 30 s, the heartbeat goroutine) deletes
 // a broker that left every route from BrokerData.BrokerAddresses, a plain
 // map, under a lock FindBrokerAddrByName (a send, a pull) does not take.
@@ -117,7 +117,7 @@ func RerunWithRocketMQRaceSuppressions(extra ...string) (int, bool) {
 	cmd.Env = append(os.Environ(), rocketMQSuppressedEnv+"=1",
 		"GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" suppressions="+f.Name()))
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	dieWithParent(cmd) // dies with go test's timeout kill
+	DieWithParent(cmd) // dies with go test's timeout kill
 	if err := cmd.Run(); err != nil {
 		var exit *exec.ExitError
 		if errors.As(err, &exit) {

@@ -5,9 +5,17 @@
 //
 // It also has what the tests of several packages share: waiting on a
 // condition (WaitUntil), unique topic and group names (Name), sampling a
-// group's committed offsets (SampleOffsets). The broker clients are in
-// kafkatest and rmqtest, apart, so that a test of one broker (or of none)
-// does not build the other's client library.
+// group's committed offsets (SampleOffsets), the services' scripts
+// (Script), private servers for the tests that stop them
+// (NewPrivatePostgres, NewPrivateRedis) and the test binary re-executed as
+// a child process (Child, ChildMain). The broker clients are in kafkatest
+// and rmqtest, apart, so that a test of one broker (or of none) does not
+// build the other's client library; the outbox's harness is relaytest, the
+// stores' workload ledger.
+//
+// Everything that exists for tests lives under internal/testenv; the rest
+// of internal/ is what the library uses, and imports nothing above dedup
+// (TestInternalFloors).
 package testenv
 
 import (

@@ -10,8 +10,8 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/internal/relaytest"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/relaytest"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/outbox/kafkapub"
 )
@@ -34,7 +34,7 @@ func BenchmarkPublish(b *testing.B) {
 			{Key: outbox.HeaderKey, Value: []byte(fmt.Sprint(i))}, {Key: outbox.HeaderPosition, Value: []byte("0")}}
 	}
 	b.Run("producer", func(b *testing.B) {
-		topic := relaytest.Name(b, "bench")
+		topic := testenv.Name(b, "bench")
 		k.CreateTopic(b, topic, 8, nil)
 		msgs := make([]kafkago.Message, b.N)
 		for i := range msgs {
@@ -57,7 +57,7 @@ func BenchmarkPublish(b *testing.B) {
 	})
 	for _, relays := range []int{1, 2} {
 		b.Run(fmt.Sprintf("relays=%d", relays), func(b *testing.B) {
-			topic := relaytest.Name(b, "bench")
+			topic := testenv.Name(b, "bench")
 			k.CreateTopic(b, topic, 8, nil)
 			ob, pool, _ := relaytest.NewOutbox(b)
 			fill(b, pool, ob, topic, b.N)

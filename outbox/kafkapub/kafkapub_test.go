@@ -12,9 +12,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/internal/relaytest"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/internal/testenv/kafkatest"
+	"github.com/idemkit/idem/internal/testenv/relaytest"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/outbox/kafkapub"
 )
@@ -45,12 +45,12 @@ func read(t *testing.T, k *relaytest.Kafka, topic string, parts int) []relaytest
 // and lineage headers.
 func TestRelayToKafka(t *testing.T) {
 	k := relaytest.NewKafka(t, testenv.KafkaBrokers(t))
-	topic := relaytest.Name(t, "t")
+	topic := testenv.Name(t, "t")
 	k.CreateTopic(t, topic, 4, nil)
 	ob, pool, _ := relaytest.NewOutbox(t)
 	relay := relaytest.StartRelay(t, outbox.RelayConfig{Outbox: ob, Publisher: newPublisher(t, kafkapub.Config{Brokers: k.Brokers}), BatchSize: 200})
 	want := relaytest.Enqueue(t, pool, ob, 40, 25, topic)
-	relaytest.WaitFor(t, 5*time.Minute, "the outbox drained", func() (bool, string) {
+	testenv.WaitUntilProgress(t, 5*time.Minute, "the outbox drained", func() (bool, string) {
 		n := relaytest.Pending(t, pool, ob)
 		return n == 0, strconv.Itoa(n) + " pending"
 	})
@@ -84,14 +84,14 @@ func TestRelayToKafka(t *testing.T) {
 // in order.
 func TestRefusalsAreDeadLettered(t *testing.T) {
 	k := relaytest.NewKafka(t, testenv.KafkaBrokers(t))
-	topic := relaytest.Name(t, "t")
+	topic := testenv.Name(t, "t")
 	k.CreateTopic(t, topic, 2, map[string]string{"max.message.bytes": "16384"})
 	ob, pool, _ := relaytest.NewOutbox(t)
 	big := make([]byte, 50<<10)
 	huge := make([]byte, 3<<20)
 	rand.Read(big)
 	rand.Read(huge)
-	ctx := relaytest.Ctx(t, time.Minute)
+	ctx := testenv.Context(t, time.Minute)
 	msgs := []outbox.Message{
 		{Topic: topic, Key: []byte("k"), Value: []byte("k 0")},
 		{Topic: topic, Key: []byte("k"), Value: big},
@@ -106,7 +106,7 @@ func TestRefusalsAreDeadLettered(t *testing.T) {
 		t.Fatal(err)
 	}
 	relay := relaytest.StartRelay(t, outbox.RelayConfig{Outbox: ob, Publisher: newPublisher(t, kafkapub.Config{Brokers: k.Brokers})})
-	relaytest.WaitFor(t, 5*time.Minute, "the outbox drained", func() (bool, string) { return relaytest.Pending(t, pool, ob) == 0, "" })
+	testenv.WaitUntilProgress(t, 5*time.Minute, "the outbox drained", func() (bool, string) { return relaytest.Pending(t, pool, ob) == 0, "" })
 	relaytest.CheckKeyOrder(t, read(t, k, topic, 2), 3)
 	dead := relaytest.DeadLetters(t, pool, ob)
 	if len(dead) != 3 {
@@ -131,10 +131,10 @@ func TestRefusalsAreDeadLettered(t *testing.T) {
 // is created, while the other shards' messages go on.
 func TestMissingTopicWaits(t *testing.T) {
 	k := relaytest.NewKafka(t, testenv.KafkaBrokers(t))
-	missing, present := relaytest.Name(t, "later"), relaytest.Name(t, "now")
+	missing, present := testenv.Name(t, "later"), testenv.Name(t, "now")
 	k.CreateTopic(t, present, 1, nil)
 	ob, pool, _ := relaytest.NewOutbox(t)
-	ctx := relaytest.Ctx(t, time.Minute)
+	ctx := testenv.Context(t, time.Minute)
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		return ob.EnqueueFor(ctx, tx, dedup.Key{Scope: "s", ID: "1"},
 			outbox.Message{Topic: missing, Key: []byte("k"), Value: []byte("k 0")}, outbox.Message{Topic: missing, Key: []byte("k"), Value: []byte("k 1")})
@@ -142,13 +142,13 @@ func TestMissingTopicWaits(t *testing.T) {
 		t.Fatal(err)
 	}
 	relay := relaytest.StartRelay(t, outbox.RelayConfig{Outbox: ob, Publisher: newPublisher(t, kafkapub.Config{Brokers: k.Brokers})})
-	relaytest.WaitFor(t, time.Minute, "the relay tried and failed three times", func() (bool, string) {
+	testenv.WaitUntilProgress(t, time.Minute, "the relay tried and failed three times", func() (bool, string) {
 		return relay.Stats().Failed >= 6, ""
 	})
 	want := relaytest.Enqueue(t, pool, ob, 30, 2, present)
 	// The present topic's messages in the missing one's shard wait out its
 	// backoff, then go.
-	relaytest.WaitFor(t, time.Minute, "all but the missing topic's messages published", func() (bool, string) {
+	testenv.WaitUntilProgress(t, time.Minute, "all but the missing topic's messages published", func() (bool, string) {
 		n := relaytest.Pending(t, pool, ob)
 		return n == 2, strconv.Itoa(n) + " pending"
 	})
@@ -156,7 +156,7 @@ func TestMissingTopicWaits(t *testing.T) {
 		t.Fatalf("dead letters %v: the missing topic's messages must wait", d)
 	}
 	k.CreateTopic(t, missing, 1, nil)
-	relaytest.WaitFor(t, time.Minute, "the outbox drained", func() (bool, string) { return relaytest.Pending(t, pool, ob) == 0, "" })
+	testenv.WaitUntilProgress(t, time.Minute, "the outbox drained", func() (bool, string) { return relaytest.Pending(t, pool, ob) == 0, "" })
 	relaytest.CheckKeyOrder(t, read(t, k, missing, 1), 2)
 	relaytest.CheckKeyOrder(t, read(t, k, present, 1), want)
 }

@@ -13,9 +13,9 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/producer"
 
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/internal/relaytest"
-	"github.com/idemkit/idem/internal/relaytest/rmqtest"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/relaytest"
+	"github.com/idemkit/idem/internal/testenv/rmqtest"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/outbox/rocketmqpub"
 )
@@ -32,9 +32,9 @@ var benchValue = []byte(fmt.Sprintf(`{"type":"order.paid","order_id":"O-000000",
 //
 //	go test -run '^$' -bench Publish -benchtime 20000x ./outbox/rocketmqpub/
 func BenchmarkPublish(b *testing.B) {
-	r := rmqtest.NewRocketMQ(b, testenv.RocketMQNamesrv(b))
+	r := rmqtest.Open(b, testenv.RocketMQNamesrv(b))
 	b.Run("producer", func(b *testing.B) {
-		topic := relaytest.Name(b, "bench")
+		topic := testenv.Name(b, "bench")
 		r.CreateTopic(b, topic, 8)
 		p, err := producer.NewDefaultProducer(producer.WithNsResolver(primitive.NewPassthroughResolver(r.NameServers)),
 			producer.WithGroupName("idem_bench"), producer.WithInstanceName(fmt.Sprintf("idem_bench_%d", os.Getpid())),
@@ -80,7 +80,7 @@ func BenchmarkPublish(b *testing.B) {
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 	})
 	b.Run("relay", func(b *testing.B) {
-		topic := relaytest.Name(b, "bench")
+		topic := testenv.Name(b, "bench")
 		r.CreateTopic(b, topic, 8)
 		ob, pool, _ := relaytest.NewOutbox(b)
 		ctx := context.Background()

@@ -19,9 +19,9 @@ import (
 	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/internal/relaytest"
-	"github.com/idemkit/idem/internal/relaytest/rmqtest"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/relaytest"
+	"github.com/idemkit/idem/internal/testenv/rmqtest"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/outbox/rocketmqpub"
 )
@@ -52,8 +52,8 @@ func newPublisher(t *testing.T, cfg rocketmqpub.Config) *rocketmqpub.Publisher {
 }
 
 // read returns topic's messages in queue order, as CheckKeyOrder wants them.
-func read(t *testing.T, r *rmqtest.RocketMQ, topic string, queues int) []*consumer.Message {
-	got := r.Read(t, topic, queues)
+func read(t *testing.T, r *rmqtest.Broker, topic string) []*consumer.Message {
+	got := r.ReadAll(t, topic)
 	sort.Slice(got, func(i, j int) bool {
 		a, b := got[i], got[j]
 		return a.Partition < b.Partition || a.Partition == b.Partition && a.Offset < b.Offset
@@ -74,17 +74,17 @@ func delivered(ms []*consumer.Message) []relaytest.Delivered {
 // key on one queue in order, with the identity and lineage as user
 // properties.
 func TestRelayToRocketMQ(t *testing.T) {
-	r := rmqtest.NewRocketMQ(t, testenv.RocketMQNamesrv(t))
-	topic := relaytest.Name(t, "t")
+	r := rmqtest.Open(t, testenv.RocketMQNamesrv(t))
+	topic := testenv.Name(t, "t")
 	r.CreateTopic(t, topic, 4)
 	ob, pool, _ := relaytest.NewOutbox(t)
 	relay := relaytest.StartRelay(t, outbox.RelayConfig{Outbox: ob, Publisher: newPublisher(t, rocketmqpub.Config{NameServers: r.NameServers}), BatchSize: 100})
 	want := relaytest.Enqueue(t, pool, ob, 30, 10, topic)
-	relaytest.WaitFor(t, 5*time.Minute, "the outbox drained", func() (bool, string) {
+	testenv.WaitUntilProgress(t, 5*time.Minute, "the outbox drained", func() (bool, string) {
 		n := relaytest.Pending(t, pool, ob)
 		return n == 0, strconv.Itoa(n) + " pending"
 	})
-	got := read(t, r, topic, 4)
+	got := read(t, r, topic)
 	if dups := relaytest.CheckKeyOrder(t, delivered(got), want); dups != 0 {
 		t.Fatalf("%d copies without a fault", dups)
 	}
@@ -114,14 +114,14 @@ func TestRelayToRocketMQ(t *testing.T) {
 // have and a header by a system property's name. All four land in the
 // dead-letter table with the reason; the others are published, in order.
 func TestRefusalsAreDeadLettered(t *testing.T) {
-	r := rmqtest.NewRocketMQ(t, testenv.RocketMQNamesrv(t))
-	topic := relaytest.Name(t, "t")
+	r := rmqtest.Open(t, testenv.RocketMQNamesrv(t))
+	topic := testenv.Name(t, "t")
 	r.CreateTopic(t, topic, 2)
 	ob, pool, _ := relaytest.NewOutbox(t)
 	big, huge := make([]byte, 5<<20), make([]byte, 9<<20)
 	rand.Read(big)
 	rand.Read(huge)
-	ctx := relaytest.Ctx(t, time.Minute)
+	ctx := testenv.Context(t, time.Minute)
 	k := []byte("k")
 	msgs := []outbox.Message{
 		{Topic: topic, Key: k, Value: []byte("k 0")},
@@ -141,8 +141,8 @@ func TestRefusalsAreDeadLettered(t *testing.T) {
 		Publisher: newPublisher(t, rocketmqpub.Config{NameServers: r.NameServers, MaxBodyBytes: 8 << 20, SendTimeout: 30 * time.Second})})
 	// Generous: a 5 MiB send to a broker on a loaded machine can time out
 	// (transient, retried) several times before the broker refuses it.
-	relaytest.WaitFor(t, 5*time.Minute, "the outbox drained", func() (bool, string) { return relaytest.Pending(t, pool, ob) == 0, "" })
-	relaytest.CheckKeyOrder(t, delivered(read(t, r, topic, 2)), 3)
+	testenv.WaitUntilProgress(t, 5*time.Minute, "the outbox drained", func() (bool, string) { return relaytest.Pending(t, pool, ob) == 0, "" })
+	relaytest.CheckKeyOrder(t, delivered(read(t, r, topic)), 3)
 	dead := relaytest.DeadLetters(t, pool, ob)
 	if len(dead) != 4 {
 		t.Fatalf("%d dead letters, want 4: %+v", len(dead), dead)

@@ -31,8 +31,8 @@ HEAP=(-Xms128m -Xmx384m)
 
 log() { printf 'kafka-cluster.sh: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
-# shellcheck source=tests_lock.sh
-. "$(dirname "${BASH_SOURCE[0]}")/tests_lock.sh"
+# shellcheck source=service_lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/service_lib.sh"
 # shellcheck source=kafka_lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/kafka_lib.sh"
 

@@ -1,5 +1,6 @@
 # Sourced by kafka.sh and kafka-cluster.sh: the Kafka jars and one KRaft
-# node's life (config, format, start, readiness, stop). Needs log and die.
+# node's life (config, format, start, readiness, stop). Needs log, die and
+# service_lib.sh.
 #
 # The node functions work on these variables, which the caller sets (for
 # kafka-cluster.sh, once per node): STATE, DATA, LOGS, CONF, LOG4J, OUT,
@@ -75,24 +76,6 @@ is_ours() {
   [[ "$comm" == java ]] || return 1
   cmd="$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" || return 1
   [[ "$cmd" == *" kafka.Kafka $CONF "* ]]
-}
-
-# find_pid: print the broker pid, from the pid file or, if that is gone,
-# by looking for a java process started with our exact config path.
-find_pid() {
-  local pid=""
-  [[ -f "$PIDFILE" ]] && pid="$(cat "$PIDFILE" 2>/dev/null || true)"
-  if is_ours "$pid"; then echo "$pid"; return 0; fi
-  local p
-  for p in /proc/[0-9]*; do
-    p=${p#/proc/}
-    if is_ours "$p"; then echo "$p"; return 0; fi
-  done
-  return 1
-}
-
-port_open() {
-  (exec 3<>"/dev/tcp/$HOST/${1:-$PORT}") 2>/dev/null
 }
 
 # ports_free: fail early if something else holds the broker or controller port.
@@ -223,35 +206,4 @@ launch() {
     die "Kafka did not start"
   fi
   log "Kafka ready on $HOST:$PORT (pid $pid) after $((SECONDS - start)) s"
-}
-
-# stop_pid PID TERM|KILL
-stop_pid() {
-  local pid=$1 mode=$2
-  kill -0 "$pid" 2>/dev/null || return 0
-  if [[ "$mode" == TERM ]]; then
-    kill -TERM "$pid" 2>/dev/null || true
-    local deadline=$((SECONDS + STOP_TIMEOUT))
-    while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do
-      sleep 0.2
-    done
-    if kill -0 "$pid" 2>/dev/null; then
-      log "broker (pid $pid) still alive after ${STOP_TIMEOUT}s, sending SIGKILL"
-    fi
-  fi
-  kill -KILL "$pid" 2>/dev/null || true
-  # Wait until it is really gone so the ports are free for a restart.
-  local i
-  for i in $(seq 1 50); do
-    kill -0 "$pid" 2>/dev/null || return 0
-    sleep 0.1
-  done
-}
-
-# lock: the script's own lock on $1 (default $STATE), held until it exits.
-lock() {
-  local dir=${1:-$STATE}
-  mkdir -p "$dir"
-  exec 9>"$dir/.lock"
-  flock 9
 }

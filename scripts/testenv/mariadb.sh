@@ -39,8 +39,8 @@ STOP_TIMEOUT=60
 
 log() { printf 'mariadb.sh: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
-# shellcheck source=tests_lock.sh
-. "$(dirname "${BASH_SOURCE[0]}")/tests_lock.sh"
+# shellcheck source=service_lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/service_lib.sh"
 
 dsn() { echo "root@tcp($HOST:$PORT)/$DB"; }
 
@@ -48,11 +48,7 @@ install() {
   if command -v mariadbd >/dev/null && command -v mariadb-install-db >/dev/null && command -v mariadb-admin >/dev/null; then
     return 0
   fi
-  [ "$(id -u)" = 0 ] || die "mariadb-server is not installed and this is not root"
-  log "installing mariadb-server from Debian's packages"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends mariadb-server mariadb-client >/dev/null
+  apt_install mariadb-server mariadb-client
   command -v mariadbd >/dev/null || die "mariadbd not found after installing mariadb-server"
 }
 
@@ -90,20 +86,6 @@ is_ours() {
   cmd="$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" || return 1
   [[ "$cmd" == *"--defaults-file=$CNF"* ]]
 }
-
-find_pid() {
-  local pid=""
-  [[ -f "$PIDFILE" ]] && pid="$(cat "$PIDFILE" 2>/dev/null || true)"
-  if is_ours "$pid"; then echo "$pid"; return 0; fi
-  local p
-  for p in /proc/[0-9]*; do
-    p=${p#/proc/}
-    if is_ours "$p"; then echo "$p"; return 0; fi
-  done
-  return 1
-}
-
-port_open() { (exec 3<>"/dev/tcp/$HOST/$PORT") 2>/dev/null; }
 
 answers() { mariadb-admin --no-defaults --socket="$SOCK" -uroot --connect-timeout=2 ping >/dev/null 2>&1; }
 
@@ -158,32 +140,6 @@ CREATE USER IF NOT EXISTS 'root'@'127.0.0.1';
 GRANT ALL PRIVILEGES ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;
 CREATE DATABASE IF NOT EXISTS \`$DB\` CHARACTER SET utf8mb4;
 SQL
-}
-
-# stop_pid PID TERM|KILL
-stop_pid() {
-  local pid=$1 mode=$2
-  kill -0 "$pid" 2>/dev/null || return 0
-  if [[ "$mode" == TERM ]]; then
-    kill -TERM "$pid" 2>/dev/null || true
-    local deadline=$((SECONDS + STOP_TIMEOUT))
-    while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do
-      sleep 0.2
-    done
-    kill -0 "$pid" 2>/dev/null && log "mariadbd (pid $pid) still alive after ${STOP_TIMEOUT}s, sending SIGKILL"
-  fi
-  kill -KILL "$pid" 2>/dev/null || true
-  local i
-  for i in $(seq 1 100); do
-    kill -0 "$pid" 2>/dev/null || return 0
-    sleep 0.1
-  done
-}
-
-lock() {
-  mkdir -p "$STATE"
-  exec 9>"$STATE/.lock"
-  flock 9
 }
 
 cmd_up() {

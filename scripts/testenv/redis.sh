@@ -28,16 +28,12 @@ READY_TIMEOUT=30
 
 log() { printf 'redis.sh: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
-# shellcheck source=tests_lock.sh
-. "$(dirname "${BASH_SOURCE[0]}")/tests_lock.sh"
+# shellcheck source=service_lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/service_lib.sh"
 
 install() {
   command -v redis-server >/dev/null && command -v redis-cli >/dev/null && return 0
-  [ "$(id -u)" = 0 ] || die "redis-server is not installed and this is not root"
-  log "installing redis-server from Debian's packages"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends redis-server redis-tools >/dev/null
+  apt_install redis-server redis-tools
   command -v redis-server >/dev/null || die "redis-server not found after installing it"
 }
 
@@ -69,20 +65,7 @@ is_ours() {
   [[ "$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" == *"$HOST:$PORT"* ]]
 }
 
-find_pid() {
-  local pid=""
-  [[ -f "$PIDFILE" ]] && pid="$(cat "$PIDFILE" 2>/dev/null || true)"
-  if is_ours "$pid"; then echo "$pid"; return 0; fi
-  local p
-  for p in /proc/[0-9]*; do
-    p=${p#/proc/}
-    if is_ours "$p"; then echo "$p"; return 0; fi
-  done
-  return 1
-}
-
 answers() { [[ "$(redis-cli -h "$HOST" -p "$PORT" ping 2>/dev/null)" == PONG ]]; }
-port_open() { (exec 3<>"/dev/tcp/$HOST/$PORT") 2>/dev/null; }
 
 launch() {
   port_open && die "$HOST:$PORT is already in use by another process (not the server under $STATE)"
@@ -108,21 +91,6 @@ launch() {
   die "redis-server not ready after ${READY_TIMEOUT}s"
 }
 
-stop_pid() {
-  local pid=$1 i
-  kill -KILL "$pid" 2>/dev/null || true
-  for i in $(seq 1 100); do
-    kill -0 "$pid" 2>/dev/null || return 0
-    sleep 0.05
-  done
-}
-
-lock() {
-  mkdir -p "$STATE"
-  exec 9>"$STATE/.lock"
-  flock 9
-}
-
 cmd_up() {
   install
   wait_tests_done redis
@@ -132,7 +100,7 @@ cmd_up() {
     log "redis-server already running on $HOST:$PORT (pid $pid)"
     return 0
   fi
-  [[ -n "${pid:-}" ]] && stop_pid "$pid"
+  [[ -n "${pid:-}" ]] && stop_pid "$pid" KILL
   write_config
   launch
 }
@@ -153,7 +121,7 @@ cmd_down() {
   if pid="$(find_pid)"; then
     log "stopping redis-server (pid $pid)"
     redis-cli -h "$HOST" -p "$PORT" shutdown nosave >/dev/null 2>&1 || true
-    stop_pid "$pid"
+    stop_pid "$pid" KILL
   else
     log "redis-server not running"
   fi
@@ -164,7 +132,7 @@ cmd_kill() {
   local pid
   if pid="$(find_pid)"; then
     log "killing redis-server (pid $pid) with SIGKILL"
-    stop_pid "$pid"
+    stop_pid "$pid" KILL
   else
     log "redis-server not running"
   fi

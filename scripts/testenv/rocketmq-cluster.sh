@@ -48,8 +48,8 @@ RUN_DIR="${STATE_DIR}/run"
 
 log() { printf '[rocketmq-cluster] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
-# shellcheck source=tests_lock.sh
-. "$(dirname "${BASH_SOURCE[0]}")/tests_lock.sh"
+# shellcheck source=service_lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/service_lib.sh"
 # shellcheck source=rocketmq_lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/rocketmq_lib.sh"
 

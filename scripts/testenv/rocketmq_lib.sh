@@ -232,7 +232,7 @@ launch() {
   (
     cd "${home}"
     # 7>&- 8>&- 9>&-: the server must not inherit (and keep holding) the
-    # download lock, the tests' lock (tests_lock.sh) or the state lock.
+    # download lock, the tests' lock (service_lib.sh) or the state lock.
     exec setsid nohup "${JAVA}" "${heap[@]}" "${opts[@]}" -cp "$(classpath)" "${main}" -c "${conf}" \
       </dev/null >"${out}" 2>&1 7>&- 8>&- 9>&-
   ) &

@@ -305,3 +305,28 @@ func ReadTopic(t testing.TB, b *Broker, topic string, n int) []*consumer.Message
 	defer mu.Unlock()
 	return append([]*consumer.Message(nil), got...)
 }
+
+// Open waits until a broker has registered with namesrv (a private one
+// may still be booting), connects to it, and closes the connection when
+// the test ends.
+func Open(t testing.TB, namesrv []string) *Broker {
+	t.Helper()
+	var b *Broker
+	testenv.WaitUntilProgress(t, 2*time.Minute, "a broker registered with "+namesrv[0], func() (bool, string) {
+		var err error
+		b, err = Connect(namesrv)
+		return err == nil, fmt.Sprint(err)
+	})
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+// ReadAll reads every message topic holds (Count) with ReadTopic.
+func (b *Broker) ReadAll(t testing.TB, topic string) []*consumer.Message {
+	t.Helper()
+	n, err := b.Count(topic)
+	if err != nil {
+		t.Fatalf("count %s: %v", topic, err)
+	}
+	return ReadTopic(t, b, topic, int(n))
+}

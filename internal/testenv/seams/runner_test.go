@@ -52,7 +52,8 @@ type runner struct {
 	pg    *pgstore.Store
 	store dedup.Store[pgx.Tx] // pg, or the Redis front over it
 	front *redisfront.Store[pgx.Tx]
-	rds   *redisServer
+	rds   *testenv.PrivateRedis
+	snap  string // the last Redis snapshot, "" before the first
 	rdb   *redis.Client
 	table string // the handler's business table
 
@@ -93,10 +94,10 @@ func newRunner(t testing.TB, m mode, rep *reporter) *runner {
 		t.Fatal(err)
 	}
 	if m.redis {
-		r.rds = startRedis(t)
+		r.rds = testenv.NewPrivateRedis(t)
 		// The front's client as an application has it: go-redis's own
 		// retries of a broken connection.
-		r.rdb = redis.NewClient(&redis.Options{Addr: r.rds.addr(), ContextTimeoutEnabled: true, DialTimeout: time.Second})
+		r.rdb = redis.NewClient(&redis.Options{Addr: r.rds.Addr(), ContextTimeoutEnabled: true, DialTimeout: time.Second})
 		t.Cleanup(func() { r.rdb.Close() })
 		f, err := redisfront.New[pgx.Tx](st, redisfront.Config{Client: r.rdb, Logger: r.log,
 			Timeout: 10 * time.Second, RetryAfter: time.Millisecond})
@@ -483,16 +484,16 @@ func (r *runner) redisOp(ctx context.Context, what string) {
 	}
 	var err error
 	switch what {
-	case "snapshot":
-		err = r.rds.snapshot(ctx)
-	case "restore":
-		err = r.rds.restore()
+	case "snapshot": // a backup, which restore brings back
+		r.snap, err = r.rds.Snapshot()
+	case "restore": // the backup (or a replica promoted from an old state); empty without one
+		err = r.rds.Restart(r.snap)
 	case "flush":
-		err = r.rds.flush(ctx)
-	case "restart":
-		err = r.rds.restart(false)
-	case "restart-persist":
-		err = r.rds.restart(true)
+		_, err = r.rds.Do("FLUSHALL")
+	case "restart": // empty
+		err = r.rds.Restart("")
+	case "restart-persist": // from the data saved on the way down
+		err = r.rds.RestartSaved()
 	}
 	if err != nil {
 		r.t.Fatalf("redis %s: %v", what, err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -98,11 +97,7 @@ func names(bs []*rmqtest.Broker) []string {
 
 func (c *rocketCluster) script(args ...string) string {
 	c.t.Helper()
-	out, err := exec.Command(scriptPath("rocketmq-cluster.sh"), args...).CombinedOutput()
-	if err != nil {
-		c.t.Fatalf("rocketmq-cluster.sh %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
+	return testenv.Script(c.t, "rocketmq-cluster", args...)
 }
 
 // waitMasters waits until the name server lists n master brokers.

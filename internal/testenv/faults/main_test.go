@@ -16,9 +16,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) != "" {
-		os.Exit(runChild())
-	}
+	testenv.ChildMain(childEnv, (*childSpec).run)
 	// Scenario 22 kills a broker of the RocketMQ cluster.
 	if code, rerun := testenv.RerunWithRocketMQRaceSuppressions(testenv.RocketMQBrokerLossRace); rerun {
 		os.Exit(code)

@@ -1,33 +1,12 @@
 package relaytest
 
 import (
-	"fmt"
-	"os"
-	"strings"
-	"sync/atomic"
 	"testing"
 
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idem/internal/testenv/kafkatest"
 )
-
-var uniq atomic.Int64
-
-// Name returns a topic or group name unique to this test run, of letters,
-// digits, '_' and '-' (valid for Kafka and RocketMQ).
-func Name(t testing.TB, what string) string {
-	s := strings.Map(func(r rune) rune {
-		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
-			return r
-		}
-		return '_'
-	}, t.Name())
-	if len(s) > 50 {
-		s = s[len(s)-50:]
-	}
-	return fmt.Sprintf("idem_%s_%s_%d_%d", what, s, os.Getpid(), uniq.Add(1))
-}
 
 // Kafka is the test environment's Kafka admin (kafkatest), for topic setup
 // and reading topics back.

@@ -21,7 +21,7 @@ func NewOutbox(t testing.TB) (*outbox.Outbox, *pgxpool.Pool, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ob.Migrate(Ctx(t, time.Minute)); err != nil {
+	if err := ob.Migrate(testenv.Context(t, time.Minute)); err != nil {
 		t.Fatal(err)
 	}
 	return ob, pool, schema
@@ -63,7 +63,7 @@ func StartRelay(t testing.TB, cfg outbox.RelayConfig) *outbox.Relay {
 func Pending(t testing.TB, pool *pgxpool.Pool, ob *outbox.Outbox) int {
 	t.Helper()
 	var n int
-	if err := pool.QueryRow(Ctx(t, time.Minute), `SELECT count(*) FROM `+ob.Table()+` WHERE sent_at IS NULL`).Scan(&n); err != nil {
+	if err := pool.QueryRow(testenv.Context(t, time.Minute), `SELECT count(*) FROM `+ob.Table()+` WHERE sent_at IS NULL`).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -78,7 +78,7 @@ type Dead struct {
 // DeadLetters reads the dead-letter table in seq order.
 func DeadLetters(t testing.TB, pool *pgxpool.Pool, ob *outbox.Outbox) []Dead {
 	t.Helper()
-	rows, err := pool.Query(Ctx(t, time.Minute), `SELECT id, topic, reason, value FROM `+ob.DeadTable()+` ORDER BY seq`)
+	rows, err := pool.Query(testenv.Context(t, time.Minute), `SELECT id, topic, reason, value FROM `+ob.DeadTable()+` ORDER BY seq`)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/idemkit/idem/examples/payments"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/rmqtest"
 )
 
 // scenario is one fault, run for each broker it names.
@@ -54,7 +54,7 @@ var scenarios = []scenario{
 
 // TestFaults runs every scenario for every broker it applies to; each
 // scenario's checks are in rig.finish. Run one alone with
-// go test ./internal/faults -run 'TestFaults/kafka/sigkill-after-commit'.
+// go test ./internal/testenv/faults -run 'TestFaults/kafka/sigkill-after-commit'.
 func TestFaults(t *testing.T) {
 	for _, b := range []string{"kafka", "rocketmq", "kafka-cluster", "rocketmq-cluster"} {
 		t.Run(b, func(t *testing.T) {
@@ -150,8 +150,8 @@ func sigkillAfterCommit(t *testing.T, b, title string) {
 	r.produce(s.first)
 	c1 := r.start(failpoints{KillInAck: 120})
 	c1.waitExit(t, 2*time.Minute, "its SIGKILL in Ack")
-	if !killed(c1) {
-		t.Fatalf("child 1 was not killed by its failpoint: %v\n%s", c1.err, tail(c1.out.String(), 2048))
+	if !c1.Killed() {
+		t.Fatalf("child 1 was not killed by its failpoint: %v\n%s", c1.Err(), tail(c1.Out.String(), 2048))
 	}
 	r.midReconcile("after the kill")
 	past := r.appliedPastCommitted(c1)
@@ -166,11 +166,6 @@ func sigkillAfterCommit(t *testing.T, b, title string) {
 	if d := c2.stats().Stats.Duplicates; d < int64(past) {
 		t.Errorf("the second consumer skipped %d duplicates, want at least the %d redelivered", d, past)
 	}
-}
-
-// killed reports whether a child died of SIGKILL.
-func killed(c *child) bool {
-	return c.err != nil && strings.Contains(c.err.Error(), "killed")
 }
 
 // appliedPastCommitted counts the payments c applied whose messages are at
@@ -228,8 +223,8 @@ func sigkillBeforeCommit(t *testing.T, b, title string) {
 	victim := r.expected[""][120].TxnID
 	c1 := r.start(failpoints{KillWithKey: victim, SlowKeys: []string{victim}, SlowFor: 6 * time.Second}, batch(20))
 	c1.waitExit(t, 2*time.Minute, "its SIGKILL before COMMIT")
-	if !killed(c1) {
-		t.Fatalf("child 1 was not killed by its failpoint: %v\n%s", c1.err, tail(c1.out.String(), 2048))
+	if !c1.Killed() {
+		t.Fatalf("child 1 was not killed by its failpoint: %v\n%s", c1.Err(), tail(c1.Out.String(), 2048))
 	}
 	r.checkNoOpenTx(t)
 	r.midReconcile("after the kill")
@@ -296,7 +291,7 @@ func rebalance(t *testing.T, b, title string) {
 		if i%2 == 0 {
 			old.stop(t)
 		} else {
-			old.kill()
+			old.Kill()
 		}
 		n := r.ledgerRows()
 		if n < want {
@@ -488,8 +483,8 @@ func sigtermMidBatch(t *testing.T, b, title string) {
 	r.waitApplied(60, c1)
 	c1.term()
 	c1.waitExit(t, grace+15*time.Second, "SIGTERM with a grace period of "+grace.String())
-	if c1.err != nil {
-		t.Fatalf("child exited with %v after SIGTERM", c1.err)
+	if err := c1.Err(); err != nil {
+		t.Fatalf("child exited with %v after SIGTERM", err)
 	}
 	st := c1.stats()
 	t.Logf("Stop took %v (err %q), %d applied, %d acked", st.StopTook, st.StopErr, st.Stats.Applied, st.Acked)
@@ -559,9 +554,13 @@ func (r *rig) requireSettledBelowCommitted() {
 // the retries back off (no hot loop). A private cluster: other packages'
 // tests share the test environment's.
 func postgresRestart(t *testing.T, b, title string) {
-	pg := startPrivatePG(t)
-	px := newProxy(t, pg.addr())
-	cfg, err := pgxpool.ParseConfig(pg.url(pg.addr()))
+	// Durable (see testenv.PrivatePostgres): with synchronous_commit or
+	// fsync off, an immediate shutdown loses transactions whose COMMIT
+	// already succeeded — messages the consumer rightly acknowledged. (This
+	// suite caught exactly that before.)
+	pg := testenv.NewPrivatePostgres(t, "deadlock_timeout = 100ms")
+	px := newProxy(t, pg.Addr())
+	cfg, err := pgxpool.ParseConfig(pg.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -570,7 +569,7 @@ func postgresRestart(t *testing.T, b, title string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(base.Close)
-	r := newRigOn(t, env(t, b), title, 4, base, pg.url(px.addr()))
+	r := newRigOn(t, env(t, b), title, 4, base, pg.URLVia(px.addr()))
 	r.sampleOffsets()
 	s := r.newStream("", 1000, 5)
 	r.produce(s.first)
@@ -586,18 +585,18 @@ func postgresRestart(t *testing.T, b, title string) {
 		t.Logf("%s at %d applied: %v, %d connection attempts meanwhile", what, at, time.Since(began).Round(time.Millisecond), px.accepted.Load()-before)
 	}
 	outage(150, "fast shutdown and restart", func() {
-		pg.stop("fast")
+		pg.Stop("fast")
 		time.Sleep(time.Second) // down for a while: the consumer must wait it out
-		pg.start()
+		pg.Start()
 	})
 	outage(350, "immediate shutdown and restart", func() {
-		pg.stop("immediate")
+		pg.Stop("immediate")
 		time.Sleep(time.Second)
-		pg.start()
+		pg.Start()
 	})
 	outage(550, "backends terminated and connections reset", func() {
 		px.setLatency(5 * time.Millisecond)
-		killer := schemaPool(t, pg.url(pg.addr()), "public")
+		killer := schemaPool(t, pg.URL(), "public")
 		for i := range 15 {
 			time.Sleep(200 * time.Millisecond)
 			_, _ = killer.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, r.app)
@@ -637,23 +636,28 @@ func brokerRestart(t *testing.T, b, title string) {
 	switch b {
 	case "kafka":
 		k := newKafka(t, true)
-		if out, err := exec.Command(scriptPath("kafka.sh"), "status").CombinedOutput(); err != nil {
+		if out, err := testenv.RunScript("kafka", "status"); err != nil {
 			t.Fatalf("the broker at %v is not managed by scripts/testenv/kafka.sh: %s", k.Brokers, out)
 		}
-		t.Cleanup(func() { kafkaScript(t, "start") }) // whatever happened, leave a broker running
+		t.Cleanup(func() { testenv.Script(t, "kafka", "start") }) // whatever happened, leave a broker running
 		br = k
-		kill = func() { kafkaScript(t, "kill") }
+		kill = func() { testenv.Script(t, "kafka", "kill") }
 		restart = func() {
-			kafkaScript(t, "start")
+			testenv.Script(t, "kafka", "start")
 			k.Transport.CloseIdleConnections()
 		}
 	default:
-		p := startPrivateRocket(t)
+		p := rmqtest.NewPrivate(t)
+		rb, err := connectRocket(p.NameServers())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(rb.close)
 		// The broker keeps consumer offsets in memory and flushes them
 		// every 5 s: killed, it comes back with older ones (the consumer
 		// then redelivers, and the claim skips), which the offset check
 		// for RocketMQ allows (offsetSampler).
-		br, restart, kill = p.rocketBroker, p.startBroker, p.killBroker
+		br, restart, kill = rb, p.StartBroker, p.KillBroker
 	}
 	r = newRig(t, br, title, 4)
 	r.sampleOffsets()
@@ -729,7 +733,7 @@ func orderedPoison(t *testing.T, b, title string) {
 	c := r.start(failpoints{Transient: []string{poison}}, blocking)
 	testenv.WaitUntilProgress(t, 2*time.Minute, "the poison's lane stopped", func() (bool, string) {
 		c.requireAlive(t)
-		return strings.Contains(c.out.String(), "idem: lane stopped"), ""
+		return strings.Contains(c.Out.String(), "idem: lane stopped"), ""
 	})
 	r.waitApplied(int64(len(wantApplied)), c)
 	ends, positions := map[int]int64{}, r.b.positions(t, r.topic)
@@ -836,8 +840,8 @@ func keyLanes(t *testing.T, b, title string) {
 	r.produce(parts[0])
 	c1 := r.start(kill, lanes)
 	c1.waitExit(t, 2*time.Minute, "its SIGKILL in Ack")
-	if !killed(c1) {
-		t.Fatalf("child 1 was not killed by its failpoint: %v\n%s", c1.err, tail(c1.out.String(), 2048))
+	if !c1.Killed() {
+		t.Fatalf("child 1 was not killed by its failpoint: %v\n%s", c1.Err(), tail(c1.Out.String(), 2048))
 	}
 	past := r.appliedPastCommitted(c1)
 	t.Logf("applied by the killed consumer past the committed offsets: %d", past)
@@ -853,7 +857,7 @@ func keyLanes(t *testing.T, b, title string) {
 		old := members[0]
 		members = members[1:]
 		if i%2 == 0 {
-			old.kill()
+			old.Kill()
 		} else {
 			old.stop(t)
 		}
@@ -1006,8 +1010,8 @@ func offsetsInStore(t *testing.T, b, title string) {
 	offsets := func(sp *childSpec) { sp.Offsets = true }
 	c1 := r.start(failpoints{KillInAck: 120}, offsets)
 	c1.waitExit(t, 2*time.Minute, "its SIGKILL in Ack")
-	if !killed(c1) {
-		t.Fatalf("child 1 was not killed by its failpoint: %v\n%s", c1.err, tail(c1.out.String(), 2048))
+	if !c1.Killed() {
+		t.Fatalf("child 1 was not killed by its failpoint: %v\n%s", c1.Err(), tail(c1.Out.String(), 2048))
 	}
 	r.midReconcile("after the kill")
 	past := r.appliedPastCommitted(c1)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -36,7 +35,7 @@ type kafkaCluster struct {
 func newKafkaCluster(t *testing.T) *kafkaCluster {
 	t.Helper()
 	brokers := testenv.KafkaClusterExclusive(t)
-	if out, err := exec.Command(scriptPath("kafka-cluster.sh"), "status").CombinedOutput(); err != nil {
+	if out, err := testenv.RunScript("kafka-cluster", "status"); err != nil {
 		t.Fatalf("the cluster at %v is not running under scripts/testenv/kafka-cluster.sh: %s", brokers, out)
 	}
 	a := kafkatest.NewAdmin(t, brokers)
@@ -65,11 +64,7 @@ func newKafkaCluster(t *testing.T) *kafkaCluster {
 
 func (c *kafkaCluster) script(args ...string) string {
 	c.t.Helper()
-	out, err := exec.Command(scriptPath("kafka-cluster.sh"), args...).CombinedOutput()
-	if err != nil {
-		c.t.Fatalf("kafka-cluster.sh %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
+	return testenv.Script(c.t, "kafka-cluster", args...)
 }
 
 // metadata returns every partition of every topic and the live brokers,

@@ -104,19 +104,6 @@ type childStats struct {
 	Lanes []consumer.LaneStatus
 }
 
-func runChild() int {
-	var spec childSpec
-	if err := json.Unmarshal([]byte(os.Getenv(childEnv)), &spec); err != nil {
-		fmt.Fprintln(os.Stderr, "child:", err)
-		return 2
-	}
-	if err := spec.run(); err != nil {
-		fmt.Fprintln(os.Stderr, "child:", err)
-		return 1
-	}
-	return 0
-}
-
 // childState is the child's counters, written to the stats file.
 type childState struct {
 	spec  *childSpec

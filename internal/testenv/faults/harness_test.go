@@ -9,7 +9,6 @@ import (
 	"io"
 	"maps"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -317,13 +316,9 @@ func (r *rig) wantLetter(msgs []outMsg, txn, reason string) {
 
 // child is a consumer process.
 type child struct {
+	*testenv.Child
 	n     int
 	spec  childSpec
-	cmd   *exec.Cmd
-	out   *testenv.SyncBuffer
-	done  chan struct{}
-	err   error // after done
-	dir   string
 	began time.Time
 }
 
@@ -346,40 +341,20 @@ func (r *rig) start(fp failpoints, mods ...func(*childSpec)) *child {
 	for _, m := range mods {
 		m(&spec)
 	}
-	b, err := json.Marshal(spec)
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+string(b),
-		"GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" exitcode=0 log_path="+filepath.Join(dir, "race")))
-	out := &testenv.SyncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		r.t.Fatal(err)
-	}
-	c := &child{n: n, spec: spec, cmd: cmd, out: out, done: make(chan struct{}), dir: dir, began: time.Now()}
-	go func() {
-		c.err = cmd.Wait()
-		close(c.done)
-	}()
+	c := &child{Child: testenv.StartChild(r.t, testenv.SpecEnv(r.t, childEnv, spec)), n: n, spec: spec, began: time.Now()}
 	r.mu.Lock()
 	r.children = append(r.children, c)
 	r.mu.Unlock()
 	r.t.Cleanup(func() {
-		if r.t.Failed() && !c.exited() {
+		if r.t.Failed() && !c.Exited() {
 			// A hung consumer: SIGQUIT makes the Go runtime print every
 			// goroutine's stack.
-			_ = c.cmd.Process.Signal(syscall.SIGQUIT)
-			select {
-			case <-c.done:
-			case <-time.After(5 * time.Second):
-			}
+			c.Signal(syscall.SIGQUIT)
+			c.WaitExit(5 * time.Second)
 		}
-		c.kill()
+		c.Kill()
 		if r.t.Failed() {
-			out := c.out.String()
+			out := c.Out.String()
 			if dir := os.Getenv("IDEM_FAULTS_KEEP"); dir != "" {
 				f := filepath.Join(dir, fmt.Sprintf("%s-child-%d.log", strings.ReplaceAll(r.t.Name(), "/", "_"), c.n))
 				_ = os.WriteFile(f, []byte(out), 0o644)
@@ -398,33 +373,13 @@ func tail(s string, n int) string {
 	return s
 }
 
-func (c *child) exited() bool {
-	select {
-	case <-c.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// kill is a crash: SIGKILL, no stop, no offset commit.
-func (c *child) kill() {
-	if c.exited() {
-		return
-	}
-	_ = c.cmd.Process.Signal(syscall.SIGKILL)
-	<-c.done
-}
-
 // term sends SIGTERM: the child stops gracefully within its grace period.
-func (c *child) term() { _ = c.cmd.Process.Signal(syscall.SIGTERM) }
+func (c *child) term() { c.Signal(syscall.SIGTERM) }
 
 // waitExit waits until the child exited, failing the test after d.
 func (c *child) waitExit(t *testing.T, d time.Duration, what string) {
 	t.Helper()
-	select {
-	case <-c.done:
-	case <-time.After(d):
+	if !c.WaitExit(d) {
 		t.Fatalf("child %d did not exit within %v after %s", c.n, d, what)
 	}
 }
@@ -432,13 +387,13 @@ func (c *child) waitExit(t *testing.T, d time.Duration, what string) {
 // stop stops the child gracefully and fails unless it exited cleanly.
 func (c *child) stop(t *testing.T) {
 	t.Helper()
-	if c.exited() {
+	if c.Exited() {
 		return
 	}
 	c.term()
 	c.waitExit(t, 60*time.Second, "SIGTERM")
-	if c.err != nil {
-		t.Errorf("child %d exited with %v after SIGTERM", c.n, c.err)
+	if err := c.Err(); err != nil {
+		t.Errorf("child %d exited with %v after SIGTERM", c.n, err)
 	}
 }
 
@@ -447,20 +402,8 @@ func (c *child) stats() childStats { return readStats(c.spec.StatsFile) }
 // requireAlive fails the test when the child has exited.
 func (c *child) requireAlive(t *testing.T) {
 	t.Helper()
-	if c.exited() {
-		t.Fatalf("child %d exited: %v\n%s", c.n, c.err, tail(c.out.String(), 4096))
-	}
-}
-
-// checkRaces fails the test for every race report of the child.
-func (c *child) checkRaces(t *testing.T) {
-	t.Helper()
-	files, _ := filepath.Glob(filepath.Join(c.dir, "race.*"))
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err == nil && len(b) > 0 {
-			t.Errorf("data race in child %d:\n%s", c.n, b)
-		}
+	if c.Exited() {
+		t.Fatalf("child %d exited: %v\n%s", c.n, c.Err(), tail(c.Out.String(), 4096))
 	}
 }
 
@@ -510,7 +453,7 @@ func (r *rig) activeChildren() []*child {
 	defer r.mu.Unlock()
 	var cs []*child
 	for _, c := range r.children {
-		if !c.exited() {
+		if !c.Exited() {
 			cs = append(cs, c)
 		}
 	}
@@ -605,7 +548,7 @@ func (r *rig) check(letters []letter) {
 	r.checkNoOpenTx(t)
 	r.mu.Lock()
 	for _, c := range r.children {
-		c.checkRaces(t)
+		c.CheckRaces(t)
 	}
 	r.mu.Unlock()
 }

@@ -9,25 +9,17 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/relaytest"
-	trmq "github.com/idemkit/idem/internal/testenv/rmqtest"
+	"github.com/idemkit/idem/internal/testenv"
 )
 
-var uniq atomic.Int64
-
-func repoPath(elem ...string) string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(append([]string{filepath.Dir(file), "..", "..", ".."}, elem...)...)
-}
-
-// PrivateRocketMQ is a RocketMQ name server and broker of the test's own,
-// from the jars scripts/testenv/rocketmq.sh downloaded, with the test
-// environment's configuration on free ports.
-type PrivateRocketMQ struct {
+// Private is a RocketMQ name server and broker of one test's own, from the
+// jars scripts/testenv/rocketmq.sh downloaded, with the test environment's
+// configuration (testdata/brokers/rocketmq) on free ports: for the tests
+// that kill the broker while other packages' tests use the shared one.
+type Private struct {
 	t      testing.TB
 	dir    string
 	lib    string
@@ -43,13 +35,14 @@ type proc struct {
 }
 
 func (c *proc) kill() {
-	_ = c.cmd.Process.Signal(syscall.SIGKILL)
+	_ = c.cmd.Process.Kill()
 	<-c.exited
 }
 
-// StartRocketMQ starts a name server and a broker, killed when the test
-// ends.
-func StartRocketMQ(t testing.TB) *PrivateRocketMQ {
+var brokerPorts atomic.Int64
+
+// NewPrivate starts a name server and a broker, killed when the test ends.
+func NewPrivate(t testing.TB) *Private {
 	t.Helper()
 	ver := os.Getenv("IDEM_ROCKETMQ_VERSION")
 	if ver == "" {
@@ -65,10 +58,12 @@ func StartRocketMQ(t testing.TB) *PrivateRocketMQ {
 		t.Fatalf("RocketMQ jars missing in %s (scripts/testenv/rocketmq.sh up downloads them): %v", lib, err)
 	}
 	dir := t.TempDir()
-	p := &PrivateRocketMQ{t: t, dir: dir, lib: lib, nsPort: relaytest.FreePort(t)}
+	p := &Private{t: t, dir: dir, lib: lib, nsPort: testenv.FreePort(t)}
+	// The broker listens on its port, port-2 (fast remoting) and port+1
+	// (HA): all three must be free.
 	for p.brPort == 0 {
-		c := 20000 + int(uniq.Add(1)*7+int64(os.Getpid())%5000)%20000
-		if relaytest.PortFree(c) && relaytest.PortFree(c-2) && relaytest.PortFree(c+1) && c != p.nsPort && c-2 != p.nsPort && c+1 != p.nsPort {
+		c := 20000 + int(brokerPorts.Add(1)*7+int64(os.Getpid())%5000)%20000
+		if testenv.PortFree(c) && testenv.PortFree(c-2) && testenv.PortFree(c+1) && c != p.nsPort && c-2 != p.nsPort && c+1 != p.nsPort {
 			p.brPort = c
 		}
 	}
@@ -77,7 +72,8 @@ func StartRocketMQ(t testing.TB) *PrivateRocketMQ {
 			t.Fatal(err)
 		}
 	}
-	templates := repoPath("testdata", "brokers", "rocketmq")
+	_, file, _, _ := runtime.Caller(0)
+	templates := filepath.Join(filepath.Dir(file), "..", "..", "..", "testdata", "brokers", "rocketmq")
 	render := func(name string, repl ...string) {
 		b, err := os.ReadFile(filepath.Join(templates, name))
 		if err != nil {
@@ -105,12 +101,12 @@ func StartRocketMQ(t testing.TB) *PrivateRocketMQ {
 }
 
 // NameServers is the private name server's address.
-func (p *PrivateRocketMQ) NameServers() []string {
+func (p *Private) NameServers() []string {
 	return []string{"127.0.0.1:" + strconv.Itoa(p.nsPort)}
 }
 
 // launch starts one server and waits for its boot line.
-func (p *PrivateRocketMQ) launch(name, main, ready string, heap ...string) *proc {
+func (p *Private) launch(name, main, ready string, heap ...string) *proc {
 	p.t.Helper()
 	out := filepath.Join(p.dir, "logs", name+".out")
 	args := append(heap,
@@ -131,13 +127,13 @@ func (p *PrivateRocketMQ) launch(name, main, ready string, heap ...string) *proc
 	}
 	c := exec.Command(java, args...)
 	c.Dir, c.Stdout, c.Stderr = p.dir, f, f
-	c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	testenv.DieWithParent(c)
 	if err := c.Start(); err != nil {
 		p.t.Fatalf("start %s: %v", name, err)
 	}
 	exited := make(chan struct{})
 	go func() { _ = c.Wait(); close(exited) }()
-	relaytest.WaitFor(p.t, 3*time.Minute, name+" boots", func() (bool, string) {
+	testenv.WaitUntilProgress(p.t, 3*time.Minute, name+" boots", func() (bool, string) {
 		b, _ := os.ReadFile(out)
 		if strings.Contains(string(b), ready) {
 			return true, ""
@@ -158,18 +154,19 @@ func (p *PrivateRocketMQ) launch(name, main, ready string, heap ...string) *proc
 
 // StartBroker starts the broker on its store and waits until the name
 // server routes to it.
-func (p *PrivateRocketMQ) StartBroker() {
+func (p *Private) StartBroker() {
 	p.t.Helper()
 	p.br = p.launch("broker", "org.apache.rocketmq.broker.BrokerStartup", "boot success",
 		"-Xms256m", "-Xmx512m", "-XX:MaxDirectMemorySize=256m")
-	relaytest.WaitFor(p.t, 2*time.Minute, "the private broker registers with its name server", func() (bool, string) {
-		_, _, err := trmq.ClusterBroker(p.NameServers()[0])
+	testenv.WaitUntilProgress(p.t, 2*time.Minute, "the private broker registers with its name server", func() (bool, string) {
+		_, _, err := ClusterBroker(p.NameServers()[0])
 		return err == nil, fmt.Sprint(err)
 	})
 }
 
-// KillBroker is a crash: SIGKILL.
-func (p *PrivateRocketMQ) KillBroker() {
+// KillBroker is a crash: SIGKILL; it returns once the broker's port is
+// free.
+func (p *Private) KillBroker() {
 	p.br.kill()
-	relaytest.WaitFor(p.t, time.Minute, "the killed broker's port is free", func() (bool, string) { return relaytest.PortFree(p.brPort), "" })
+	testenv.WaitUntil(p.t, time.Minute, "the killed broker's port is free", func() bool { return testenv.PortFree(p.brPort) })
 }

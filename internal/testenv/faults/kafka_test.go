@@ -3,10 +3,6 @@ package faults_test
 import (
 	"context"
 	"fmt"
-	"os/exec"
-	"path/filepath"
-	"runtime"
-	"strings"
 	"testing"
 	"time"
 
@@ -86,20 +82,6 @@ func (k *kafkaBroker) deadLetters(t *testing.T, topic string, want int) []letter
 		return len(seen) >= want, fmt.Sprintf("%d distinct", len(seen))
 	})
 	return letters
-}
-
-// kafkaScript runs scripts/testenv/kafka.sh.
-func kafkaScript(t *testing.T, args ...string) {
-	t.Helper()
-	out, err := exec.Command(scriptPath("kafka.sh"), args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("kafka.sh %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-}
-
-func scriptPath(name string) string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "scripts", "testenv", name)
 }
 
 func (k *kafkaBroker) offsets(ctx context.Context, topic, group string) (map[int]int64, error) {
