@@ -10,8 +10,10 @@ PKGS ?= ./...
 # test-faults runs all of them. Without kafka-cluster or rocketmq-cluster
 # in SERVICES, none of that cluster's.
 # Scenario 20 (scale-out) runs in make test-faults only: in one make test at
-# load 21 a consumer it stopped with SIGTERM had not exited 60 s later, cause
-# not yet known (docs/reliability.md, "A suite that does not flake").
+# load 21 a consumer it stopped with SIGTERM had not exited 60 s later. The
+# cause found since (a delivery after its generation ended) is fixed; the
+# scenario comes back once runs under load show it holds (docs/reliability.md,
+# "A suite that does not flake").
 SKIP ?= TestFaults/.*/scale-out
 
 .PHONY: help test test-short testenv-up testenv-down bench bench-outbox bench-e2e fmt vet
