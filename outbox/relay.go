@@ -268,10 +268,9 @@ func (r *Relay) Stats() RelayStats {
 // RelayHealth is how a relay fares, for a probe.
 type RelayHealth struct {
 	Running bool // Run is publishing: past its check of the tables, not returned
-	// LastProgress is when a round last went through — an empty one too:
-	// the relay is caught up — or Run started; zero before Run. A round
-	// whose publish failed, or that found every shard backing off, is no
-	// progress.
+	// LastProgress is when a round last went through — an empty one too,
+	// when no shard backs off: the relay is caught up — or Run started;
+	// zero before Run. A round whose publish failed is no progress.
 	LastProgress time.Time
 	// Rounds and FailedRounds are RelayStats'; FailingRounds counts the
 	// failed rounds since the last one that went through.
@@ -283,8 +282,9 @@ type RelayHealth struct {
 
 // Health reports how the relay fares. Safe for concurrent use.
 func (r *Relay) Health() RelayHealth {
-	h := RelayHealth{Running: r.running.Load(), Rounds: r.stats.rounds.Load(), FailedRounds: r.stats.failedRounds.Load(),
-		FailingRounds: r.failing.Load()}
+	// failing first: a reader that sees none sees the rounds that ended it.
+	h := RelayHealth{FailingRounds: r.failing.Load()}
+	h.Running, h.Rounds, h.FailedRounds = r.running.Load(), r.stats.rounds.Load(), r.stats.failedRounds.Load()
 	if ns := r.progress.Load(); ns != 0 {
 		h.LastProgress = time.Unix(0, ns)
 	}
@@ -459,8 +459,8 @@ func (r *Relay) round(workCtx context.Context) (int, error) {
 	defer tx.Rollback(context.WithoutCancel(workCtx)) //nolint:errcheck // a no-op after COMMIT
 	recs, shardOf, err := r.read(workCtx, tx, shards)
 	if err != nil || len(recs) == 0 {
-		if err == nil {
-			r.roundDone(nil) // nothing to publish: caught up
+		if err == nil && len(shards) == shardCount {
+			r.roundDone(nil) // nothing to publish, no shard backing off: caught up
 		}
 		return 0, err
 	}
