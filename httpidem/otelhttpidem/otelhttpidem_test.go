@@ -86,7 +86,9 @@ func TestOutcomesAndSpans(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fp := func(*http.Request, []byte) (dedup.Fingerprint, error) { return dedup.Fingerprint{}, errors.New("no id") }
+	fp := func(*http.Request, []byte) (dedup.Fingerprint, error) {
+		return dedup.Fingerprint{}, errors.New("no id")
+	}
 	mux := http.NewServeMux()
 	ok := httpidem.TxHandlerFunc[*sql.Tx](func(w http.ResponseWriter, _ *http.Request, _ *sql.Tx) error {
 		w.WriteHeader(http.StatusCreated)
