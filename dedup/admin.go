@@ -29,6 +29,10 @@ type ScopeSummary struct {
 	// reports rows kept for ever.
 	Retention time.Duration
 	Forever   bool
+	// HTTP Idempotency-Keys (RequestStore) among Rows, by state: a scope
+	// with any is an HTTP scope. Stuck counts the Processing ones whose
+	// lease has run out. All zero for a consumer's scope.
+	Processing, Finished, Stuck int64
 }
 
 // RowFilter selects failed rows.

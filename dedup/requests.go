@@ -73,6 +73,11 @@ type RequestStore[TTx any] interface {
 	// out, the longest expired first: crashed holders, uncertain outcomes no
 	// request has retried.
 	StuckRequests(ctx context.Context, limit int) ([]RequestRecord, error)
+	// CountStuckRequests counts, by scope, the keys StuckRequests lists:
+	// Processing keys whose lease has run out, without a limit. It reads
+	// the Processing keys only (an index of them), so that a gauge may
+	// call it at every collection.
+	CountStuckRequests(ctx context.Context) (map[string]int64, error)
 	// ReleaseRequest ends the lease of a Processing key and grows its token,
 	// whatever its lease: the next request with the key takes over, and
 	// the holder, should it be alive, is fenced out. It reports whether k

@@ -27,6 +27,9 @@ type Config[TTx any] struct {
 	// Logger receives the middleware's logs (handler errors, panics, store
 	// failures); default slog.Default(). Request bodies are never logged.
 	Logger *slog.Logger
+	// Observer sees each request's outcome (httpidem/otelhttpidem records
+	// them as OpenTelemetry metrics and spans); default none.
+	Observer Observer
 }
 
 // Route configures one endpoint. Zero values take the defaults.

@@ -55,4 +55,10 @@
 // StuckRequests, and release one with its ReleaseRequest (the next request
 // with the key takes it over; a still-running holder is fenced out). The
 // middleware's own suite, httpidemtest, runs on every store.
+//
+// Config.Observer sees each request's outcome (Outcome: executed,
+// replayed, in_flight, mismatch, ...), a replay's age, takeovers and the
+// lease writes the store refused; httpidem/otelhttpidem records them as
+// OpenTelemetry metrics and spans, and package observe serves them. The
+// middleware imports no telemetry library itself.
 package httpidem

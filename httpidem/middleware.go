@@ -26,6 +26,7 @@ type Middleware[TTx any] struct {
 	store    dedup.RequestStore[TTx]
 	tenant   func(*http.Request) (string, error)
 	log      *slog.Logger
+	obs      Observer
 	inflight inflight
 }
 
@@ -37,7 +38,7 @@ func New[TTx any](cfg Config[TTx]) (*Middleware[TTx], error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Middleware[TTx]{store: cfg.Store, tenant: cfg.Tenant, log: cfg.Logger}, nil
+	return &Middleware[TTx]{store: cfg.Store, tenant: cfg.Tenant, log: cfg.Logger, obs: cfg.Observer}, nil
 }
 
 // TxHandler handles a request in the store's transaction tx. Its writes in
@@ -139,6 +140,7 @@ type prepared struct {
 // cannot go on.
 func (m *Middleware[TTx]) prepare(w http.ResponseWriter, r *http.Request, rt *route) (prepared, bool) {
 	if r.ContentLength > rt.MaxRequestBytes {
+		note(r, OutcomeTooLarge, nil)
 		writeProblem(w, http.StatusRequestEntityTooLarge, titleTooLarge,
 			fmt.Sprintf("The body is %d bytes; the limit is %d.", r.ContentLength, rt.MaxRequestBytes), 0)
 		return prepared{}, false
@@ -150,14 +152,17 @@ func (m *Middleware[TTx]) prepare(w http.ResponseWriter, r *http.Request, rt *ro
 	id, err := keyOf(r, rt.Header)
 	switch {
 	case errors.Is(err, errNoKey) && rt.Optional:
+		note(r, OutcomeUnkeyed, nil)
 		r2 := r.WithContext(r.Context())
 		r2.Body = http.MaxBytesReader(w, body, rt.MaxRequestBytes)
 		return prepared{r: r2}, true
 	case errors.Is(err, errNoKey):
+		note(r, OutcomeBadKey, nil)
 		writeProblem(w, http.StatusBadRequest, titleMissing,
 			"This operation is idempotent and requires an "+rt.Header+" header.", 0)
 		return prepared{}, false
 	case err != nil:
+		note(r, OutcomeBadKey, nil)
 		writeProblem(w, http.StatusBadRequest, titleInvalid, err.Error()+".", 0)
 		return prepared{}, false
 	}
@@ -180,18 +185,22 @@ func (m *Middleware[TTx]) prepare(w http.ResponseWriter, r *http.Request, rt *ro
 		m.serverError(w, r, "scope", fmt.Errorf("method, route and tenant make no valid scope: %w", err))
 		return prepared{}, false
 	}
+	noteKey(r, dedup.RequestRecord{Key: key})
 	raw, err := io.ReadAll(http.MaxBytesReader(w, body, rt.MaxRequestBytes))
 	if err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			note(r, OutcomeTooLarge, nil)
 			writeProblem(w, http.StatusRequestEntityTooLarge, titleTooLarge,
 				fmt.Sprintf("The body is larger than the limit of %d bytes.", rt.MaxRequestBytes), 0)
 		} else {
+			note(r, OutcomeBadRequest, err)
 			writeProblem(w, http.StatusBadRequest, "The request body could not be read", err.Error(), 0)
 		}
 		return prepared{}, false
 	}
 	fp, err := rt.Fingerprint(r, raw)
 	if err != nil {
+		note(r, OutcomeBadRequest, err)
 		writeProblem(w, http.StatusBadRequest, titleBadBody, err.Error(), 0)
 		return prepared{}, false
 	}
@@ -246,6 +255,8 @@ type txRoute[TTx any] struct {
 
 func (t *txRoute[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	m, rt := t.m, t.rt
+	w, r, observed := m.observe(w, r, rt, false)
+	defer observed()
 	p, ok := m.prepare(w, r, rt)
 	if !ok {
 		return
@@ -284,6 +295,9 @@ func (t *txRoute[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	switch {
 	case err == nil && rec.Verdict == dedup.VerdictRun:
+		if p.keyed {
+			note(p.r, OutcomeExecuted, nil)
+		}
 		cw.send(w)
 	case err == nil:
 		m.answer(w, p.r, rec)
@@ -330,6 +344,8 @@ const storeTimeout = 30 * time.Second
 
 func (l *leaseRoute[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	m, rt := l.m, l.rt
+	w, r, observed := m.observe(w, r, rt, true)
+	defer observed()
 	p, ok := m.prepare(w, r, rt)
 	if !ok {
 		return
@@ -351,7 +367,9 @@ func (l *leaseRoute[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.answer(w, p.r, rec)
 		return
 	}
-	lease := &Lease{store: m.store, key: k, token: rec.Token, takenOver: rec.Takeover, lease: rt.Lease, expires: time.Now().Add(rec.LeaseLeft)}
+	noteKey(p.r, rec)
+	note(p.r, OutcomeExecuted, nil)
+	lease := &Lease{store: m.leaseStore(), key: k, token: rec.Token, takenOver: rec.Takeover, lease: rt.Lease, expires: time.Now().Add(rec.LeaseLeft)}
 	cw := newCapture(rt.MaxResponseBytes)
 	herr := serveHTTP(l.next, cw, p.r.WithContext(context.WithValue(p.r.Context(), leaseKey{}, lease)))
 	cw.finish()
@@ -372,13 +390,17 @@ func (l *leaseRoute[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			m.log.ErrorContext(ctx, "httpidem: storing the outcome of a leased request", "scope", k.Scope, "key", k.ID, "err", err)
 		}
 		m.log.ErrorContext(ctx, "httpidem: response too large to store", "scope", k.Scope, "key", k.ID, "limit", rt.MaxResponseBytes)
+		note(p.r, OutcomeFailed, ErrResponseTooLarge)
 		_ = replay(w, res, false)
 	case cw.status >= 500:
+		note(p.r, OutcomeFailed, nil)
 		cw.send(w) // uncertain: not stored, the lease runs on
 	default:
 		err := m.store.FinishLease(ctx, k, lease.token, cw.response(rt.stored))
 		switch {
 		case errors.Is(err, dedup.ErrLeaseLost):
+			note(p.r, OutcomeLeaseLost, err)
+			m.fenced(ctx, k, "finish")
 			writeProblem(w, http.StatusConflict, titleLost,
 				"This request's lease ran out and another request with the same key took it over (or an operator released it); its outcome stands, and this response was not stored.", 0)
 		case err != nil:
@@ -394,15 +416,19 @@ func (l *leaseRoute[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // answer responds for a key that is not this request's to run.
 func (m *Middleware[TTx]) answer(w http.ResponseWriter, r *http.Request, rec dedup.RequestRecord) {
+	noteKey(r, rec)
 	switch rec.Verdict {
 	case dedup.VerdictReplay:
+		note(r, OutcomeReplayed, nil)
 		if err := replay(w, rec.Response, true); err != nil {
 			m.serverError(w, r, "replay", err)
 		}
 	case dedup.VerdictMismatch:
+		note(r, OutcomeMismatch, nil)
 		writeProblem(w, http.StatusUnprocessableEntity, titleMismatch,
 			"This key was used for a different request (another method, route, resource in the path, or body): an Idempotency-Key must not be reused for another request.", 0)
 	default:
+		note(r, OutcomeInFlight, nil)
 		writeProblem(w, http.StatusConflict, titleBusy,
 			"A request with the same Idempotency-Key is being processed; retry once it has finished.", max(rec.LeaseLeft, time.Second))
 	}
@@ -410,6 +436,7 @@ func (m *Middleware[TTx]) answer(w http.ResponseWriter, r *http.Request, rec ded
 
 // handlerFailed answers a handler's error or panic.
 func (m *Middleware[TTx]) handlerFailed(w http.ResponseWriter, r *http.Request, k dedup.Key, err error, what string) {
+	note(r, OutcomeFailed, err)
 	var p *panicError
 	switch {
 	case errors.As(err, &p):
@@ -424,6 +451,7 @@ func (m *Middleware[TTx]) handlerFailed(w http.ResponseWriter, r *http.Request, 
 	default:
 		m.log.ErrorContext(r.Context(), "httpidem: handler failed", "scope", k.Scope, "key", k.ID, "err", err)
 		if c := m.store.ClassifyError(err); c == dedup.ClassUnavailable || c == dedup.ClassConflict {
+			note(r, OutcomeUnavailable, err)
 			writeProblem(w, http.StatusServiceUnavailable, titleStore, what, time.Second)
 			return
 		}
@@ -437,20 +465,25 @@ func (m *Middleware[TTx]) handlerFailed(w http.ResponseWriter, r *http.Request, 
 // collision with another transaction that names no key, is 503.
 func (m *Middleware[TTx]) storeFailed(w http.ResponseWriter, r *http.Request, k dedup.Key, err error) {
 	c := m.store.ClassifyError(err)
+	note(r, OutcomeFailed, err)
 	switch {
 	case errors.Is(err, dedup.ErrStoreBusy):
+		note(r, OutcomeStoreBusy, err)
 		m.log.WarnContext(r.Context(), "httpidem: store busy", "scope", k.Scope, "key", k.ID, "err", err)
 		writeProblem(w, http.StatusServiceUnavailable, titleStoreBusy,
 			"The idempotency store is busy with other requests. Retry with the same key: nothing was committed.", time.Second)
 	case errors.Is(err, dedup.ErrInFlight):
+		note(r, OutcomeInFlight, err)
 		m.log.DebugContext(r.Context(), "httpidem: key in flight", "scope", k.Scope, "key", k.ID, "err", err)
 		writeProblem(w, http.StatusConflict, titleBusy,
 			"A request with the same Idempotency-Key is being processed; retry once it has finished.", time.Second)
 	case c == dedup.ClassConflict:
+		note(r, OutcomeStoreBusy, err)
 		m.log.WarnContext(r.Context(), "httpidem: store conflict", "scope", k.Scope, "key", k.ID, "err", err)
 		writeProblem(w, http.StatusServiceUnavailable, titleStoreBusy,
 			"The idempotency store's transaction collided with another. Retry with the same key: a retry replays the outcome, or runs the request if it did not commit.", time.Second)
 	case c == dedup.ClassUnavailable:
+		note(r, OutcomeUnavailable, err)
 		m.log.ErrorContext(r.Context(), "httpidem: store unavailable", "scope", k.Scope, "key", k.ID, "err", err)
 		writeProblem(w, http.StatusServiceUnavailable, titleStore,
 			"Retry with the same key: a retry replays the outcome, or runs the request if it did not commit.", time.Second)
@@ -463,6 +496,7 @@ func (m *Middleware[TTx]) storeFailed(w http.ResponseWriter, r *http.Request, k 
 
 // serverError answers 500 for a failure that is not the client's.
 func (m *Middleware[TTx]) serverError(w http.ResponseWriter, r *http.Request, what string, err error) {
+	note(r, OutcomeFailed, err)
 	m.log.ErrorContext(r.Context(), "httpidem: "+what, "method", r.Method, "path", r.URL.Path, "err", err)
 	writeProblem(w, http.StatusInternalServerError, titleFailed,
 		"The server could not process the request's Idempotency-Key; nothing was executed.", 0)

@@ -1,7 +1,7 @@
-// Package observe serves what operating a consumer needs over HTTP:
-// /metrics in Prometheus' text format and /healthz for probes. It is the
-// supported way to expose idem's telemetry; examples use it as a service
-// would.
+// Package observe serves what operating a consumer, an idempotent HTTP
+// API and an outbox relay needs over HTTP: /metrics in Prometheus' text
+// format and /healthz for probes. It is the supported way to expose idem's
+// telemetry; examples and cmd/idem-relay use it as a service would.
 //
 //	obs, err := observe.New(observe.Config{})
 //	tel, err := obs.Telemetry(otelconsumer.Config{})
@@ -9,6 +9,13 @@
 //	err = obs.Watch(c, tel)               // before Run: every counter from zero
 //	go obs.ListenAndServe(ctx, ":9464")   // until ctx ends
 //	err = c.Run(ctx)
+//
+// An HTTP API and a relay are watched the same way:
+//
+//	tel, err := obs.HTTPTelemetry(otelhttpidem.Config{Routes: []string{"POST /payments"}})
+//	mw, err := httpidem.New(httpidem.Config[pgx.Tx]{Store: store, Observer: tel})
+//	err = obs.WatchHTTP("payments", store, tel) // the stuck-requests gauge, the store in /healthz
+//	err = obs.WatchRelay(ob, relay)             // before relay.Run: the outbox's series from zero
 //
 // /metrics is OpenTelemetry's Prometheus exporter (a bridge onto
 // client_golang's registry, served by promhttp) reading the meter provider
@@ -33,8 +40,11 @@
 //     process metrics. An application that exports over OTLP instead
 //     installs that one on its own provider.
 //
-// /healthz answers 200 when every watched consumer passes, 503 when one
-// does not, with a JSON body (HealthJSON) per consumer: ready, live, the
+// /healthz answers 200 when everything watched passes, 503 when something
+// does not or nothing is watched. A relay is ready while it runs and live
+// while a round went through within Config.Stall (RelayJSON); a request
+// store is ready while it answers, and lists its stuck requests
+// (HTTPJSON). For a consumer the JSON body (HealthJSON) has ready, live, the
 // error, stopped_lanes and stalled_lanes (always lists), in_flight,
 // last_progress and the source's lanes. ?probe=ready is the readiness
 // probe (running, the store answers: a database away makes a consumer not

@@ -18,6 +18,10 @@ type HealthJSON struct {
 	// Error says why the probe fails; empty when it passes.
 	Error     string         `json:"error,omitempty"`
 	Consumers []ConsumerJSON `json:"consumers"`
+	// Relays are the watched outbox relays (WatchRelay), HTTP the watched
+	// request stores (WatchHTTP); [] when there are none.
+	Relays []RelayJSON `json:"relays"`
+	HTTP   []HTTPJSON  `json:"http"`
 }
 
 // ConsumerJSON is one watched consumer in /healthz.
@@ -70,16 +74,28 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	s.mu.Lock()
 	ws := append([]watched(nil), s.watched...)
+	rs := append([]watchedRelay(nil), s.relays...)
+	hs := append([]watchedHTTP(nil), s.http...)
 	s.mu.Unlock()
 
-	body := HealthJSON{Ready: true, Live: true, Consumers: make([]ConsumerJSON, 0, len(ws))}
+	body := HealthJSON{Ready: true, Live: true, Consumers: make([]ConsumerJSON, 0, len(ws)),
+		Relays: make([]RelayJSON, 0, len(rs)), HTTP: make([]HTTPJSON, 0, len(hs))}
 	var failed []error
-	if len(ws) == 0 {
+	pick := func(ready, live error) error {
+		switch probe {
+		case "ready":
+			return ready
+		case "live":
+			return live
+		}
+		return errors.Join(ready, live)
+	}
+	if len(ws)+len(rs)+len(hs) == 0 {
 		// Not ready: nothing does the work. Live all the same: a restart
 		// would not watch one either.
 		body.Ready = false
 		if probe != "live" {
-			failed = append(failed, errors.New("observe: no consumer is watched"))
+			failed = append(failed, errors.New("observe: no consumer, relay or request store is watched"))
 		}
 	}
 	now := time.Now()
@@ -109,6 +125,24 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 		body.Ready = body.Ready && cj.Ready
 		body.Live = body.Live && cj.Live
 		body.Consumers = append(body.Consumers, cj)
+	}
+	for _, wr := range rs {
+		rj, ready, live := s.relayHealth(ctx, wr, now)
+		if err := pick(ready, live); err != nil {
+			rj.Error = err.Error()
+			failed = append(failed, fmt.Errorf("relay %s: %w", rj.Table, err))
+		}
+		body.Ready = body.Ready && rj.Ready
+		body.Live = body.Live && rj.Live
+		body.Relays = append(body.Relays, rj)
+	}
+	for _, wh := range hs {
+		hj, ready := httpHealth(ctx, wh)
+		if err := pick(ready, nil); err != nil {
+			failed = append(failed, fmt.Errorf("request store %s: %w", hj.Name, err))
+		}
+		body.Ready = body.Ready && hj.Ready
+		body.HTTP = append(body.HTTP, hj)
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")

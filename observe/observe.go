@@ -48,6 +48,8 @@ type Server struct {
 
 	mu      sync.Mutex
 	watched []watched
+	relays  []watchedRelay
+	http    []watchedHTTP
 	closed  bool
 }
 
@@ -169,7 +171,7 @@ func (s *Server) ListenAndServe(ctx context.Context, addr string) error {
 	return s.Serve(ctx, ln)
 }
 
-// Close unregisters the consumers' gauges and shuts the meter provider
+// Close unregisters the gauges of what it watches and shuts the meter provider
 // down (what /metrics serves stops moving). A second call does nothing.
 func (s *Server) Close(ctx context.Context) error {
 	s.mu.Lock()
@@ -178,10 +180,18 @@ func (s *Server) Close(ctx context.Context) error {
 		return nil
 	}
 	s.closed = true
-	ws := s.watched
+	ws, rs, hs := s.watched, s.relays, s.http
 	s.mu.Unlock()
 	var errs []error
 	for _, w := range ws {
+		if w.reg != nil {
+			errs = append(errs, w.reg.Unregister())
+		}
+	}
+	for _, w := range rs {
+		errs = append(errs, w.reg.Unregister())
+	}
+	for _, w := range hs {
 		if w.reg != nil {
 			errs = append(errs, w.reg.Unregister())
 		}

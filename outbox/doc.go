@@ -64,4 +64,10 @@
 //
 // A shard whose messages fail to publish backs off (exponential with
 // jitter, cenkalti/backoff) while the other shards go on.
+//
+// Outbox.Pending counts the rows waiting and the oldest one's age;
+// Relay.Stats counts what a relay published, republished and failed, and
+// Relay.Health says whether it runs and when a round last went through.
+// outbox/oteloutbox exports them as OpenTelemetry metrics, and
+// observe.Server.WatchRelay serves them on /metrics and /healthz.
 package outbox

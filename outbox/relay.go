@@ -153,6 +153,11 @@ type Relay struct {
 	lastPurge time.Time
 
 	stats relayCounters
+	// For Health.
+	running  atomic.Bool
+	progress atomic.Int64 // unix ns
+	failing  atomic.Int64
+	lastErr  atomic.Pointer[error]
 
 	runMu    sync.Mutex
 	started  bool
@@ -232,6 +237,14 @@ type RelayStats struct {
 	Failed       int64 // records whose publish failed, to be retried
 	Rounds       int64 // batches read and published
 	MarkFailures int64 // rounds whose rows could not be marked after publishing: they are published again
+	// Republished counts records the broker acknowledged in a round whose
+	// marking failed (MarkFailures): they are published again, a duplicate
+	// downstream deduplicates by HeaderID.
+	Republished int64
+	// FailedRounds counts rounds that did not go through: Postgres failed
+	// (reading, marking), or a record's publish failed and waits to be
+	// retried.
+	FailedRounds int64
 	Purged       int64 // sent rows deleted past Retention
 	// OrderViolations counts records a Publisher reported sent after an
 	// earlier record of their key had failed: a Publisher bug (logged at
@@ -241,6 +254,7 @@ type RelayStats struct {
 
 type relayCounters struct {
 	published, dead, failed, rounds, markFailures, purged, orderViolations atomic.Int64
+	republished, failedRounds                                              atomic.Int64
 }
 
 // Stats returns the relay's counters.
@@ -248,8 +262,56 @@ func (r *Relay) Stats() RelayStats {
 	s := &r.stats
 	return RelayStats{Published: s.published.Load(), DeadLettered: s.dead.Load(), Failed: s.failed.Load(),
 		Rounds: s.rounds.Load(), MarkFailures: s.markFailures.Load(), Purged: s.purged.Load(),
-		OrderViolations: s.orderViolations.Load()}
+		OrderViolations: s.orderViolations.Load(), Republished: s.republished.Load(), FailedRounds: s.failedRounds.Load()}
 }
+
+// RelayHealth is how a relay fares, for a probe.
+type RelayHealth struct {
+	Running bool // Run is publishing: past its check of the tables, not returned
+	// LastProgress is when a round last went through — an empty one too,
+	// when no shard backs off: the relay is caught up — or Run started;
+	// zero before Run. A round whose publish failed is no progress.
+	LastProgress time.Time
+	// Rounds and FailedRounds are RelayStats'; FailingRounds counts the
+	// failed rounds since the last one that went through.
+	Rounds, FailedRounds, FailingRounds int64
+	// LastError is the last failed round's error, until a round goes
+	// through; nil for a failed publish, whose error is logged per shard.
+	LastError error
+}
+
+// Health reports how the relay fares. Safe for concurrent use.
+func (r *Relay) Health() RelayHealth {
+	// failing first: a reader that sees none sees the rounds that ended it.
+	h := RelayHealth{FailingRounds: r.failing.Load()}
+	h.Running, h.Rounds, h.FailedRounds = r.running.Load(), r.stats.rounds.Load(), r.stats.failedRounds.Load()
+	if ns := r.progress.Load(); ns != 0 {
+		h.LastProgress = time.Unix(0, ns)
+	}
+	if e := r.lastErr.Load(); e != nil {
+		h.LastError = *e
+	}
+	return h
+}
+
+// roundDone records a round's end for Health: nil went through.
+func (r *Relay) roundDone(err error) {
+	if err == nil {
+		r.progress.Store(r.cfg.Clock.Now().UnixNano())
+		r.failing.Store(0)
+		r.lastErr.Store(nil)
+		return
+	}
+	r.stats.failedRounds.Add(1)
+	r.failing.Add(1)
+	if !errors.Is(err, errPublishFailed) {
+		r.lastErr.Store(&err)
+	}
+}
+
+// errPublishFailed marks a round that went through Postgres but some of
+// whose records failed to publish (their shards back off).
+var errPublishFailed = errors.New("outbox: a publish failed")
 
 // Run checks the outbox's tables (returning an error wrapping
 // dedup.ErrNotMigrated at once when they are missing, waiting while
@@ -297,8 +359,14 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 	}
 	wait = dbWait.New()
+	r.progress.Store(r.cfg.Clock.Now().UnixNano())
+	r.running.Store(true)
+	defer r.running.Store(false)
 	for loopCtx.Err() == nil {
 		n, err := r.round(workCtx)
+		if err != nil && loopCtx.Err() == nil {
+			r.roundDone(err)
+		}
 		switch {
 		case err != nil && loopCtx.Err() != nil:
 			return nil
@@ -391,6 +459,9 @@ func (r *Relay) round(workCtx context.Context) (int, error) {
 	defer tx.Rollback(context.WithoutCancel(workCtx)) //nolint:errcheck // a no-op after COMMIT
 	recs, shardOf, err := r.read(workCtx, tx, shards)
 	if err != nil || len(recs) == 0 {
+		if err == nil && len(shards) == shardCount {
+			r.roundDone(nil) // nothing to publish, no shard backing off: caught up
+		}
 		return 0, err
 	}
 	r.stats.rounds.Add(1)
@@ -442,6 +513,7 @@ func (r *Relay) round(workCtx context.Context) (int, error) {
 		}
 		if err != nil {
 			r.stats.markFailures.Add(1)
+			r.stats.republished.Add(int64(len(sent)))
 			return len(recs), fmt.Errorf("outbox: mark %d sent and %d refused messages (they will be published again): %w", len(sent), len(dead), err)
 		}
 	}
@@ -453,6 +525,11 @@ func (r *Relay) round(workCtx context.Context) (int, error) {
 			slog.Int("count", len(dead)), slog.String("table", r.o.dead), slog.String("first_reason", reasons[0]))
 	}
 	r.backoffShards(read, failedShards)
+	if len(failedShards) > 0 {
+		r.roundDone(errPublishFailed)
+	} else {
+		r.roundDone(nil)
+	}
 	return len(recs), nil
 }
 

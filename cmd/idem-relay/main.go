@@ -7,6 +7,11 @@
 //
 // SIGINT or SIGTERM stops it gracefully: the round in flight is published
 // and marked first (within -grace).
+//
+// -metrics ADDR serves /metrics (Prometheus; the relay's counters and the
+// outbox's backlog, package observe) and /healthz on ADDR, e.g.
+// 127.0.0.1:9465 or, for a scraper on another host, :9465 (every
+// interface). Default: off.
 package main
 
 import (
@@ -16,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -24,6 +30,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem/observe"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/outbox/kafkapub"
 	"github.com/idemkit/idem/outbox/rocketmqpub"
@@ -49,6 +56,7 @@ func run(args []string, stderr io.Writer) error {
 	retention := fs.Duration("retention", 0, "keep sent rows this long (0: delete them once sent)")
 	grace := fs.Duration("grace", 30*time.Second, "how long a stop may take")
 	migrate := fs.Bool("migrate", false, "create or upgrade the outbox tables first")
+	metrics := fs.String("metrics", "", "serve /metrics and /healthz on this host:port, e.g. 127.0.0.1:9465 (default off; :9465 listens on every interface)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -90,6 +98,13 @@ func run(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if *metrics != "" {
+		stopServing, err := serveMetrics(ctx, *metrics, ob, relay, log)
+		if err != nil {
+			return err
+		}
+		defer stopServing()
+	}
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
@@ -112,8 +127,40 @@ func run(args []string, stderr io.Writer) error {
 	<-stopped
 	st := relay.Stats()
 	log.Info("idem-relay: stopped", slog.Int64("published", st.Published), slog.Int64("dead_lettered", st.DeadLettered),
-		slog.Int64("failed", st.Failed), slog.Int64("mark_failures", st.MarkFailures))
+		slog.Int64("failed", st.Failed), slog.Int64("mark_failures", st.MarkFailures), slog.Int64("republished", st.Republished),
+		slog.Int64("failed_rounds", st.FailedRounds))
 	return err
+}
+
+// serveMetrics serves the relay's /metrics and /healthz on addr until the
+// returned function is called.
+func serveMetrics(ctx context.Context, addr string, ob *outbox.Outbox, relay *outbox.Relay, log *slog.Logger) (func(), error) {
+	obs, err := observe.New(observe.Config{Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	if err := obs.WatchRelay(ob, relay); err != nil {
+		return nil, errors.Join(err, obs.Close(ctx))
+	}
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("-metrics: %w", err), obs.Close(ctx))
+	}
+	log.Info("idem-relay: serving /metrics and /healthz", slog.String("addr", ln.Addr().String()))
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := obs.Serve(sctx, ln); err != nil {
+			log.Error("idem-relay: /metrics stopped", slog.Any("error", err))
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+		_ = obs.Close(context.WithoutCancel(ctx))
+	}, nil
 }
 
 func split(s string) []string {

@@ -2,7 +2,7 @@
 // let failed keys through again, send dead letters back to their topic,
 // purge expired rows, and check retention against the duplicates seen.
 //
-//	idem status                      rows by scope and outcome
+//	idem status                      rows by scope and outcome; HTTP scopes by request state
 //	idem release --scope pay 4200…   delete a failed row, after a confirmation
 //	idem redrive --topic pay.dlq     send dead letters whose keys were released back
 //	idem redrive --broker rocketmq --namesrv 127.0.0.1:9876 --topic pay_DLQ
@@ -64,13 +64,13 @@ type command struct {
 func commands() []command {
 	return []command{
 		{"migrate", "", "create or upgrade the dedup table", "Creates the dedup table (and on Postgres its migrations table) when missing, as Store.Migrate does.", runMigrate},
-		{"status", "", "rows by scope and outcome, the oldest of each", "Counts the rows by scope and outcome, with the oldest key of each, the rows expired and waiting for purge, and the retention the rows were written with.", runStatus},
+		{"status", "", "rows by scope and outcome, the oldest of each", "Counts the rows by scope and outcome, with the oldest key of each, the rows expired and waiting for purge, and the retention the rows were written with. HTTP scopes (httpidem: rows that hold a request's state) are listed again by state: finished, processing, and stuck — processing past their lease, a holder that crashed or answered 5xx.", runStatus},
 		{"show", "KEY", "a key's outcome, when, fingerprint, reason", "Shows the rows of KEY: in --scope, or in every scope (a scan of the table).", runShow},
 		{"failed", "", "list failed keys (filter by scope, age, reason)", "Lists failed rows, oldest first: keys whose message failed for good and was dead-lettered, one incident each (its letter's idem-cause is permanent). A later message with such a key is dead-lettered without running the handler, as failed_before, a repeat counted apart in the letters and the metrics, until the row is released. SOURCE names the message as the consumer's logs do: lane/offset, and the broker's message ID where it differs.", runFailed},
 		{"release", "KEY...", "delete failed rows, so a redelivery runs again", "Deletes the failed rows of the keys in --scope (never a done row), so that the next message with the key runs the handler. It shows what it will delete and asks first; --yes does not ask, --dry-run only shows.", runRelease},
 		{"redrive", "", "send dead letters back to their topic", "Reads a Kafka or RocketMQ dead-letter topic (--broker) from where the last redrive stopped (a consumer group's offsets, --group) to its end as it was at the start, and sends each letter back to its original topic with lineage headers (idem-original-*, idem-redrive-count, idem-redriven-from), by which a consumer keyed by message ID or by offsets deduplicates the copy as the original: a letter redriven twice is applied once. On Kafka a letter goes back to its original partition; on RocketMQ (idem's <topic>_DLQ letters, not the broker's %DLQ%<group>) to its original queue when the topic still has it, else to any queue, and the consumer keys it by the original's message ID. The group's offset passes a letter only once its copy was sent. A letter whose key is not released — a failed row (unless --release) or a done row — is refused: its partition or queue stops there, so that a later run starts with it. A letter without a key, or whose value was left out, is refused too (--skip passes refused letters by). An address that answers like the other broker is named as such.", runRedrive},
 		{"purge", "", "delete expired rows now", "Deletes the rows past their retention in bounded batches, as a cron job calling Purge would.", runPurge},
-		{"retention", "", "check retention against the ages of duplicates", "Compares each scope's retention with the ages at which duplicates arrived: from a consumer's Prometheus /metrics (--metrics URL, the histogram idem_consumer_duplicate_age_seconds of consumer/otelconsumer). Retention should stay above the 99.9th percentile of those ages, with a margin.", runRetention},
+		{"retention", "", "check retention against the ages of duplicates", "Compares each scope's retention with the ages at which duplicates arrived: from a consumer's Prometheus /metrics (--metrics URL, the histogram idem_consumer_duplicate_age_seconds of consumer/otelconsumer) or, for an HTTP scope, the ages of the retries an HTTP service answered with the stored response (idem_http_replay_age_seconds of httpidem/otelhttpidem). Retention should stay above the 99.9th percentile of those ages, with a margin.", runRetention},
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
 	"strings"
@@ -19,8 +18,12 @@ import (
 )
 
 // ageMetric is consumer/otelconsumer's idem.consumer.duplicate.age as the
-// OpenTelemetry Prometheus exporter names it.
-const ageMetric = "idem_consumer_duplicate_age_seconds"
+// OpenTelemetry Prometheus exporter names it; replayAgeMetric
+// httpidem/otelhttpidem's idem.http.replay.age.
+const (
+	ageMetric       = "idem_consumer_duplicate_age_seconds"
+	replayAgeMetric = "idem_http_replay_age_seconds"
+)
 
 // ages is the duplicate-age histogram of one consumer.
 type ages struct {
@@ -50,43 +53,55 @@ func (a ages) total() uint64 {
 	return a.counts[len(a.counts)-1]
 }
 
-// scrape reads the duplicate-age histograms from a Prometheus endpoint, by
-// consumer name (the label idem_consumer_name), summed over partitions.
-func scrape(ctx context.Context, url string) (map[string]ages, error) {
+// scraped are the age histograms of a Prometheus endpoint: a consumer's
+// duplicates by consumer name (the label idem_consumer_name), summed over
+// partitions, and an HTTP service's replayed retries by "METHOD route"
+// (http_request_method, http_route), as an HTTP scope begins.
+type scraped struct {
+	consumers, routes map[string]ages
+}
+
+// scrape reads the age histograms from a Prometheus endpoint.
+func scrape(ctx context.Context, url string) (scraped, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return nil, err
+		return scraped{}, err
 	}
 	req.Header.Set("Accept", "text/plain")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return nil, err
+		return scraped{}, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s: %s", url, resp.Status)
+		return scraped{}, fmt.Errorf("%s: %s", url, resp.Status)
 	}
-	return parseAges(resp.Body)
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return scraped{}, fmt.Errorf("metrics: %w", err)
+	}
+	return scraped{
+		consumers: parseAges(fams[ageMetric], func(l map[string]string) string { return l["idem_consumer_name"] }),
+		routes: parseAges(fams[replayAgeMetric], func(l map[string]string) string {
+			return l["http_request_method"] + " " + l["http_route"]
+		}),
+	}, nil
 }
 
-func parseAges(r io.Reader) (map[string]ages, error) {
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(r)
-	if err != nil {
-		return nil, fmt.Errorf("metrics: %w", err)
-	}
+// parseAges sums a histogram family's series by the name that of their
+// labels gives.
+func parseAges(fam *dto.MetricFamily, of func(labels map[string]string) string) map[string]ages {
 	out := map[string]ages{}
-	fam, ok := fams[ageMetric]
-	if !ok || fam.GetType() != dto.MetricType_HISTOGRAM {
-		return out, nil
+	if fam == nil || fam.GetType() != dto.MetricType_HISTOGRAM {
+		return out
 	}
 	for _, m := range fam.GetMetric() {
-		name := ""
+		labels := map[string]string{}
 		for _, l := range m.GetLabel() {
-			if l.GetName() == "idem_consumer_name" {
-				name = l.GetValue()
-			}
+			labels[l.GetName()] = l.GetValue()
 		}
+		name := of(labels)
 		h := m.GetHistogram()
 		a := out[name]
 		if a.bounds == nil {
@@ -104,14 +119,18 @@ func parseAges(r io.Reader) (map[string]ages, error) {
 		a.counts[len(a.counts)-1] += h.GetSampleCount()
 		out[name] = a
 	}
-	return out, nil
+	return out
 }
 
 type retentionJSON struct {
-	Scope        string  `json:"scope"`
+	Scope string `json:"scope"`
+	// Kind is "consumer", or "http" for a scope of HTTP Idempotency-Keys
+	// (its rows hold requests' states), whose duplicates are retries
+	// answered with the stored response.
+	Kind         string  `json:"kind"`
 	RetentionSec float64 `json:"retention_seconds"` // 0 with forever
 	Forever      bool    `json:"forever"`
-	Duplicates   uint64  `json:"duplicates"`       // seen by the consumer, from its metrics
+	Duplicates   uint64  `json:"duplicates"`       // seen by the consumer, or the retries the HTTP service replayed, from its metrics
 	P999Sec      float64 `json:"p999_age_seconds"` // the bucket bound; -1 for over the last bound
 	Advice       string  `json:"advice"`           // ok, too_short, no_data
 	AdviceText   string  `json:"advice_text"`
@@ -120,7 +139,7 @@ type retentionJSON struct {
 func runRetention(ctx context.Context, e *env, fs *flag.FlagSet, args []string) int {
 	var sf storeFlags
 	sf.register(fs, e)
-	metrics := fs.String("metrics", e.getenv("IDEM_METRICS_URL"), "a consumer's Prometheus endpoint, e.g. http://host:9464/metrics (env IDEM_METRICS_URL)")
+	metrics := fs.String("metrics", e.getenv("IDEM_METRICS_URL"), "a consumer's or an HTTP service's Prometheus endpoint, e.g. http://host:9464/metrics (env IDEM_METRICS_URL)")
 	margin := fs.Float64("margin", 2, "retention should be at least this many times the 99.9th percentile of duplicate ages")
 	if _, code, ok := parse(fs, args); !ok {
 		return code
@@ -134,28 +153,29 @@ func runRetention(ctx context.Context, e *env, fs *flag.FlagSet, args []string) 
 	if err != nil {
 		return fail(e, err)
 	}
-	var hist map[string]ages
+	var hist scraped
 	if *metrics != "" {
 		if hist, err = scrape(ctx, *metrics); err != nil {
 			return fail(e, err)
 		}
 	}
-	// A scope's retention, from its rows: the longest written, or for ever.
-	scopes := map[string]dedup.ScopeSummary{}
-	for _, s := range sum {
-		cur := scopes[s.Scope]
-		cur.Scope = s.Scope
-		cur.Forever = cur.Forever || s.Forever
-		cur.Retention = max(cur.Retention, s.Retention)
-		scopes[s.Scope] = cur
-	}
+	scopes := scopeTotals(sum)
 	var out []retentionJSON
 	short := false
 	for _, name := range sortedKeys(scopes) {
 		s := scopes[name]
-		r := retentionJSON{Scope: name, RetentionSec: s.Retention.Seconds(), Forever: s.Forever}
-		consumerName, _, _ := strings.Cut(name, "/") // Name/tenant
-		a, seen := hist[consumerName]
+		r := retentionJSON{Scope: name, Kind: s.kind(), RetentionSec: s.Retention.Seconds(), Forever: s.Forever}
+		w := consumerWords
+		var a ages
+		var seen bool
+		if s.http() {
+			w = httpWords
+			route, _, _ := strings.Cut(name, "#") // METHOD route#tenant
+			a, seen = hist.routes[route]
+		} else {
+			consumerName, _, _ := strings.Cut(name, "/") // Name/tenant
+			a, seen = hist.consumers[consumerName]
+		}
 		r.Duplicates = a.total()
 		p := a.quantile(0.999)
 		r.P999Sec = p
@@ -164,21 +184,21 @@ func runRetention(ctx context.Context, e *env, fs *flag.FlagSet, args []string) 
 		}
 		switch {
 		case *metrics == "":
-			r.Advice, r.AdviceText = "no_data", "no duplicate ages: run with --metrics URL of a consumer instrumented with consumer/otelconsumer (or compare Stats().DuplicateAge.Quantile(0.999) yourself)"
+			r.Advice, r.AdviceText = "no_data", w.noMetrics
 		case !seen || r.Duplicates == 0:
-			r.Advice, r.AdviceText = "no_data", "the consumer has seen no duplicates yet"
+			r.Advice, r.AdviceText = "no_data", w.noneYet
 		case s.Forever:
 			r.Advice, r.AdviceText = "ok", "kept for ever"
 		case math.IsInf(p, 1) || s.Retention.Seconds() < *margin*p:
 			short = true
 			r.Advice = "too_short"
 			if math.IsInf(p, 1) {
-				r.AdviceText = fmt.Sprintf("duplicates arrive later than %s (the last bucket): keep the keys for ever, or for months", duration(time.Duration(a.bounds[len(a.bounds)-2])*time.Second))
+				r.AdviceText = fmt.Sprintf("%s arrive later than %s (the last bucket): keep the keys for ever, or for months", w.dups, duration(time.Duration(a.bounds[len(a.bounds)-2])*time.Second))
 			} else {
-				r.AdviceText = fmt.Sprintf("99.9%% of duplicates arrive within %s: keep keys at least %s (×%g)", duration(time.Duration(p)*time.Second), duration(time.Duration(*margin*p)*time.Second), *margin)
+				r.AdviceText = fmt.Sprintf("99.9%% of %s arrive within %s: keep keys at least %s (×%g)%s", w.dups, duration(time.Duration(p)*time.Second), duration(time.Duration(*margin*p)*time.Second), *margin, w.setting)
 			}
 		default:
-			r.Advice, r.AdviceText = "ok", fmt.Sprintf("99.9%% of duplicates arrive within %s", duration(time.Duration(p)*time.Second))
+			r.Advice, r.AdviceText = "ok", fmt.Sprintf("99.9%% of %s arrive within %s", w.dups, duration(time.Duration(p)*time.Second))
 		}
 		out = append(out, r)
 	}
@@ -186,7 +206,7 @@ func runRetention(ctx context.Context, e *env, fs *flag.FlagSet, args []string) 
 		printJSON(e, out)
 	} else {
 		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "SCOPE\tRETENTION\tDUPLICATES\tP99.9 AGE\tADVICE")
+		fmt.Fprintln(tw, "SCOPE\tKIND\tRETENTION\tDUPLICATES\tP99.9 AGE\tADVICE")
 		for _, r := range out {
 			ret := "forever"
 			if !r.Forever {
@@ -199,7 +219,7 @@ func runRetention(ctx context.Context, e *env, fs *flag.FlagSet, args []string) 
 			case r.Duplicates > 0:
 				p = "≤ " + duration(time.Duration(r.P999Sec*float64(time.Second)))
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s: %s\n", r.Scope, ret, r.Duplicates, p, r.Advice, r.AdviceText)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s: %s\n", r.Scope, r.Kind, ret, r.Duplicates, p, r.Advice, r.AdviceText)
 		}
 		tw.Flush()
 	}
@@ -207,4 +227,55 @@ func runRetention(ctx context.Context, e *env, fs *flag.FlagSet, args []string) 
 		return exitPartial
 	}
 	return exitOK
+}
+
+// words are how retention's advice speaks of a kind of scope.
+type words struct {
+	dups, noMetrics, noneYet, setting string
+}
+
+var (
+	consumerWords = words{
+		dups:      "duplicates",
+		noMetrics: "no duplicate ages: run with --metrics URL of a consumer instrumented with consumer/otelconsumer (or compare Stats().DuplicateAge.Quantile(0.999) yourself)",
+		noneYet:   "the consumer has seen no duplicates yet",
+	}
+	httpWords = words{
+		dups:      "retries",
+		noMetrics: "no retry ages: run with --metrics URL of an HTTP service whose httpidem middleware has an httpidem/otelhttpidem Observer (idem_http_replay_age_seconds)",
+		noneYet:   "no retry with this scope's keys was answered from a stored response yet",
+		setting:   " (httpidem.Route.Retention)",
+	}
+)
+
+// scopeTotal is a scope's rows over their outcomes.
+type scopeTotal struct {
+	dedup.ScopeSummary
+}
+
+func (s scopeTotal) http() bool { return s.Processing+s.Finished > 0 }
+
+func (s scopeTotal) kind() string {
+	if s.http() {
+		return "http"
+	}
+	return "consumer"
+}
+
+// scopeTotals adds up each scope's rows: its retention, the longest
+// written or for ever, and its requests' states.
+func scopeTotals(sum []dedup.ScopeSummary) map[string]scopeTotal {
+	scopes := map[string]scopeTotal{}
+	for _, s := range sum {
+		cur := scopes[s.Scope]
+		cur.Scope = s.Scope
+		cur.Rows += s.Rows
+		cur.Forever = cur.Forever || s.Forever
+		cur.Retention = max(cur.Retention, s.Retention)
+		cur.Processing += s.Processing
+		cur.Finished += s.Finished
+		cur.Stuck += s.Stuck
+		scopes[s.Scope] = cur
+	}
+	return scopes
 }

@@ -101,6 +101,14 @@ type summaryJSON struct {
 	OldestAt     time.Time `json:"oldest_at"`
 	RetentionSec float64   `json:"retention_seconds"` // the longest among the rows
 	Forever      bool      `json:"forever"`           // some rows are kept for ever
+	// Kind is "consumer", or "http" for HTTP Idempotency-Keys: rows that
+	// hold a request's state, Finished (a response stored) or Processing
+	// (a leased request without an outcome yet); Stuck are the Processing
+	// ones whose lease ran out.
+	Kind       string `json:"kind"`
+	Finished   int64  `json:"finished,omitempty"`
+	Processing int64  `json:"processing,omitempty"`
+	Stuck      int64  `json:"stuck,omitempty"`
 }
 
 func runStatus(ctx context.Context, e *env, fs *flag.FlagSet, args []string) int {
@@ -121,7 +129,8 @@ func runStatus(ctx context.Context, e *env, fs *flag.FlagSet, args []string) int
 	if sf.json {
 		out := make([]summaryJSON, 0, len(sum))
 		for _, s := range sum {
-			out = append(out, summaryJSON{s.Scope, s.Outcome, s.Rows, s.Expired, s.OldestKey, s.OldestAt.UTC(), s.Retention.Seconds(), s.Forever})
+			out = append(out, summaryJSON{s.Scope, s.Outcome, s.Rows, s.Expired, s.OldestKey, s.OldestAt.UTC(), s.Retention.Seconds(), s.Forever,
+				scopeTotal{s}.kind(), s.Finished, s.Processing, s.Stuck})
 		}
 		printJSON(e, out)
 		return exitOK
@@ -136,7 +145,37 @@ func runStatus(ctx context.Context, e *env, fs *flag.FlagSet, args []string) int
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t %s\t\n", s.Scope, s.Outcome, s.Rows, s.Expired, age(s.OldestAt), retention(s), s.OldestKey)
 	}
 	tw.Flush()
+	printRequests(e, sum)
 	return exitOK
+}
+
+// printRequests lists the HTTP scopes' requests by state, and says what a
+// stuck one is.
+func printRequests(e *env, sum []dedup.ScopeSummary) {
+	scopes := scopeTotals(sum)
+	var stuck int64
+	var names []string
+	for _, name := range sortedKeys(scopes) {
+		if s := scopes[name]; s.http() {
+			names = append(names, name)
+			stuck += s.Stuck
+		}
+	}
+	if len(names) == 0 {
+		return
+	}
+	fmt.Fprintln(e.stdout)
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "HTTP SCOPE\tFINISHED\tPROCESSING\tSTUCK\t")
+	for _, name := range names {
+		s := scopes[name]
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t\n", name, s.Finished, s.Processing, s.Stuck)
+	}
+	tw.Flush()
+	if stuck > 0 {
+		fmt.Fprintf(e.stdout, "\n%d stuck: requests whose lease ran out without an outcome (the holder crashed or answered 5xx).\n"+
+			"The next request with the key takes it over; the store's StuckRequests lists them, ReleaseRequest frees one.\n", stuck)
+	}
 }
 
 func retention(s dedup.ScopeSummary) string {

@@ -253,6 +253,9 @@ func (s requestSuite[TTx]) leaseExpiry(t *testing.T) {
 		stuck[0].LeaseLeft > 0 || stuck[0].FirstAt.IsZero() || stuck[0].LeaseExpires.IsZero() {
 		t.Fatalf("stuck %+v, want only %v with token %d, expired", stuck, c.Key, a.Token)
 	}
+	if n, err := st.CountStuckRequests(ctx); err != nil || len(n) != 1 || n[c.Key.Scope] != 1 {
+		t.Fatalf("count stuck: %v, %v; want 1 in %q", n, err, c.Key.Scope)
+	}
 	b, err := st.AcquireLease(ctx, c, time.Hour, time.Hour)
 	wantVerdict(t, "acquire after the lease ran out", b, err, dedup.VerdictRun)
 	if b.Token <= a.Token || !b.TakenOver() {
@@ -263,6 +266,9 @@ func (s requestSuite[TTx]) leaseExpiry(t *testing.T) {
 	}
 	if stuck, err := st.StuckRequests(ctx, 10); err != nil || len(stuck) != 0 {
 		t.Fatalf("stuck after the takeover: %+v, %v; want none", stuck, err)
+	}
+	if n, err := st.CountStuckRequests(ctx); err != nil || len(n) != 0 {
+		t.Fatalf("count stuck after the takeover: %v, %v; want none", n, err)
 	}
 	if err := st.EndLease(ctx, c.Key, b.Token); err != nil {
 		t.Fatalf("end lease: %v", err)

@@ -50,11 +50,14 @@ func (a *Admin) Summary(ctx context.Context) ([]dedup.ScopeSummary, error) {
 	t := a.s.table
 	rows, err := a.s.pool.Query(ctx, `WITH oldest AS (
     SELECT DISTINCT ON (scope, outcome) scope, outcome, key FROM `+t+` ORDER BY scope, outcome, created_at, key)
-SELECT s.scope, s.outcome, s.n, s.expired, s.oldest_at, o.key, s.retention_ms, s.forever
+SELECT s.scope, s.outcome, s.n, s.expired, s.oldest_at, o.key, s.retention_ms, s.forever, s.processing, s.finished, s.stuck
 FROM (SELECT scope, outcome, count(*) AS n, count(*) FILTER (WHERE expires_at < now()) AS expired,
              min(created_at) AS oldest_at,
              coalesce(max(extract(epoch FROM expires_at - created_at) * 1000), 0)::int8 AS retention_ms,
-             bool_or(expires_at IS NULL) AS forever
+             bool_or(expires_at IS NULL) AS forever,
+             count(*) FILTER (WHERE state = 'processing') AS processing,
+             count(*) FILTER (WHERE state = 'finished') AS finished,
+             count(*) FILTER (WHERE state = 'processing' AND lease_expires_at < now()) AS stuck
       FROM `+t+` GROUP BY scope, outcome) s
 JOIN oldest o USING (scope, outcome)
 ORDER BY s.scope, s.outcome`)
@@ -66,7 +69,7 @@ ORDER BY s.scope, s.outcome`)
 	for rows.Next() {
 		var s dedup.ScopeSummary
 		var ms int64
-		if err := rows.Scan(&s.Scope, &s.Outcome, &s.Rows, &s.Expired, &s.OldestAt, &s.OldestKey, &ms, &s.Forever); err != nil {
+		if err := rows.Scan(&s.Scope, &s.Outcome, &s.Rows, &s.Expired, &s.OldestAt, &s.OldestKey, &ms, &s.Forever, &s.Processing, &s.Finished, &s.Stuck); err != nil {
 			return nil, fmt.Errorf("pgstore: summary: %w", err)
 		}
 		s.Retention = time.Duration(ms) * time.Millisecond

@@ -40,7 +40,7 @@ var ErrDistributedHTTP = errors.New("pgstore: httpidem needs advisory locks, whi
 
 // httpQueries are a store's HTTP statements, built once for its table.
 type httpQueries struct {
-	look, save, acquire, takeover, finish, extend, end, stuck, relse string
+	look, save, acquire, takeover, finish, extend, end, stuck, countStuck, relse string
 }
 
 // lookSQL takes the key's advisory lock without waiting (after setting
@@ -119,6 +119,7 @@ WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'processing'`,
 		stuck: `SELECT scope, key, token, lease_expires_at, (extract(epoch FROM lease_expires_at - now()) * 1000)::bigint, created_at
 FROM ` + t + ` WHERE state = 'processing' AND lease_expires_at < now()
 ORDER BY lease_expires_at LIMIT $1`,
+		countStuck: `SELECT scope, count(*) FROM ` + t + ` WHERE state = 'processing' AND lease_expires_at < now() GROUP BY scope`,
 		relse: `UPDATE ` + t + ` SET token = greatest(token + 1, ` + tokenSQL + `), lease_expires_at = now()
 WHERE scope = $1 AND key = $2 AND state = 'processing'`,
 	}
@@ -473,6 +474,26 @@ func (s *Store) StuckRequests(ctx context.Context, limit int) ([]dedup.RequestRe
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("pgstore: stuck requests: %w", err)
+	}
+	return out, nil
+}
+
+// CountStuckRequests counts processing keys past their lease by scope,
+// through the partial index of migration 002; see dedup.RequestStore.
+func (s *Store) CountStuckRequests(ctx context.Context) (map[string]int64, error) {
+	rows, err := s.pool.Query(ctx, s.http.countStuck)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: count stuck requests: %w", err)
+	}
+	out := map[string]int64{}
+	var scope string
+	var n int64
+	_, err = pgx.ForEachRow(rows, []any{&scope, &n}, func() error {
+		out[scope] = n
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: count stuck requests: %w", err)
 	}
 	return out, nil
 }

@@ -58,7 +58,9 @@ func queryRows(ctx context.Context, q querier, query string, args ...any) ([]ded
 func (a *Admin) Summary(ctx context.Context) ([]dedup.ScopeSummary, error) {
 	t := a.s.table
 	rows, err := a.s.db.QueryContext(ctx, `SELECT scope, outcome, count(*), coalesce(sum(expires_at < `+nowMillis+`), 0),
-    min(created_at), coalesce(max(expires_at - created_at), 0), max(expires_at IS NULL)
+    min(created_at), coalesce(max(expires_at - created_at), 0), max(expires_at IS NULL),
+    coalesce(sum(state = 'processing'), 0), coalesce(sum(state = 'finished'), 0),
+    coalesce(sum(state = 'processing' AND lease_expires_at < `+nowMillis+`), 0)
 FROM `+t+` GROUP BY scope, outcome ORDER BY scope, outcome`)
 	if err != nil {
 		return nil, fmt.Errorf("sqlitestore: summary: %w", err)
@@ -67,7 +69,8 @@ FROM `+t+` GROUP BY scope, outcome ORDER BY scope, outcome`)
 	for rows.Next() {
 		var s dedup.ScopeSummary
 		var oldest, ret int64
-		if err := rows.Scan(&s.Scope, &s.Outcome, &s.Rows, &s.Expired, &oldest, &ret, &s.Forever); err != nil {
+		if err := rows.Scan(&s.Scope, &s.Outcome, &s.Rows, &s.Expired, &oldest, &ret, &s.Forever,
+			&s.Processing, &s.Finished, &s.Stuck); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("sqlitestore: summary: %w", err)
 		}

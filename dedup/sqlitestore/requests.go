@@ -245,6 +245,27 @@ ORDER BY lease_expires_at LIMIT ?`, limit)
 	return out, s.wrap("stuck requests", rows.Err())
 }
 
+// CountStuckRequests counts processing keys past their lease by scope; see
+// dedup.RequestStore.
+func (s *Store) CountStuckRequests(ctx context.Context) (map[string]int64, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT scope, count(*) FROM `+s.table+`
+WHERE state = 'processing' AND lease_expires_at < `+nowMillis+` GROUP BY scope`)
+	if err != nil {
+		return nil, s.wrap("count stuck requests", err)
+	}
+	defer rows.Close()
+	out := map[string]int64{}
+	for rows.Next() {
+		var scope string
+		var n int64
+		if err := rows.Scan(&scope, &n); err != nil {
+			return nil, s.wrap("count stuck requests", err)
+		}
+		out[scope] = n
+	}
+	return out, s.wrap("count stuck requests", rows.Err())
+}
+
 // ReleaseRequest ends a processing key's lease and grows its token; see
 // dedup.RequestStore.
 func (s *Store) ReleaseRequest(ctx context.Context, k dedup.Key) (released bool, err error) {
