@@ -1,7 +1,6 @@
 package deploy
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -202,29 +200,48 @@ func TestDashboardAndAlertsMatchTheScrape(t *testing.T) {
 		t.Fatalf("slow: %d", got)
 	}
 
-	// Wait for what each family needs to have a sample: the histograms
-	// are listed once observed.
+	// Wait for every message to be counted (a batch's counters are
+	// recorded just after its acknowledgement), the two payments to be
+	// published, and each histogram to have a sample: a histogram is
+	// listed once observed.
 	var fams map[string]*dto.MetricFamily
 	testenv.WaitUntilProgress(t, time.Minute, "every series the files use to have a sample", func() (bool, string) {
 		fams = scrape(t, base)
 		var missing []string
 		for _, name := range []string{
 			"idem_consumer_duplicate_age_seconds", "idem_consumer_fetch_to_ack_duration_seconds",
+			"idem_consumer_claim_duration_seconds", "idem_consumer_commit_duration_seconds",
 			"messaging_process_duration_seconds", "idem_http_replay_age_seconds", "idem_consumer_lane_waiting",
 		} {
 			if len(fams[name].GetMetric()) == 0 {
 				missing = append(missing, name)
 			}
 		}
-		v, _ := sum(fams, "idem_outbox_published_total", nil)
-		if v != 2 {
-			missing = append(missing, fmt.Sprintf("idem_outbox_published_total %v of 2", v))
+		for name, want := range map[string]float64{
+			"idem_consumer_applied_total": 2, "idem_consumer_duplicates_total": 1, "idem_consumer_dead_letters_total": 1,
+			"idem_consumer_retries_total": 1, "idem_outbox_published_total": 2,
+		} {
+			if v, _ := sum(fams, name, nil); v != want {
+				missing = append(missing, fmt.Sprintf("%s %v of %v", name, v, want))
+			}
 		}
 		return len(missing) == 0, strings.Join(missing, ", ")
 	})
 	if testing.Verbose() {
 		_, body := get(t, base+"/metrics")
 		t.Logf("the scrape:\n%s", body)
+	}
+
+	ex := exportedBy(fams)
+	for _, check := range []func(exported) (int, error){checkAlerts, checkDashboard} {
+		n, err := check(ex)
+		if err != nil {
+			t.Error(err)
+		}
+		if n == 0 {
+			t.Error("no expression checked")
+		}
+		t.Logf("%d expressions checked", n)
 	}
 
 	if err := c.Stop(ctx); err != nil {
@@ -238,8 +255,6 @@ func TestDashboardAndAlertsMatchTheScrape(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_ = bytes.MinRead
-	_ = os.ReadFile
 }
 
 // get fetches url and returns the status and body.
