@@ -140,48 +140,7 @@ func runRetention(ctx context.Context, e *env, fs *flag.FlagSet, args []string) 
 			return fail(e, err)
 		}
 	}
-	// A scope's retention, from its rows: the longest written, or for ever.
-	scopes := map[string]dedup.ScopeSummary{}
-	for _, s := range sum {
-		cur := scopes[s.Scope]
-		cur.Scope = s.Scope
-		cur.Forever = cur.Forever || s.Forever
-		cur.Retention = max(cur.Retention, s.Retention)
-		scopes[s.Scope] = cur
-	}
-	var out []retentionJSON
-	short := false
-	for _, name := range sortedKeys(scopes) {
-		s := scopes[name]
-		r := retentionJSON{Scope: name, RetentionSec: s.Retention.Seconds(), Forever: s.Forever}
-		consumerName, _, _ := strings.Cut(name, "/") // Name/tenant
-		a, seen := hist[consumerName]
-		r.Duplicates = a.total()
-		p := a.quantile(0.999)
-		r.P999Sec = p
-		if math.IsInf(p, 1) {
-			r.P999Sec = -1
-		}
-		switch {
-		case *metrics == "":
-			r.Advice, r.AdviceText = "no_data", "no duplicate ages: run with --metrics URL of a consumer instrumented with consumer/otelconsumer (or compare Stats().DuplicateAge.Quantile(0.999) yourself)"
-		case !seen || r.Duplicates == 0:
-			r.Advice, r.AdviceText = "no_data", "the consumer has seen no duplicates yet"
-		case s.Forever:
-			r.Advice, r.AdviceText = "ok", "kept for ever"
-		case math.IsInf(p, 1) || s.Retention.Seconds() < *margin*p:
-			short = true
-			r.Advice = "too_short"
-			if math.IsInf(p, 1) {
-				r.AdviceText = fmt.Sprintf("duplicates arrive later than %s (the last bucket): keep the keys for ever, or for months", duration(time.Duration(a.bounds[len(a.bounds)-2])*time.Second))
-			} else {
-				r.AdviceText = fmt.Sprintf("99.9%% of duplicates arrive within %s: keep keys at least %s (×%g)", duration(time.Duration(p)*time.Second), duration(time.Duration(*margin*p)*time.Second), *margin)
-			}
-		default:
-			r.Advice, r.AdviceText = "ok", fmt.Sprintf("99.9%% of duplicates arrive within %s", duration(time.Duration(p)*time.Second))
-		}
-		out = append(out, r)
-	}
+	out, short := adviseRetention(sum, hist, *metrics != "", *margin)
 	if sf.json {
 		printJSON(e, out)
 	} else {
@@ -207,4 +166,52 @@ func runRetention(ctx context.Context, e *env, fs *flag.FlagSet, args []string) 
 		return exitPartial
 	}
 	return exitOK
+}
+
+// adviseRetention compares each scope's retention (from its rows) with the
+// duplicate ages of its consumer (hist, by consumer name; metricsGiven:
+// hist was scraped): idem retention's advice, the console's too. short
+// reports a scope whose retention is below the margin.
+func adviseRetention(sum []dedup.ScopeSummary, hist map[string]ages, metricsGiven bool, margin float64) (out []retentionJSON, short bool) {
+	// A scope's retention, from its rows: the longest written, or for ever.
+	scopes := map[string]dedup.ScopeSummary{}
+	for _, s := range sum {
+		cur := scopes[s.Scope]
+		cur.Scope = s.Scope
+		cur.Forever = cur.Forever || s.Forever
+		cur.Retention = max(cur.Retention, s.Retention)
+		scopes[s.Scope] = cur
+	}
+	for _, name := range sortedKeys(scopes) {
+		s := scopes[name]
+		r := retentionJSON{Scope: name, RetentionSec: s.Retention.Seconds(), Forever: s.Forever}
+		consumerName, _, _ := strings.Cut(name, "/") // Name/tenant
+		a, seen := hist[consumerName]
+		r.Duplicates = a.total()
+		p := a.quantile(0.999)
+		r.P999Sec = p
+		if math.IsInf(p, 1) {
+			r.P999Sec = -1
+		}
+		switch {
+		case !metricsGiven:
+			r.Advice, r.AdviceText = "no_data", "no duplicate ages: run with --metrics URL of a consumer instrumented with consumer/otelconsumer (or compare Stats().DuplicateAge.Quantile(0.999) yourself)"
+		case !seen || r.Duplicates == 0:
+			r.Advice, r.AdviceText = "no_data", "the consumer has seen no duplicates yet"
+		case s.Forever:
+			r.Advice, r.AdviceText = "ok", "kept for ever"
+		case math.IsInf(p, 1) || s.Retention.Seconds() < margin*p:
+			short = true
+			r.Advice = "too_short"
+			if math.IsInf(p, 1) {
+				r.AdviceText = fmt.Sprintf("duplicates arrive later than %s (the last bucket): keep the keys for ever, or for months", duration(time.Duration(a.bounds[len(a.bounds)-2])*time.Second))
+			} else {
+				r.AdviceText = fmt.Sprintf("99.9%% of duplicates arrive within %s: keep keys at least %s (×%g)", duration(time.Duration(p)*time.Second), duration(time.Duration(margin*p)*time.Second), margin)
+			}
+		default:
+			r.Advice, r.AdviceText = "ok", fmt.Sprintf("99.9%% of duplicates arrive within %s", duration(time.Duration(p)*time.Second))
+		}
+		out = append(out, r)
+	}
+	return out, short
 }
