@@ -88,15 +88,23 @@ func parseAges(r io.Reader) (map[string]ages, error) {
 			}
 		}
 		h := m.GetHistogram()
+		// The text format lists the +Inf bucket too: it is added below,
+		// from the sample count, once.
+		var buckets []*dto.Bucket
+		for _, b := range h.GetBucket() {
+			if !math.IsInf(b.GetUpperBound(), 1) {
+				buckets = append(buckets, b)
+			}
+		}
 		a := out[name]
 		if a.bounds == nil {
-			for _, b := range h.GetBucket() {
+			for _, b := range buckets {
 				a.bounds = append(a.bounds, b.GetUpperBound())
 			}
 			a.bounds = append(a.bounds, math.Inf(1))
 			a.counts = make([]uint64, len(a.bounds))
 		}
-		for i, b := range h.GetBucket() {
+		for i, b := range buckets {
 			if i < len(a.counts)-1 {
 				a.counts[i] += b.GetCumulativeCount()
 			}
