@@ -113,6 +113,9 @@ func (f *consoleFixture) table(t *testing.T) string {
 // offsets as they were, and shows what the command's dry runs show.
 func TestConsoleGetNeverWrites(t *testing.T) {
 	f := newConsoleFixture(t)
+	metrics := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, duplicateAges) }))
+	defer metrics.Close()
+	f.console.metrics = metrics.URL
 	before, topicEnd := f.table(t), f.end(f.topic)
 	lease := f.stuckToken(t)
 	pages := map[string]string{
