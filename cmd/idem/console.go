@@ -299,7 +299,7 @@ func newChart(a ages) *chart {
 	if a.total() == 0 {
 		return nil
 	}
-	const w, h, top, base = 640, 200, 16, 170
+	const w, h, top, base = 640, 150, 16, 125
 	ch := &chart{W: w, H: h, Base: base, Total: a.total()}
 	n := len(a.counts)
 	var most uint64
@@ -319,12 +319,24 @@ func newChart(a ages) *chart {
 		}
 		label := "+Inf"
 		if !math.IsInf(a.bounds[i], 1) {
-			label = "≤" + duration(time.Duration(a.bounds[i]*float64(time.Second)))
+			label = "≤" + shortDuration(time.Duration(a.bounds[i]*float64(time.Second)))
 		}
 		x := 10 + float64(i)*slot
 		ch.Bars = append(ch.Bars, bar{X: x + slot*0.1, Y: float64(base) - bh, W: slot * 0.8, H: bh, LabelX: x + slot/2, Label: label, Count: strconv.FormatUint(v, 10)})
 	}
 	return ch
+}
+
+// shortDuration is duration without its zero tails: 10m, not 10m0s.
+func shortDuration(d time.Duration) string {
+	s := duration(d)
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }
 
 func (c *console) overview(w http.ResponseWriter, r *http.Request) {
