@@ -1,7 +1,7 @@
 SHELL := /bin/bash
 # Services the tests need; scripts/testenv.sh starts them (installing Postgres,
-# MariaDB and Redis when missing, downloading the broker jars once).
-SERVICES ?= postgres kafka rocketmq mariadb redis kafka-cluster rocketmq-cluster
+# MariaDB, Redis and Chromium when missing, downloading the broker jars once).
+SERVICES ?= postgres kafka rocketmq mariadb redis chromium kafka-cluster rocketmq-cluster
 PKGS ?= ./...
 # make test (scripts/test.sh) runs every package against the single services
 # first, then each cluster on its own: started, its lighter scenario of

@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-read -r -a services <<<"${SERVICES:-postgres kafka rocketmq mariadb redis kafka-cluster rocketmq-cluster}"
+read -r -a services <<<"${SERVICES:-postgres kafka rocketmq mariadb redis chromium kafka-cluster rocketmq-cluster}"
 read -r -a pkgs <<<"${PKGS:-./...}"
 singles=() clusters=()
 for s in "${services[@]}"; do

@@ -6,12 +6,12 @@
 #   scripts/testenv.sh env  [service...]   print the environment (export lines)
 #
 # Services: postgres, kafka, kafka-cluster, rocketmq, rocketmq-cluster,
-# mariadb, redis (default: $IDEM_TESTENV_SERVICES, else all but the two
+# mariadb, redis, chromium (default: $IDEM_TESTENV_SERVICES, else all but the two
 # clusters of the failover tests, kafka-cluster (three Kafka nodes) and
 # rocketmq-cluster (a name server and two RocketMQ brokers)).
 # `eval "$(scripts/testenv.sh up)"` sets IDEM_TEST_PG_URL,
 # IDEM_TEST_KAFKA_BROKERS, IDEM_TEST_ROCKETMQ_NAMESRV, IDEM_TEST_MYSQL_DSN and
-# IDEM_TEST_REDIS_ADDR (kafka-cluster IDEM_TEST_KAFKA_CLUSTER,
+# IDEM_TEST_REDIS_ADDR, IDEM_TEST_CHROMIUM (kafka-cluster IDEM_TEST_KAFKA_CLUSTER,
 # rocketmq-cluster IDEM_TEST_ROCKETMQ_CLUSTER). Running `up` twice is
 # harmless. Progress goes to stderr.
 set -euo pipefail
@@ -21,7 +21,7 @@ cmd=${1:-}
 if [ $# -gt 0 ]; then
   services=("$@")
 else
-  read -r -a services <<<"${IDEM_TESTENV_SERVICES:-postgres kafka rocketmq mariadb redis}"
+  read -r -a services <<<"${IDEM_TESTENV_SERVICES:-postgres kafka rocketmq mariadb redis chromium}"
 fi
 case "$cmd" in
   up)
@@ -35,7 +35,7 @@ case "$cmd" in
     for s in "${services[@]}"; do "$here/testenv/$s.sh" env; done
     ;;
   *)
-    echo "usage: $0 up|down|env [postgres|kafka|kafka-cluster|rocketmq|rocketmq-cluster|mariadb|redis ...]" >&2
+    echo "usage: $0 up|down|env [postgres|kafka|kafka-cluster|rocketmq|rocketmq-cluster|mariadb|redis|chromium ...]" >&2
     exit 2
     ;;
 esac

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 
@@ -59,46 +60,19 @@ func runRedrive(ctx context.Context, e *env, fs *flag.FlagSet, args []string) in
 	res, err := redrive.Run(ctx, broker, redrive.Config{Admin: admin, Topic: f.topic, To: f.to, Group: f.group,
 		Max: f.max, MaxRedrives: f.maxRedrives, Release: f.release, DryRun: f.dry, Skip: f.skip})
 	refused := 0
-	counts := map[string]int{}
 	for _, r := range res {
-		counts[r.Action]++
 		if r.Action == redrive.Refused || r.Action == redrive.Skipped {
 			refused++
 		}
 	}
 	if sf.json {
-		out := map[string]any{"letters": res, "counts": counts, "dry_run": f.dry}
+		out := map[string]any{"letters": res, "counts": redriveCounts(res), "dry_run": f.dry}
 		if err != nil {
 			out["error"] = err.Error()
 		}
 		printJSON(e, out)
 	} else {
-		for _, r := range res {
-			line := fmt.Sprintf("%-10s %s", r.Action, r.Letter)
-			if r.Key != "" {
-				line += fmt.Sprintf("  key %s/%s", r.Scope, r.Key)
-			}
-			if r.To != "" {
-				line += "  → " + r.To
-			}
-			if r.Release {
-				line += "  (released)"
-			}
-			if r.Reason != "" {
-				line += ": " + r.Reason
-			}
-			fmt.Fprintln(e.stdout, line)
-		}
-		var parts []string
-		for _, a := range sortedKeys(counts) {
-			parts = append(parts, fmt.Sprintf("%d %s", counts[a], a))
-		}
-		if len(parts) == 0 && err == nil {
-			parts = append(parts, "nothing to redrive")
-		}
-		if len(parts) > 0 {
-			fmt.Fprintf(e.stdout, "%s: %s\n", f.topic, strings.Join(parts, ", "))
-		}
+		writeRedrive(e.stdout, f.topic, res, err)
 	}
 	var wrong *redrive.WrongBrokerError
 	switch {
@@ -117,6 +91,50 @@ func runRedrive(ctx context.Context, e *env, fs *flag.FlagSet, args []string) in
 		return exitPartial
 	}
 	return exitOK
+}
+
+func redriveCounts(res []letterResult) map[string]int {
+	counts := map[string]int{}
+	for _, r := range res {
+		counts[r.Action]++
+	}
+	return counts
+}
+
+// writeRedrive prints what a redrive did (or, dry, would do) with each
+// letter of topic, and the counts: idem redrive's output, the console's too.
+func writeRedrive(w io.Writer, topic string, res []letterResult, err error) {
+	for _, r := range res {
+		fmt.Fprintln(w, redriveLine(r))
+	}
+	counts := redriveCounts(res)
+	var parts []string
+	for _, a := range sortedKeys(counts) {
+		parts = append(parts, fmt.Sprintf("%d %s", counts[a], a))
+	}
+	if len(parts) == 0 && err == nil {
+		parts = append(parts, "nothing to redrive")
+	}
+	if len(parts) > 0 {
+		fmt.Fprintf(w, "%s: %s\n", topic, strings.Join(parts, ", "))
+	}
+}
+
+func redriveLine(r letterResult) string {
+	line := fmt.Sprintf("%-10s %s", r.Action, r.Letter)
+	if r.Key != "" {
+		line += fmt.Sprintf("  key %s/%s", r.Scope, r.Key)
+	}
+	if r.To != "" {
+		line += "  → " + r.To
+	}
+	if r.Release {
+		line += "  (released)"
+	}
+	if r.Reason != "" {
+		line += ": " + r.Reason
+	}
+	return line
 }
 
 // chooseBroker picks the broker the flags name, with a usage error for a

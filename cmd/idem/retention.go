@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"strings"
@@ -76,8 +77,13 @@ func scrape(ctx context.Context, url string) (scraped, error) {
 	if resp.StatusCode != http.StatusOK {
 		return scraped{}, fmt.Errorf("%s: %s", url, resp.Status)
 	}
+	return parseScrape(resp.Body)
+}
+
+// parseScrape reads the age histograms from a scrape in the text format.
+func parseScrape(r io.Reader) (scraped, error) {
 	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(resp.Body)
+	fams, err := p.TextToMetricFamilies(r)
 	if err != nil {
 		return scraped{}, fmt.Errorf("metrics: %w", err)
 	}
@@ -103,15 +109,23 @@ func parseAges(fam *dto.MetricFamily, of func(labels map[string]string) string) 
 		}
 		name := of(labels)
 		h := m.GetHistogram()
+		// The text format lists the +Inf bucket too: it is added below,
+		// from the sample count, once.
+		var buckets []*dto.Bucket
+		for _, b := range h.GetBucket() {
+			if !math.IsInf(b.GetUpperBound(), 1) {
+				buckets = append(buckets, b)
+			}
+		}
 		a := out[name]
 		if a.bounds == nil {
-			for _, b := range h.GetBucket() {
+			for _, b := range buckets {
 				a.bounds = append(a.bounds, b.GetUpperBound())
 			}
 			a.bounds = append(a.bounds, math.Inf(1))
 			a.counts = make([]uint64, len(a.bounds))
 		}
-		for i, b := range h.GetBucket() {
+		for i, b := range buckets {
 			if i < len(a.counts)-1 {
 				a.counts[i] += b.GetCumulativeCount()
 			}
@@ -159,49 +173,7 @@ func runRetention(ctx context.Context, e *env, fs *flag.FlagSet, args []string) 
 			return fail(e, err)
 		}
 	}
-	scopes := scopeTotals(sum)
-	var out []retentionJSON
-	short := false
-	for _, name := range sortedKeys(scopes) {
-		s := scopes[name]
-		r := retentionJSON{Scope: name, Kind: s.kind(), RetentionSec: s.Retention.Seconds(), Forever: s.Forever}
-		w := consumerWords
-		var a ages
-		var seen bool
-		if s.http() {
-			w = httpWords
-			route, _, _ := strings.Cut(name, "#") // METHOD route#tenant
-			a, seen = hist.routes[route]
-		} else {
-			consumerName, _, _ := strings.Cut(name, "/") // Name/tenant
-			a, seen = hist.consumers[consumerName]
-		}
-		r.Duplicates = a.total()
-		p := a.quantile(0.999)
-		r.P999Sec = p
-		if math.IsInf(p, 1) {
-			r.P999Sec = -1
-		}
-		switch {
-		case *metrics == "":
-			r.Advice, r.AdviceText = "no_data", w.noMetrics
-		case !seen || r.Duplicates == 0:
-			r.Advice, r.AdviceText = "no_data", w.noneYet
-		case s.Forever:
-			r.Advice, r.AdviceText = "ok", "kept for ever"
-		case math.IsInf(p, 1) || s.Retention.Seconds() < *margin*p:
-			short = true
-			r.Advice = "too_short"
-			if math.IsInf(p, 1) {
-				r.AdviceText = fmt.Sprintf("%s arrive later than %s (the last bucket): keep the keys for ever, or for months", w.dups, duration(time.Duration(a.bounds[len(a.bounds)-2])*time.Second))
-			} else {
-				r.AdviceText = fmt.Sprintf("99.9%% of %s arrive within %s: keep keys at least %s (×%g)%s", w.dups, duration(time.Duration(p)*time.Second), duration(time.Duration(*margin*p)*time.Second), *margin, w.setting)
-			}
-		default:
-			r.Advice, r.AdviceText = "ok", fmt.Sprintf("99.9%% of %s arrive within %s", w.dups, duration(time.Duration(p)*time.Second))
-		}
-		out = append(out, r)
-	}
+	out, short := adviseRetention(sum, hist, *metrics != "", *margin)
 	if sf.json {
 		printJSON(e, out)
 	} else {
@@ -278,4 +250,58 @@ func scopeTotals(sum []dedup.ScopeSummary) map[string]scopeTotal {
 		scopes[s.Scope] = cur
 	}
 	return scopes
+}
+
+// adviseRetention compares each scope's retention (from its rows) with the
+// ages at which its duplicates arrived (hist: a consumer's by its name, an
+// HTTP scope's retries by route; metricsGiven: hist was scraped): idem
+// retention's advice, the console's too. short reports a scope whose
+// retention is below the margin.
+func adviseRetention(sum []dedup.ScopeSummary, hist scraped, metricsGiven bool, margin float64) (out []retentionJSON, short bool) {
+	scopes := scopeTotals(sum)
+	for _, name := range sortedKeys(scopes) {
+		s := scopes[name]
+		r := retentionJSON{Scope: name, Kind: s.kind(), RetentionSec: s.Retention.Seconds(), Forever: s.Forever}
+		a, seen, w := hist.agesOf(s)
+		r.Duplicates = a.total()
+		p := a.quantile(0.999)
+		r.P999Sec = p
+		if math.IsInf(p, 1) {
+			r.P999Sec = -1
+		}
+		switch {
+		case !metricsGiven:
+			r.Advice, r.AdviceText = "no_data", w.noMetrics
+		case !seen || r.Duplicates == 0:
+			r.Advice, r.AdviceText = "no_data", w.noneYet
+		case s.Forever:
+			r.Advice, r.AdviceText = "ok", "kept for ever"
+		case math.IsInf(p, 1) || s.Retention.Seconds() < margin*p:
+			short = true
+			r.Advice = "too_short"
+			if math.IsInf(p, 1) {
+				r.AdviceText = fmt.Sprintf("%s arrive later than %s (the last bucket): keep the keys for ever, or for months", w.dups, duration(time.Duration(a.bounds[len(a.bounds)-2])*time.Second))
+			} else {
+				r.AdviceText = fmt.Sprintf("99.9%% of %s arrive within %s: keep keys at least %s (×%g)%s", w.dups, duration(time.Duration(p)*time.Second), duration(time.Duration(margin*p)*time.Second), margin, w.setting)
+			}
+		default:
+			r.Advice, r.AdviceText = "ok", fmt.Sprintf("99.9%% of %s arrive within %s", w.dups, duration(time.Duration(p)*time.Second))
+		}
+		out = append(out, r)
+	}
+	return out, short
+}
+
+// agesOf is the age histogram of scope s's duplicates — a consumer's
+// (scope Name/tenant), or an HTTP scope's retries (METHOD route#tenant) —
+// whether the scrape had it, and the words its advice takes.
+func (h scraped) agesOf(s scopeTotal) (ages, bool, words) {
+	if s.http() {
+		route, _, _ := strings.Cut(s.Scope, "#")
+		a, seen := h.routes[route]
+		return a, seen, httpWords
+	}
+	name, _, _ := strings.Cut(s.Scope, "/")
+	a, seen := h.consumers[name]
+	return a, seen, consumerWords
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -70,5 +71,18 @@ func TestRetentionFromMetrics(t *testing.T) {
 	}
 	if code, out, _ := idem(t, "", envs, "retention", "--metrics", srv.URL); code != exitPartial || !strings.Contains(out, "keep keys at least 12h") {
 		t.Errorf("retention: %d %q", code, out)
+	}
+}
+
+// TestParseAgesOneInfBucket: the text format's le="+Inf" bucket is not
+// counted as a bucket of its own besides the one from the sample count.
+func TestParseAgesOneInfBucket(t *testing.T) {
+	got, err := parseScrape(strings.NewReader(ageHistogram("pay", "0", map[string]int{"+Inf": 5})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := got.consumers["pay"]
+	if n := len(a.bounds); n != 11 || !math.IsInf(a.bounds[n-1], 1) || math.IsInf(a.bounds[n-2], 1) || a.total() != 5 {
+		t.Errorf("bounds %v, counts %v", a.bounds, a.counts)
 	}
 }

@@ -40,34 +40,48 @@ var errNoStore = errors.New("no store: set --pg or IDEM_PG_URL (Postgres), or --
 // open opens the store the flags name; close it when done. Only migrate
 // creates an SQLite file that is not there.
 func (f *storeFlags) open(ctx context.Context, create bool) (dedup.Admin, func(), error) {
+	admin, _, closeStore, err := f.openWithRequests(ctx, create)
+	return admin, closeStore, err
+}
+
+// requestAdmin is what the console needs of a store's HTTP request keys
+// (dedup.RequestStore): the stuck ones, and releasing one.
+type requestAdmin interface {
+	StuckRequests(ctx context.Context, limit int) ([]dedup.RequestRecord, error)
+	EndLease(ctx context.Context, k dedup.Key, token int64) error
+	ReleaseRequest(ctx context.Context, k dedup.Key) (bool, error)
+}
+
+// openWithRequests is open, with the store's request keys too.
+func (f *storeFlags) openWithRequests(ctx context.Context, create bool) (dedup.Admin, requestAdmin, func(), error) {
 	switch {
 	case f.pg != "" && f.sqlite != "":
-		return nil, nil, errors.New("both a Postgres URL and an SQLite file: choose one")
+		return nil, nil, nil, errors.New("both a Postgres URL and an SQLite file: choose one")
 	case f.pg != "":
 		pool, err := pgxpool.New(ctx, f.pg)
 		if err != nil {
-			return nil, nil, fmt.Errorf("postgres: %w", err)
+			return nil, nil, nil, fmt.Errorf("postgres: %w", err)
 		}
 		st, err := pgstore.New(pool, pgstore.Config{Schema: f.schema, Table: f.table})
 		if err != nil {
 			pool.Close()
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
-		return st.Admin(), pool.Close, nil
+		return st.Admin(), st, pool.Close, nil
 	case f.sqlite != "":
 		if _, err := os.Stat(f.sqlite); err != nil && !create {
-			return nil, nil, fmt.Errorf("sqlite: %w", err)
+			return nil, nil, nil, fmt.Errorf("sqlite: %w", err)
 		}
 		db, err := sqlitestore.Open(f.sqlite, sqlitestore.Config{})
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		st, err := sqlitestore.New(db, sqlitestore.Config{Table: f.table})
 		if err != nil {
 			db.Close()
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
-		return st.Admin(), func() { _ = db.Close() }, nil
+		return st.Admin(), st, func() { _ = db.Close() }, nil
 	}
-	return nil, nil, errNoStore
+	return nil, nil, nil, errNoStore
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"flag"
 	"fmt"
+	"io"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -53,8 +54,10 @@ func causeOf(r dedup.Row) string {
 	return ""
 }
 
-func printRows(e *env, rows []dedup.Row) {
-	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+func printRows(e *env, rows []dedup.Row) { writeRows(e.stdout, rows) }
+
+func writeRows(w io.Writer, rows []dedup.Row) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "SCOPE\tKEY\tOUTCOME\tAGE\tSOURCE\tREASON")
 	for _, r := range rows {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Key.Scope, r.Key.ID, r.Outcome, age(r.CreatedAt), r.Source, oneLine(r.Reason, 80))
@@ -322,22 +325,28 @@ func runRelease(ctx context.Context, e *env, fs *flag.FlagSet, args []string) in
 			missing = append(missing, id)
 		}
 	}
-	verb := "released"
-	if *dry {
-		verb = "would release"
-	}
 	if sf.json {
 		printJSON(e, map[string]any{"dry_run": *dry, "released": toJSON(rows), "not_failed": missing})
 	} else {
-		for _, r := range rows {
-			fmt.Fprintf(e.stdout, "%s %s %s (failed %s ago: %s)\n", verb, r.Key.Scope, r.Key.ID, age(r.CreatedAt), oneLine(r.Reason, 100))
-		}
+		writeReleased(e.stdout, rows, *dry)
 	}
 	if len(missing) > 0 {
 		fmt.Fprintf(e.stderr, "idem: not released, no failed row in %s (not found, or done): %s\n", *scope, strings.Join(missing, " "))
 		return exitPartial
 	}
 	return exitOK
+}
+
+// writeReleased prints the failed rows released (dry: that would be):
+// idem release's output, the console's too.
+func writeReleased(w io.Writer, rows []dedup.Row, dry bool) {
+	verb := "released"
+	if dry {
+		verb = "would release"
+	}
+	for _, r := range rows {
+		fmt.Fprintf(w, "%s %s %s (failed %s ago: %s)\n", verb, r.Key.Scope, r.Key.ID, age(r.CreatedAt), oneLine(r.Reason, 100))
+	}
 }
 
 func runPurge(ctx context.Context, e *env, fs *flag.FlagSet, args []string) int {

@@ -61,8 +61,9 @@ type Result struct {
 	Letter  string `json:"letter"` // the letter's position: dlq/partition/offset (Kafka), dlq/broker/queue/offset (RocketMQ)
 	Scope   string `json:"scope,omitempty"`
 	Key     string `json:"key,omitempty"`
-	To      string `json:"to,omitempty"` // topic/partition (Kafka); topic, and once sent topic/broker/queue (RocketMQ)
-	Action  string `json:"action"`       // Sent, WouldSend, Refused, Skipped
+	To      string `json:"to,omitempty"`    // topic/partition (Kafka); topic, and once sent topic/broker/queue (RocketMQ)
+	Action  string `json:"action"`          // Sent, WouldSend, Refused, Skipped
+	Cause   string `json:"cause,omitempty"` // the letter's idem-cause (consumer.MetaCause): why it was dead-lettered
 	Reason  string `json:"reason,omitempty"`
 	Count   int    `json:"redrive_count,omitempty"`
 	Release bool   `json:"released,omitempty"` // its failed row was released on the way (Config.Release)
@@ -219,6 +220,7 @@ func (r *run) letter(ctx context.Context, l *letter) (Result, error) {
 		}
 		return res, nil
 	}
+	res.Cause, _ = l.header(consumer.MetaCause)
 	res.Scope, _ = l.header(consumer.MetaKeyScope)
 	res.Key, _ = l.header(consumer.MetaKey)
 	to := r.cfg.To

@@ -1,0 +1,664 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"html/template"
+	"math"
+	"net"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/idemkit/idem/cmd/idem/internal/redrive"
+	"github.com/idemkit/idem/dedup"
+)
+
+//go:embed console.html
+var consoleHTML string
+
+var consoleTemplates = template.Must(template.New("console").Funcs(template.FuncMap{
+	"age":      age,
+	"duration": duration,
+	"oneLine":  oneLine,
+	"utc":      func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
+}).Parse(consoleHTML))
+
+// The console's limits.
+const (
+	consolePending    = 1000             // unconfirmed actions kept at most
+	consoleConfirmTTL = 10 * time.Minute // an unconfirmed action is forgotten after this
+	consoleCookie     = "idem_console"
+)
+
+// console is `idem console`: the store and the dead-letter topic in a
+// browser. A GET never writes: an action's GET shows its dry run and
+// keeps the action, bound to what it showed, under a one-time token that
+// the confirmation POST carries.
+type console struct {
+	admin dedup.Admin
+	reqs  requestAdmin
+	// broker, topic, group, max, maxRedrives: the dead-letter topic, as
+	// idem redrive's flags; broker nil without one.
+	broker           redrive.Broker
+	topic, group     string
+	max, maxRedrives int
+	metrics          string // a consumer's /metrics; empty: no duplicate ages
+	margin           float64
+	token            string // required of every request when set
+	checkHost        bool   // only loopback names in Host (DNS rebinding)
+
+	mu      sync.Mutex
+	pending map[string]pendingAction
+}
+
+// pendingAction is an action shown by its dry run and not confirmed yet.
+type pendingAction struct {
+	kind    string      // "release", "release-request", "redrive"
+	keys    []dedup.Key // release: the failed keys shown; release-request: one
+	lease   int64       // release-request: the lease token shown
+	group   string      // redrive
+	max     int         // redrive: at most the letters shown
+	expires time.Time
+}
+
+func runConsole(ctx context.Context, e *env, fs *flag.FlagSet, args []string) int {
+	var sf storeFlags
+	sf.register(fs, e)
+	addr := fs.String("addr", "127.0.0.1:7464", "listen on host:port; off loopback, --token is required")
+	token := fs.String("token", e.getenv("IDEM_CONSOLE_TOKEN"), "require this token of every request: open the console once with ?token=… (env IDEM_CONSOLE_TOKEN)")
+	metrics := fs.String("metrics", e.getenv("IDEM_METRICS_URL"), "a consumer's Prometheus endpoint for the duplicate ages, as idem retention (env IDEM_METRICS_URL)")
+	margin := fs.Float64("margin", 2, "retention should be at least this many times the 99.9th percentile of duplicate ages")
+	var f redriveFlags
+	fs.StringVar(&f.broker, "broker", "", "the dead-letter topic's broker: kafka or rocketmq (as idem redrive)")
+	fs.StringVar(&f.brokers, "brokers", e.getenv("IDEM_KAFKA_BROKERS"), "Kafka brokers (env IDEM_KAFKA_BROKERS)")
+	fs.StringVar(&f.namesrv, "namesrv", e.getenv("IDEM_ROCKETMQ_NAMESRV"), "RocketMQ name servers (env IDEM_ROCKETMQ_NAMESRV)")
+	fs.StringVar(&f.topic, "topic", "", "the dead-letter topic; without it, no dead letters")
+	fs.StringVar(&f.group, "group", redrive.DefaultGroup, "the redrive's consumer group (as idem redrive)")
+	fs.IntVar(&f.max, "max", 1000, "show and redrive at most this many letters at once")
+	fs.IntVar(&f.maxRedrives, "max-redrives", redrive.DefaultMaxRedrives, "refuse a letter redriven this many times already")
+	fs.DurationVar(&f.timeout, "timeout", 10*time.Second, "bound of one broker request")
+	if _, code, ok := parse(fs, args); !ok {
+		return code
+	}
+	host, _, err := net.SplitHostPort(*addr)
+	if err != nil {
+		return usageErr(e, fs, "--addr %q: %v", *addr, err)
+	}
+	loopback := isLoopbackName(host)
+	if !loopback && *token == "" {
+		return usageErr(e, fs, "--addr %s is not loopback: set --token or IDEM_CONSOLE_TOKEN", *addr)
+	}
+	if f.max < 1 || f.maxRedrives < 1 {
+		return usageErr(e, fs, "--max and --max-redrives must be positive")
+	}
+	c := &console{topic: f.topic, group: f.group, max: f.max, maxRedrives: f.maxRedrives,
+		metrics: *metrics, margin: *margin, token: *token, checkHost: loopback}
+	if f.topic != "" {
+		broker, code, ok := f.chooseBroker(e, fs)
+		if !ok {
+			return code
+		}
+		c.broker = broker
+	}
+	admin, reqs, closeStore, err := sf.openWithRequests(ctx, false)
+	if err != nil {
+		return fail(e, err)
+	}
+	defer closeStore()
+	c.admin, c.reqs = admin, reqs
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return fail(e, err)
+	}
+	srv := &http.Server{Handler: c.handler(), ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	fmt.Fprintf(e.stderr, "idem console: http://%s/\n", ln.Addr())
+	select {
+	case err := <-done:
+		return fail(e, err)
+	case <-ctx.Done():
+	}
+	shutCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(shutCtx)
+	return exitOK
+}
+
+// isLoopbackName reports whether a host (of --addr, or of a Host header)
+// names the loopback interface.
+func isLoopbackName(host string) bool {
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return true
+	}
+	ip := net.ParseIP(strings.Trim(host, "[]"))
+	return ip != nil && ip.IsLoopback()
+}
+
+// handler is the console's: its pages behind Go's cross-origin protection
+// (a POST from another origin is refused), the Host check and the token.
+func (c *console) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", c.overview)
+	mux.HandleFunc("GET /failed", c.failed)
+	mux.HandleFunc("GET /release", c.releaseDryRun)
+	mux.HandleFunc("GET /stuck", c.stuck)
+	mux.HandleFunc("GET /release-request", c.releaseRequestDryRun)
+	mux.HandleFunc("GET /letters", c.letters)
+	mux.HandleFunc("GET /redrive", c.redriveDryRun)
+	mux.HandleFunc("POST /confirm", c.confirm)
+	return c.guard(http.NewCrossOriginProtection().Handler(mux))
+}
+
+func (c *console) guard(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+		h.Set("X-Frame-Options", "DENY")
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Referrer-Policy", "no-referrer")
+		h.Set("Cache-Control", "no-store")
+		if c.checkHost {
+			host := r.Host
+			if hh, _, err := net.SplitHostPort(host); err == nil {
+				host = hh
+			}
+			if !isLoopbackName(host) {
+				http.Error(w, "idem console: Host "+strconv.Quote(r.Host)+" is not a loopback name (the console listens on loopback)", http.StatusMisdirectedRequest)
+				return
+			}
+		}
+		if c.token != "" {
+			if q := r.URL.Query().Get("token"); q != "" && r.Method == http.MethodGet && c.tokenOK(q) {
+				http.SetCookie(w, &http.Cookie{Name: consoleCookie, Value: q, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
+				u := *r.URL
+				v := u.Query()
+				v.Del("token")
+				u.RawQuery = v.Encode()
+				http.Redirect(w, r, u.RequestURI(), http.StatusSeeOther)
+				return
+			}
+			ok := false
+			if ck, err := r.Cookie(consoleCookie); err == nil && c.tokenOK(ck.Value) {
+				ok = true
+			}
+			if b, found := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); found && c.tokenOK(b) {
+				ok = true
+			}
+			if !ok {
+				http.Error(w, "idem console: a token is required: open the console with ?token=…", http.StatusUnauthorized)
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (c *console) tokenOK(s string) bool {
+	return subtle.ConstantTimeCompare([]byte(s), []byte(c.token)) == 1
+}
+
+// keep stores a dry run's action and returns its one-time token.
+func (c *console) keep(a pendingAction) string {
+	b := make([]byte, 24)
+	_, _ = rand.Read(b)
+	tok := hex.EncodeToString(b)
+	now := time.Now()
+	a.expires = now.Add(consoleConfirmTTL)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.pending == nil {
+		c.pending = map[string]pendingAction{}
+	}
+	for k, p := range c.pending {
+		if now.After(p.expires) {
+			delete(c.pending, k)
+		}
+	}
+	if len(c.pending) >= consolePending {
+		var oldest string
+		for k, p := range c.pending {
+			if oldest == "" || p.expires.Before(c.pending[oldest].expires) {
+				oldest = k
+			}
+		}
+		delete(c.pending, oldest)
+	}
+	c.pending[tok] = a
+	return tok
+}
+
+// take removes and returns the action of a token: each token once.
+func (c *console) take(tok string) (pendingAction, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	a, ok := c.pending[tok]
+	delete(c.pending, tok)
+	if !ok || time.Now().After(a.expires) {
+		return pendingAction{}, false
+	}
+	return a, true
+}
+
+// page is what every template gets.
+type page struct {
+	Title   string
+	Nav     string
+	Error   string
+	Letters bool // a dead-letter topic is given
+	Data    any
+}
+
+func (c *console) render(w http.ResponseWriter, status int, name string, p page) {
+	p.Letters = c.broker != nil
+	var b bytes.Buffer
+	if err := consoleTemplates.ExecuteTemplate(&b, name, p); err != nil {
+		http.Error(w, "idem console: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write(b.Bytes())
+}
+
+// scopeView is one scope on the overview.
+type scopeView struct {
+	Scope     string
+	Outcomes  []dedup.ScopeSummary
+	Retention *retentionJSON
+	Chart     *chart
+}
+
+// chart is the duplicate-age histogram as an SVG bar chart.
+type chart struct {
+	W, H, Base int
+	Bars       []bar
+	Total      uint64
+}
+
+type bar struct {
+	X, Y, W, H, LabelX float64
+	Label, Count       string
+}
+
+// newChart draws the duplicates per age bucket (not cumulative).
+func newChart(a ages) *chart {
+	if a.total() == 0 {
+		return nil
+	}
+	const w, h, top, base = 640, 150, 16, 125
+	ch := &chart{W: w, H: h, Base: base, Total: a.total()}
+	n := len(a.counts)
+	var most uint64
+	per := make([]uint64, n)
+	for i, cum := range a.counts {
+		per[i] = cum
+		if i > 0 {
+			per[i] = cum - a.counts[i-1]
+		}
+		most = max(most, per[i])
+	}
+	slot := float64(w-20) / float64(n)
+	for i, v := range per {
+		bh := 0.0
+		if most > 0 {
+			bh = float64(v) / float64(most) * float64(base-top)
+		}
+		label := "+Inf"
+		if !math.IsInf(a.bounds[i], 1) {
+			label = "≤" + shortDuration(time.Duration(a.bounds[i]*float64(time.Second)))
+		}
+		x := 10 + float64(i)*slot
+		ch.Bars = append(ch.Bars, bar{X: x + slot*0.1, Y: float64(base) - bh, W: slot * 0.8, H: bh, LabelX: x + slot/2, Label: label, Count: strconv.FormatUint(v, 10)})
+	}
+	return ch
+}
+
+// shortDuration is duration without its zero tails: 10m, not 10m0s.
+func shortDuration(d time.Duration) string {
+	s := duration(d)
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+func (c *console) overview(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	sum, err := c.admin.Summary(ctx)
+	if err != nil {
+		c.render(w, http.StatusInternalServerError, "overview", page{Title: "Overview", Nav: "overview", Error: err.Error()})
+		return
+	}
+	var hist scraped
+	var scrapeErr string
+	if c.metrics != "" {
+		if hist, err = scrape(ctx, c.metrics); err != nil {
+			scrapeErr = "metrics: " + err.Error()
+		}
+	}
+	advice, _ := adviseRetention(sum, hist, c.metrics != "" && scrapeErr == "", c.margin)
+	byScope := map[string]*scopeView{}
+	var scopes []*scopeView
+	for _, s := range sum {
+		v := byScope[s.Scope]
+		if v == nil {
+			v = &scopeView{Scope: s.Scope}
+			byScope[s.Scope] = v
+			scopes = append(scopes, v)
+		}
+		v.Outcomes = append(v.Outcomes, s)
+	}
+	totals := scopeTotals(sum)
+	for i := range advice {
+		if v := byScope[advice[i].Scope]; v != nil {
+			v.Retention = &advice[i]
+			a, _, _ := hist.agesOf(totals[v.Scope])
+			v.Chart = newChart(a)
+		}
+	}
+	sort.Slice(scopes, func(i, j int) bool { return scopes[i].Scope < scopes[j].Scope })
+	c.render(w, http.StatusOK, "overview", page{Title: "Overview", Nav: "overview", Error: scrapeErr, Data: map[string]any{"Scopes": scopes, "Metrics": c.metrics}})
+}
+
+func (c *console) failed(w http.ResponseWriter, r *http.Request) {
+	scope := r.URL.Query().Get("scope")
+	rows, err := c.admin.Failed(r.Context(), dedup.RowFilter{Scope: scope, Limit: 100})
+	p := page{Title: "Failed keys", Nav: "failed", Data: map[string]any{"Rows": rows, "Scope": scope}}
+	if err != nil {
+		p.Error = err.Error()
+	}
+	c.render(w, http.StatusOK, "failed", p)
+}
+
+// releaseDryRun shows what idem release --dry-run shows for the keys, and
+// keeps the release of the failed ones among them.
+func (c *console) releaseDryRun(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	scope, ids := q.Get("scope"), q["key"]
+	p := page{Title: "Release failed keys", Nav: "failed"}
+	if scope == "" || len(ids) == 0 {
+		p.Error = "a scope and at least one key are required"
+		c.render(w, http.StatusBadRequest, "dryrun", p)
+		return
+	}
+	keys := make([]dedup.Key, len(ids))
+	for i, id := range ids {
+		keys[i] = dedup.Key{Scope: scope, ID: id}
+	}
+	rows, err := c.admin.Release(r.Context(), keys, true)
+	if err != nil {
+		p.Error = err.Error()
+		c.render(w, http.StatusInternalServerError, "dryrun", p)
+		return
+	}
+	var out bytes.Buffer
+	if len(rows) > 0 {
+		writeRows(&out, rows)
+		out.WriteByte('\n')
+	}
+	writeReleased(&out, rows, true)
+	if missing := notReleased(ids, rows); len(missing) > 0 {
+		fmt.Fprintf(&out, "not released, no failed row in %s (not found, or done): %s\n", scope, strings.Join(missing, " "))
+	}
+	d := dryRun{Command: "idem release --dry-run --scope " + scope + " " + strings.Join(ids, " "), Output: out.String(), Back: "/failed"}
+	if len(rows) > 0 {
+		found := make([]dedup.Key, len(rows))
+		for i, row := range rows {
+			found[i] = row.Key
+		}
+		d.Token = c.keep(pendingAction{kind: "release", keys: found})
+		d.Confirm = fmt.Sprintf("Release %d failed key(s) in %s", len(rows), scope)
+		d.Question = fmt.Sprintf("Release %d failed key(s) in %s, so that their next message runs the handler again?", len(rows), scope)
+	}
+	p.Data = d
+	c.render(w, http.StatusOK, "dryrun", p)
+}
+
+func notReleased(ids []string, rows []dedup.Row) []string {
+	released := map[string]bool{}
+	for _, r := range rows {
+		released[r.Key.ID] = true
+	}
+	var missing []string
+	for _, id := range ids {
+		if !released[id] {
+			missing = append(missing, id)
+		}
+	}
+	return missing
+}
+
+// dryRun is an action's dry-run page: the command's output, and the
+// confirmation form when there is something to do.
+type dryRun struct {
+	Command, Output string
+	Question        string
+	Confirm         string // the button; empty: nothing to confirm
+	Token           string
+	Back            string
+}
+
+func (c *console) stuck(w http.ResponseWriter, r *http.Request) {
+	recs, err := c.reqs.StuckRequests(r.Context(), 100)
+	p := page{Title: "Stuck requests", Nav: "stuck", Data: recs}
+	if err != nil {
+		p.Error = err.Error()
+	}
+	c.render(w, http.StatusOK, "stuck", p)
+}
+
+// findStuck returns the stuck request k, if it is stuck.
+func (c *console) findStuck(ctx context.Context, k dedup.Key) (dedup.RequestRecord, bool, error) {
+	recs, err := c.reqs.StuckRequests(ctx, 10000)
+	if err != nil {
+		return dedup.RequestRecord{}, false, err
+	}
+	for _, rec := range recs {
+		if rec.Key == k {
+			return rec, true, nil
+		}
+	}
+	return dedup.RequestRecord{}, false, nil
+}
+
+// releaseRequestDryRun shows a stuck request and keeps its release, bound
+// to the lease token shown.
+func (c *console) releaseRequestDryRun(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	k := dedup.Key{Scope: q.Get("scope"), ID: q.Get("key")}
+	lease, err := strconv.ParseInt(q.Get("lease"), 10, 64)
+	p := page{Title: "Release a stuck request", Nav: "stuck"}
+	if k.Scope == "" || k.ID == "" || err != nil {
+		p.Error = "a scope, a key and the lease token are required"
+		c.render(w, http.StatusBadRequest, "dryrun", p)
+		return
+	}
+	rec, ok, err := c.findStuck(r.Context(), k)
+	if err != nil {
+		p.Error = err.Error()
+		c.render(w, http.StatusInternalServerError, "dryrun", p)
+		return
+	}
+	d := dryRun{Command: fmt.Sprintf("release request %s %s (lease token %d)", k.Scope, k.ID, lease), Back: "/stuck"}
+	switch {
+	case !ok:
+		d.Output = fmt.Sprintf("%s %s is not stuck: its request finished, holds a lease that runs, or is gone; nothing to release\n", k.Scope, k.ID)
+	case rec.Token != lease:
+		d.Output = fmt.Sprintf("%s %s moved on: its lease token is %d now, not %d; nothing to release (look again)\n", k.Scope, k.ID, rec.Token, lease)
+	default:
+		d.Output = fmt.Sprintf("would release request %s %s: lease token %d, lease ran out %s ago, first seen %s ago\n"+
+			"its next request takes the key over with a larger token; its holder, should it be alive, is fenced out\n",
+			k.Scope, k.ID, rec.Token, duration(-rec.LeaseLeft), age(rec.FirstAt))
+		d.Token = c.keep(pendingAction{kind: "release-request", keys: []dedup.Key{k}, lease: rec.Token})
+		d.Confirm = "Release the request"
+		d.Question = fmt.Sprintf("Release the stuck request %s %s (lease token %d)? Its outcome is unknown: the next request with the key runs the handler again.", k.Scope, k.ID, rec.Token)
+	}
+	p.Data = d
+	c.render(w, http.StatusOK, "dryrun", p)
+}
+
+// letterGroup is the letters of one cause.
+type letterGroup struct {
+	Cause   string
+	Letters []letterResult
+}
+
+func (c *console) redriveConfig(group string, dry bool, max int) redrive.Config {
+	return redrive.Config{Admin: c.admin, Topic: c.topic, Group: group, Max: max, MaxRedrives: c.maxRedrives, DryRun: dry}
+}
+
+func (c *console) groupParam(r *http.Request) string {
+	if g := strings.TrimSpace(r.URL.Query().Get("group")); g != "" {
+		return g
+	}
+	return c.group
+}
+
+// letters shows the dead letters a redrive would read, by cause: a dry run.
+func (c *console) letters(w http.ResponseWriter, r *http.Request) {
+	p := page{Title: "Dead letters", Nav: "letters"}
+	if c.broker == nil {
+		p.Error = "no dead-letter topic: run idem console with --topic and --brokers (Kafka) or --namesrv (RocketMQ)"
+		c.render(w, http.StatusOK, "letters", p)
+		return
+	}
+	group := c.groupParam(r)
+	res, err := redrive.Run(r.Context(), c.broker, c.redriveConfig(group, true, c.max))
+	if err != nil {
+		p.Error = err.Error()
+	}
+	byCause := map[string]*letterGroup{}
+	var groups []*letterGroup
+	for _, l := range res {
+		cause := l.Cause
+		if cause == "" {
+			cause = "(none)"
+		}
+		g := byCause[cause]
+		if g == nil {
+			g = &letterGroup{Cause: cause}
+			byCause[cause] = g
+			groups = append(groups, g)
+		}
+		g.Letters = append(g.Letters, l)
+	}
+	sort.Slice(groups, func(i, j int) bool { return groups[i].Cause < groups[j].Cause })
+	p.Data = map[string]any{"Topic": c.topic, "Group": group, "Groups": groups, "Count": len(res)}
+	c.render(w, http.StatusOK, "letters", p)
+}
+
+// redriveDryRun shows what idem redrive --dry-run shows and keeps the
+// redrive of the letters it read.
+func (c *console) redriveDryRun(w http.ResponseWriter, r *http.Request) {
+	p := page{Title: "Redrive dead letters", Nav: "letters"}
+	if c.broker == nil {
+		p.Error = "no dead-letter topic"
+		c.render(w, http.StatusBadRequest, "dryrun", p)
+		return
+	}
+	group := c.groupParam(r)
+	res, err := redrive.Run(r.Context(), c.broker, c.redriveConfig(group, true, c.max))
+	var out bytes.Buffer
+	writeRedrive(&out, c.topic, res, err)
+	if err != nil {
+		fmt.Fprintln(&out, "error:", err)
+	}
+	d := dryRun{Command: fmt.Sprintf("idem redrive --dry-run --topic %s --group %s", c.topic, group), Output: out.String(), Back: "/letters?group=" + url.QueryEscape(group)}
+	if send := redriveCounts(res)[redrive.WouldSend]; send > 0 && err == nil {
+		d.Token = c.keep(pendingAction{kind: "redrive", group: group, max: len(res)})
+		d.Confirm = fmt.Sprintf("Redrive %d letter(s)", send)
+		d.Question = fmt.Sprintf("Send %d dead letter(s) of %s back to their topic, with their lineage?", send, c.topic)
+	} else if err == nil {
+		fmt.Fprintln(&out, "nothing would be sent: no letter to redrive, or every letter refused")
+		d.Output = out.String()
+	}
+	p.Data = d
+	c.render(w, http.StatusOK, "dryrun", p)
+}
+
+// confirm runs the action a dry run kept, once.
+func (c *console) confirm(w http.ResponseWriter, r *http.Request) {
+	p := page{Title: "Done", Nav: "overview"}
+	a, ok := c.take(r.PostFormValue("action"))
+	if !ok {
+		p.Title = "Refused"
+		p.Error = "this confirmation is unknown, used already or expired: nothing changed. Start again from its dry run."
+		c.render(w, http.StatusForbidden, "done", p)
+		return
+	}
+	// The action runs to its end even when the browser goes away.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 2*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	status := http.StatusOK
+	back := "/"
+	switch a.kind {
+	case "release":
+		back = "/failed"
+		rows, err := c.admin.Release(ctx, a.keys, false)
+		if err != nil {
+			p.Error, status = err.Error(), http.StatusInternalServerError
+			break
+		}
+		writeReleased(&out, rows, false)
+		ids := make([]string, len(a.keys))
+		for i, k := range a.keys {
+			ids[i] = k.ID
+		}
+		if missing := notReleased(ids, rows); len(missing) > 0 {
+			fmt.Fprintf(&out, "not released, no failed row in %s any more: %s\n", a.keys[0].Scope, strings.Join(missing, " "))
+			status = http.StatusConflict
+		}
+	case "release-request":
+		back = "/stuck"
+		k := a.keys[0]
+		// EndLease with the token shown refuses a request that moved on
+		// (taken over, finished, or released since); then the release
+		// grows the token, fencing its holder out.
+		if err := c.reqs.EndLease(ctx, k, a.lease); err != nil {
+			if errors.Is(err, dedup.ErrLeaseLost) {
+				p.Title, status = "Refused", http.StatusConflict
+				fmt.Fprintf(&out, "not released: %s %s moved on since (its lease token is no longer %d, or it finished)\n", k.Scope, k.ID, a.lease)
+				break
+			}
+			p.Error, status = err.Error(), http.StatusInternalServerError
+			break
+		}
+		released, err := c.reqs.ReleaseRequest(ctx, k)
+		switch {
+		case err != nil:
+			p.Error, status = err.Error(), http.StatusInternalServerError
+		case released:
+			fmt.Fprintf(&out, "released request %s %s (lease token %d): its next request takes over\n", k.Scope, k.ID, a.lease)
+		default:
+			p.Title, status = "Refused", http.StatusConflict
+			fmt.Fprintf(&out, "not released: %s %s is no longer processing\n", k.Scope, k.ID)
+		}
+	case "redrive":
+		back = "/letters?group=" + url.QueryEscape(a.group)
+		res, err := redrive.Run(ctx, c.broker, c.redriveConfig(a.group, false, a.max))
+		writeRedrive(&out, c.topic, res, err)
+		if err != nil {
+			p.Error, status = err.Error(), http.StatusInternalServerError
+		}
+	}
+	p.Data = map[string]any{"Output": out.String(), "Back": back}
+	c.render(w, status, "done", p)
+}
