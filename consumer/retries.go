@@ -206,9 +206,15 @@ func nonBlockingOf(r Retries) *NonBlocking {
 }
 
 // retryAttempt is the trip a retry copy is on (0: the message has not been
-// to retry), read from its headers when its lineage is honoured.
-func retryAttempt(m *Message) (int, time.Time) {
-	if !m.hasOrigin || !m.origin.Retry {
+// to retry), read from its headers when it lies on a retry topic — its
+// lineage honoured or not: a copy keyed as a message of its own still runs
+// out of trips.
+func (c *Consumer[TTx]) retryAttempt(m *Message) (int, time.Time) {
+	onRetryTopic := m.hasOrigin && m.origin.Retry
+	if !onRetryTopic && c.retryOf != nil {
+		_, onRetryTopic = c.retryOf.RetryOf(m.Topic)
+	}
+	if !onRetryTopic {
 		return 0, time.Time{}
 	}
 	v, _ := m.Header(MetaRetryAttempt)
@@ -228,7 +234,7 @@ func retryAttempt(m *Message) (int, time.Time) {
 // one, to the dead-letter sink (CauseExhausted).
 func (c *Consumer[TTx]) retryLater(ctx context.Context, it *item, reason error) error {
 	nb := c.nonBlocking
-	done, first := retryAttempt(it.msg)
+	done, first := c.retryAttempt(it.msg)
 	if done >= len(nb.Delays) {
 		return c.fail(ctx, it, fmt.Errorf("after %d trips to retry: %w", done, reason), false)
 	}

@@ -69,6 +69,8 @@ func (s *Source) Retry(ctx context.Context, r consumer.RetryLetter) error {
 	topic, partition := m.Topic, m.Partition
 	if o, ok := m.Origin(); ok {
 		topic, partition = o.Topic, o.Partition
+	} else if orig, ok := s.retryOf[topic]; ok {
+		topic = orig // a copy keyed as a message of its own: its lineage did not hold
 	}
 	if !slices.Contains(s.cfg.RetryDelays, r.Delay) {
 		return fmt.Errorf("kafka: retry of %s: no retry topic for delay %v (Config.RetryDelays %v)", m.Ref(), r.Delay, s.cfg.RetryDelays)
