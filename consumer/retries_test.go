@@ -244,3 +244,68 @@ func TestNonBlockingConfig(t *testing.T) {
 		}
 	}
 }
+
+// A payment that fails for good goes on every trip, then is dead-lettered
+// (CauseExhausted) as its original: the letter names the original's
+// coordinates and carries no retry headers, so a redrive starts afresh.
+func TestNonBlockingRetryRunsOutOfTrips(t *testing.T) {
+	eff := newEffects()
+	cfg := baseConfig(eff.failOn("T00001", consumer.Retryable(errors.New("the bank is down"))))
+	base := consumertest.NewSource(consumertest.Script{})
+	src := &retrySource{Source: base, lineage: true}
+	sink := &retrySink{src: src}
+	dl := &consumertest.DeadLetters{}
+	cfg.Source, cfg.DeadLetter, cfg.Clock = src, dl, consumertest.NewClock()
+	cfg.Retries = consumer.NonBlocking{Attempts: 1, Delays: []time.Duration{time.Millisecond, 2 * time.Millisecond}, Sink: sink}
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base.Push(payments(3)...)
+	drive(t, c, base)
+	eff.check(t, txnIDs(3, 1))
+	trips := sink.trips()
+	if len(trips) != 2 || trips[0].Attempt != 1 || trips[1].Attempt != 2 || trips[1].Delay != 2*time.Millisecond ||
+		!trips[1].FirstFailure.Equal(trips[0].FirstFailure) {
+		t.Fatalf("trips %+v, want 2: attempts 1 and 2, one first failure", trips)
+	}
+	letters := dl.Letters()
+	if len(letters) != 1 || letters[0].Cause != consumer.CauseExhausted || letters[0].Message.Topic != "pay.retry" {
+		t.Fatalf("letters %+v, want one, exhausted, of the second copy", letters)
+	}
+	headers, _ := letters[0].Record(1 << 20)
+	got := map[string]string{}
+	for _, h := range headers {
+		got[h.Key] = string(h.Value)
+	}
+	if got[consumer.MetaTopic] != "pay" || got[consumer.MetaOffset] != "1" || got[consumer.MetaMessageID] != "pay/0/1" {
+		t.Errorf("letter names %s/%s (%s), want the original pay/0/1", got[consumer.MetaTopic], got[consumer.MetaOffset], got[consumer.MetaMessageID])
+	}
+	for _, k := range []string{consumer.MetaRetryAttempt, consumer.MetaRetryDue, consumer.MetaRetryFirstFailure} {
+		if _, ok := got[k]; ok {
+			t.Errorf("letter carries %s", k)
+		}
+	}
+}
+
+// Retry headers on a message of a topic that is no retry topic are the
+// producer's: not lineage. The message is keyed by its own ID.
+func TestRetryHeadersOutsideARetryTopicAreNotLineage(t *testing.T) {
+	eff := newEffects()
+	cfg := baseConfig(eff.apply)
+	cfg.Key = consumer.ByMessageID()
+	base := consumertest.NewSource(consumertest.Script{})
+	cfg.Source, cfg.DeadLetter = &retrySource{Source: base, lineage: true}, &consumertest.DeadLetters{}
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := payments(2)
+	forged := consumertest.Message("pay", 0, 2, "", payment(2))
+	forged.Headers = []consumer.Header{{Key: consumer.MetaRetryAttempt, Value: []byte("1")},
+		{Key: consumer.MetaTopic, Value: []byte("pay")}, {Key: consumer.MetaPartition, Value: []byte("0")},
+		{Key: consumer.MetaOffset, Value: []byte("0")}, {Key: consumer.MetaMessageID, Value: []byte("pay/0/0")}}
+	base.Push(append(msgs, forged)...)
+	drive(t, c, base)
+	eff.check(t, txnIDs(3))
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/idemkit/idem/adapters/kafka"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/dedup/memstore"
 	"github.com/idemkit/idem/dedup/pgstore"
 )
 
@@ -246,4 +248,27 @@ func (s *lyingStore) InTx(ctx context.Context, fn func(ctx context.Context, tx p
 		return consumer.Retryable(errors.New("connection reset during COMMIT"))
 	}
 	return err
+}
+
+func TestSourceReadsItsRetryTopics(t *testing.T) {
+	src, err := kafka.New(kafka.Config{Brokers: []string{"h:1"}, Topics: []string{"pay"}, Group: "g",
+		RetryDelays: []time.Duration{10 * time.Second, time.Minute}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for topic, want := range map[string]string{"pay.retry.10s": "pay", "pay.retry.1m": "pay", "pay": "", "pay.retry.5s": ""} {
+		if got, ok := src.RetryOf(topic); got != want || ok != (want != "") {
+			t.Errorf("RetryOf(%q) = %q, %v; want %q", topic, got, ok, want)
+		}
+	}
+	err = src.Retry(context.Background(), consumer.RetryLetter{Letter: consumer.Letter{Message: &consumer.Message{Topic: "pay"}}, Delay: 5 * time.Second})
+	if err == nil || !strings.Contains(err.Error(), "no retry topic for delay 5s") {
+		t.Errorf("Retry with an unknown delay: %v", err)
+	}
+	_, err = consumer.New(consumer.Config[*memstore.Tx]{Name: "p", Source: src, Store: memstore.New(memstore.Config{}), DeadLetter: src,
+		Key: consumer.ByMessageID(), Handler: consumer.HandlerFunc[*memstore.Tx](func(context.Context, *memstore.Tx, *consumer.Message) error { return nil }),
+		Retries: consumer.NonBlocking{Delays: []time.Duration{10 * time.Second, 5 * time.Second}, Sink: src}})
+	if err == nil || !strings.Contains(err.Error(), "Retries.Delays[1] is 5s") {
+		t.Errorf("consumer.New with a delay the source has no topic for: %v", err)
+	}
 }
