@@ -177,7 +177,8 @@ func testNonBlocking(t *testing.T, mode string) {
 	if early.Load() > 0 {
 		t.Errorf("%d retry copies handled before they were due, e.g. %s", early.Load(), earlyWhat)
 	}
-	t.Logf("%s: %+v, %d lies", mode, st, store.lies.Load())
+	t.Logf("%s: applied %d, duplicates %d, trips to retry %d, COMMITs reported failed %d",
+		mode, st.Applied, st.Duplicates, st.RetriedLater, store.lies.Load())
 }
 
 // waitSettled is WaitNoLag for a topic whose partitions may have stayed
