@@ -161,6 +161,11 @@ type Config[TTx any] struct {
 	// OnExhausted says what happens when Retry is used up; default
 	// DeadLetterOnExhausted.
 	OnExhausted ExhaustedPolicy
+	// Retries says whether a failing message holds its lane while it is
+	// retried: Blocking (the default; nil is Blocking) or NonBlocking,
+	// which after a few attempts in the lane sends it to a retry
+	// destination and moves on, at the cost of order. See docs/retries.md.
+	Retries Retries
 	// PanicsArePermanent dead-letters a message whose handler panicked at
 	// once (recording the failure) instead of retrying it; default false:
 	// a panic is a failed attempt like a returned error. Either way the
@@ -278,6 +283,7 @@ func (c *Config[TTx]) validate() error {
 	if c.OnExhausted > StopLaneOnExhausted {
 		add("OnExhausted is %d, not a known policy", c.OnExhausted)
 	}
+	c.validateRetries(add)
 	return errors.Join(errs...)
 }
 

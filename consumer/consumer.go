@@ -26,6 +26,8 @@ type Consumer[TTx any] struct {
 	source      SourceInfo   // the Source's Describer, if it is one
 	policy      retry.Policy // bounded: failures a message causes
 	infra       retry.Policy // unbounded: failures of the database or the dead-letter sink
+	nonBlocking *NonBlocking // Config.Retries when it is NonBlocking, defaults set
+	retryOf     RetryReader  // the Source's, if it reads retry copies
 	stats       counters
 
 	lanesMu sync.Mutex
@@ -57,6 +59,10 @@ func New[TTx any](cfg Config[TTx]) (*Consumer[TTx], error) {
 		Initial: r.Initial, Max: r.Max, Multiplier: r.Multiplier, Jitter: r.Jitter,
 		MaxAttempts: r.MaxAttempts, MaxElapsed: r.MaxElapsed, Clock: cfg.Clock,
 	}
+	nb := nonBlockingOf(cfg.Retries)
+	if nb != nil {
+		policy.MaxAttempts = nb.Attempts // in the lane; then the retry destination
+	}
 	infra := policy
 	infra.MaxAttempts, infra.MaxElapsed = 0, 0
 	var h Handler[TTx]
@@ -65,6 +71,7 @@ func New[TTx any](cfg Config[TTx]) (*Consumer[TTx], error) {
 	}
 	pid, ok := sourceAs[ProducerChosenIDs](cfg.Source)
 	producerIDs := ok && pid.ProducerChosenIDs()
+	retryOf, _ := sourceAs[RetryReader](cfg.Source)
 	var info SourceInfo
 	if d, ok := sourceAs[Describer](cfg.Source); ok {
 		info = d.SourceInfo()
@@ -80,6 +87,8 @@ func New[TTx any](cfg Config[TTx]) (*Consumer[TTx], error) {
 		source:      info,
 		policy:      policy,
 		infra:       infra,
+		nonBlocking: nb,
+		retryOf:     retryOf,
 		lanes:       make(map[laneID]*lane[TTx]),
 		done:        make(chan struct{}),
 	}, nil

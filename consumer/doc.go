@@ -42,7 +42,11 @@
 // with it to be judged on its own; everything else is retried with exponential backoff and jitter, bounded by
 // Config.Retry, and then handled by Config.OnExhausted. A failing message in a
 // batch is isolated without savepoints: the batch is split and the messages
-// before it commit on their own.
+// before it commit on their own. Those retries hold the message's lane
+// ([Blocking], the default); with [NonBlocking] in Config.Retries the
+// message gets a few attempts in its lane and then goes to a retry
+// destination ([RetrySink]: Kafka retry topics), keyed as its original when
+// it comes back, and the lane goes on — at the cost of its order.
 //
 // Dead letters count incidents: every letter carries its [Cause] (the
 // idem-cause header: bad_input, validate, rejected, fingerprint_mismatch,

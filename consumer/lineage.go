@@ -62,6 +62,21 @@ type Origin struct {
 	ID string
 	// Redrives is how often the message was redriven (MetaRedriveCount).
 	Redrives int
+	// Retry: the copy came back from a retry destination (NonBlocking),
+	// on a retry topic of the original's (RetryReader).
+	Retry bool
+}
+
+// RetryReader is a Source that reads retry copies (NonBlocking) beside
+// its topics: RetryOf says whether topic is a retry topic of one of them,
+// and which. A copy on a retry topic is deduplicated by the identity its
+// lineage headers name (see Origin), wherever that lies; a Source that
+// does not implement it reads no retry copies, and a message with retry
+// headers is keyed as a message of its own. Anyone who can produce to a
+// retry topic can name any message of its original topic there: allow only
+// the consumer to write to it.
+type RetryReader interface {
+	RetryOf(topic string) (original string, ok bool)
 }
 
 // Coordinates returns where the original came from: topic/partition/offset.
@@ -100,7 +115,7 @@ func (m *Message) identity() string {
 // readOrigin decides whether m carries lineage the consumer honours, and
 // records it on m (see Message.Origin).
 func (c *Consumer[TTx]) readOrigin(m *Message) {
-	o, why := lineageOf(m, c.producerIDs)
+	o, why := lineageOf(m, c.producerIDs, c.retryOf)
 	m.origin, m.hasOrigin = o, why == ""
 	if why != "" && why != noLineage && why != otherTopic {
 		c.cfg.Logger.Warn("idem: lineage headers not honoured; the message is keyed as a message of its own",
@@ -114,7 +129,12 @@ const (
 )
 
 // lineageOf reads m's lineage: its origin, or why it does not count.
-func lineageOf(m *Message, producerIDs bool) (Origin, string) {
+func lineageOf(m *Message, producerIDs bool, retryOf RetryReader) (Origin, string) {
+	if _, ok := m.Header(MetaRetryAttempt); ok && retryOf != nil {
+		if orig, ok := retryOf.RetryOf(m.Topic); ok {
+			return retryLineage(m, orig, producerIDs)
+		}
+	}
 	count, ok := m.Header(MetaRedriveCount)
 	if !ok {
 		return Origin{}, noLineage
@@ -151,6 +171,42 @@ func lineageOf(m *Message, producerIDs bool) (Origin, string) {
 		return Origin{}, MetaMessageID + " " + strconv.Quote(o.ID) + " is not the position " + o.Coordinates() + " the lineage names"
 	case m.ID == "" && o.ID != "":
 		return Origin{}, MetaMessageID + " is set, but the source gives no message IDs"
+	}
+	return o, ""
+}
+
+// retryLineage reads the lineage of a copy on a retry topic of topic
+// orig. The original lies on another topic, so its position cannot be
+// checked against the copy's: the retry topic is trusted to hold what the
+// consumer wrote there (see RetryReader).
+func retryLineage(m *Message, orig string, producerIDs bool) (Origin, string) {
+	var o Origin
+	o.Retry = true
+	if v, ok := m.Header(MetaRedriveCount); ok {
+		o.Redrives, _ = strconv.Atoi(string(v))
+	}
+	n, _ := m.Header(MetaRetryAttempt)
+	topic, _ := m.Header(MetaTopic)
+	part, _ := m.Header(MetaPartition)
+	off, _ := m.Header(MetaOffset)
+	id, _ := m.Header(MetaMessageID)
+	o.Topic, o.ID = string(topic), string(id)
+	attempt, aerr := strconv.Atoi(string(n))
+	p, perr := strconv.ParseInt(string(part), 10, 32)
+	o.Partition = int32(p)
+	var err error
+	o.Offset, err = strconv.ParseInt(string(off), 10, 64)
+	switch {
+	case aerr != nil || attempt < 1:
+		return Origin{}, MetaRetryAttempt + " " + strconv.Quote(string(n)) + " is not a positive count"
+	case o.Topic == "" || perr != nil || err != nil || o.Offset < 0:
+		return Origin{}, "incomplete lineage: " + MetaTopic + ", " + MetaPartition + " or " + MetaOffset + " missing or malformed"
+	case o.Topic != orig:
+		return Origin{}, "a retry copy on " + m.Topic + " names an original on " + o.Topic + ", not " + orig
+	case producerIDs && o.ID == "":
+		return Origin{}, "no " + MetaMessageID
+	case !producerIDs && o.ID != "" && o.ID != o.Coordinates():
+		return Origin{}, MetaMessageID + " " + strconv.Quote(o.ID) + " is not the position " + o.Coordinates() + " the lineage names"
 	}
 	return o, ""
 }

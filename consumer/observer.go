@@ -81,6 +81,9 @@ const (
 	OutcomeApplied      Outcome = iota + 1 // its handler's effects committed
 	OutcomeDuplicate                       // skipped: its key was claimed before
 	OutcomeDeadLettered                    // written to the dead-letter sink
+	// written to the retry sink (NonBlocking), to come back after a delay;
+	// Reason and Attempts say why, as for a dead letter
+	OutcomeRetryLater
 )
 
 func (o Outcome) String() string {
@@ -91,6 +94,8 @@ func (o Outcome) String() string {
 		return "duplicate"
 	case OutcomeDeadLettered:
 		return "dead_lettered"
+	case OutcomeRetryLater:
+		return "retry_later"
 	}
 	return "unknown"
 }
@@ -162,7 +167,8 @@ type Settlement struct {
 	// it was when the duplicate arrived, as in Duplicate.
 	FirstAt time.Time
 	Age     time.Duration
-	// OutcomeDeadLettered: why, and the failures charged to the message.
+	// OutcomeDeadLettered, OutcomeRetryLater: why, and the failures
+	// charged to the message.
 	Reason   error
 	Cause    Cause
 	Attempts int

@@ -151,6 +151,9 @@ func (s *settler[TTx]) alone(ctx context.Context, it *item, f *failure) error {
 			}
 			if !ok {
 				err := fmt.Errorf("gave up after %d attempts: %w", it.attempts, f.err)
+				if s.c.nonBlocking != nil {
+					return s.c.retryLater(ctx, it, err)
+				}
 				if s.c.cfg.OnExhausted == StopLaneOnExhausted {
 					s.c.halt(s.l, it, err)
 					return ErrLaneStopped

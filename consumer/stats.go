@@ -12,6 +12,7 @@ type Stats struct {
 	Applied      int64 // messages whose handler effects committed
 	Duplicates   int64 // messages skipped: their key had committed before
 	DeadLettered int64 // messages written to the dead-letter sink
+	RetriedLater int64 // messages written to the retry sink (NonBlocking)
 	Retries      int64 // transactions retried after a transient failure
 	Commits      int64 // transactions committed
 	Released     int64 // messages given back unacknowledged (stop, stopped lane)
@@ -22,14 +23,14 @@ type Stats struct {
 }
 
 type counters struct {
-	delivered, applied, duplicates, deadLettered, retries, commits, released, keyFallbacks atomic.Int64
-	dupAges                                                                                ageCounters
+	delivered, applied, duplicates, deadLettered, retriedLater, retries, commits, released, keyFallbacks atomic.Int64
+	dupAges                                                                                              ageCounters
 }
 
 func (c *counters) snapshot() Stats {
 	return Stats{
 		Delivered: c.delivered.Load(), Applied: c.applied.Load(), Duplicates: c.duplicates.Load(),
-		DeadLettered: c.deadLettered.Load(), Retries: c.retries.Load(), Commits: c.commits.Load(),
+		DeadLettered: c.deadLettered.Load(), RetriedLater: c.retriedLater.Load(), Retries: c.retries.Load(), Commits: c.commits.Load(),
 		Released: c.released.Load(), KeyFallbacks: c.keyFallbacks.Load(), DuplicateAge: c.dupAges.snapshot(),
 	}
 }

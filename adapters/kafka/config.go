@@ -149,8 +149,23 @@ type Config struct {
 	// the brokers' default message size limit.
 	DeadLetterMaxBytes int
 	// DeadLetterTimeout bounds one dead-letter write, retries included;
-	// default 10s.
+	// default 10s. It bounds a write to a retry topic too.
 	DeadLetterTimeout time.Duration
+
+	// RetryDelays, when set, are the delays of the retry topics of
+	// consumer.NonBlocking: for each topic of Topics and each delay d, the
+	// source also consumes RetryTopic(topic, d) ("payments.retry.10s"),
+	// and Source.Retry (a consumer.RetrySink) writes there. A record of a
+	// retry topic is delivered only once its consumer.MetaRetryDue has
+	// passed: its partition's fetcher waits for it, which holds that retry
+	// partition only (its records are due in the order they were written).
+	// Create the retry topics beforehand (or set DeadLetterAutoCreate),
+	// with as many partitions as the topic (a copy goes to the partition
+	// of its original's number), and let only the consumer write to them:
+	// a retry copy is deduplicated as the message its headers name. Each
+	// delay is positive, whole milliseconds, at most 32 of them.
+	// Default none: no retry topics.
+	RetryDelays []time.Duration
 
 	// CloseTimeout bounds how long Run, once its context ended and the
 	// messages in flight are settled, waits to commit and leave the group;
@@ -200,6 +215,26 @@ func (c *Config) validate() error {
 	}
 	if t := c.DeadLetterTopic; t != "" && (len(t) > maxTopicLen || strings.Trim(t, topicChars) != "") {
 		add("DeadLetterTopic %q: want letters, digits, '.', '_' or '-', at most %d bytes", t, maxTopicLen)
+	}
+	if len(c.RetryDelays) > 32 {
+		add("RetryDelays has %d delays, at most 32", len(c.RetryDelays))
+	}
+	seenDelay := make(map[time.Duration]bool, len(c.RetryDelays))
+	for i, d := range c.RetryDelays {
+		switch {
+		case d <= 0 || d%time.Millisecond != 0:
+			add("RetryDelays[%d] is %v, want a positive number of whole milliseconds", i, d)
+		case seenDelay[d]:
+			add("RetryDelays[%d] %v is listed twice", i, d)
+		}
+		seenDelay[d] = true
+		for _, t := range c.Topics {
+			if rt := RetryTopic(t, d); len(rt) > maxTopicLen {
+				add("RetryDelays[%d]: retry topic %q is longer than %d bytes", i, rt, maxTopicLen)
+			} else if seen[rt] {
+				add("Topics lists %q, a retry topic of RetryDelays[%d]: list the topics, not their retry topics", rt, i)
+			}
+		}
 	}
 	if c.DeadLetterMaxBytes < 0 {
 		add("DeadLetterMaxBytes is negative (%d)", c.DeadLetterMaxBytes)

@@ -41,6 +41,11 @@
 // starts each partition at the store's next offset and brings the group's
 // offset up to it.
 //
+// Config.RetryDelays adds retry topics (consumer.NonBlocking): the source
+// consumes <topic>.retry.<delay> beside each topic, writes the retry copies
+// there (Source.Retry) and delivers a copy only once it is due, its
+// partition's fetcher waiting on a timer. See docs/retries.md.
+//
 // # What is guaranteed
 //
 //   - An offset is committed only after the consumer acked the message, that

@@ -304,6 +304,9 @@ func (s *Source) deliverRecords(ctx context.Context, p *partition, f *fetched, b
 			return ctx.Err() // deliver might still take it
 		}
 		m := p.message(&km)
+		if _, retry := s.retryOf[p.topic]; retry && !s.waitDue(ctx, p, m) {
+			return ctx.Err() // not delivered: fetched again from *offset
+		}
 		if !p.push(m) {
 			return errGenerationEnded // m is the next owner's
 		}

@@ -234,6 +234,10 @@ func TestConfigErrorsNameFields(t *testing.T) {
 		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, Group: "g", DeadLetterTopic: "t/dlq"}, "Config.DeadLetterTopic"},
 		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, Group: "g", DeadLetterMaxBytes: -1}, "Config.DeadLetterMaxBytes"},
 		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, Group: "g", DeadLetterTimeout: -1}, "Config.DeadLetterTimeout"},
+		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, Group: "g", RetryDelays: []time.Duration{0}}, "Config.RetryDelays[0]"},
+		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, Group: "g", RetryDelays: []time.Duration{time.Microsecond}}, "Config.RetryDelays[0]"},
+		{Config{Brokers: []string{"h:1"}, Topics: []string{"t"}, Group: "g", RetryDelays: []time.Duration{time.Second, time.Second}}, "Config.RetryDelays[1]"},
+		{Config{Brokers: []string{"h:1"}, Topics: []string{"t", "t.retry.1s"}, Group: "g", RetryDelays: []time.Duration{time.Second}}, "Config.Topics lists \"t.retry.1s\""},
 	}
 	for _, c := range cases {
 		_, err := New(c.cfg)

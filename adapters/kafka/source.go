@@ -41,6 +41,8 @@ type Source struct {
 
 	dlqMu sync.RWMutex      // held for reading while a letter is written
 	dlq   *deadLetterWriter // during Run
+
+	retryOf map[string]string // retry topic -> its topic (Config.RetryDelays)
 }
 
 // New validates cfg and returns a Source. The error names every field that
@@ -52,7 +54,20 @@ func New(cfg Config) (*Source, error) {
 	cfg.setDefaults()
 	cfg.Brokers = append([]string(nil), cfg.Brokers...)
 	cfg.Topics = append([]string(nil), cfg.Topics...)
+	cfg.RetryDelays = append([]time.Duration(nil), cfg.RetryDelays...)
+	retryOf := make(map[string]string)
+	for _, t := range cfg.Topics {
+		for _, d := range cfg.RetryDelays {
+			retryOf[RetryTopic(t, d)] = t
+		}
+	}
+	for _, t := range cfg.Topics[:len(cfg.Topics):len(cfg.Topics)] {
+		for _, d := range cfg.RetryDelays {
+			cfg.Topics = append(cfg.Topics, RetryTopic(t, d)) // consumed beside their topics
+		}
+	}
 	return &Source{
+		retryOf: retryOf,
 		cfg:     cfg,
 		dialer:  cfg.dialer(),
 		log:     cfg.Logger.With(slog.String("group", cfg.Group)),

@@ -1,0 +1,132 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idem/consumer"
+)
+
+// Retry topics (consumer.NonBlocking): a message that used up its attempts
+// in its lane is written to the retry topic of its delay, and the same
+// Source reads it back once it is due.
+//
+// One Source, and so one consumer, reads a topic and its retry topics: a
+// retry copy must be deduplicated in the scope of its original (the
+// consumer's Name), by the same store, and each retry partition is a lane
+// of its own, so a copy waiting to be due holds no partition of the topic
+// and no other retry topic. A second consumer could read them too (with
+// the same Name), but it would only duplicate the configuration.
+
+// RetryTopic is the retry topic of topic for delay d: topic + ".retry." +
+// d in the largest whole unit (h, m, s, ms): "payments.retry.10s",
+// "payments.retry.1m", "payments.retry.1500ms".
+func RetryTopic(topic string, d time.Duration) string {
+	return topic + ".retry." + delayName(d)
+}
+
+func delayName(d time.Duration) string {
+	switch {
+	case d%time.Hour == 0:
+		return strconv.FormatInt(int64(d/time.Hour), 10) + "h"
+	case d%time.Minute == 0:
+		return strconv.FormatInt(int64(d/time.Minute), 10) + "m"
+	case d%time.Second == 0:
+		return strconv.FormatInt(int64(d/time.Second), 10) + "s"
+	}
+	return strconv.FormatInt(int64(d/time.Millisecond), 10) + "ms"
+}
+
+// RetryOf reports whether topic is a retry topic of the Source's
+// (Config.RetryDelays), and of which topic (consumer.RetryReader).
+func (s *Source) RetryOf(topic string) (string, bool) {
+	t, ok := s.retryOf[topic]
+	return t, ok
+}
+
+// RetryDelays returns Config.RetryDelays (consumer.RetryDelays): consumer.New
+// refuses a NonBlocking with other delays.
+func (s *Source) RetryDelays() []time.Duration { return slices.Clone(s.cfg.RetryDelays) }
+
+// Retry implements consumer.RetrySink: it writes r to the retry topic of
+// its delay for the original's topic (RetryTopic), on the partition of the
+// original's number (modulo the retry topic's partitions), and returns
+// once all in-sync replicas acknowledged it. The record is r.Record(): the
+// original key and value, its headers, the lineage and the retry headers.
+// It uses the dead-letter writer (DeadLetterTimeout, DeadLetterAutoCreate),
+// and returns ErrNotRunning outside Run.
+func (s *Source) Retry(ctx context.Context, r consumer.RetryLetter) error {
+	m := r.Message
+	if m == nil {
+		return errors.New("kafka: retry without a message")
+	}
+	topic, partition := m.Topic, m.Partition
+	if o, ok := m.Origin(); ok {
+		topic, partition = o.Topic, o.Partition
+	} else if orig, ok := s.retryOf[topic]; ok {
+		topic = orig // a copy keyed as a message of its own: its lineage did not hold
+	}
+	if !slices.Contains(s.cfg.RetryDelays, r.Delay) {
+		return fmt.Errorf("kafka: retry of %s: no retry topic for delay %v (Config.RetryDelays %v)", m.Ref(), r.Delay, s.cfg.RetryDelays)
+	}
+	recHeaders, value := r.Record()
+	headers := make([]kafkago.Header, len(recHeaders))
+	for i, h := range recHeaders {
+		headers[i] = kafkago.Header{Key: h.Key, Value: h.Value}
+	}
+	s.dlqMu.RLock()
+	defer s.dlqMu.RUnlock()
+	if s.dlq == nil {
+		return ErrNotRunning
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.DeadLetterTimeout)
+	defer cancel()
+	err := s.dlq.w.WriteMessages(ctx, kafkago.Message{
+		Topic:     RetryTopic(topic, r.Delay),
+		Partition: int(partition), // read by samePartition only
+		Key:       m.Key,
+		Value:     value,
+		Headers:   headers,
+	})
+	if err != nil {
+		return fmt.Errorf("kafka: retry of %s: %w", m.Ref(), err)
+	}
+	return nil
+}
+
+// waitDue waits until m, a record of a retry topic, is due
+// (consumer.MetaRetryDue); false when ctx ended first (the generation
+// ended, or Run's). A record without a readable due time is due at once.
+// While it waits the partition counts as fetching (Lanes).
+func (s *Source) waitDue(ctx context.Context, p *partition, m *consumer.Message) bool {
+	due, ok := consumer.RetryDue(m)
+	if !ok {
+		return true
+	}
+	d := time.Until(due)
+	if d <= 0 {
+		return true
+	}
+	p.fetchAt.Store(due.UnixNano())
+	defer p.fetchAt.Store(time.Now().UnixNano())
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+var (
+	_ consumer.RetrySink   = (*Source)(nil)
+	_ consumer.RetryReader = (*Source)(nil)
+	_ consumer.RetryDelays = (*Source)(nil)
+)

@@ -1,0 +1,275 @@
+package kafka_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idem/adapters/kafka"
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/dedup/memstore"
+	"github.com/idemkit/idem/dedup/pgstore"
+)
+
+// nonBlockingRetries: set false to watch TestKafkaNonBlockingRetries fail
+// in the default (Blocking) mode, where the payments behind a failing one
+// wait for it.
+var nonBlockingRetries = true
+
+func TestRetryTopic(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		10 * time.Second: "pay.retry.10s", time.Minute: "pay.retry.1m", 2 * time.Hour: "pay.retry.2h",
+		1500 * time.Millisecond: "pay.retry.1500ms", 90 * time.Second: "pay.retry.90s",
+	} {
+		if got := kafka.RetryTopic("pay", d); got != want {
+			t.Errorf("RetryTopic(pay, %v) = %q, want %q", d, got, want)
+		}
+	}
+}
+
+// TestKafkaNonBlockingRetries: 400 payments over 2 partitions; 5% of them
+// (every 20th) fail with a retryable error until the test has seen every
+// other payment booked, and one more ("uncertain") commits its booking
+// while its COMMIT is reported failed, again and again in its partition.
+// With NonBlocking retries the good payments are booked while the failing
+// ones still fail (asserted on the ledger), the failing ones are booked
+// once released, the uncertain one's retry copy is skipped, and a retry
+// copy is never delivered before it is due. In three key modes: a
+// business key, ByMessageID (the copy's key comes from its lineage only),
+// and ByMessageID beside offsets in the store.
+func TestKafkaNonBlockingRetries(t *testing.T) {
+	for _, mode := range []string{"business-key", "message-id", "offsets"} {
+		t.Run(mode, func(t *testing.T) { testNonBlocking(t, mode) })
+	}
+}
+
+func testNonBlocking(t *testing.T, mode string) {
+	const partitions, n = 2, 400
+	delays := []time.Duration{300 * time.Millisecond, time.Second, 3 * time.Second, 10 * time.Second}
+	brokers, a, topic, group := kafkaTest(t, partitions)
+	a.CreateTopic(t, topic+".dlq", partitions)
+	for _, d := range delays {
+		a.CreateTopic(t, kafka.RetryTopic(topic, d), partitions)
+	}
+	b := newTestBank(t)
+
+	want, good, failing := map[string]bool{}, map[string]bool{}, map[string]bool{}
+	var msgs []kafkago.Message
+	for i := range n {
+		id := fmt.Sprintf("p-%04d", i)
+		if i == n/2 {
+			id = "uncertain"
+		}
+		want[id] = true
+		switch {
+		case i%20 == 7:
+			failing[id] = true
+		case id != "uncertain":
+			good[id] = true
+		}
+		v, _ := json.Marshal(payment{TxnID: id, Amount: int64(i%97 + 1)})
+		msgs = append(msgs, kafkago.Message{Partition: i % partitions, Key: []byte(id), Value: v})
+	}
+	a.Produce(t, topic, msgs...)
+
+	scfg := realSourceConfig(t, brokers, topic, group)
+	scfg.RetryDelays = delays
+	src := newSource(t, scfg)
+	store := &lyingStore{Store: b.store, claims: map[pgx.Tx][]string{}}
+	cfg := b.config(src, src)
+	cfg.Store = store
+	cfg.Logger = testLogger(t)
+	cfg.Retry = consumer.RetryPolicy{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond, MaxAttempts: 1000, MaxElapsed: 10 * time.Minute}
+	switch mode {
+	case "message-id":
+		cfg.Key = consumer.ByMessageID()
+	case "offsets":
+		cfg.Key, cfg.Offsets = consumer.ByMessageID(), store
+	}
+	if nonBlockingRetries {
+		cfg.Retries = consumer.NonBlocking{Attempts: 2, Delays: delays, Sink: src}
+	}
+	var release atomic.Bool
+	var early atomic.Int32 // retry copies delivered before they were due
+	var earlyMu sync.Mutex
+	var earlyWhat string
+	inner := cfg.Handler
+	cfg.Handler = consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if due, ok := consumer.RetryDue(m); ok && time.Now().Before(due) {
+			early.Add(1)
+			earlyMu.Lock()
+			earlyWhat = fmt.Sprintf("%s due %v, handled %v", m.Ref(), due, time.Now())
+			earlyMu.Unlock()
+		}
+		var p payment
+		_ = json.Unmarshal(m.Value, &p)
+		if failing[p.TxnID] && !release.Load() {
+			return consumer.Retryable(fmt.Errorf("%s: the account service is down", p.TxnID))
+		}
+		if p.TxnID == "uncertain" && m.Topic == topic {
+			store.target.Store(m.Ref())
+		}
+		return inner.Handle(ctx, tx, m)
+	})
+	r := start(t, cfg)
+
+	booked := func(ids map[string]bool) int {
+		ctx := ctxTimeout(t, 10*time.Second)
+		list := make([]string, 0, len(ids))
+		for id := range ids {
+			list = append(list, id)
+		}
+		var c int
+		if err := b.pool.QueryRow(ctx, `SELECT count(DISTINCT txn_id) FROM `+b.table+` WHERE txn_id = ANY($1)`, list).Scan(&c); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	waitUntil(t, time.Minute, "every good payment booked while the failing ones fail", func() bool { return booked(good) == len(good) })
+	if c := booked(failing); c != 0 {
+		t.Fatalf("%d failing payments booked before their release", c)
+	}
+	release.Store(true)
+	waitUntil(t, time.Minute, "every payment booked", func() bool { return booked(want) == len(want) })
+	a.WaitNoLag(t, group, topic)
+	for _, d := range delays {
+		waitSettled(t, a, group, kafka.RetryTopic(topic, d))
+	}
+	r.stop(t)
+
+	if mode == "offsets" {
+		requireBookedOnce(t, b, want)
+	} else {
+		b.requireLedger(t, want)
+	}
+	st := r.c.Stats()
+	if st.DeadLettered != 0 || st.RetriedLater < int64(len(failing)) {
+		t.Errorf("stats %+v: want no dead letters and at least %d trips to retry", st, len(failing))
+	}
+	if store.lies.Load() == 0 {
+		t.Error("the uncertain payment's COMMIT was never reported failed")
+	}
+	if mode != "offsets" {
+		// The uncertain payment went to retry (with offsets in the store
+		// the next attempt finds it below the stored offset, in its lane)
+		// and its copy was skipped: requireLedger saw one row.
+		copies := 0
+		for _, m := range a.ReadAll(t, kafka.RetryTopic(topic, delays[0])) {
+			if string(m.Key) == "uncertain" {
+				copies++
+			}
+		}
+		if copies == 0 {
+			t.Error("the uncertain payment never went to retry")
+		}
+	}
+	if early.Load() > 0 {
+		t.Errorf("%d retry copies handled before they were due, e.g. %s", early.Load(), earlyWhat)
+	}
+	t.Logf("%s: applied %d, duplicates %d, trips to retry %d, COMMITs reported failed %d",
+		mode, st.Applied, st.Duplicates, st.RetriedLater, store.lies.Load())
+}
+
+// waitSettled is WaitNoLag for a topic whose partitions may have stayed
+// empty: those have no offset to commit.
+func waitSettled(t *testing.T, a *admin, group, topic string) {
+	t.Helper()
+	waitUntil(t, time.Minute, "the group has no lag on "+topic, func() bool {
+		ctx := ctxTimeout(t, 10*time.Second)
+		hwm, err := a.HighWatermarks(ctx, topic)
+		if err != nil {
+			return false
+		}
+		got, err := a.Committed(ctx, group, topic)
+		if err != nil || len(got) != len(hwm) {
+			return false
+		}
+		for i := range hwm {
+			if hwm[i] > 0 && got[i] != hwm[i] {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// requireBookedOnce: one ledger row per payment of want, nothing else.
+func requireBookedOnce(t *testing.T, b *bank, want map[string]bool) {
+	t.Helper()
+	rows, distinct := b.rows(t)
+	if rows != len(want) || distinct != len(want) {
+		t.Fatalf("%d ledger rows of %d payments, want %d of %d", rows, distinct, len(want), len(want))
+	}
+}
+
+// lyingStore reports a transient failure for every transaction that claimed
+// the message target names (its Ref; the handler sets it) — after the
+// transaction committed: a COMMIT whose outcome the client did not learn.
+type lyingStore struct {
+	*pgstore.Store
+	target atomic.Value // string
+	lies   atomic.Int32
+	mu     sync.Mutex
+	claims map[pgx.Tx][]string // the sources claimed in each open transaction
+}
+
+func (s *lyingStore) Claim(ctx context.Context, tx pgx.Tx, claims []dedup.Claim, results []dedup.Result) error {
+	s.mu.Lock()
+	for _, c := range claims {
+		s.claims[tx] = append(s.claims[tx], c.Source)
+	}
+	s.mu.Unlock()
+	return s.Store.Claim(ctx, tx, claims, results)
+}
+
+func (s *lyingStore) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	var in pgx.Tx
+	err := s.Store.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		in = tx
+		return fn(ctx, tx)
+	})
+	s.mu.Lock()
+	sources := s.claims[in]
+	delete(s.claims, in)
+	s.mu.Unlock()
+	t, _ := s.target.Load().(string)
+	if err == nil && t != "" && slices.Contains(sources, t) {
+		s.lies.Add(1)
+		return consumer.Retryable(errors.New("connection reset during COMMIT"))
+	}
+	return err
+}
+
+func TestSourceReadsItsRetryTopics(t *testing.T) {
+	src, err := kafka.New(kafka.Config{Brokers: []string{"h:1"}, Topics: []string{"pay"}, Group: "g",
+		RetryDelays: []time.Duration{10 * time.Second, time.Minute}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for topic, want := range map[string]string{"pay.retry.10s": "pay", "pay.retry.1m": "pay", "pay": "", "pay.retry.5s": ""} {
+		if got, ok := src.RetryOf(topic); got != want || ok != (want != "") {
+			t.Errorf("RetryOf(%q) = %q, %v; want %q", topic, got, ok, want)
+		}
+	}
+	err = src.Retry(context.Background(), consumer.RetryLetter{Letter: consumer.Letter{Message: &consumer.Message{Topic: "pay"}}, Delay: 5 * time.Second})
+	if err == nil || !strings.Contains(err.Error(), "no retry topic for delay 5s") {
+		t.Errorf("Retry with an unknown delay: %v", err)
+	}
+	_, err = consumer.New(consumer.Config[*memstore.Tx]{Name: "p", Source: src, Store: memstore.New(memstore.Config{}), DeadLetter: src,
+		Key: consumer.ByMessageID(), Handler: consumer.HandlerFunc[*memstore.Tx](func(context.Context, *memstore.Tx, *consumer.Message) error { return nil }),
+		Retries: consumer.NonBlocking{Delays: []time.Duration{10 * time.Second, 5 * time.Second}, Sink: src}})
+	if err == nil || !strings.Contains(err.Error(), "Retries.Delays[1] is 5s") {
+		t.Errorf("consumer.New with a delay the source has no topic for: %v", err)
+	}
+}

@@ -1,0 +1,260 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// Retries says what a transient failure does to the lane of its message:
+// Blocking (the default) or NonBlocking. See docs/retries.md.
+type Retries interface{ retries() }
+
+// Blocking (the default, also a nil Config.Retries) retries a failing
+// message in its lane, on Config.Retry's delays, for up to its bounds (10
+// attempts, 2 minutes), and then applies Config.OnExhausted. Nothing of
+// the message's partition or queue behind it is processed meanwhile: order
+// is kept, progress is not.
+type Blocking struct{}
+
+// NonBlocking retries a failing message in its lane a few times
+// (Attempts), then writes it to Sink, a retry destination, and moves on:
+// the messages behind it are processed at once. The copy comes back after
+// Delays[0] (the Source delivers it once it is due), is tried Attempts
+// times again, goes to the retry destination of Delays[1], and so on; past
+// the last delay it is dead-lettered (CauseExhausted).
+//
+// A copy carries its original's identity (the Meta*Original* lineage
+// headers, as a redriven letter does): its dedup key is its original's,
+// so a copy of a message that was in fact applied — its COMMIT's outcome
+// was unknown — is skipped as a duplicate, never applied twice.
+//
+// What is lost is order: a later message of the same key can overtake a
+// retried one. Choose NonBlocking when messages are independent (payments
+// of many orders) and a stalled partition costs more than a reordering.
+//
+// With Config.Offsets alone (no Key) New refuses NonBlocking: the copy is
+// claimed in the key table under its original's identity, but an original
+// applied through the offsets leaves no row there, so an original
+// redelivered after a crash, and applied, would not stop its copy. With a
+// Key (ByMessageID, a business key) beside Offsets it works. New refuses
+// it with StopLaneOnExhausted too.
+type NonBlocking struct {
+	// Attempts is how many times the message is tried in its lane (the
+	// first included) before it goes to the retry destination, each time
+	// it comes back too; default 3, at most 10. Config.Retry's delays
+	// space them.
+	Attempts int
+	// Delays are the waits of the retry destinations, one per trip:
+	// Delays[k] is the wait before the k+1-th return. Required, each
+	// positive, whole milliseconds, at most 32 of them.
+	Delays []time.Duration
+	// Sink writes a copy to the retry destination of its delay. Required;
+	// kafka.Source is one.
+	Sink RetrySink
+}
+
+func (Blocking) retries()    {}
+func (NonBlocking) retries() {}
+
+// RetrySink writes a message to the retry destination of its delay. Like
+// DeadLetter, it returns only once the copy is durable: the consumer
+// acknowledges the original only then, and retries a failing Retry with
+// backoff until it succeeds or the consumer stops. It may be called more
+// than once for one message (at-least-once): the copies share one key.
+type RetrySink interface {
+	Retry(ctx context.Context, r RetryLetter) error
+}
+
+// RetryDelays is a RetrySink that knows the delays it has destinations for
+// (kafka.Source: Config.RetryDelays). New refuses a NonBlocking whose
+// Delays are not all among them.
+type RetryDelays interface {
+	RetryDelays() []time.Duration
+}
+
+// RetryLetter is a message on its way to a retry destination.
+type RetryLetter struct {
+	// Letter is the message, its key and the failure it is retried for
+	// (Cause is CauseExhausted: its in-lane attempts ran out).
+	Letter
+	// Attempt is the number of this trip, from 1 (MetaRetryAttempt).
+	Attempt int
+	// Delay is the wait of the destination, NonBlocking.Delays[Attempt-1].
+	Delay time.Duration
+	// Due is when the copy is to be processed (MetaRetryDue).
+	Due time.Time
+	// FirstFailure is when the message first went to retry
+	// (MetaRetryFirstFailure).
+	FirstFailure time.Time
+}
+
+// The headers of a retry copy, beside the lineage (MetaTopic, MetaPartition,
+// MetaOffset, MetaMessageID, ...) Letter.Record writes. A dead letter
+// leaves them out, so a redriven letter starts its retries afresh.
+const (
+	MetaRetryAttempt      = "idem-retry-attempt"       // the trip's number, from 1, decimal
+	MetaRetryDue          = "idem-retry-due"           // when it is due, RFC 3339 with nanoseconds, UTC
+	MetaRetryFirstFailure = "idem-retry-first-failure" // when it first went to retry, RFC 3339 with nanoseconds, UTC
+)
+
+// Record lays r out for a broker: Letter.Record (the whole value, never
+// left out: a retry copy must carry its payload), then the retry headers.
+func (r RetryLetter) Record() (headers []Header, value []byte) {
+	headers, value = r.Letter.Record(math.MaxInt)
+	add := func(k, v string) { headers = append(headers, Header{Key: k, Value: []byte(v)}) }
+	add(MetaRetryAttempt, strconv.Itoa(r.Attempt))
+	add(MetaRetryDue, r.Due.UTC().Format(time.RFC3339Nano))
+	add(MetaRetryFirstFailure, r.FirstFailure.UTC().Format(time.RFC3339Nano))
+	return headers, value
+}
+
+// RetryDue reads a retry copy's due time (MetaRetryDue); false when m
+// carries none, or an unreadable one (deliver it at once).
+func RetryDue(m *Message) (time.Time, bool) {
+	v, ok := m.Header(MetaRetryDue)
+	if !ok {
+		return time.Time{}, false
+	}
+	t, err := time.Parse(time.RFC3339Nano, string(v))
+	return t, err == nil
+}
+
+const (
+	maxNonBlockingAttempts = 10
+	maxRetryDelays         = 32
+)
+
+// validateRetries checks Config.Retries.
+func (c *Config[TTx]) validateRetries(add func(format string, args ...any)) {
+	switch r := c.Retries.(type) {
+	case nil, Blocking, *Blocking:
+	case NonBlocking:
+		r.validate(c, add)
+	case *NonBlocking:
+		if r == nil {
+			add("Retries is a nil *NonBlocking")
+			return
+		}
+		r.validate(c, add)
+	default:
+		add("Retries is %T, want Blocking or NonBlocking", r)
+	}
+}
+
+func (nb NonBlocking) validate(c interface{ nonBlockingConflicts() []string }, add func(format string, args ...any)) {
+	if nb.Sink == nil {
+		add("Retries.Sink is nil: a message going to retry must be written somewhere")
+	}
+	if nb.Attempts < 0 || nb.Attempts > maxNonBlockingAttempts {
+		add("Retries.Attempts is %d, want 0..%d (0 for the default 3)", nb.Attempts, maxNonBlockingAttempts)
+	}
+	if len(nb.Delays) == 0 || len(nb.Delays) > maxRetryDelays {
+		add("Retries.Delays has %d delays, want 1..%d", len(nb.Delays), maxRetryDelays)
+	}
+	for i, d := range nb.Delays {
+		if d <= 0 || d%time.Millisecond != 0 {
+			add("Retries.Delays[%d] is %v, want a positive number of whole milliseconds", i, d)
+		}
+	}
+	if rd, ok := nb.Sink.(RetryDelays); ok {
+		have := rd.RetryDelays()
+		for i, d := range nb.Delays {
+			if !slices.Contains(have, d) {
+				add("Retries.Delays[%d] is %v, but the Sink (%T) has retry destinations for %v only", i, d, nb.Sink, have)
+			}
+		}
+	}
+	for _, msg := range c.nonBlockingConflicts() {
+		add("%s", msg)
+	}
+}
+
+func (c *Config[TTx]) nonBlockingConflicts() []string {
+	var out []string
+	if c.Offsets != nil && c.Key == nil {
+		out = append(out, "Retries is NonBlocking with Offsets and no Key: a retry copy is deduplicated by a key row, "+
+			"which an original applied through the offsets does not leave; set Key (ByMessageID() will do)")
+	}
+	if c.OnExhausted == StopLaneOnExhausted {
+		out = append(out, "Retries is NonBlocking with OnExhausted StopLaneOnExhausted: a lane that must stop rather than "+
+			"pass a message cannot let it go to retry either")
+	}
+	return out
+}
+
+// nonBlocking returns Config.Retries when it is NonBlocking, defaults set.
+func nonBlockingOf(r Retries) *NonBlocking {
+	var nb NonBlocking
+	switch r := r.(type) {
+	case NonBlocking:
+		nb = r
+	case *NonBlocking:
+		nb = *r
+	default:
+		return nil
+	}
+	if nb.Attempts == 0 {
+		nb.Attempts = 3
+	}
+	nb.Delays = slices.Clone(nb.Delays)
+	return &nb
+}
+
+// retryAttempt is the trip a retry copy is on (0: the message has not been
+// to retry), read from its headers when it lies on a retry topic — its
+// lineage honoured or not: a copy keyed as a message of its own still runs
+// out of trips.
+func (c *Consumer[TTx]) retryAttempt(m *Message) (int, time.Time) {
+	onRetryTopic := m.hasOrigin && m.origin.Retry
+	if !onRetryTopic && c.retryOf != nil {
+		_, onRetryTopic = c.retryOf.RetryOf(m.Topic)
+	}
+	if !onRetryTopic {
+		return 0, time.Time{}
+	}
+	v, _ := m.Header(MetaRetryAttempt)
+	n, err := strconv.Atoi(string(v))
+	if err != nil || n < 1 {
+		return 0, time.Time{}
+	}
+	var first time.Time
+	if f, ok := m.Header(MetaRetryFirstFailure); ok {
+		first, _ = time.Parse(time.RFC3339Nano, string(f))
+	}
+	return n, first
+}
+
+// retryLater settles an item whose in-lane attempts ran out (NonBlocking):
+// it goes to the retry destination of its next delay, or, past the last
+// one, to the dead-letter sink (CauseExhausted).
+func (c *Consumer[TTx]) retryLater(ctx context.Context, it *item, reason error) error {
+	nb := c.nonBlocking
+	done, first := c.retryAttempt(it.msg)
+	if done >= len(nb.Delays) {
+		return c.fail(ctx, it, fmt.Errorf("after %d trips to retry: %w", done, reason), false)
+	}
+	now := c.cfg.Clock.Now()
+	if first.IsZero() {
+		first = now
+	}
+	delay := nb.Delays[done]
+	r := RetryLetter{
+		Letter:  Letter{Message: it.msg, Key: it.claim.Key, Fingerprint: it.claim.Fingerprint, Cause: CauseExhausted, Reason: reason, Attempts: it.attempts},
+		Attempt: done + 1, Delay: delay, Due: now.Add(delay), FirstFailure: first,
+	}
+	err := c.untilDone(ctx, nil, "retry sink", func() error { return nb.Sink.Retry(ctx, r) }, nil)
+	if err != nil {
+		return err
+	}
+	c.stats.retriedLater.Add(1)
+	c.cfg.Observer.Settled(ctx, Settlement{Message: it.msg, Key: it.claim.Key, Outcome: OutcomeRetryLater, Reason: reason, Attempts: it.attempts})
+	it.settled = true
+	c.cfg.Logger.Info("idem: message sent to retry", append(refAttrs(it.msg, it.claim.Key),
+		slog.Int("trip", r.Attempt), slog.Duration("delay", delay), slog.Int("attempts", it.attempts), slog.String("reason", reason.Error()))...)
+	return nil
+}
