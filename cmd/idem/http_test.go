@@ -23,14 +23,7 @@ import (
 // replayHistogram is otelhttpidem's replay-age histogram as /metrics has
 // it, for one route: cumulative counts per bucket bound.
 func replayHistogram(method, route string, cumulative map[string]int) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "# TYPE %s histogram\n", replayAgeMetric)
-	labels := fmt.Sprintf(`http_request_method=%q,http_route=%q`, method, route)
-	for _, le := range []string{"1", "10", "60", "600", "3600", "21600", "86400", "604800", "2.592e+06", "7.776e+06", "+Inf"} {
-		fmt.Fprintf(&b, "%s_bucket{%s,le=%q} %d\n", replayAgeMetric, labels, le, cumulative[le])
-	}
-	fmt.Fprintf(&b, "%s_sum{%s} 1\n%s_count{%s} %d\n", replayAgeMetric, labels, replayAgeMetric, labels, cumulative["+Inf"])
-	return b.String()
+	return histogram(replayAgeMetric, fmt.Sprintf(`http_request_method=%q,http_route=%q`, method, route), cumulative)
 }
 
 // TestHTTPScopeStatusAndRetention: an HTTP service on Postgres whose

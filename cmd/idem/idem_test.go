@@ -331,15 +331,18 @@ func (p *payments) waitFor(what string, ok func(consumer.Stats) bool) {
 	}
 }
 
-func (p *payments) ledger() map[string]int {
-	p.t.Helper()
-	rows, err := p.pool.Query(context.Background(), `SELECT txn_id FROM ledger`)
+func (p *payments) ledger() map[string]int { p.t.Helper(); return ledgerRows(p.t, p.pool) }
+
+// ledgerRows counts the ledger's rows per transaction.
+func ledgerRows(t testing.TB, pool *pgxpool.Pool) map[string]int {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT txn_id FROM ledger`)
 	if err != nil {
-		p.t.Fatal(err)
+		t.Fatal(err)
 	}
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		p.t.Fatal(err)
+		t.Fatal(err)
 	}
 	out := map[string]int{}
 	for _, id := range ids {
