@@ -20,9 +20,9 @@ import (
 	"github.com/idemkit/idem/consumer/consumertest"
 	"github.com/idemkit/idem/consumer/otelconsumer"
 	"github.com/idemkit/idem/dedup/memstore"
-	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/internal/testenv/kafkatest"
+	"github.com/idemkit/idem/internal/testenv/pgtest"
 	"github.com/idemkit/idem/internal/testenv/promtest"
 	"github.com/idemkit/idem/observe"
 )
@@ -77,13 +77,7 @@ func TestScrapeRightAfterStart(t *testing.T) {
 	if _, err := pool.Exec(ctx, `CREATE TABLE ledger (txn_id text PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
 	}
-	store, err := pgstore.New(pool, pgstore.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := pgtest.Store(t, pool, schema)
 	src, err := kafka.New(kafka.Config{Brokers: brokers, Topics: []string{topic}, Group: topic, DeadLetterTopic: topic + "_dlq", Logger: testenv.Logger(t)})
 	if err != nil {
 		t.Fatal(err)

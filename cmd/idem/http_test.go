@@ -13,10 +13,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/httpidem"
 	"github.com/idemkit/idem/httpidem/otelhttpidem"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/pgtest"
 	"github.com/idemkit/idem/observe"
 )
 
@@ -35,13 +35,7 @@ func replayHistogram(method, route string, cumulative map[string]int) string {
 func TestHTTPScopeStatusAndRetention(t *testing.T) {
 	pool, schema := testenv.SchemaPool(t)
 	ctx := testenv.Context(t, time.Minute)
-	store, err := pgstore.New(pool, pgstore.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := pgtest.Store(t, pool, schema)
 	if err := store.RecordFailure(ctx, dedup.Claim{Key: dedup.Key{Scope: "payments", ID: "P1"}, Fingerprint: dedup.FingerprintOf([]byte("P1"))}, "closed"); err != nil {
 		t.Fatal(err)
 	}

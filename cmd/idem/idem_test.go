@@ -25,9 +25,9 @@ import (
 	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/dedup/sqlitestore"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/pgtest"
 	"github.com/idemkit/idem/internal/testenv/rmqtest"
 )
 
@@ -265,13 +265,7 @@ func (p *payments) start() {
 // txn_id is in blocked.
 func startPay(t *testing.T, pool *pgxpool.Pool, schema string, cfg consumer.Config[pgx.Tx], offsets bool, grace time.Duration) (*consumer.Consumer[pgx.Tx], func()) {
 	ctx := context.Background()
-	store, err := pgstore.New(pool, pgstore.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := pgtest.Store(t, pool, schema)
 	if offsets {
 		cfg.Offsets = store
 	}
