@@ -23,6 +23,7 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/pgtest"
 	"github.com/idemkit/idem/internal/testenv/rmqtest"
 )
 
@@ -100,14 +101,8 @@ func newDB(t testing.TB) *db {
 	t.Helper()
 	pool := testenv.Pool(t)
 	schema := testenv.Schema(t, pool)
-	st, err := pgstore.New(pool, pgstore.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := pgtest.Store(t, pool, schema)
 	ctx := context.Background()
-	if err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
 	effects := pgx.Identifier{schema, "effects"}.Sanitize()
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+effects+` (
 		id bigserial PRIMARY KEY, key text NOT NULL, amount bigint NOT NULL DEFAULT 0,
