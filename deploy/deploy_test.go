@@ -2,7 +2,6 @@ package deploy
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -19,7 +18,6 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
 	"github.com/idemkit/idem/consumer/otelconsumer"
-	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/httpidem"
 	"github.com/idemkit/idem/httpidem/otelhttpidem"
 	"github.com/idemkit/idem/internal/testenv"
@@ -107,26 +105,7 @@ func TestDashboardAndAlertsMatchTheScrape(t *testing.T) {
 	}
 	hold, holding := make(chan struct{}), make(chan struct{})
 	mux := http.NewServeMux()
-	mux.Handle("POST /payments", mw.Transactional(httpidem.Route{}, httpidem.TxHandlerFunc[pgx.Tx](
-		func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
-			var p struct{ ID string }
-			if err := json.NewDecoder(r.Body).Decode(&p); err != nil {
-				return err
-			}
-			if p.ID == "slow" {
-				close(holding)
-				<-hold
-			}
-			if _, err := tx.Exec(r.Context(), `INSERT INTO payments VALUES ($1)`, p.ID); err != nil {
-				return err
-			}
-			if err := ob.EnqueueFor(r.Context(), tx, dedup.Key{Scope: "payments", ID: p.ID},
-				outbox.Message{Topic: "payments", Key: []byte(p.ID), Value: []byte(p.ID)}); err != nil {
-				return err
-			}
-			w.WriteHeader(http.StatusCreated)
-			return nil
-		})))
+	mux.Handle("POST /payments", mw.Transactional(httpidem.Route{}, relaytest.PaymentsHandler(ob, "payments", hold, holding)))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 

@@ -2,7 +2,6 @@ package observe_test
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -13,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/httpidem"
 	"github.com/idemkit/idem/httpidem/otelhttpidem"
 	"github.com/idemkit/idem/internal/testenv"
@@ -115,25 +113,7 @@ func TestHTTPAndOutboxMetrics(t *testing.T) {
 	// close, to be in flight when its retry comes.
 	hold, holding := make(chan struct{}), make(chan struct{})
 	mux := http.NewServeMux()
-	mux.Handle("POST /payments", mw.Transactional(httpidem.Route{}, httpidem.TxHandlerFunc[pgx.Tx](
-		func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
-			var p struct{ ID string }
-			if err := json.NewDecoder(r.Body).Decode(&p); err != nil {
-				return err
-			}
-			if p.ID == "slow" {
-				close(holding)
-				<-hold
-			}
-			if _, err := tx.Exec(r.Context(), `INSERT INTO payments VALUES ($1)`, p.ID); err != nil {
-				return err
-			}
-			if err := ob.EnqueueFor(r.Context(), tx, dedup.Key{Scope: "payments", ID: p.ID}, outbox.Message{Topic: topic, Key: []byte(p.ID), Value: []byte(p.ID)}); err != nil {
-				return err
-			}
-			w.WriteHeader(http.StatusCreated)
-			return nil
-		})))
+	mux.Handle("POST /payments", mw.Transactional(httpidem.Route{}, relaytest.PaymentsHandler(ob, topic, hold, holding)))
 	// POST /payouts: leased, with a lease of 50ms. The first call of a
 	// key answers 503 (the outcome is uncertain: the lease runs on and
 	// the key is stuck once it ran out) or, for "zombie", waits for
