@@ -17,7 +17,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/goleak"
 
 	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/consumer"
@@ -29,9 +28,6 @@ import (
 
 func TestMain(m *testing.M) {
 	testenv.ChildMain(childEnv, (*child).run)
-	if code, rerun := testenv.RerunWithRocketMQRaceSuppressions(); rerun {
-		os.Exit(code)
-	}
 	level := slog.LevelError
 	switch os.Getenv("IDEM_TEST_LOG") {
 	case "debug":
@@ -39,22 +35,8 @@ func TestMain(m *testing.M) {
 	case "info":
 		level = slog.LevelInfo
 	}
-	rocketmq.SetClientLogger(clientLog(), level)
-	code := m.Run()
-	rmqtest.CloseShared()
-	if code == 0 {
-		if err := goleak.Find(leakOptions...); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	rmqtest.Main(m, clientLog(), level)
 }
-
-// leakOptions ignore the goroutines the RocketMQ client leaves behind after
-// Shutdown. Each ends by itself, but later than a test run, because it
-// sleeps or waits before it looks at the client's done channel:
-var leakOptions = testenv.RocketMQClientLeaks
 
 // clientLog is where the RocketMQ client's logs go in tests: nowhere, or
 // stderr with IDEM_TEST_LOG set (the client logs errors while it shuts down,

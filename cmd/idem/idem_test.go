@@ -19,10 +19,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	kafkago "github.com/segmentio/kafka-go"
-	"go.uber.org/goleak"
 
 	"github.com/idemkit/idem/adapters/kafka"
-	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/sqlitestore"
@@ -35,23 +33,11 @@ import (
 // its logs discarded (IDEM_TEST_LOG set: on stderr), and checks for leaked
 // goroutines but those the client leaves behind after Shutdown.
 func TestMain(m *testing.M) {
-	if code, rerun := testenv.RerunWithRocketMQRaceSuppressions(); rerun {
-		os.Exit(code)
-	}
 	var w io.Writer = io.Discard
 	if os.Getenv("IDEM_TEST_LOG") != "" {
 		w = os.Stderr
 	}
-	rocketmq.SetClientLogger(slog.New(slog.NewTextHandler(w, nil)), slog.LevelWarn)
-	code := m.Run()
-	rmqtest.CloseShared()
-	if code == 0 {
-		if err := goleak.Find(testenv.RocketMQClientLeaks...); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	rmqtest.Main(m, slog.New(slog.NewTextHandler(w, nil)), slog.LevelWarn)
 }
 
 // idem runs the command in-process and returns its exit status and output.
