@@ -452,13 +452,7 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, claims []dedup.Claim, resu
 		br.Close()
 		return s.claimErr(err)
 	}
-	if s.cfg.Distributed {
-		if _, err := br.Exec(); err != nil { // statement_timeout restored
-			br.Close()
-			return s.claimErr(err)
-		}
-	}
-	if err := br.Close(); err != nil {
+	if err := s.closeBounded(br); err != nil {
 		return s.claimErr(err)
 	}
 	if inserted == n {
@@ -541,13 +535,7 @@ func (s *Store) claimOne(ctx context.Context, tx pgx.Tx, c *dedup.Claim, res *de
 		br.Close()
 		return s.claimErr(err)
 	}
-	if s.cfg.Distributed {
-		if _, err := br.Exec(); err != nil { // statement_timeout restored
-			br.Close()
-			return s.claimErr(err)
-		}
-	}
-	if err := br.Close(); err != nil {
+	if err := s.closeBounded(br); err != nil {
 		return s.claimErr(err)
 	}
 	if tag.RowsAffected() == 1 {
@@ -668,6 +656,19 @@ func (s *Store) sendBounded(ctx context.Context, tx pgx.Tx, sql string, args ...
 		}
 	}
 	return br, nil
+}
+
+// closeBounded reads, in distributed mode, the restore of
+// statement_timeout that follows the statement sendBounded sent, and
+// closes br.
+func (s *Store) closeBounded(br pgx.BatchResults) error {
+	if s.cfg.Distributed {
+		if _, err := br.Exec(); err != nil { // statement_timeout restored
+			br.Close()
+			return err
+		}
+	}
+	return br.Close()
 }
 
 // claimErr turns a lock timeout into dedup.ErrInFlight; in distributed
