@@ -480,6 +480,17 @@ func TestReleaseAndRedrive(t *testing.T) {
 // headers.
 func readLetter(t *testing.T, brokers []string, topic string, offset int64) map[string]string {
 	t.Helper()
+	m := readAt(t, brokers, topic, offset)
+	out := map[string]string{}
+	for _, h := range m.Headers {
+		out[h.Key] = string(h.Value)
+	}
+	return out
+}
+
+// readAt reads the record at offset of partition 0 of topic.
+func readAt(t *testing.T, brokers []string, topic string, offset int64) kafkago.Message {
+	t.Helper()
 	r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: brokers, Topic: topic, Partition: 0, MaxWait: 100 * time.Millisecond})
 	defer r.Close()
 	if err := r.SetOffset(offset); err != nil {
@@ -491,9 +502,5 @@ func readLetter(t *testing.T, brokers []string, topic string, offset int64) map[
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]string{}
-	for _, h := range m.Headers {
-		out[h.Key] = string(h.Value)
-	}
-	return out
+	return m
 }
