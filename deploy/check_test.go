@@ -13,6 +13,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql/parser"
+
+	"github.com/idemkit/idem/internal/testenv/promtest"
 )
 
 // scrapeLabels are the labels Prometheus adds to every series it scrapes:
@@ -374,7 +376,7 @@ idem_outbox_pending{idem_outbox_table="public.idem_outbox"} 2
 // a grouping or a matching, a label the expression below dropped, and a
 // label value the metric never has.
 func TestCheckExprRejects(t *testing.T) {
-	fams, err := parseScrape(sample)
+	fams, err := promtest.Parse(sample)
 	if err != nil {
 		t.Fatal(err)
 	}

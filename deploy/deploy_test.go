@@ -2,11 +2,8 @@ package deploy
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -16,18 +13,17 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
 	"github.com/idemkit/idem/consumer/otelconsumer"
-	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/httpidem"
 	"github.com/idemkit/idem/httpidem/otelhttpidem"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/pgtest"
+	"github.com/idemkit/idem/internal/testenv/promtest"
+	"github.com/idemkit/idem/internal/testenv/relaytest"
 	"github.com/idemkit/idem/observe"
 	"github.com/idemkit/idem/outbox"
 )
@@ -58,25 +54,13 @@ func TestDashboardAndAlertsMatchTheScrape(t *testing.T) {
 	if _, err := pool.Exec(ctx, `CREATE TABLE ledger (txn_id text PRIMARY KEY); CREATE TABLE payments (id text PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
 	}
-	store, err := pgstore.New(pool, pgstore.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	ob, err := outbox.New(pool, outbox.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ob.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := pgtest.Store(t, pool, schema)
+	ob := relaytest.OutboxIn(t, pool, schema)
 	obs, err := observe.New(observe.Config{Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
-	base := serve(t, obs)
+	base := promtest.Serve(t, obs)
 
 	// The consumer: T1 applied after one retry, T2 applied, T1 again a
 	// duplicate, a message without txn_id dead-lettered as bad input.
@@ -121,26 +105,7 @@ func TestDashboardAndAlertsMatchTheScrape(t *testing.T) {
 	}
 	hold, holding := make(chan struct{}), make(chan struct{})
 	mux := http.NewServeMux()
-	mux.Handle("POST /payments", mw.Transactional(httpidem.Route{}, httpidem.TxHandlerFunc[pgx.Tx](
-		func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
-			var p struct{ ID string }
-			if err := json.NewDecoder(r.Body).Decode(&p); err != nil {
-				return err
-			}
-			if p.ID == "slow" {
-				close(holding)
-				<-hold
-			}
-			if _, err := tx.Exec(r.Context(), `INSERT INTO payments VALUES ($1)`, p.ID); err != nil {
-				return err
-			}
-			if err := ob.EnqueueFor(r.Context(), tx, dedup.Key{Scope: "payments", ID: p.ID},
-				outbox.Message{Topic: "payments", Key: []byte(p.ID), Value: []byte(p.ID)}); err != nil {
-				return err
-			}
-			w.WriteHeader(http.StatusCreated)
-			return nil
-		})))
+	mux.Handle("POST /payments", mw.Transactional(httpidem.Route{}, relaytest.PaymentsHandler(ob, "payments", hold, holding)))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 
@@ -206,7 +171,7 @@ func TestDashboardAndAlertsMatchTheScrape(t *testing.T) {
 	// listed once observed.
 	var fams map[string]*dto.MetricFamily
 	testenv.WaitUntilProgress(t, time.Minute, "every series the files use to have a sample", func() (bool, string) {
-		fams = scrape(t, base)
+		fams = promtest.Scrape(t, base)
 		var missing []string
 		for _, name := range []string{
 			"idem_consumer_duplicate_age_seconds", "idem_consumer_fetch_to_ack_duration_seconds",
@@ -221,14 +186,14 @@ func TestDashboardAndAlertsMatchTheScrape(t *testing.T) {
 			"idem_consumer_applied_total": 2, "idem_consumer_duplicates_total": 1, "idem_consumer_dead_letters_total": 1,
 			"idem_consumer_retries_total": 1, "idem_outbox_published_total": 2,
 		} {
-			if v, _ := sum(fams, name, nil); v != want {
+			if v, _ := promtest.Sum(fams, name, nil); v != want {
 				missing = append(missing, fmt.Sprintf("%s %v of %v", name, v, want))
 			}
 		}
 		return len(missing) == 0, strings.Join(missing, ", ")
 	})
 	if testing.Verbose() {
-		_, body := get(t, base+"/metrics")
+		_, body := promtest.Get(t, base+"/metrics")
 		t.Logf("the scrape:\n%s", body)
 	}
 
@@ -255,83 +220,4 @@ func TestDashboardAndAlertsMatchTheScrape(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-}
-
-// get fetches url and returns the status and body.
-func get(t *testing.T, url string) (int, string) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(b)
-}
-
-// scrape parses /metrics.
-func scrape(t *testing.T, base string) map[string]*dto.MetricFamily {
-	t.Helper()
-	code, body := get(t, base+"/metrics")
-	if code != http.StatusOK {
-		t.Fatalf("/metrics: %d %s", code, body)
-	}
-	fams, err := parseScrape(body)
-	if err != nil {
-		t.Fatalf("/metrics does not parse: %v\n%s", err, body)
-	}
-	return fams
-}
-
-// parseScrape parses Prometheus' text format.
-func parseScrape(body string) (map[string]*dto.MetricFamily, error) {
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	return p.TextToMetricFamilies(strings.NewReader(body))
-}
-
-// sum adds the values of a family's counter and gauge samples whose labels
-// include where, and counts them.
-func sum(fams map[string]*dto.MetricFamily, name string, where map[string]string) (float64, int) {
-	var total float64
-	var n int
-samples:
-	for _, m := range fams[name].GetMetric() {
-		labels := map[string]string{}
-		for _, l := range m.GetLabel() {
-			labels[l.GetName()] = l.GetValue()
-		}
-		for k, v := range where {
-			if labels[k] != v {
-				continue samples
-			}
-		}
-		n++
-		total += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-	}
-	return total, n
-}
-
-// serve serves obs on a free port until the test ends.
-func serve(t *testing.T, obs *observe.Server) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- obs.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-		if err := obs.Close(context.Background()); err != nil {
-			t.Errorf("Close: %v", err)
-		}
-	})
-	return "http://" + ln.Addr().String()
 }

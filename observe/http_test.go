@@ -2,7 +2,6 @@ package observe_test
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -13,12 +12,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/httpidem"
 	"github.com/idemkit/idem/httpidem/otelhttpidem"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/internal/testenv/kafkatest"
+	"github.com/idemkit/idem/internal/testenv/pgtest"
+	"github.com/idemkit/idem/internal/testenv/promtest"
+	"github.com/idemkit/idem/internal/testenv/relaytest"
 	"github.com/idemkit/idem/observe"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/outbox/kafkapub"
@@ -75,20 +75,8 @@ func TestHTTPAndOutboxMetrics(t *testing.T) {
 	if _, err := pool.Exec(ctx, `CREATE TABLE payments (id text PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
 	}
-	store, err := pgstore.New(pool, pgstore.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	ob, err := outbox.New(pool, outbox.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ob.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := pgtest.Store(t, pool, schema)
+	ob := relaytest.OutboxIn(t, pool, schema)
 
 	obs, err := observe.New(observe.Config{Logger: testenv.Logger(t)})
 	if err != nil {
@@ -125,25 +113,7 @@ func TestHTTPAndOutboxMetrics(t *testing.T) {
 	// close, to be in flight when its retry comes.
 	hold, holding := make(chan struct{}), make(chan struct{})
 	mux := http.NewServeMux()
-	mux.Handle("POST /payments", mw.Transactional(httpidem.Route{}, httpidem.TxHandlerFunc[pgx.Tx](
-		func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
-			var p struct{ ID string }
-			if err := json.NewDecoder(r.Body).Decode(&p); err != nil {
-				return err
-			}
-			if p.ID == "slow" {
-				close(holding)
-				<-hold
-			}
-			if _, err := tx.Exec(r.Context(), `INSERT INTO payments VALUES ($1)`, p.ID); err != nil {
-				return err
-			}
-			if err := ob.EnqueueFor(r.Context(), tx, dedup.Key{Scope: "payments", ID: p.ID}, outbox.Message{Topic: topic, Key: []byte(p.ID), Value: []byte(p.ID)}); err != nil {
-				return err
-			}
-			w.WriteHeader(http.StatusCreated)
-			return nil
-		})))
+	mux.Handle("POST /payments", mw.Transactional(httpidem.Route{}, relaytest.PaymentsHandler(ob, topic, hold, holding)))
 	// POST /payouts: leased, with a lease of 50ms. The first call of a
 	// key answers 503 (the outcome is uncertain: the lease runs on and
 	// the key is stuck once it ran out) or, for "zombie", waits for
@@ -187,13 +157,13 @@ func TestHTTPAndOutboxMetrics(t *testing.T) {
 		resp.Body.Close()
 		return resp
 	}
-	base := serve(t, obs)
+	base := promtest.Serve(t, obs)
 	payments := map[string]string{"http_request_method": "POST", "http_route": "/payments"}
 	payouts := map[string]string{"http_request_method": "POST", "http_route": "/payouts"}
 	table := map[string]string{"idem_outbox_table": schema + ".idem_outbox"}
 
 	// Right after start: every series, at 0.
-	fams := scrape(t, base)
+	fams := promtest.Scrape(t, base)
 	for _, route := range []map[string]string{payments, payouts} {
 		for name, sets := range httpCounters() {
 			if f := fams[name]; f == nil || f.GetType() != dto.MetricType_COUNTER {
@@ -205,17 +175,17 @@ func TestHTTPAndOutboxMetrics(t *testing.T) {
 				for k, v := range extra {
 					where[k] = v
 				}
-				if v, n := sum(fams, name, where); n != 1 || v != 0 {
+				if v, n := promtest.Sum(fams, name, where); n != 1 || v != 0 {
 					t.Errorf("%s%v: %d samples, sum %v; want one at 0", name, where, n, v)
 				}
 			}
 		}
-		if v, n := sum(fams, "idem_http_requests_stuck", route); n != 1 || v != 0 {
+		if v, n := promtest.Sum(fams, "idem_http_requests_stuck", route); n != 1 || v != 0 {
 			t.Errorf("idem_http_requests_stuck%v: %d samples, %v; want one at 0", route, n, v)
 		}
 	}
 	for _, name := range outboxSeries {
-		if v, n := sum(fams, name, table); n != 1 || v != 0 {
+		if v, n := promtest.Sum(fams, name, table); n != 1 || v != 0 {
 			t.Errorf("%s: %d samples, sum %v; want one at 0", name, n, v)
 		}
 	}
@@ -269,7 +239,7 @@ func TestHTTPAndOutboxMetrics(t *testing.T) {
 		t.Fatalf("payout crash: %s", resp.Status)
 	}
 	testenv.WaitUntilProgress(t, time.Minute, "the stuck gauge to show crash", func() (bool, string) {
-		v, _ := sum(scrape(t, base), "idem_http_requests_stuck", payouts)
+		v, _ := promtest.Sum(promtest.Scrape(t, base), "idem_http_requests_stuck", payouts)
 		return v == 1, fmt.Sprintf("stuck %v", v)
 	})
 	// Its retry takes it over and finishes it.
@@ -335,14 +305,14 @@ func TestHTTPAndOutboxMetrics(t *testing.T) {
 		{payouts, "executed", 2}, {payouts, "failed", 1}, {payouts, "lease_lost", 1}, {payouts, "in_flight", 0},
 	}
 	testenv.WaitUntilProgress(t, time.Minute, "the series to show what happened", func() (bool, string) {
-		fams = scrape(t, base)
+		fams = promtest.Scrape(t, base)
 		for _, w := range want {
-			if v, _ := sum(fams, "idem_http_requests_total", with(w.route, "idem_http_outcome", w.outcome)); v != w.n {
+			if v, _ := promtest.Sum(fams, "idem_http_requests_total", with(w.route, "idem_http_outcome", w.outcome)); v != w.n {
 				return false, fmt.Sprintf("%v %s: %v, want %v", w.route, w.outcome, v, w.n)
 			}
 		}
-		published, _ := sum(fams, "idem_outbox_published_total", table)
-		pending, _ := sum(fams, "idem_outbox_pending", table)
+		published, _ := promtest.Sum(fams, "idem_outbox_published_total", table)
+		pending, _ := promtest.Sum(fams, "idem_outbox_pending", table)
 		return published == float64(rows) && pending == 0, fmt.Sprintf("published %v, pending %v", published, pending)
 	})
 	checks := []struct {
@@ -361,11 +331,11 @@ func TestHTTPAndOutboxMetrics(t *testing.T) {
 		{"idem_outbox_oldest_pending_age_seconds", table, 0},
 	}
 	for _, c := range checks {
-		if v, n := sum(fams, c.name, c.where); n != 1 || v != c.want {
+		if v, n := promtest.Sum(fams, c.name, c.where); n != 1 || v != c.want {
 			t.Errorf("%s%v: %d samples, %v; want %v", c.name, c.where, n, v, c.want)
 		}
 	}
-	if v, _ := sum(fams, "idem_outbox_rounds_total", table); v < 1 || v > float64(rows) {
+	if v, _ := promtest.Sum(fams, "idem_outbox_rounds_total", table); v < 1 || v > float64(rows) {
 		t.Errorf("rounds %v, want 1 to %d", v, rows)
 	}
 	if h := fams["idem_http_replay_age_seconds"]; h == nil || h.GetType() != dto.MetricType_HISTOGRAM || h.GetMetric()[0].GetHistogram().GetSampleCount() != 2 {

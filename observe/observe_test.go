@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -14,8 +12,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	kafkago "github.com/segmentio/kafka-go"
 	"go.uber.org/goleak"
 
@@ -24,106 +20,24 @@ import (
 	"github.com/idemkit/idem/consumer/consumertest"
 	"github.com/idemkit/idem/consumer/otelconsumer"
 	"github.com/idemkit/idem/dedup/memstore"
-	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/internal/testenv/kafkatest"
+	"github.com/idemkit/idem/internal/testenv/pgtest"
+	"github.com/idemkit/idem/internal/testenv/promtest"
 	"github.com/idemkit/idem/observe"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// get fetches url and returns the status and body.
-func get(t *testing.T, url string) (int, string) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(b)
-}
-
-// scrape parses /metrics.
-func scrape(t *testing.T, base string) map[string]*dto.MetricFamily {
-	t.Helper()
-	code, body := get(t, base+"/metrics")
-	if code != http.StatusOK {
-		t.Fatalf("/metrics: %d %s", code, body)
-	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(strings.NewReader(body))
-	if err != nil {
-		t.Fatalf("/metrics does not parse: %v\n%s", err, body)
-	}
-	return fams
-}
-
-// sum adds the values of a family's samples whose labels include where,
-// and counts them.
-func sum(fams map[string]*dto.MetricFamily, name string, where map[string]string) (float64, int) {
-	f, ok := fams[name]
-	if !ok {
-		return 0, 0
-	}
-	var total float64
-	var n int
-samples:
-	for _, m := range f.GetMetric() {
-		labels := map[string]string{}
-		for _, l := range m.GetLabel() {
-			labels[l.GetName()] = l.GetValue()
-		}
-		for k, v := range where {
-			if labels[k] != v {
-				continue samples
-			}
-		}
-		n++
-		switch {
-		case m.Counter != nil:
-			total += m.GetCounter().GetValue()
-		case m.Gauge != nil:
-			total += m.GetGauge().GetValue()
-		}
-	}
-	return total, n
-}
-
 // healthz fetches /healthz and decodes it.
 func healthz(t *testing.T, base, query string) (int, observe.HealthJSON) {
 	t.Helper()
-	code, body := get(t, base+"/healthz"+query)
+	code, body := promtest.Get(t, base+"/healthz"+query)
 	var h observe.HealthJSON
 	if err := json.Unmarshal([]byte(body), &h); err != nil {
 		t.Fatalf("/healthz%s: %d %q: %v", query, code, body, err)
 	}
 	return code, h
-}
-
-// serve serves obs on a free port until the test ends.
-func serve(t *testing.T, obs *observe.Server) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- obs.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-		if err := obs.Close(context.Background()); err != nil {
-			t.Errorf("Close: %v", err)
-		}
-	})
-	return "http://" + ln.Addr().String()
 }
 
 // counters are every counter a consumer's telemetry exports, as Prometheus
@@ -163,13 +77,7 @@ func TestScrapeRightAfterStart(t *testing.T) {
 	if _, err := pool.Exec(ctx, `CREATE TABLE ledger (txn_id text PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
 	}
-	store, err := pgstore.New(pool, pgstore.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := pgtest.Store(t, pool, schema)
 	src, err := kafka.New(kafka.Config{Brokers: brokers, Topics: []string{topic}, Group: topic, DeadLetterTopic: topic + "_dlq", Logger: testenv.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -200,11 +108,11 @@ func TestScrapeRightAfterStart(t *testing.T) {
 	if err := obs.Watch(c, tel); err == nil {
 		t.Error("the same consumer watched twice")
 	}
-	base := serve(t, obs)
+	base := promtest.Serve(t, obs)
 	who := map[string]string{"idem_consumer_name": "payments", "messaging_system": "kafka", "messaging_consumer_group_name": topic}
 
 	// Right after start.
-	fams := scrape(t, base)
+	fams := promtest.Scrape(t, base)
 	for name, sets := range counters {
 		if f := fams[name]; f == nil || f.GetType() != dto.MetricType_COUNTER {
 			t.Errorf("%s: not listed as a counter", name)
@@ -218,13 +126,13 @@ func TestScrapeRightAfterStart(t *testing.T) {
 			for k, v := range extra {
 				where[k] = v
 			}
-			if v, n := sum(fams, name, where); n != 1 || v != 0 {
+			if v, n := promtest.Sum(fams, name, where); n != 1 || v != 0 {
 				t.Errorf("%s%v: %d samples, sum %v; want one at 0", name, extra, n, v)
 			}
 		}
 	}
 	for _, name := range []string{"idem_consumer_in_flight", "idem_consumer_lanes_stopped", "idem_consumer_lanes_stalled", "idem_consumer_progress_age_seconds"} {
-		if v, n := sum(fams, name, who); n != 1 || v != 0 {
+		if v, n := promtest.Sum(fams, name, who); n != 1 || v != 0 {
 			t.Errorf("gauge %s: %d samples, %v; want one at 0 before Run", name, n, v)
 		}
 	}
@@ -256,15 +164,15 @@ func TestScrapeRightAfterStart(t *testing.T) {
 	// The counters of a batch are recorded when it ends, just after its
 	// acknowledgement: poll.
 	testenv.WaitUntilProgress(t, time.Minute, "the counters show the run", func() (bool, string) {
-		fams = scrape(t, base)
-		applied, _ := sum(fams, "idem_consumer_applied_total", who)
-		dups, _ := sum(fams, "idem_consumer_duplicates_total", who)
-		bad, _ := sum(fams, "idem_consumer_dead_letters_total", map[string]string{"idem_consumer_name": "payments", "idem_dead_letter_cause": "bad_input"})
-		consumed, _ := sum(fams, "messaging_client_consumed_messages_total", who)
+		fams = promtest.Scrape(t, base)
+		applied, _ := promtest.Sum(fams, "idem_consumer_applied_total", who)
+		dups, _ := promtest.Sum(fams, "idem_consumer_duplicates_total", who)
+		bad, _ := promtest.Sum(fams, "idem_consumer_dead_letters_total", map[string]string{"idem_consumer_name": "payments", "idem_dead_letter_cause": "bad_input"})
+		consumed, _ := promtest.Sum(fams, "messaging_client_consumed_messages_total", who)
 		return applied == 2 && dups == 1 && bad == 1 && consumed == 4, fmt.Sprintf("applied %v, duplicates %v, bad input %v, consumed %v", applied, dups, bad, consumed)
 	})
 	for _, p := range []string{"0", "1"} {
-		if _, n := sum(fams, "idem_consumer_transactions_total", map[string]string{"messaging_destination_name": topic, "messaging_destination_partition_id": p}); n == 0 {
+		if _, n := promtest.Sum(fams, "idem_consumer_transactions_total", map[string]string{"messaging_destination_name": topic, "messaging_destination_partition_id": p}); n == 0 {
 			t.Errorf("no transactions of partition %s", p)
 		}
 	}
@@ -331,7 +239,7 @@ func TestHealthzShowsStoppedAndStalledLanes(t *testing.T) {
 	if err := obs.Watch(c, tel); err != nil {
 		t.Fatal(err)
 	}
-	base := serve(t, obs)
+	base := promtest.Serve(t, obs)
 	ctx := testenv.Context(t, time.Minute)
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
@@ -351,12 +259,12 @@ func TestHealthzShowsStoppedAndStalledLanes(t *testing.T) {
 	if code, _ := healthz(t, base, "?probe=ready"); code != http.StatusOK {
 		t.Errorf("ready probe %d: a stopped lane needs a restart, not a wait", code)
 	}
-	fams := scrape(t, base)
+	fams := promtest.Scrape(t, base)
 	who := map[string]string{"idem_consumer_name": "payments", "messaging_system": "test"}
-	if v, _ := sum(fams, "idem_consumer_lanes_stopped", who); v != 1 {
+	if v, _ := promtest.Sum(fams, "idem_consumer_lanes_stopped", who); v != 1 {
 		t.Errorf("lanes stopped gauge %v, want 1", v)
 	}
-	if v, _ := sum(fams, "idem_consumer_lanes_stalled", who); v != 1 {
+	if v, _ := promtest.Sum(fams, "idem_consumer_lanes_stalled", who); v != 1 {
 		t.Errorf("lanes stalled gauge %v, want 1", v)
 	}
 	if err := c.Stop(ctx); err != nil {
@@ -374,14 +282,14 @@ func TestNothingWatched(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	base := serve(t, obs)
+	base := promtest.Serve(t, obs)
 	if code, h := healthz(t, base, ""); code != http.StatusServiceUnavailable || h.Ready || !strings.Contains(h.Error, "no consumer") {
 		t.Errorf("nothing watched: %d %+v", code, h)
 	}
 	if code, _ := healthz(t, base, "?probe=live"); code != http.StatusOK {
 		t.Errorf("nothing watched, live probe: %d", code)
 	}
-	if code, body := get(t, base+"/healthz?probe=lively"); code != http.StatusBadRequest || !strings.Contains(body, "lively") {
+	if code, body := promtest.Get(t, base+"/healthz?probe=lively"); code != http.StatusBadRequest || !strings.Contains(body, "lively") {
 		t.Errorf("unknown probe: %d %s", code, body)
 	}
 	if _, err := observe.New(observe.Config{Stall: -time.Second}); err == nil || !strings.Contains(err.Error(), "Stall") {

@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/relaytest"
 	"github.com/idemkit/idem/outbox"
 )
 
@@ -114,15 +115,8 @@ func BenchmarkConsumerBatch(b *testing.B) {
 // returns at once, deleted and committed. It bounds what a relay can
 // publish whatever the broker.
 func BenchmarkRelayDrain(b *testing.B) {
-	pool, schema := testenv.SchemaPool(b)
+	ob, pool, _ := relaytest.NewOutbox(b)
 	ctx := context.Background()
-	ob, err := outbox.New(pool, outbox.Config{Schema: schema})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := ob.Migrate(ctx); err != nil {
-		b.Fatal(err)
-	}
 	value := []byte(fmt.Sprintf("%0256d", 0))
 	for i := 0; i < b.N; i += 500 {
 		var msgs []outbox.Message

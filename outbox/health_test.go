@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/relaytest"
 	"github.com/idemkit/idem/outbox"
 )
 
@@ -67,13 +68,7 @@ func (p *flaky) published() (calls, sent int) {
 func TestRelayPendingAndHealth(t *testing.T) {
 	pool, schema := testenv.SchemaPool(t)
 	ctx := testenv.Context(t, time.Minute)
-	ob, err := outbox.New(pool, outbox.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ob.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	ob := relaytest.OutboxIn(t, pool, schema)
 	if p, err := ob.Pending(ctx); err != nil || p != (outbox.PendingStats{}) {
 		t.Fatalf("pending of an empty outbox: %+v, %v", p, err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/pgtest"
 	"github.com/idemkit/idem/internal/testenv/relaytest"
 	"github.com/idemkit/idem/outbox"
 )
@@ -32,13 +33,7 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 func outboxAndStore(t *testing.T) (*outbox.Outbox, *pgxpool.Pool, *pgstore.Store) {
 	t.Helper()
 	ob, pool, schema := relaytest.NewOutbox(t)
-	store, err := pgstore.New(pool, pgstore.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	store := pgtest.Store(t, pool, schema)
 	return ob, pool, store
 }
 

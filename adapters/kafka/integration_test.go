@@ -32,6 +32,7 @@ import (
 	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/internal/testenv/kafkatest"
+	"github.com/idemkit/idem/internal/testenv/pgtest"
 )
 
 // payment is the business message: a payment channel's callback.
@@ -52,14 +53,8 @@ type bank struct {
 
 func newBank(t testing.TB, pool *pgxpool.Pool, schema string) *bank {
 	t.Helper()
-	store, err := pgstore.New(pool, pgstore.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := pgtest.Store(t, pool, schema)
 	ctx := ctxTimeout(t, 30*time.Second)
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
 	b := &bank{pool: pool, schema: schema, store: store, table: pgx.Identifier{schema, "ledger"}.Sanitize()}
 	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+b.table+` (
 		id bigserial PRIMARY KEY, txn_id text NOT NULL, amount bigint NOT NULL, source text NOT NULL)`); err != nil {

@@ -17,20 +17,17 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/goleak"
 
 	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/pgtest"
 	"github.com/idemkit/idem/internal/testenv/rmqtest"
 )
 
 func TestMain(m *testing.M) {
 	testenv.ChildMain(childEnv, (*child).run)
-	if code, rerun := testenv.RerunWithRocketMQRaceSuppressions(); rerun {
-		os.Exit(code)
-	}
 	level := slog.LevelError
 	switch os.Getenv("IDEM_TEST_LOG") {
 	case "debug":
@@ -38,22 +35,8 @@ func TestMain(m *testing.M) {
 	case "info":
 		level = slog.LevelInfo
 	}
-	rocketmq.SetClientLogger(clientLog(), level)
-	code := m.Run()
-	rmqtest.CloseShared()
-	if code == 0 {
-		if err := goleak.Find(leakOptions...); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	rmqtest.Main(m, clientLog(), level)
 }
-
-// leakOptions ignore the goroutines the RocketMQ client leaves behind after
-// Shutdown. Each ends by itself, but later than a test run, because it
-// sleeps or waits before it looks at the client's done channel:
-var leakOptions = testenv.RocketMQClientLeaks
 
 // clientLog is where the RocketMQ client's logs go in tests: nowhere, or
 // stderr with IDEM_TEST_LOG set (the client logs errors while it shuts down,
@@ -100,14 +83,8 @@ func newDB(t testing.TB) *db {
 	t.Helper()
 	pool := testenv.Pool(t)
 	schema := testenv.Schema(t, pool)
-	st, err := pgstore.New(pool, pgstore.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := pgtest.Store(t, pool, schema)
 	ctx := context.Background()
-	if err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
 	effects := pgx.Identifier{schema, "effects"}.Sanitize()
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+effects+` (
 		id bigserial PRIMARY KEY, key text NOT NULL, amount bigint NOT NULL DEFAULT 0,

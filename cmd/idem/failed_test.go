@@ -16,8 +16,8 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
 	"github.com/idemkit/idem/consumer/otelconsumer"
-	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/pgtest"
 )
 
 // TestFailedAgreesWithTheMetrics: three payments fail for good, then two of
@@ -29,13 +29,7 @@ import (
 func TestFailedAgreesWithTheMetrics(t *testing.T) {
 	pool, schema := testenv.SchemaPool(t)
 	ctx := testenv.Context(t, 2*time.Minute)
-	store, err := pgstore.New(pool, pgstore.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := pgtest.Store(t, pool, schema)
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	defer mp.Shutdown(context.Background()) //nolint:errcheck

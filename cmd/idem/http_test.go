@@ -13,24 +13,17 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/httpidem"
 	"github.com/idemkit/idem/httpidem/otelhttpidem"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/pgtest"
 	"github.com/idemkit/idem/observe"
 )
 
 // replayHistogram is otelhttpidem's replay-age histogram as /metrics has
 // it, for one route: cumulative counts per bucket bound.
 func replayHistogram(method, route string, cumulative map[string]int) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "# TYPE %s histogram\n", replayAgeMetric)
-	labels := fmt.Sprintf(`http_request_method=%q,http_route=%q`, method, route)
-	for _, le := range []string{"1", "10", "60", "600", "3600", "21600", "86400", "604800", "2.592e+06", "7.776e+06", "+Inf"} {
-		fmt.Fprintf(&b, "%s_bucket{%s,le=%q} %d\n", replayAgeMetric, labels, le, cumulative[le])
-	}
-	fmt.Fprintf(&b, "%s_sum{%s} 1\n%s_count{%s} %d\n", replayAgeMetric, labels, replayAgeMetric, labels, cumulative["+Inf"])
-	return b.String()
+	return histogram(replayAgeMetric, fmt.Sprintf(`http_request_method=%q,http_route=%q`, method, route), cumulative)
 }
 
 // TestHTTPScopeStatusAndRetention: an HTTP service on Postgres whose
@@ -42,13 +35,7 @@ func replayHistogram(method, route string, cumulative map[string]int) string {
 func TestHTTPScopeStatusAndRetention(t *testing.T) {
 	pool, schema := testenv.SchemaPool(t)
 	ctx := testenv.Context(t, time.Minute)
-	store, err := pgstore.New(pool, pgstore.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := pgtest.Store(t, pool, schema)
 	if err := store.RecordFailure(ctx, dedup.Claim{Key: dedup.Key{Scope: "payments", ID: "P1"}, Fingerprint: dedup.FingerprintOf([]byte("P1"))}, "closed"); err != nil {
 		t.Fatal(err)
 	}

@@ -19,15 +19,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	kafkago "github.com/segmentio/kafka-go"
-	"go.uber.org/goleak"
 
 	"github.com/idemkit/idem/adapters/kafka"
-	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/dedup/sqlitestore"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/pgtest"
 	"github.com/idemkit/idem/internal/testenv/rmqtest"
 )
 
@@ -35,23 +33,11 @@ import (
 // its logs discarded (IDEM_TEST_LOG set: on stderr), and checks for leaked
 // goroutines but those the client leaves behind after Shutdown.
 func TestMain(m *testing.M) {
-	if code, rerun := testenv.RerunWithRocketMQRaceSuppressions(); rerun {
-		os.Exit(code)
-	}
 	var w io.Writer = io.Discard
 	if os.Getenv("IDEM_TEST_LOG") != "" {
 		w = os.Stderr
 	}
-	rocketmq.SetClientLogger(slog.New(slog.NewTextHandler(w, nil)), slog.LevelWarn)
-	code := m.Run()
-	rmqtest.CloseShared()
-	if code == 0 {
-		if err := goleak.Find(testenv.RocketMQClientLeaks...); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	rmqtest.Main(m, slog.New(slog.NewTextHandler(w, nil)), slog.LevelWarn)
 }
 
 // idem runs the command in-process and returns its exit status and output.
@@ -265,13 +251,7 @@ func (p *payments) start() {
 // txn_id is in blocked.
 func startPay(t *testing.T, pool *pgxpool.Pool, schema string, cfg consumer.Config[pgx.Tx], offsets bool, grace time.Duration) (*consumer.Consumer[pgx.Tx], func()) {
 	ctx := context.Background()
-	store, err := pgstore.New(pool, pgstore.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := pgtest.Store(t, pool, schema)
 	if offsets {
 		cfg.Offsets = store
 	}
@@ -331,15 +311,18 @@ func (p *payments) waitFor(what string, ok func(consumer.Stats) bool) {
 	}
 }
 
-func (p *payments) ledger() map[string]int {
-	p.t.Helper()
-	rows, err := p.pool.Query(context.Background(), `SELECT txn_id FROM ledger`)
+func (p *payments) ledger() map[string]int { p.t.Helper(); return ledgerRows(p.t, p.pool) }
+
+// ledgerRows counts the ledger's rows per transaction.
+func ledgerRows(t testing.TB, pool *pgxpool.Pool) map[string]int {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT txn_id FROM ledger`)
 	if err != nil {
-		p.t.Fatal(err)
+		t.Fatal(err)
 	}
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		p.t.Fatal(err)
+		t.Fatal(err)
 	}
 	out := map[string]int{}
 	for _, id := range ids {
@@ -497,6 +480,17 @@ func TestReleaseAndRedrive(t *testing.T) {
 // headers.
 func readLetter(t *testing.T, brokers []string, topic string, offset int64) map[string]string {
 	t.Helper()
+	m := readAt(t, brokers, topic, offset)
+	out := map[string]string{}
+	for _, h := range m.Headers {
+		out[h.Key] = string(h.Value)
+	}
+	return out
+}
+
+// readAt reads the record at offset of partition 0 of topic.
+func readAt(t *testing.T, brokers []string, topic string, offset int64) kafkago.Message {
+	t.Helper()
 	r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: brokers, Topic: topic, Partition: 0, MaxWait: 100 * time.Millisecond})
 	defer r.Close()
 	if err := r.SetOffset(offset); err != nil {
@@ -508,9 +502,5 @@ func readLetter(t *testing.T, brokers []string, topic string, offset int64) map[
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]string{}
-	for _, h := range m.Headers {
-		out[h.Key] = string(h.Value)
-	}
-	return out
+	return m
 }

@@ -122,17 +122,9 @@ func TestRedriveRefusesAnEmptyLetterRedrivenTooOften(t *testing.T) {
 // a dead-letter write retried after a lost acknowledgement does.
 func copyLetter(t *testing.T, p *payments, topic string, offset int64) {
 	t.Helper()
-	r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: p.brokers, Topic: topic, Partition: 0, MaxWait: 100 * time.Millisecond})
-	defer r.Close()
-	if err := r.SetOffset(offset); err != nil {
-		t.Fatal(err)
-	}
+	m := readAt(t, p.brokers, topic, offset)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	m, err := r.ReadMessage(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	w := &kafkago.Writer{Addr: kafkago.TCP(p.brokers...), Topic: topic, RequiredAcks: kafkago.RequireAll, BatchTimeout: time.Millisecond, Transport: p.tr}
 	defer w.Close()
 	// A topic created moments ago may not be in every broker's metadata yet.

@@ -19,13 +19,18 @@ import (
 // like on /metrics: counts per bucket bound (cumulative, as Prometheus has
 // them), for one consumer and one partition.
 func ageHistogram(name, partition string, cumulative map[string]int) string {
+	return histogram(ageMetric, fmt.Sprintf(`idem_consumer_name=%q,messaging_destination_partition_id=%q`, name, partition), cumulative)
+}
+
+// histogram is an age histogram of idem's buckets as /metrics has it: the
+// series of metric with labels, counts per bucket bound (cumulative).
+func histogram(metric, labels string, cumulative map[string]int) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "# TYPE %s histogram\n", ageMetric)
-	labels := fmt.Sprintf(`idem_consumer_name=%q,messaging_destination_partition_id=%q`, name, partition)
+	fmt.Fprintf(&b, "# TYPE %s histogram\n", metric)
 	for _, le := range []string{"1", "10", "60", "600", "3600", "21600", "86400", "604800", "2.592e+06", "7.776e+06", "+Inf"} {
-		fmt.Fprintf(&b, "%s_bucket{%s,le=%q} %d\n", ageMetric, labels, le, cumulative[le])
+		fmt.Fprintf(&b, "%s_bucket{%s,le=%q} %d\n", metric, labels, le, cumulative[le])
 	}
-	fmt.Fprintf(&b, "%s_sum{%s} 1\n%s_count{%s} %d\n", ageMetric, labels, ageMetric, labels, cumulative["+Inf"])
+	fmt.Fprintf(&b, "%s_sum{%s} 1\n%s_count{%s} %d\n", metric, labels, metric, labels, cumulative["+Inf"])
 	return b.String()
 }
 

@@ -249,22 +249,7 @@ func (p *rocketPayments) waitConsumed() {
 	})
 }
 
-func (p *rocketPayments) ledger() map[string]int {
-	p.t.Helper()
-	rows, err := p.pool.Query(context.Background(), `SELECT txn_id FROM ledger`)
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	out := map[string]int{}
-	for _, id := range ids {
-		out[id]++
-	}
-	return out
-}
+func (p *rocketPayments) ledger() map[string]int { p.t.Helper(); return ledgerRows(p.t, p.pool) }
 
 // count returns how many messages topic holds.
 func (p *rocketPayments) count(topic string) int64 {

@@ -19,8 +19,8 @@ import (
 	"github.com/idemkit/idem/adapters/kafka"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/otelconsumer"
-	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/pgtest"
 )
 
 // TestKafkaPostgres runs a scripted stream through Kafka into Postgres:
@@ -82,13 +82,7 @@ func TestKafkaPostgres(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := pgstore.New(pool, pgstore.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := pgtest.Store(t, pool, schema)
 	src, err := kafka.New(kafka.Config{Brokers: brokers, Topics: []string{topic}, Group: group, DeadLetterTopic: dlq, Logger: testenv.Logger(t)})
 	if err != nil {
 		t.Fatal(err)

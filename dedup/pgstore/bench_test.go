@@ -14,8 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/pgtest"
 )
 
 // BenchmarkClaim measures the claim path against the real Postgres of the
@@ -48,14 +48,8 @@ func benchClaim(b *testing.B, batch int, repeat bool) {
 	}
 	defer pool.Close()
 	schema := testenv.Schema(b, testenv.Pool(b))
-	st, err := pgstore.New(pool, pgstore.Config{Schema: schema})
-	if err != nil {
-		b.Fatal(err)
-	}
+	st := pgtest.Store(b, pool, schema)
 	ctx := context.Background()
-	if err := st.Migrate(ctx); err != nil {
-		b.Fatal(err)
-	}
 	var backend int
 	if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err != nil {
 		b.Fatal(err)

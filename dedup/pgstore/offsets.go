@@ -71,16 +71,11 @@ func (s *Store) NextOffset(ctx context.Context, tx pgx.Tx, p dedup.Partition) (i
 // nextBounded reads p's next offset into next, its wait bounded (see
 // queueBounded).
 func (s *Store) nextBounded(ctx context.Context, tx pgx.Tx, p dedup.Partition, next *int64) error {
-	var b pgx.Batch
-	before := s.queueBounded(&b, s.offSQL.next, p.Scope, p.Topic, p.Partition)
-	br := tx.SendBatch(ctx, &b)
-	for range before {
-		if _, err := br.Exec(); err != nil {
-			br.Close()
-			return err
-		}
+	br, err := s.sendBounded(ctx, tx, s.offSQL.next, p.Scope, p.Topic, p.Partition)
+	if err != nil {
+		return err
 	}
-	err := br.QueryRow().Scan(next)
+	err = br.QueryRow().Scan(next)
 	if err == nil || errors.Is(err, pgx.ErrNoRows) {
 		if _, rerr := br.Exec(); rerr != nil { // statement_timeout restored
 			err = rerr
@@ -100,19 +95,15 @@ func (s *Store) AdvanceOffset(ctx context.Context, tx pgx.Tx, p dedup.Partition,
 		return false, fmt.Errorf("pgstore: advance %s: next offset %d is not above the expected %d (nor equal to it, above 0: a hold)", partName(p), next, expected)
 	}
 	// The wait on a concurrent writer is bounded as a claim's is.
-	var b pgx.Batch
-	var before int
+	var br pgx.BatchResults
+	var err error
 	if expected == 0 {
-		before = s.queueBounded(&b, s.offSQL.insert, p.Scope, p.Topic, p.Partition, next)
+		br, err = s.sendBounded(ctx, tx, s.offSQL.insert, p.Scope, p.Topic, p.Partition, next)
 	} else {
-		before = s.queueBounded(&b, s.offSQL.advance, p.Scope, p.Topic, p.Partition, expected, next)
+		br, err = s.sendBounded(ctx, tx, s.offSQL.advance, p.Scope, p.Topic, p.Partition, expected, next)
 	}
-	br := tx.SendBatch(ctx, &b)
-	for range before {
-		if _, err := br.Exec(); err != nil {
-			br.Close()
-			return false, s.offsetErr("advance", p, err)
-		}
+	if err != nil {
+		return false, s.offsetErr("advance", p, err)
 	}
 	tag, err := br.Exec()
 	if err == nil && s.cfg.Distributed {

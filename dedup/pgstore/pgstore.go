@@ -427,14 +427,9 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, claims []dedup.Claim, resu
 	defer s.bufs.Put(buf)
 	buf.encode(claims, s.retentionMillis)
 
-	var b pgx.Batch
-	before := s.queueBounded(&b, s.insertSQL, buf.args[:]...)
-	br := tx.SendBatch(ctx, &b)
-	for range before {
-		if _, err := br.Exec(); err != nil {
-			br.Close()
-			return s.claimErr(err)
-		}
+	br, err := s.sendBounded(ctx, tx, s.insertSQL, buf.args[:]...)
+	if err != nil {
+		return s.claimErr(err)
 	}
 	rows, err := br.Query()
 	if err != nil {
@@ -457,13 +452,7 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, claims []dedup.Claim, resu
 		br.Close()
 		return s.claimErr(err)
 	}
-	if s.cfg.Distributed {
-		if _, err := br.Exec(); err != nil { // statement_timeout restored
-			br.Close()
-			return s.claimErr(err)
-		}
-	}
-	if err := br.Close(); err != nil {
+	if err := s.closeBounded(br); err != nil {
 		return s.claimErr(err)
 	}
 	if inserted == n {
@@ -537,27 +526,16 @@ func (s *Store) claimOne(ctx context.Context, tx pgx.Tx, c *dedup.Claim, res *de
 	if c.Source != "" {
 		src = cleanSource(c.Source)
 	}
-	var b pgx.Batch
-	before := s.queueBounded(&b, s.insertOneSQL, c.Key.Scope, c.Key.ID, c.Fingerprint[:], src, s.retentionMillis(c.Key.Scope))
-	br := tx.SendBatch(ctx, &b)
-	for range before {
-		if _, err := br.Exec(); err != nil {
-			br.Close()
-			return s.claimErr(err)
-		}
+	br, err := s.sendBounded(ctx, tx, s.insertOneSQL, c.Key.Scope, c.Key.ID, c.Fingerprint[:], src, s.retentionMillis(c.Key.Scope))
+	if err != nil {
+		return s.claimErr(err)
 	}
 	tag, err := br.Exec()
 	if err != nil {
 		br.Close()
 		return s.claimErr(err)
 	}
-	if s.cfg.Distributed {
-		if _, err := br.Exec(); err != nil { // statement_timeout restored
-			br.Close()
-			return s.claimErr(err)
-		}
-	}
-	if err := br.Close(); err != nil {
+	if err := s.closeBounded(br); err != nil {
 		return s.claimErr(err)
 	}
 	if tag.RowsAffected() == 1 {
@@ -661,6 +639,36 @@ func (s *Store) queueBounded(b *pgx.Batch, sql string, args ...any) (before int)
 	b.Queue(sql, args...)
 	b.Queue(s.boundSQL[2])
 	return 2
+}
+
+// sendBounded sends sql queued by queueBounded and reads the results of
+// the statements ahead of it: what br has left to read is sql's result and,
+// in distributed mode, the restore of statement_timeout. On an error the
+// batch is closed.
+func (s *Store) sendBounded(ctx context.Context, tx pgx.Tx, sql string, args ...any) (pgx.BatchResults, error) {
+	var b pgx.Batch
+	before := s.queueBounded(&b, sql, args...)
+	br := tx.SendBatch(ctx, &b)
+	for range before {
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return nil, err
+		}
+	}
+	return br, nil
+}
+
+// closeBounded reads, in distributed mode, the restore of
+// statement_timeout that follows the statement sendBounded sent, and
+// closes br.
+func (s *Store) closeBounded(br pgx.BatchResults) error {
+	if s.cfg.Distributed {
+		if _, err := br.Exec(); err != nil { // statement_timeout restored
+			br.Close()
+			return err
+		}
+	}
+	return br.Close()
 }
 
 // claimErr turns a lock timeout into dedup.ErrInFlight; in distributed

@@ -15,10 +15,10 @@ import (
 	"github.com/idemkit/idem/adapters/kafka"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/examples/channels"
 	"github.com/idemkit/idem/examples/payments"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/pgtest"
 )
 
 // result is what one consumer made of a channel's stream.
@@ -41,13 +41,7 @@ type result struct {
 func consume(t *testing.T, ch channels.Channel, f channels.Fixture, tweak func(*consumer.Config[pgx.Tx])) *result {
 	t.Helper()
 	pool, schema := database(t, f)
-	store, err := pgstore.New(pool, pgstore.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(timeout(t, time.Minute)); err != nil {
-		t.Fatal(err)
-	}
+	store := pgtest.Store(t, pool, schema)
 
 	brokers := testenv.KafkaBrokers(t)
 	a := newAdmin(t, brokers)

@@ -34,15 +34,7 @@ var schema = []string{
 // Setup creates the payments tables (payments.Setup) and extends them. It
 // is for Postgres: point the connection's search_path at the schema.
 func Setup(ctx context.Context, db payments.DB) error {
-	if err := payments.Setup(ctx, db); err != nil {
-		return err
-	}
-	for _, stmt := range schema {
-		if _, err := db.Exec(ctx, stmt); err != nil {
-			return fmt.Errorf("channels: setup: %w", err)
-		}
-	}
-	return nil
+	return payments.Extend(ctx, db, "channels", schema)
 }
 
 // CreateOrders inserts unpaid orders with their accounts and SKUs.

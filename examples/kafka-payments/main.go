@@ -42,61 +42,41 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idem/adapters/kafka"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/otelconsumer"
-	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/examples/payments"
 	"github.com/idemkit/idem/observe"
 )
 
 func main() {
 	brokers := flag.String("brokers", "127.0.0.1:9092", "Kafka brokers, comma separated")
-	pgURL := flag.String("postgres", envOr("IDEM_TEST_PG_URL", "postgres://postgres@127.0.0.1:5432/idem_test?sslmode=disable"), "Postgres URL")
-	topic := flag.String("topic", "payment-callbacks", "topic of the channel's callbacks")
-	group := flag.String("group", "payments-ledger", "consumer group")
-	demo := flag.Bool("demo", false, "create three orders and publish each callback three times")
+	f := payments.RegisterFlags(flag.CommandLine)
 	listen := flag.String("listen", "", "serve /metrics and /healthz on this address, e.g. 127.0.0.1:9464")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := run(*brokers, *pgURL, *topic, *group, *demo, *listen, log); err != nil {
+	if err := run(strings.Split(*brokers, ","), f, *listen, log); err != nil {
 		log.Error("kafka-payments", slog.Any("error", err))
 		os.Exit(1)
 	}
 }
 
-func run(brokerList, pgURL, topic, group string, demo bool, listen string, log *slog.Logger) error {
+func run(brokers []string, f *payments.Flags, listen string, log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	brokers := strings.Split(brokerList, ",")
 
-	pool, err := pgxpool.New(ctx, pgURL)
+	pool, store, err := payments.Open(ctx, f, func(ctx context.Context, cbs []payments.Callback) error {
+		return publishDemo(ctx, brokers, f.Topic, cbs)
+	})
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := payments.Setup(ctx, payments.Pgx(pool)); err != nil {
-		return err
-	}
-	store, err := pgstore.New(pool, pgstore.Config{}) // keys kept forever: a channel may re-send months later
-	if err != nil {
-		return err
-	}
-	if err := store.Migrate(ctx); err != nil {
-		return err
-	}
-	if demo {
-		if err := publishDemo(ctx, pool, brokers, topic); err != nil {
-			return fmt.Errorf("demo: %w", err)
-		}
-	}
 
 	// The Source is the consumer's dead-letter sink too: <topic>.dlq.
-	src, err := kafka.New(kafka.Config{Brokers: brokers, Topics: []string{topic}, Group: group,
+	src, err := kafka.New(kafka.Config{Brokers: brokers, Topics: []string{f.Topic}, Group: f.Group,
 		DeadLetterAutoCreate: true, Logger: log})
 	if err != nil {
 		return err
@@ -114,17 +94,7 @@ func run(brokerList, pgURL, topic, group string, demo bool, listen string, log *
 			return err
 		}
 	}
-	cfg := consumer.Config[pgx.Tx]{
-		Name:            "payments-ledger",
-		Source:          src,
-		Store:           store,
-		Handler:         payments.Handler(func(tx pgx.Tx) payments.DB { return payments.Pgx(tx) }),
-		DeadLetter:      src,
-		Key:             consumer.ByJSONField(payments.KeyField),
-		MaxPayloadBytes: payments.MaxPayload,
-		DrainTimeout:    30 * time.Second,
-		Logger:          log,
-	}
+	cfg := payments.ConsumerConfig(src, src, store, log)
 	if tel != nil {
 		cfg.Observer = tel
 	}
@@ -151,18 +121,11 @@ func run(brokerList, pgURL, topic, group string, demo bool, listen string, log *
 		}()
 		log.Info("serving", slog.String("metrics", "http://"+ln.Addr().String()+"/metrics"), slog.String("health", "http://"+ln.Addr().String()+"/healthz"))
 	}
-
-	log.Info("consuming; Ctrl-C to stop", slog.String("topic", topic), slog.String("group", group))
-	err = c.Run(ctx) // Ctrl-C drains: what is in flight is finished and acknowledged
-	st := c.Stats()
-	log.Info("stopped", slog.Int64("applied", st.Applied), slog.Int64("duplicates", st.Duplicates),
-		slog.Int64("dead_lettered", st.DeadLettered))
-	return err
+	return payments.Run(ctx, c, f, log)
 }
 
-// publishDemo creates three orders and sends each one's callback three
-// times, plus a callback for an order nobody placed.
-func publishDemo(ctx context.Context, pool *pgxpool.Pool, brokers []string, topic string) error {
+// publishDemo sends the demo's callbacks (payments.DemoCallbacks).
+func publishDemo(ctx context.Context, brokers []string, topic string, cbs []payments.Callback) error {
 	// Create the topics first: a writer's first message to a topic that
 	// auto-creation has yet to create fails.
 	tr := &kafkago.Transport{}
@@ -181,29 +144,13 @@ func publishDemo(ctx context.Context, pool *pgxpool.Pool, brokers []string, topi
 		}
 	}
 
-	suffix := time.Now().Format("150405")
 	w := &kafkago.Writer{Addr: kafkago.TCP(brokers...), Topic: topic, Transport: tr,
 		RequiredAcks: kafkago.RequireAll, BatchTimeout: 10 * time.Millisecond}
 	defer w.Close()
-	var msgs []kafkago.Message
-	for i := 1; i <= 3; i++ {
-		order := payments.Order{ID: fmt.Sprintf("o-%s-%d", suffix, i), Account: "merchant-demo", SKU: "sku-demo", Amount: int64(1000 * i)}
-		if err := payments.CreateOrders(ctx, payments.Pgx(pool), []payments.Order{order}); err != nil {
-			return err
-		}
-		cb, _ := json.Marshal(payments.Callback{TxnID: fmt.Sprintf("wx-%s-%d", suffix, i), OrderID: order.ID, Amount: order.Amount, Channel: "wechat", Status: "SUCCESS"})
-		for range 3 {
-			msgs = append(msgs, kafkago.Message{Key: []byte(order.ID), Value: cb})
-		}
+	msgs := make([]kafkago.Message, len(cbs))
+	for i, cb := range cbs {
+		v, _ := json.Marshal(cb)
+		msgs[i] = kafkago.Message{Key: []byte(cb.OrderID), Value: v}
 	}
-	stray, _ := json.Marshal(payments.Callback{TxnID: "wx-" + suffix + "-x", OrderID: "nobody", Amount: 5, Channel: "wechat", Status: "SUCCESS"})
-	msgs = append(msgs, kafkago.Message{Key: []byte("nobody"), Value: stray})
 	return w.WriteMessages(ctx, msgs...)
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }

@@ -17,4 +17,8 @@
 // The same code runs on Postgres (pgx), SQLite and MySQL or MariaDB
 // (database/sql): the SQL is portable and reaches the database through the
 // small DB interface (the MySQL adapter rewrites the placeholders).
+//
+// RegisterFlags, Open, ConsumerConfig and Run are what the commands
+// examples/kafka-payments and examples/rocketmq-payments share: each adds
+// only its broker's Source and the sending of the demo's callbacks.
 package payments

@@ -18,10 +18,10 @@ import (
 	"github.com/idemkit/idem/consumer/consumertest"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/mysqlstore"
-	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/dedup/sqlitestore"
 	"github.com/idemkit/idem/examples/payments"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/pgtest"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -80,13 +80,7 @@ func sqliteBackend(t *testing.T) backend {
 
 func postgresBackend(t *testing.T) backend {
 	pool, schema := testenv.SchemaPool(t)
-	st, err := pgstore.New(pool, pgstore.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Migrate(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	st := pgtest.Store(t, pool, schema)
 	h := payments.Handler(func(tx pgx.Tx) payments.DB { return payments.Pgx(tx) })
 	return backend{
 		db:    payments.Pgx(pool),

@@ -76,11 +76,7 @@ WHERE l.txn_id = $1 AND l.amount = $2 AND o.status = 'PAID' AND o.paid_txn = l.t
 		}
 	}
 	r.Unexpected = r.Payments - (int64(len(expected)) - r.Lost)
-	checks := []struct {
-		dst  *int64
-		sql  string
-		args []any
-	}{
+	if err := RunCounts(ctx, db, []Count{
 		{&r.DoubleApplied, `SELECT (SELECT count(*) FROM accounts a
         WHERE a.balance <> (SELECT coalesce(sum(l.amount), 0) FROM ledger l WHERE l.account_id = a.id))
      + (SELECT count(*) FROM inventory i
@@ -93,23 +89,53 @@ WHERE l.txn_id = $1 AND l.amount = $2 AND o.status = 'PAID' AND o.paid_txn = l.t
     AND NOT EXISTS (SELECT 1 FROM ledger l WHERE l.txn_id = o.paid_txn AND l.order_id = o.id)`, nil},
 		{&r.LedgerNotPaid, `SELECT count(*) FROM ledger l JOIN orders o ON o.id = l.order_id
     WHERE o.status <> 'PAID' OR o.paid_txn IS NULL OR o.paid_txn <> l.txn_id`, nil},
+	}); err != nil {
+		return r, fmt.Errorf("payments: reconcile: %w", err)
 	}
-	for _, c := range checks {
-		if err := q(c.dst, c.sql, c.args...); err != nil {
-			return r, err
-		}
-	}
-	add := func(n int64, what string) {
-		if n != 0 {
-			r.Problems = append(r.Problems, fmt.Sprintf("%d %s", n, what))
-		}
-	}
-	add(r.Lost, "lost payments")
-	add(r.DoubleApplied, "accounts or SKUs that disagree with the ledger (double effect)")
-	add(r.Unexpected, "unexpected ledger rows")
-	add(r.LedgerNoDedup, "ledger rows without a dedup row")
-	add(r.DedupNoLedger, "dedup rows without a ledger row")
-	add(r.PaidNoLedger, "paid orders without a ledger row")
-	add(r.LedgerNotPaid, "ledger rows whose order is not paid by them")
+	r.Problems = ListProblems(
+		Problem{r.Lost, "lost payments"},
+		Problem{r.DoubleApplied, "accounts or SKUs that disagree with the ledger (double effect)"},
+		Problem{r.Unexpected, "unexpected ledger rows"},
+		Problem{r.LedgerNoDedup, "ledger rows without a dedup row"},
+		Problem{r.DedupNoLedger, "dedup rows without a ledger row"},
+		Problem{r.PaidNoLedger, "paid orders without a ledger row"},
+		Problem{r.LedgerNotPaid, "ledger rows whose order is not paid by them"},
+	)
 	return r, nil
+}
+
+// A Count is one query of a reconciliation: SQL, with Args, counts into N.
+type Count struct {
+	N    *int64
+	SQL  string
+	Args []any
+}
+
+// RunCounts runs each count on db, in order, and returns the first error
+// as the database gave it.
+func RunCounts(ctx context.Context, db DB, counts []Count) error {
+	for _, c := range counts {
+		if err := db.QueryRow(ctx, c.SQL, c.Args...).Scan(c.N); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// A Problem is a count that must be 0, and what it counts.
+type Problem struct {
+	N    int64
+	What string
+}
+
+// ListProblems says "N What" for each problem whose count is not 0, in
+// order; nil when there is none.
+func ListProblems(ps ...Problem) []string {
+	var out []string
+	for _, p := range ps {
+		if p.N != 0 {
+			out = append(out, fmt.Sprintf("%d %s", p.N, p.What))
+		}
+	}
+	return out
 }

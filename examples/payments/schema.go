@@ -44,10 +44,21 @@ var schema = []string{
 
 // Setup creates the four tables when missing. On Postgres, point the
 // connection's search_path at the schema you want them in.
-func Setup(ctx context.Context, db DB) error {
-	for _, stmt := range schema {
+func Setup(ctx context.Context, db DB) error { return setup(ctx, db, "payments", schema) }
+
+// Extend is Setup for an example that adds tables of its own: it creates
+// the four tables, then runs stmts; an error of theirs is name's.
+func Extend(ctx context.Context, db DB, name string, stmts []string) error {
+	if err := Setup(ctx, db); err != nil {
+		return err
+	}
+	return setup(ctx, db, name, stmts)
+}
+
+func setup(ctx context.Context, db DB, name string, stmts []string) error {
+	for _, stmt := range stmts {
 		if _, err := db.Exec(ctx, stmt); err != nil {
-			return fmt.Errorf("payments: setup: %w", err)
+			return fmt.Errorf("%s: setup: %w", name, err)
 		}
 	}
 	return nil

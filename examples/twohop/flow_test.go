@@ -16,6 +16,7 @@ import (
 	"github.com/idemkit/idem/examples/payments"
 	"github.com/idemkit/idem/examples/twohop"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/pgtest"
 	"github.com/idemkit/idem/internal/testenv/relaytest"
 	"github.com/idemkit/idem/outbox"
 )
@@ -33,20 +34,8 @@ type world struct {
 func newWorld(t *testing.T, pool *pgxpool.Pool, schema string, n int, seed uint64) *world {
 	t.Helper()
 	ctx := testenv.Context(t, time.Minute)
-	store, err := pgstore.New(pool, pgstore.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ob, err := outbox.New(pool, outbox.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := ob.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := pgtest.Store(t, pool, schema)
+	ob := relaytest.OutboxIn(t, pool, schema)
 	if err := twohop.Setup(ctx, payments.Pgx(pool)); err != nil {
 		t.Fatal(err)
 	}

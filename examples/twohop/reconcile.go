@@ -59,32 +59,25 @@ func Reconcile(ctx context.Context, db DB, dedupTable string, ob *outbox.Outbox,
 	if r.Payments, err = payments.Reconcile(ctx, payments.Pgx(db), dedupTable, PaymentsName, expected); err != nil {
 		return r, err
 	}
-	checks := []struct {
-		dst  *int64
-		sql  string
-		args []any
-	}{
-		{&r.Shipped, `SELECT count(*) FROM shipments`, nil},
-		{&r.Unshipped, `SELECT count(*) FROM orders o WHERE o.status = 'PAID' AND NOT EXISTS (SELECT 1 FROM shipments s WHERE s.order_id = o.id)`, nil},
-		{&r.ShippedTwice, `SELECT count(*) FROM (SELECT order_id FROM shipments GROUP BY order_id HAVING count(*) > 1) x`, nil},
-		{&r.ShippedUnpaid, `SELECT count(*) FROM shipments s LEFT JOIN orders o ON o.id = s.order_id
-    WHERE o.id IS NULL OR o.status <> 'PAID' OR o.paid_txn IS DISTINCT FROM s.txn_id`, nil},
-		{&r.Warehouse, `SELECT count(*) FROM (
+	if err := payments.RunCounts(ctx, payments.Pgx(db), []payments.Count{
+		{N: &r.Shipped, SQL: `SELECT count(*) FROM shipments`},
+		{N: &r.Unshipped, SQL: `SELECT count(*) FROM orders o WHERE o.status = 'PAID' AND NOT EXISTS (SELECT 1 FROM shipments s WHERE s.order_id = o.id)`},
+		{N: &r.ShippedTwice, SQL: `SELECT count(*) FROM (SELECT order_id FROM shipments GROUP BY order_id HAVING count(*) > 1) x`},
+		{N: &r.ShippedUnpaid, SQL: `SELECT count(*) FROM shipments s LEFT JOIN orders o ON o.id = s.order_id
+    WHERE o.id IS NULL OR o.status <> 'PAID' OR o.paid_txn IS DISTINCT FROM s.txn_id`},
+		{N: &r.Warehouse, SQL: `SELECT count(*) FROM (
     SELECT coalesce(w.sku, s.sku, i.sku) AS sku, coalesce(w.shipped, 0) AS w, coalesce(s.n, 0) AS s, coalesce(i.sold, 0) AS i
     FROM warehouse w
     FULL JOIN (SELECT sku, count(*) AS n FROM shipments GROUP BY sku) s ON s.sku = w.sku
-    FULL JOIN inventory i ON i.sku = coalesce(w.sku, s.sku)) x WHERE x.w <> x.s OR x.w <> x.i`, nil},
-		{&r.ShipmentNoDedup, `SELECT count(*) FROM shipments s WHERE NOT EXISTS
-    (SELECT 1 FROM ` + dedupTable + ` d WHERE d.scope = $1 AND d.key = s.event_id AND d.outcome = 'done')`, []any{ShippingName}},
-		{&r.DedupNoShipment, `SELECT count(*) FROM ` + dedupTable + ` d WHERE d.scope = $1 AND d.outcome = 'done'
-    AND NOT EXISTS (SELECT 1 FROM shipments s WHERE s.event_id = d.key)`, []any{ShippingName}},
-		{&r.OutboxPending, `SELECT count(*) FROM ` + ob.Table() + ` WHERE sent_at IS NULL`, nil},
-		{&r.OutboxDead, `SELECT count(*) FROM ` + ob.DeadTable(), nil},
-	}
-	for _, c := range checks {
-		if err := db.QueryRow(ctx, c.sql, c.args...).Scan(c.dst); err != nil {
-			return r, fmt.Errorf("twohop: reconcile: %w", err)
-		}
+    FULL JOIN inventory i ON i.sku = coalesce(w.sku, s.sku)) x WHERE x.w <> x.s OR x.w <> x.i`},
+		{N: &r.ShipmentNoDedup, SQL: `SELECT count(*) FROM shipments s WHERE NOT EXISTS
+    (SELECT 1 FROM ` + dedupTable + ` d WHERE d.scope = $1 AND d.key = s.event_id AND d.outcome = 'done')`, Args: []any{ShippingName}},
+		{N: &r.DedupNoShipment, SQL: `SELECT count(*) FROM ` + dedupTable + ` d WHERE d.scope = $1 AND d.outcome = 'done'
+    AND NOT EXISTS (SELECT 1 FROM shipments s WHERE s.event_id = d.key)`, Args: []any{ShippingName}},
+		{N: &r.OutboxPending, SQL: `SELECT count(*) FROM ` + ob.Table() + ` WHERE sent_at IS NULL`},
+		{N: &r.OutboxDead, SQL: `SELECT count(*) FROM ` + ob.DeadTable()},
+	}); err != nil {
+		return r, fmt.Errorf("twohop: reconcile: %w", err)
 	}
 	// Identity flows forward: each shipment was made by the event its
 	// payment's key names.
@@ -106,19 +99,16 @@ func Reconcile(ctx context.Context, db DB, dedupTable string, ob *outbox.Outbox,
 	if err := rows.Err(); err != nil {
 		return r, fmt.Errorf("twohop: reconcile: %w", err)
 	}
-	add := func(n int64, what string) {
-		if n != 0 {
-			r.Problems = append(r.Problems, fmt.Sprintf("%d %s", n, what))
-		}
-	}
-	add(r.Unshipped, "paid orders not shipped (lost events)")
-	add(r.ShippedTwice, "orders shipped more than once (double effect)")
-	add(r.ShippedUnpaid, "shipments of orders not paid by them")
-	add(r.WrongEvent, "shipments not made by their payment's event")
-	add(r.Warehouse, "SKUs whose warehouse count disagrees with shipments or sales")
-	add(r.ShipmentNoDedup, "shipments without a shipping dedup row")
-	add(r.DedupNoShipment, "shipping dedup rows without a shipment")
-	add(r.OutboxPending, "events still in the outbox")
-	add(r.OutboxDead, "events refused by the broker")
+	r.Problems = payments.ListProblems(
+		payments.Problem{N: r.Unshipped, What: "paid orders not shipped (lost events)"},
+		payments.Problem{N: r.ShippedTwice, What: "orders shipped more than once (double effect)"},
+		payments.Problem{N: r.ShippedUnpaid, What: "shipments of orders not paid by them"},
+		payments.Problem{N: r.WrongEvent, What: "shipments not made by their payment's event"},
+		payments.Problem{N: r.Warehouse, What: "SKUs whose warehouse count disagrees with shipments or sales"},
+		payments.Problem{N: r.ShipmentNoDedup, What: "shipments without a shipping dedup row"},
+		payments.Problem{N: r.DedupNoShipment, What: "shipping dedup rows without a shipment"},
+		payments.Problem{N: r.OutboxPending, What: "events still in the outbox"},
+		payments.Problem{N: r.OutboxDead, What: "events refused by the broker"},
+	)
 	return r, nil
 }

@@ -90,13 +90,5 @@ var schema = []string{
 // Setup creates the payments tables (payments.Setup) and the shipping
 // tables when missing, in db's search_path.
 func Setup(ctx context.Context, db payments.DB) error {
-	if err := payments.Setup(ctx, db); err != nil {
-		return err
-	}
-	for _, stmt := range schema {
-		if _, err := db.Exec(ctx, stmt); err != nil {
-			return fmt.Errorf("twohop: setup: %w", err)
-		}
-	}
-	return nil
+	return payments.Extend(ctx, db, "twohop", schema)
 }

@@ -8,35 +8,18 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
-	"go.uber.org/goleak"
 
-	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/internal/rmqremoting"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/internal/testenv/rmqtest"
 )
 
-func TestMain(m *testing.M) {
-	if code, rerun := testenv.RerunWithRocketMQRaceSuppressions(); rerun {
-		os.Exit(code)
-	}
-	rocketmq.SetClientLogger(slog.New(slog.NewTextHandler(io.Discard, nil)), slog.LevelError)
-	code := m.Run()
-	rmqtest.CloseShared()
-	if code == 0 {
-		if err := goleak.Find(testenv.RocketMQClientLeaks...); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { rmqtest.Main(m, slog.New(slog.DiscardHandler), slog.LevelError) }
 
 // TestFastJSON: fastjson's bare map keys are quoted; strings, arrays of
 // numbers and quoted keys stay as they are.

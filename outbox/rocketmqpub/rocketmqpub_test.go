@@ -3,10 +3,7 @@ package rocketmqpub_test
 import (
 	"bytes"
 	"crypto/rand"
-	"fmt"
-	"io"
 	"log/slog"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -14,9 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"go.uber.org/goleak"
 
-	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/internal/testenv"
@@ -26,20 +21,7 @@ import (
 	"github.com/idemkit/idem/outbox/rocketmqpub"
 )
 
-func TestMain(m *testing.M) {
-	if code, rerun := testenv.RerunWithRocketMQRaceSuppressions(); rerun {
-		os.Exit(code)
-	}
-	rocketmq.SetClientLogger(slog.New(slog.NewTextHandler(io.Discard, nil)), slog.LevelError)
-	code := m.Run()
-	if code == 0 {
-		if err := goleak.Find(testenv.RocketMQClientLeaks...); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { rmqtest.Main(m, slog.New(slog.DiscardHandler), slog.LevelError) }
 
 func newPublisher(t *testing.T, cfg rocketmqpub.Config) *rocketmqpub.Publisher {
 	t.Helper()

@@ -17,6 +17,13 @@ import (
 func NewOutbox(t testing.TB) (*outbox.Outbox, *pgxpool.Pool, string) {
 	t.Helper()
 	pool, schema := testenv.SchemaPool(t)
+	return OutboxIn(t, pool, schema), pool, schema
+}
+
+// OutboxIn migrates an outbox into schema, beside what else the test keeps
+// there (a store, business tables).
+func OutboxIn(t testing.TB, pool *pgxpool.Pool, schema string) *outbox.Outbox {
+	t.Helper()
 	ob, err := outbox.New(pool, outbox.Config{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
@@ -24,7 +31,7 @@ func NewOutbox(t testing.TB) (*outbox.Outbox, *pgxpool.Pool, string) {
 	if err := ob.Migrate(testenv.Context(t, time.Minute)); err != nil {
 		t.Fatal(err)
 	}
-	return ob, pool, schema
+	return ob
 }
 
 // StartRelay runs a relay until the test ends, then stops it gracefully.
