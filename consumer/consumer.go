@@ -28,6 +28,7 @@ type Consumer[TTx any] struct {
 	infra       retry.Policy // unbounded: failures of the database or the dead-letter sink
 	nonBlocking *NonBlocking // Config.Retries when it is NonBlocking, defaults set
 	retryOf     RetryReader  // the Source's, if it reads retry copies
+	holds       *holds       // the record keys in retry, with NonBlocking.KeyOrdered; else nil
 	stats       counters
 
 	lanesMu sync.Mutex
@@ -89,6 +90,7 @@ func New[TTx any](cfg Config[TTx]) (*Consumer[TTx], error) {
 		infra:       infra,
 		nonBlocking: nb,
 		retryOf:     retryOf,
+		holds:       holdsOf(nb),
 		lanes:       make(map[laneID]*lane[TTx]),
 		done:        make(chan struct{}),
 	}, nil

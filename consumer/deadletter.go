@@ -50,6 +50,9 @@ func (c *Consumer[TTx]) deadLetter(ctx context.Context, it *item, reason error, 
 	c.stats.deadLettered.Add(1)
 	c.cfg.Observer.Settled(ctx, Settlement{Message: it.msg, Key: it.claim.Key, Outcome: OutcomeDeadLettered, Reason: reason, Cause: cause, Attempts: it.attempts})
 	it.settled = true
+	if c.holds != nil {
+		c.holds.settled(it.msg, c.cfg.Clock.Now())
+	}
 	c.cfg.Logger.Warn("idem: message dead-lettered", append(refAttrs(it.msg, it.claim.Key),
 		slog.String("cause", cause.String()), slog.Int("attempts", it.attempts), slog.String("reason", reason.Error()))...)
 	return nil

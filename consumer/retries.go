@@ -56,6 +56,15 @@ type NonBlocking struct {
 	// Sink writes a copy to the retry destination of its delay. Required;
 	// kafka.Source is one.
 	Sink RetrySink
+	// KeyOrdered keeps the order of a record key's messages: while a
+	// message of a key is in retry, the later messages of that key follow
+	// it into retry, untried, instead of overtaking it, and are tried once
+	// the ones before them are settled. The keys in retry are held in the
+	// consumer's memory: a restart or a rebalance forgets them, and then a
+	// later message can overtake after all; so can messages whose retry
+	// partitions another member of the group reads. Messages without a
+	// record key are not ordered. See docs/retries.md.
+	KeyOrdered bool
 }
 
 func (Blocking) retries()    {}
@@ -91,6 +100,11 @@ type RetryLetter struct {
 	// FirstFailure is when the message first went to retry
 	// (MetaRetryFirstFailure).
 	FirstFailure time.Time
+	// Following: the message was not tried, it follows a message of its
+	// record key that is in retry (NonBlocking.KeyOrdered;
+	// MetaRetryFollowing). Attempt is then the trip it will be on once
+	// tried: following spends none of its trips.
+	Following bool
 }
 
 // The headers of a retry copy, beside the lineage (MetaTopic, MetaPartition,
@@ -100,6 +114,7 @@ const (
 	MetaRetryAttempt      = "idem-retry-attempt"       // the trip's number, from 1, decimal
 	MetaRetryDue          = "idem-retry-due"           // when it is due, RFC 3339 with nanoseconds, UTC
 	MetaRetryFirstFailure = "idem-retry-first-failure" // when it first went to retry, RFC 3339 with nanoseconds, UTC
+	MetaRetryFollowing    = "idem-retry-following"     // "true": untried, it follows its key (NonBlocking.KeyOrdered)
 )
 
 // Record lays r out for a broker: Letter.Record (the whole value, never
@@ -110,6 +125,9 @@ func (r RetryLetter) Record() (headers []Header, value []byte) {
 	add(MetaRetryAttempt, strconv.Itoa(r.Attempt))
 	add(MetaRetryDue, r.Due.UTC().Format(time.RFC3339Nano))
 	add(MetaRetryFirstFailure, r.FirstFailure.UTC().Format(time.RFC3339Nano))
+	if r.Following {
+		add(MetaRetryFollowing, "true")
+	}
 	return headers, value
 }
 
@@ -222,6 +240,9 @@ func (c *Consumer[TTx]) retryAttempt(m *Message) (int, time.Time) {
 	if err != nil || n < 1 {
 		return 0, time.Time{}
 	}
+	if f, ok := m.Header(MetaRetryFollowing); ok && string(f) == "true" {
+		n-- // untried: the trip it is on is still to come
+	}
 	var first time.Time
 	if f, ok := m.Header(MetaRetryFirstFailure); ok {
 		first, _ = time.Parse(time.RFC3339Nano, string(f))
@@ -243,6 +264,9 @@ func (c *Consumer[TTx]) retryLater(ctx context.Context, it *item, reason error) 
 		first = now
 	}
 	delay := nb.Delays[done]
+	if c.holds != nil {
+		c.holds.sentToRetry(it.msg, delay, now) // before the write: a later message of the key follows it from now
+	}
 	r := RetryLetter{
 		Letter:  Letter{Message: it.msg, Key: it.claim.Key, Fingerprint: it.claim.Fingerprint, Cause: CauseExhausted, Reason: reason, Attempts: it.attempts},
 		Attempt: done + 1, Delay: delay, Due: now.Add(delay), FirstFailure: first,

@@ -81,6 +81,15 @@ func (s *settler[TTx]) settle(ctx context.Context, its []*item) error {
 	var wait *retryWait
 	var last *failure
 	for len(its) > 0 {
+		if s.c.holds != nil {
+			var err error
+			if its, err = s.c.follow(ctx, its); err != nil {
+				return err
+			}
+			if len(its) == 0 {
+				return nil
+			}
+		}
 		f := s.attempt.run(ctx, its)
 		if f == nil {
 			return s.c.committed(ctx, its)
@@ -195,6 +204,9 @@ func (c *Consumer[TTx]) committed(ctx context.Context, its []*item) error {
 			continue
 		}
 		it.settled = true
+		if c.holds != nil {
+			c.holds.settled(it.msg, c.cfg.Clock.Now())
+		}
 	}
 	return nil
 }

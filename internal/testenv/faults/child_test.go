@@ -56,6 +56,11 @@ type childSpec struct {
 	Reconsume  int           // rocketmq.Config.MaxReconsumeTimes; default the adapter's
 	KeyLanes   int           // consumer.Config.KeyLanes
 	Offsets    bool          // consumer.Config.Offsets: offsets in the store, business keys beside them
+	// RetryDelays, when set, make the child's retries NonBlocking:
+	// kafka.Config.RetryDelays and NonBlocking.Delays (the retry topics
+	// exist), NonBlocking.Attempts RetryAttempts (0: the default 3).
+	RetryDelays   []time.Duration
+	RetryAttempts int
 }
 
 // failpoints are the faults a child injects into itself. Keys are txn_ids.
@@ -78,8 +83,13 @@ type failpoints struct {
 	PanicOnce   []string // panic on the first attempt only
 	PanicAlways []string
 	Transient   []string // always a Retryable error: retries are used up
-	Constraint  []string // a CHECK violation after the effects, returned
-	Swallowed   []string // a CHECK violation after the effects, swallowed: COMMIT becomes ROLLBACK
+	// Outage: a Retryable error for these keys for as long as the file
+	// OutageOver does not exist (the parent creates it when the outage
+	// ends; it survives a SIGKILL and a restart).
+	Outage     []string
+	OutageOver string
+	Constraint []string // a CHECK violation after the effects, returned
+	Swallowed  []string // a CHECK violation after the effects, swallowed: COMMIT becomes ROLLBACK
 
 	Slow     time.Duration // every handler call sleeps this long
 	SlowKeys []string      // only these keys sleep SlowFor
@@ -211,6 +221,7 @@ func (spec *childSpec) run() error {
 			SessionTimeout: 3 * time.Second, HeartbeatInterval: 200 * time.Millisecond,
 			RebalanceTimeout: 10 * time.Second, JoinGroupBackoff: 200 * time.Millisecond,
 			DeadLetterTimeout: 5 * time.Second, CloseTimeout: closeTimeout, Logger: log,
+			RetryDelays: spec.RetryDelays,
 		})
 		if err != nil {
 			return err
@@ -256,6 +267,13 @@ func (spec *childSpec) run() error {
 		Retry:           consumer.RetryPolicy{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond, MaxAttempts: attempts},
 		Logger:          log,
 		KeyLanes:        spec.KeyLanes,
+	}
+	if len(spec.RetryDelays) > 0 {
+		sink, ok := src.(consumer.RetrySink)
+		if !ok {
+			return fmt.Errorf("%s: no retry sink for RetryDelays", spec.Broker)
+		}
+		ccfg.Retries = consumer.NonBlocking{Attempts: spec.RetryAttempts, Delays: spec.RetryDelays, Sink: sink}
 	}
 	if spec.Tenants {
 		ccfg.Tenant = consumer.ByHeader(tenantHeader)
@@ -337,6 +355,7 @@ func (spec *childSpec) handler(st *childState) consumer.Handler[pgx.Tx] {
 	fp := &spec.Fail
 	panicOnce, panicAlways := set(fp.PanicOnce), set(fp.PanicAlways)
 	transient, constraint, swallowed, slow := set(fp.Transient), set(fp.Constraint), set(fp.Swallowed), set(fp.SlowKeys)
+	outage := set(fp.Outage)
 	var mu sync.Mutex
 	panicked := map[string]bool{}
 	audit := pgx.Identifier{spec.Schema, "effects_audit"}.Sanitize()
@@ -368,6 +387,11 @@ func (spec *childSpec) handler(st *childState) consumer.Handler[pgx.Tx] {
 		}
 		if transient[txn] {
 			return consumer.Retryable(errors.New("faults: payment channel API timed out"))
+		}
+		if outage[txn] {
+			if _, err := os.Stat(fp.OutageOver); err != nil {
+				return consumer.Retryable(errors.New("faults: payment channel down"))
+			}
 		}
 		if err := inner.Handle(ctx, tx, m); err != nil {
 			return err

@@ -149,7 +149,8 @@ func (r *rig) setupDB(t *testing.T) {
 	r.pool = schemaPool(t, url, r.schema)
 	if _, err := r.pool.Exec(ctx, `CREATE TABLE effects_audit (
 		id bigserial PRIMARY KEY, tenant text NOT NULL, txn_id text NOT NULL, lane text NOT NULL,
-		part int NOT NULL, off bigint NOT NULL, pid int NOT NULL, rkey text NOT NULL)`); err != nil {
+		part int NOT NULL, off bigint NOT NULL, pid int NOT NULL, rkey text NOT NULL,
+		at timestamptz NOT NULL DEFAULT clock_timestamp())`); err != nil {
 		t.Fatal(err)
 	}
 	if err := migrate(ctx, r.pool, r.schema); err != nil {

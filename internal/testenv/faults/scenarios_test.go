@@ -48,6 +48,9 @@ var scenarios = []scenario{
 	{18, "dead-letters-leader-change", []string{"kafka-cluster"}, clusterDeadLetterLeaderChange},
 	{19, "controller-failover", []string{"kafka-cluster"}, clusterControllerFailover},
 	{21, "offsets-in-store", []string{"kafka"}, offsetsInStore},
+	// Three runs of 40-70 s each, one after the other (retries_test.go):
+	// make test-faults only (the Makefile's SKIP).
+	{23, "nonblocking-retries", []string{"kafka"}, nonBlockingRetries},
 	// On the two-broker RocketMQ (rmqcluster_test.go); each has it to itself.
 	{22, "broker-lost-and-back", []string{"rocketmq-cluster"}, rocketClusterBrokerLost},
 }
