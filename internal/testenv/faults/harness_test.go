@@ -216,7 +216,12 @@ var (
 func (r *rig) newStream(tenant string, n int, seed uint64) stream {
 	r.t.Helper()
 	s := payments.Generate(n, seed)
-	if err := payments.CreateOrders(testenv.Context(r.t, time.Minute), payments.Pgx(r.pools[tenant]), s.Orders); err != nil {
+	// One transaction: on a durable cluster (PrivatePostgres), a commit per
+	// row is an fsync per row.
+	ctx := testenv.Context(r.t, 5*time.Minute)
+	if err := pgx.BeginFunc(ctx, r.pools[tenant], func(tx pgx.Tx) error {
+		return payments.CreateOrders(ctx, payments.Pgx(tx), s.Orders)
+	}); err != nil {
 		r.t.Fatal(err)
 	}
 	r.expected[tenant] = append(r.expected[tenant], s.Expected...)
@@ -272,6 +277,11 @@ func callback(txn string, o payments.Order) []byte {
 func (r *rig) produce(msgs []outMsg) {
 	r.t.Helper()
 	r.b.produce(r.t, r.topic, msgs)
+	r.produced(msgs)
+}
+
+// produced records msgs, which are on the topic.
+func (r *rig) produced(msgs []outMsg) {
 	r.mu.Lock()
 	if r.values == nil {
 		r.values = map[string][]byte{}
