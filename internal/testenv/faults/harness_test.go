@@ -226,16 +226,27 @@ func (r *rig) newStream(tenant string, n int, seed uint64) stream {
 	}
 	r.expected[tenant] = append(r.expected[tenant], s.Expected...)
 	st := stream{dups: s.GatewayRetries + 3*s.ChannelResends}
-	for i, p := range s.Payloads {
+	// A conflict is known by its amount, not by its place: Generate appends
+	// each conflict, then inserts bad messages anywhere, the tail included,
+	// so on a long stream a few conflicts are not among the last
+	// s.Conflicting (3 of 288 at 57,600 payments, make soak).
+	amount := map[string]int64{}
+	for _, e := range s.Expected {
+		amount[e.TxnID] = e.Amount
+	}
+	for _, p := range s.Payloads {
 		m := r.msg(tenant, p)
 		if reason := badReason(p); reason != "" {
 			r.wantDLQ[m.ID] = reason
-		} else if i >= len(s.Payloads)-s.Conflicting {
+		} else if cb, err := payments.Decode(p); err == nil && cb.Amount != amount[cb.TxnID] {
 			r.wantDLQ[m.ID] = reasonMismatch
 			st.conflicts = append(st.conflicts, m)
 			continue
 		}
 		st.first = append(st.first, m)
+	}
+	if len(st.conflicts) != s.Conflicting {
+		r.t.Fatalf("%d conflicting callbacks found in the stream, Generate made %d", len(st.conflicts), s.Conflicting)
 	}
 	return st
 }
