@@ -3,10 +3,11 @@ package testenv
 // Private servers, for the tests that stop them: other packages' tests (and
 // other people's runs) share the test environment's services, so a test that
 // kills, restarts or pauses one starts its own on a free port:
-// PrivatePostgres here, PrivateRedis (redis.go), and rmqtest.Private (apart,
-// with the RocketMQ client). The shared Kafka has a machine-wide
-// lock instead, KafkaExclusive, and is restarted through
-// scripts/testenv/kafka.sh (Script).
+// PrivatePostgres and PrivateKafka here, PrivateRedis (redis.go), and
+// rmqtest.Private (apart, with the RocketMQ client). The shared
+// Kafka has a machine-wide lock too, KafkaExclusive, for the tests that
+// restart it through scripts/testenv/kafka.sh (Script); a test that
+// restarts a broker for long (make soak) takes a PrivateKafka.
 
 import (
 	"fmt"
@@ -154,4 +155,48 @@ func (p *PrivatePostgres) Stop(mode string) {
 	if err := p.ctl("stop", "-m", mode); err != nil {
 		p.t.Fatal(err)
 	}
+}
+
+// PrivateKafka is a throwaway single-node Kafka (KRaft) on free ports with
+// its own data directory, run by scripts/testenv/kafka-private.sh from the
+// jars kafka.sh downloads.
+type PrivateKafka struct {
+	t    testing.TB
+	dir  string
+	port int
+}
+
+// NewPrivateKafka formats and starts a broker, removed when the test ends.
+func NewPrivateKafka(t testing.TB) *PrivateKafka {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "idem-private-kafka-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &PrivateKafka{t: t, dir: dir, port: FreePort(t)}
+	ctl := FreePort(t)
+	for ctl == k.port {
+		ctl = FreePort(t)
+	}
+	t.Cleanup(func() {
+		_, _ = RunScript("kafka-private", "kill", dir)
+		os.RemoveAll(dir)
+	})
+	Script(t, "kafka-private", "up", dir, strconv.Itoa(k.port), strconv.Itoa(ctl))
+	return k
+}
+
+// Brokers is the broker's address, for a client's broker list.
+func (k *PrivateKafka) Brokers() []string { return []string{"127.0.0.1:" + strconv.Itoa(k.port)} }
+
+// Kill is a crash of the broker: SIGKILL; its data stays for Start.
+func (k *PrivateKafka) Kill() {
+	k.t.Helper()
+	Script(k.t, "kafka-private", "kill", k.dir)
+}
+
+// Start starts the broker again on its data and waits until it is ready.
+func (k *PrivateKafka) Start() {
+	k.t.Helper()
+	Script(k.t, "kafka-private", "start", k.dir)
 }

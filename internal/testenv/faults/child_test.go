@@ -14,6 +14,10 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
+	"runtime/metrics"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -112,6 +116,14 @@ type childStats struct {
 	// Lanes is the source's report of its lanes (consumer.Health.Lanes),
 	// refreshed every second: a lane that stalls acks nothing.
 	Lanes []consumer.LaneStatus
+	// The process, refreshed every second with Lanes (make soak samples
+	// them): its goroutines, its heap (runtime/metrics: heap objects
+	// bytes), its pool's open connections and the 99th percentile of the
+	// last handlerWindow handler calls (inside the transaction).
+	Goroutines int
+	HeapBytes  uint64
+	PoolConns  int32
+	HandlerP99 time.Duration
 }
 
 // childState is the child's counters, written to the stats file.
@@ -126,6 +138,14 @@ type childState struct {
 	pan   atomic.Int64
 	skips atomic.Int64
 	lanes []consumer.LaneStatus // the last report, under mu
+	pool  *pgxpool.Pool
+	proc  struct {
+		goroutines int
+		heap       uint64
+		conns      int32
+		p99        time.Duration
+	} // the last sample, under mu
+	calls handlerTimes
 	stop  struct {
 		err     string
 		took    time.Duration
@@ -148,6 +168,7 @@ func (s *childState) write() {
 		st.Stats = s.c.Stats()
 	}
 	st.Lanes = s.lanes
+	st.Goroutines, st.HeapBytes, st.PoolConns, st.HandlerP99 = s.proc.goroutines, s.proc.heap, s.proc.conns, s.proc.p99
 	b, _ := json.Marshal(st)
 	tmp := s.spec.StatsFile + ".tmp"
 	if err := os.WriteFile(tmp, b, 0o644); err == nil {
@@ -155,13 +176,11 @@ func (s *childState) write() {
 	}
 }
 
-// reportLanes writes the stats with the source's lane report every second
-// until ctx ends.
-func (s *childState) reportLanes(ctx context.Context, src consumer.Source) {
-	r, ok := src.(consumer.LaneReporter)
-	if !ok {
-		return
-	}
+// report writes the stats with the source's lane report (when it has one)
+// and a sample of the process every second until ctx ends.
+func (s *childState) report(ctx context.Context, src consumer.Source) {
+	r, _ := src.(consumer.LaneReporter)
+	heap := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
@@ -170,11 +189,75 @@ func (s *childState) reportLanes(ctx context.Context, src consumer.Source) {
 			return
 		case <-t.C:
 		}
-		lanes := r.Lanes()
+		var lanes []consumer.LaneStatus
+		if r != nil {
+			lanes = r.Lanes()
+		}
+		metrics.Read(heap)
+		g, p99 := runtime.NumGoroutine(), s.calls.p99()
 		s.mu.Lock()
 		s.lanes = lanes
+		s.proc.goroutines, s.proc.p99 = g, p99
+		if heap[0].Value.Kind() == metrics.KindUint64 {
+			s.proc.heap = heap[0].Value.Uint64()
+		}
+		if s.pool != nil {
+			s.proc.conns = s.pool.Stat().TotalConns()
+		}
 		s.mu.Unlock()
 		s.write()
+	}
+}
+
+// handlerWindow is how many of the last handler calls HandlerP99 is of.
+const handlerWindow = 1024
+
+// handlerTimes keeps how long the last handlerWindow handler calls took.
+type handlerTimes struct {
+	mu sync.Mutex
+	d  [handlerWindow]time.Duration
+	n  int // calls recorded, all time
+}
+
+func (h *handlerTimes) add(d time.Duration) {
+	h.mu.Lock()
+	h.d[h.n%handlerWindow] = d
+	h.n++
+	h.mu.Unlock()
+}
+
+// p99 is the 99th percentile of the calls kept, 0 before the first.
+func (h *handlerTimes) p99() time.Duration {
+	h.mu.Lock()
+	ds := slices.Clone(h.d[:min(h.n, handlerWindow)])
+	h.mu.Unlock()
+	if len(ds) == 0 {
+		return 0
+	}
+	slices.Sort(ds)
+	return ds[(len(ds)*99+99)/100-1] // the ceil(0.99n)-th
+}
+
+// leakEnv is a test-only knob of the child: IDEM_SOAK_LEAK=N leaks N
+// goroutines and N×64 KiB of memory (written, so resident) every minute,
+// for make soak to show that its growth check fails on a leak.
+const leakEnv = "IDEM_SOAK_LEAK"
+
+// leaked holds what leak leaks.
+var leaked [][]byte
+
+// leak leaks n goroutines and n×64 KiB every minute until the process
+// ends.
+func leak(n int) {
+	for range time.Tick(time.Minute) {
+		for range n {
+			go func() { select {} }()
+			b := make([]byte, 64<<10)
+			for i := range b {
+				b[i] = 1
+			}
+			leaked = append(leaked, b)
+		}
 	}
 }
 
@@ -201,6 +284,7 @@ func (spec *childSpec) run() error {
 		return err
 	}
 	defer pool.Close()
+	st.pool = pool
 	ps, err := pgstore.New(pool, pgstore.Config{Schema: spec.Schema})
 	if err != nil {
 		return err
@@ -296,7 +380,10 @@ func (spec *childSpec) run() error {
 	st.mu.Lock()
 	st.c = c
 	st.mu.Unlock()
-	go st.reportLanes(ctx, src)
+	go st.report(ctx, src)
+	if n, _ := strconv.Atoi(os.Getenv(leakEnv)); n > 0 {
+		go leak(n)
+	}
 
 	// SIGTERM: a graceful stop within the grace period.
 	sigs := make(chan os.Signal, 1)
@@ -362,6 +449,7 @@ func (spec *childSpec) handler(st *childState) consumer.Handler[pgx.Tx] {
 	pid := os.Getpid()
 
 	return consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		defer func(began time.Time) { st.calls.add(time.Since(began)) }(time.Now())
 		txn, _ := key(m)
 		tenant := ""
 		if spec.Tenants {

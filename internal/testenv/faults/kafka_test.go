@@ -51,6 +51,12 @@ func (k *kafkaBroker) newTopic(t *testing.T, n int) (string, string) {
 
 func (k *kafkaBroker) produce(t *testing.T, topic string, msgs []outMsg) {
 	t.Helper()
+	k.Produce(t, topic, kafkaMessages(msgs)...)
+}
+
+// kafkaMessages are msgs as Kafka records: the ID as key (or in idHeader),
+// the tenant in tenantHeader.
+func kafkaMessages(msgs []outMsg) []kafkago.Message {
 	km := make([]kafkago.Message, len(msgs))
 	for i, m := range msgs {
 		km[i] = kafkago.Message{Partition: m.Part, Key: []byte(m.ID), Value: m.Value}
@@ -62,7 +68,7 @@ func (k *kafkaBroker) produce(t *testing.T, topic string, msgs []outMsg) {
 			km[i].Headers = append(km[i].Headers, kafkago.Header{Key: idHeader, Value: []byte(m.ID)})
 		}
 	}
-	k.Produce(t, topic, km...)
+	return km
 }
 
 func (k *kafkaBroker) waitNoLag(t *testing.T, topic, group string) { k.WaitNoLag(t, group, topic) }
