@@ -67,6 +67,11 @@ func TestConsoleInTheBrowser(t *testing.T) {
 	ctx, cancel := context.WithTimeout(browser, 3*time.Minute)
 	defer cancel()
 	shots := os.Getenv("IDEM_CONSOLE_SCREENSHOTS")
+	if shots != "" {
+		if err := os.MkdirAll(shots, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// The browser starts on ctx and lives as long; each step is bounded.
 	if err := chromedp.Do(ctx); err != nil {
 		t.Fatalf("start %s: %v", chromium, err)
