@@ -108,7 +108,7 @@ func TestKafkaKeyOrderedRetries(t *testing.T) {
 	for _, d := range delays {
 		waitSettled(t, a, group, kafka.RetryTopic(topic, d))
 	}
-	r.stop(t)
+	r.Stop(t)
 	b.requireLedger(t, want)
 
 	// Before the release: the failing keys' first two messages only.
@@ -135,7 +135,7 @@ func TestKafkaKeyOrderedRetries(t *testing.T) {
 		}
 		next[key] = s + 1
 	}
-	st := r.c.Stats()
+	st := r.Stats()
 	t.Logf("applied %d, trips to retry %d (followers included), dead letters %d, out of order %d", st.Applied, st.RetriedLater, st.DeadLettered, outOfOrder)
 	if st.DeadLettered != 0 {
 		t.Errorf("%d dead letters, want none", st.DeadLettered)

@@ -146,14 +146,14 @@ func testNonBlocking(t *testing.T, mode string) {
 	for _, d := range delays {
 		waitSettled(t, a, group, kafka.RetryTopic(topic, d))
 	}
-	r.stop(t)
+	r.Stop(t)
 
 	if mode == "offsets" {
 		requireBookedOnce(t, b, want)
 	} else {
 		b.requireLedger(t, want)
 	}
-	st := r.c.Stats()
+	st := r.Stats()
 	if st.DeadLettered != 0 || st.RetriedLater < int64(len(failing)) {
 		t.Errorf("stats %+v: want no dead letters and at least %d trips to retry", st, len(failing))
 	}

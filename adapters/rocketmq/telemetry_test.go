@@ -39,12 +39,12 @@ func TestTelemetryNamesTheBroker(t *testing.T) {
 	})
 	testenv.WaitUntil(t, time.Minute, "3 payments applied", func() bool { return d.count(t, "") == 3 })
 	var lane string
-	for _, l := range r.c.Health(testenv.Context(t, 10*time.Second)).Lanes {
+	for _, l := range r.Health(testenv.Context(t, 10*time.Second)).Lanes {
 		if strings.HasPrefix(l.Lane, topic+"/") {
 			lane = l.Lane
 		}
 	}
-	r.stop(t)
+	r.Stop(t)
 	want := strings.TrimPrefix(lane, topic+"/") // broker/queue
 	if strings.Count(want, "/") != 1 {
 		t.Fatalf("the topic's lane %q names no broker", lane)
