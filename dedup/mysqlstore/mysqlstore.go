@@ -64,6 +64,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/internal/retention"
 	"github.com/idemkit/idem/internal/sqlmigrate"
 )
 
@@ -111,10 +112,8 @@ func (c *Config) normalize() (session, error) {
 	if c.LockTimeout < 0 || c.Retention < 0 {
 		return session{}, errors.New("mysqlstore: Config.LockTimeout and Config.Retention must not be negative")
 	}
-	for scope, d := range c.ScopeRetention {
-		if d < 0 {
-			return session{}, fmt.Errorf("mysqlstore: Config.ScopeRetention[%q] is negative", scope)
-		}
+	if err := retention.CheckScopes("mysqlstore", c.ScopeRetention); err != nil {
+		return session{}, err
 	}
 	if c.LockTimeout == 0 {
 		c.LockTimeout = 5 * time.Second
@@ -418,11 +417,8 @@ func (s *Store) Check(ctx context.Context) error {
 
 // retention returns the retention of scope in µs, nil for forever.
 func (s *Store) retention(scope string) any {
-	d := s.cfg.Retention
-	if r, ok := s.cfg.ScopeRetention[scope]; ok {
-		d = r
-	}
-	if d <= 0 {
+	d, ok := retention.Of(s.cfg.Retention, s.cfg.ScopeRetention, scope)
+	if !ok {
 		return nil
 	}
 	return d.Microseconds()

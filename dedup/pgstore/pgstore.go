@@ -35,6 +35,7 @@ import (
 
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/internal/pgerr"
+	"github.com/idemkit/idem/internal/retention"
 	"github.com/idemkit/idem/internal/sqlmigrate"
 )
 
@@ -134,10 +135,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if cfg.LockTimeout < 0 || cfg.Retention < 0 {
 		return nil, errors.New("pgstore: Config.LockTimeout and Config.Retention must not be negative")
 	}
-	for scope, d := range cfg.ScopeRetention {
-		if d < 0 {
-			return nil, fmt.Errorf("pgstore: Config.ScopeRetention[%q] is negative", scope)
-		}
+	if err := retention.CheckScopes("pgstore", cfg.ScopeRetention); err != nil {
+		return nil, err
 	}
 	if cfg.LockTimeout == 0 {
 		cfg.LockTimeout = 5 * time.Second
@@ -393,11 +392,8 @@ func connLost(err error) error { return &dedup.ConnLostError{Store: "pgstore", E
 
 // retentionMillis returns the retention of scope in ms, -1 for forever.
 func (s *Store) retentionMillis(scope string) int64 {
-	d := s.cfg.Retention
-	if r, ok := s.cfg.ScopeRetention[scope]; ok {
-		d = r
-	}
-	if d <= 0 {
+	d, ok := retention.Of(s.cfg.Retention, s.cfg.ScopeRetention, scope)
+	if !ok {
 		return -1
 	}
 	return d.Milliseconds()

@@ -27,6 +27,7 @@ import (
 	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/internal/retention"
 	"github.com/idemkit/idem/internal/retry"
 )
 
@@ -146,10 +147,8 @@ func (c *Config) normalize() error {
 	if c.LockTimeout < 0 || c.Retention < 0 {
 		return errors.New("sqlitestore: Config.LockTimeout and Config.Retention must not be negative")
 	}
-	for scope, d := range c.ScopeRetention {
-		if d < 0 {
-			return fmt.Errorf("sqlitestore: Config.ScopeRetention[%q] is negative", scope)
-		}
+	if err := retention.CheckScopes("sqlitestore", c.ScopeRetention); err != nil {
+		return err
 	}
 	if c.LockTimeout == 0 {
 		c.LockTimeout = 5 * time.Second
@@ -211,11 +210,8 @@ func txEnded(err error) error {
 }
 
 func (s *Store) retentionMillis(scope string) any {
-	d := s.cfg.Retention
-	if r, ok := s.cfg.ScopeRetention[scope]; ok {
-		d = r
-	}
-	if d <= 0 {
+	d, ok := retention.Of(s.cfg.Retention, s.cfg.ScopeRetention, scope)
+	if !ok {
 		return nil
 	}
 	return d.Milliseconds()
