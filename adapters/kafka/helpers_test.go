@@ -166,6 +166,21 @@ func start[TTx any](t testing.TB, cfg consumer.Config[TTx]) *running {
 	return bgconsumer.Start(t, cfg)
 }
 
+// holdKey wraps next: the message of record key key waits for release
+// (or its context's end) before next handles it.
+func holdKey[TTx any](next consumer.Handler[TTx], key string, release <-chan struct{}) consumer.Handler[TTx] {
+	return consumer.HandlerFunc[TTx](func(ctx context.Context, tx TTx, m *consumer.Message) error {
+		if string(m.Key) == key {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return next.Handle(ctx, tx, m)
+	})
+}
+
 // effects counts the effects per key, as a business table would.
 type effects struct {
 	mu    sync.Mutex

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -287,9 +288,7 @@ func TestKafkaMembersJoinAndLeave(t *testing.T) {
 	t.Logf("m4 joined with %d of %d rows of the first wave booked", rows, len(want))
 	second, want2 := payments("w2", 3000, partitions)
 	a.Produce(t, topic, second...)
-	for id := range want2 {
-		want[id] = true
-	}
+	maps.Copy(want, want2)
 	waitUntil(t, 2*time.Minute, "every transaction booked", func() bool { rows, _ := b.rows(t); return rows >= len(want) })
 	a.WaitNoLag(t, group, topic)
 	for _, m := range []*running{m1, m2, m4} {
@@ -452,9 +451,7 @@ func TestKafkaBrokerRestart(t *testing.T) {
 	a.Transport.CloseIdleConnections() // the admin's connections died with the broker
 	more, want2 := payments("post", 1000, partitions)
 	a.Produce(t, topic, more...)
-	for id := range want2 {
-		want[id] = true
-	}
+	maps.Copy(want, want2)
 	waitUntil(t, 3*time.Minute, "every transaction booked", func() bool { rows, _ := b.rows(t); return rows >= len(want) })
 	a.WaitNoLag(t, group, topic)
 	r.Stop(t)
@@ -653,17 +650,7 @@ func TestKafkaTopicRecreated(t *testing.T) {
 	cfg := b.config(newSource(t, scfg), dl)
 	cfg.Logger = testLogger(t)
 	release := make(chan struct{})
-	inner := cfg.Handler
-	cfg.Handler = consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		if string(m.Key) == "old-9" {
-			select { // in flight while the topic is recreated
-			case <-release:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		return inner.Handle(ctx, tx, m)
-	})
+	cfg.Handler = holdKey(cfg.Handler, "old-9", release) // in flight while the topic is recreated
 	r := start(t, cfg)
 	waitUntil(t, time.Minute, "the old messages delivered", func() bool { return r.Stats().Delivered == 10 })
 

@@ -599,17 +599,7 @@ func TestFakeTopicRecreatedUnderAssignment(t *testing.T) {
 	scfg.PartitionWatchInterval = -1 // the assignment outlives the topic
 	cfg := memConfig(t, newSource(t, scfg), eff)
 	release := make(chan struct{})
-	inner := cfg.Handler
-	cfg.Handler = consumer.HandlerFunc[*memstore.Tx](func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
-		if string(m.Key) == "old-9" {
-			select { // in flight while the topic is recreated
-			case <-release:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		return inner.Handle(ctx, tx, m)
-	})
+	cfg.Handler = holdKey(cfg.Handler, "old-9", release) // in flight while the topic is recreated
 	r := start(t, cfg)
 	waitUntil(t, time.Minute, "the old messages delivered", func() bool { return r.Stats().Delivered == 10 })
 

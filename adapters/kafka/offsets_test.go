@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -118,9 +119,7 @@ func TestKafkaOffsetsCrashBetweenCommits(t *testing.T) {
 	// 3: more payments, a child killed again, and a consumer starting from
 	// the store's offsets.
 	more, want2 := uniquePayments("two", n, partitions)
-	for id := range want2 {
-		want[id] = true
-	}
+	maps.Copy(want, want2)
 	a.Produce(t, topic, more...)
 	child = startChild(t, topic, group, b.schema, "CHILD_OFFSETS=1")
 	waitUntil(t, time.Minute, "1,000 more rows", rowsAtLeast(n+1000))
@@ -239,9 +238,7 @@ func TestKafkaOffsetsTopicRecreated(t *testing.T) {
 	waitUntil(t, time.Minute, "the new payments booked", func() bool { rows, _ := b.rows(t); return rows >= 13 })
 	a.WaitNoLag(t, group, topic)
 	r.Stop(t)
-	for id := range want2 {
-		want[id] = true
-	}
+	maps.Copy(want, want2)
 	b.requireOffsetsLedger(t, a, topic, want)
 }
 

@@ -30,13 +30,8 @@ var keyOrdered = true
 // retry; the other keys were applied meanwhile.
 func TestKafkaKeyOrderedRetries(t *testing.T) {
 	const partitions, keys, perKey = 2, 20, 10
-	// 14 s of trips: the failing messages outlast the outage, under load too.
-	delays := []time.Duration{300 * time.Millisecond, time.Second, 3 * time.Second, 10 * time.Second}
-	brokers, a, topic, group := kafkaTest(t, partitions)
-	a.CreateTopic(t, topic+".dlq", partitions)
-	for _, d := range delays {
-		a.CreateTopic(t, kafka.RetryTopic(topic, d), partitions)
-	}
+	delays := retryDelays
+	brokers, a, topic, group := retryTest(t, partitions, delays)
 	b := newTestBank(t)
 
 	failing := map[string]bool{} // txn_ids that fail until released
