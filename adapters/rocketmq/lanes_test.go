@@ -8,12 +8,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/consumer/otelconsumer"
 	"github.com/idemkit/idem/internal/testenv"
 )
 
@@ -45,13 +43,7 @@ func TestLanesReportAStalledQueue(t *testing.T) {
 	})
 	const stall = 2 * time.Second
 
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	tel, err := otelconsumer.New(otelconsumer.Config{MeterProvider: mp})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tel, reader := meteredTelemetry(t)
 	reg, err := tel.Observe(r.Consumer(), stall)
 	if err != nil {
 		t.Fatal(err)
