@@ -27,14 +27,7 @@ import (
 
 func TestMain(m *testing.M) {
 	testenv.ChildMain(childEnv, (*child).run)
-	level := slog.LevelError
-	switch os.Getenv("IDEM_TEST_LOG") {
-	case "debug":
-		level = slog.LevelDebug
-	case "info":
-		level = slog.LevelInfo
-	}
-	rmqtest.Main(m, clientLog(), level)
+	rmqtest.Main(m, clientLog(), testenv.LogLevel(slog.LevelError))
 }
 
 // clientLog is where the RocketMQ client's logs go in tests: nowhere, or
