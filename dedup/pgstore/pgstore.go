@@ -23,7 +23,6 @@ import (
 	"errors"
 	"fmt"
 	"github.com/idemkit/idem/internal/shorten"
-	"regexp"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -113,8 +112,6 @@ const inputSQL = `SELECT u.s, u.k, decode(u.f, 'hex') AS f, nullif(u.src, '') AS
                 string_to_array($3::text, E'\x1f'), string_to_array($4::text, E'\x1f'),
                 string_to_array($5::text, E'\x1f')) WITH ORDINALITY AS u(s, k, f, src, r, i)`
 
-var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
-
 // New returns a Store on pool. Call Migrate before the first claim.
 func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if pool == nil {
@@ -126,11 +123,11 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if cfg.Table == "" {
 		cfg.Table = "idem_dedup"
 	}
-	if !identRE.MatchString(cfg.Schema) {
-		return nil, fmt.Errorf("pgstore: Config.Schema %q: want [a-z_][a-z0-9_]*, at most 48 bytes", cfg.Schema)
+	if err := sqlmigrate.CheckName("pgstore", "Schema", cfg.Schema); err != nil {
+		return nil, err
 	}
-	if !identRE.MatchString(cfg.Table) {
-		return nil, fmt.Errorf("pgstore: Config.Table %q: want [a-z_][a-z0-9_]*, at most 48 bytes", cfg.Table)
+	if err := sqlmigrate.CheckName("pgstore", "Table", cfg.Table); err != nil {
+		return nil, err
 	}
 	if cfg.LockTimeout < 0 || cfg.Retention < 0 {
 		return nil, errors.New("pgstore: Config.LockTimeout and Config.Retention must not be negative")

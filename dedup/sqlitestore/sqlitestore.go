@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"github.com/idemkit/idem/internal/shorten"
 	"net/url"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -29,6 +28,7 @@ import (
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/internal/retention"
 	"github.com/idemkit/idem/internal/retry"
+	"github.com/idemkit/idem/internal/sqlmigrate"
 )
 
 // Config configures a Store. Zero values take the defaults.
@@ -134,15 +134,13 @@ type Store struct {
 	tokens string // the counter of lease tokens: see http.go
 }
 
-var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
-
 // normalize validates cfg and fills in its defaults.
 func (c *Config) normalize() error {
 	if c.Table == "" {
 		c.Table = "idem_dedup"
 	}
-	if !identRE.MatchString(c.Table) {
-		return fmt.Errorf("sqlitestore: Config.Table %q: want [a-z_][a-z0-9_]*, at most 48 bytes", c.Table)
+	if err := sqlmigrate.CheckName("sqlitestore", "Table", c.Table); err != nil {
+		return err
 	}
 	if c.LockTimeout < 0 || c.Retention < 0 {
 		return errors.New("sqlitestore: Config.LockTimeout and Config.Retention must not be negative")
