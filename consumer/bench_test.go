@@ -1,14 +1,13 @@
 package consumer_test
 
 import (
-	"context"
 	"fmt"
 	"testing"
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/dedup/memstore"
+	"github.com/idemkit/idem/internal/testenv/enginebench"
 )
 
 // BenchmarkKeyAndFingerprint is the client-side work per message before the
@@ -32,29 +31,10 @@ func BenchmarkKeyAndFingerprint(b *testing.B) {
 }
 
 // BenchmarkEngine runs messages through the whole engine on the in-memory
-// store: lanes, batching, claim, handler, ack. No database: this is the
-// framework's own cost per message.
+// store: lanes, batching, claim, handler, ack (enginebench.Run). No
+// database: this is the framework's own cost per message.
 func BenchmarkEngine(b *testing.B) {
 	for _, batch := range []int{1, 100} {
-		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
-			msgs := make([]*consumer.Message, b.N)
-			for i := range msgs {
-				msgs[i] = consumertest.Message("payments", int32(i%4), int64(i), "", fmt.Sprintf(`{"txn_id":"T%09d","amount":%d}`, i, i))
-			}
-			cfg := consumer.Config[*memstore.Tx]{
-				Name:      "payments",
-				Store:     memstore.New(memstore.Config{}),
-				Handler:   consumer.HandlerFunc[*memstore.Tx](func(context.Context, *memstore.Tx, *consumer.Message) error { return nil }),
-				Key:       consumer.ByJSONField("txn_id"),
-				BatchSize: batch,
-				Logger:    quiet,
-			}
-			b.ReportAllocs()
-			b.ResetTimer()
-			res := consumertest.Run(b, cfg, consumertest.Script{}, msgs...)
-			if res.Stats.Applied != int64(b.N) {
-				b.Fatalf("applied %d of %d", res.Stats.Applied, b.N)
-			}
-		})
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) { enginebench.Run(b, batch, nil) })
 	}
 }

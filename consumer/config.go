@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -291,15 +292,9 @@ func (c *Config[TTx]) setDefaults() {
 	if c.Fingerprint == nil {
 		c.Fingerprint = WholePayload()
 	}
-	if c.BatchSize == 0 {
-		c.BatchSize = 100
-	}
-	if c.LaneBuffer == 0 {
-		c.LaneBuffer = 2 * c.BatchSize
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.BatchSize = cmp.Or(c.BatchSize, 100)
+	c.LaneBuffer = cmp.Or(c.LaneBuffer, 2*c.BatchSize)
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	if c.Observer == nil {
 		c.Observer = NopObserver{}
 	}
@@ -307,22 +302,10 @@ func (c *Config[TTx]) setDefaults() {
 		c.Clock = retry.SystemClock{}
 	}
 	r := &c.Retry
-	if r.Initial == 0 {
-		r.Initial = 100 * time.Millisecond
-	}
-	if r.Max == 0 {
-		r.Max = 10 * time.Second
-	}
-	if r.Multiplier == 0 {
-		r.Multiplier = 2
-	}
-	if r.Jitter == 0 {
-		r.Jitter = 0.5
-	}
-	if r.MaxAttempts == 0 {
-		r.MaxAttempts = 10
-	}
-	if r.MaxElapsed == 0 {
-		r.MaxElapsed = 2 * time.Minute
-	}
+	r.Initial = cmp.Or(r.Initial, 100*time.Millisecond)
+	r.Max = cmp.Or(r.Max, 10*time.Second)
+	r.Multiplier = cmp.Or(r.Multiplier, 2)
+	r.Jitter = cmp.Or(r.Jitter, 0.5)
+	r.MaxAttempts = cmp.Or(r.MaxAttempts, 10)
+	r.MaxElapsed = cmp.Or(r.MaxElapsed, 2*time.Minute)
 }

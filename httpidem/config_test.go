@@ -2,7 +2,6 @@ package httpidem_test
 
 import (
 	"database/sql"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -11,24 +10,14 @@ import (
 
 	"github.com/idemkit/idem/dedup/sqlitestore"
 	"github.com/idemkit/idem/httpidem"
+	"github.com/idemkit/idem/internal/testenv/sqlitetest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func sqliteMiddleware(t *testing.T) *httpidem.Middleware[*sql.Tx] {
 	t.Helper()
-	db, err := sqlitestore.Open(filepath.Join(t.TempDir(), "idem.db"), sqlitestore.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	st, err := sqlitestore.New(db, sqlitestore.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Migrate(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	st, _ := sqlitetest.Store(t, sqlitestore.Config{})
 	m, err := httpidem.New(httpidem.Config[*sql.Tx]{Store: st})
 	if err != nil {
 		t.Fatal(err)

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/internal/sqlmigrate"
 )
 
 // Headers the relay puts on every message it publishes, after the message's
@@ -83,8 +83,6 @@ type Outbox struct {
 	valuesSQL map[int]string // EnqueueFor's, per number of messages
 }
 
-var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
-
 // New returns an Outbox on pool. Call Migrate before the first Enqueue.
 func New(pool *pgxpool.Pool, cfg Config) (*Outbox, error) {
 	if pool == nil {
@@ -96,11 +94,11 @@ func New(pool *pgxpool.Pool, cfg Config) (*Outbox, error) {
 	if cfg.Table == "" {
 		cfg.Table = "idem_outbox"
 	}
-	if !identRE.MatchString(cfg.Schema) {
-		return nil, fmt.Errorf("outbox: Config.Schema %q: want [a-z_][a-z0-9_]*, at most 48 bytes", cfg.Schema)
+	if err := sqlmigrate.CheckName("outbox", "Schema", cfg.Schema); err != nil {
+		return nil, err
 	}
-	if !identRE.MatchString(cfg.Table) {
-		return nil, fmt.Errorf("outbox: Config.Table %q: want [a-z_][a-z0-9_]*, at most 48 bytes", cfg.Table)
+	if err := sqlmigrate.CheckName("outbox", "Table", cfg.Table); err != nil {
+		return nil, err
 	}
 	h := fnv.New32a()
 	h.Write([]byte("idem.outbox:" + cfg.Schema + "." + cfg.Table))

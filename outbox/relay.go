@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -99,37 +100,17 @@ func (c *RelayConfig) validate() error {
 }
 
 func (c *RelayConfig) setDefaults() {
-	if c.BatchSize == 0 {
-		c.BatchSize = 500
-	}
-	if c.PollInterval == 0 {
-		c.PollInterval = 50 * time.Millisecond
-	}
-	if c.PublishTimeout == 0 {
-		c.PublishTimeout = 30 * time.Second
-	}
-	if c.PurgeEvery == 0 {
-		c.PurgeEvery = time.Minute
-	}
-	if c.PurgeBatch == 0 {
-		c.PurgeBatch = 1000
-	}
+	c.BatchSize = cmp.Or(c.BatchSize, 500)
+	c.PollInterval = cmp.Or(c.PollInterval, 50*time.Millisecond)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, 30*time.Second)
+	c.PurgeEvery = cmp.Or(c.PurgeEvery, time.Minute)
+	c.PurgeBatch = cmp.Or(c.PurgeBatch, 1000)
 	b := &c.Backoff
-	if b.Initial == 0 {
-		b.Initial = 100 * time.Millisecond
-	}
-	if b.Max == 0 {
-		b.Max = 10 * time.Second
-	}
-	if b.Multiplier == 0 {
-		b.Multiplier = 2
-	}
-	if b.Jitter == 0 {
-		b.Jitter = 0.5
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	b.Initial = cmp.Or(b.Initial, 100*time.Millisecond)
+	b.Max = cmp.Or(b.Max, 10*time.Second)
+	b.Multiplier = cmp.Or(b.Multiplier, 2)
+	b.Jitter = cmp.Or(b.Jitter, 0.5)
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	if c.Clock == nil {
 		c.Clock = retry.SystemClock{}
 	}

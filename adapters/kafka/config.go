@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -260,49 +261,21 @@ func (c *Config) validate() error {
 }
 
 func (c *Config) setDefaults() {
-	if c.ClientID == "" {
-		c.ClientID = "idem"
-	}
-	if c.DialTimeout == 0 {
-		c.DialTimeout = 10 * time.Second
-	}
-	if c.MaxBytes == 0 {
-		c.MaxBytes = 1 << 20
-	}
-	if c.MaxWait == 0 {
-		c.MaxWait = 500 * time.Millisecond
-	}
-	if c.RequestTimeout == 0 {
-		c.RequestTimeout = 10 * time.Second
-	}
-	if c.ReconnectBackoff == 0 {
-		c.ReconnectBackoff = 5 * time.Second
-	}
+	c.ClientID = cmp.Or(c.ClientID, "idem")
+	c.DialTimeout = cmp.Or(c.DialTimeout, 10*time.Second)
+	c.MaxBytes = cmp.Or(c.MaxBytes, 1<<20)
+	c.MaxWait = cmp.Or(c.MaxWait, 500*time.Millisecond)
+	c.RequestTimeout = cmp.Or(c.RequestTimeout, 10*time.Second)
+	c.ReconnectBackoff = cmp.Or(c.ReconnectBackoff, 5*time.Second)
 	c.SessionTimeout = c.sessionTimeout()
-	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = min(3*time.Second, c.SessionTimeout/3)
-	}
-	if c.RebalanceTimeout == 0 {
-		c.RebalanceTimeout = 30 * time.Second
-	}
-	if c.JoinGroupBackoff == 0 {
-		c.JoinGroupBackoff = 2 * time.Second
-	}
-	if c.PartitionWatchInterval == 0 {
-		c.PartitionWatchInterval = 5 * time.Second
-	}
-	if c.DeadLetterMaxBytes == 0 {
-		c.DeadLetterMaxBytes = 900 << 10
-	}
-	if c.DeadLetterTimeout == 0 {
-		c.DeadLetterTimeout = 10 * time.Second
-	}
-	if c.CloseTimeout == 0 {
-		c.CloseTimeout = 5 * time.Second
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, min(3*time.Second, c.SessionTimeout/3))
+	c.RebalanceTimeout = cmp.Or(c.RebalanceTimeout, 30*time.Second)
+	c.JoinGroupBackoff = cmp.Or(c.JoinGroupBackoff, 2*time.Second)
+	c.PartitionWatchInterval = cmp.Or(c.PartitionWatchInterval, 5*time.Second)
+	c.DeadLetterMaxBytes = cmp.Or(c.DeadLetterMaxBytes, 900<<10)
+	c.DeadLetterTimeout = cmp.Or(c.DeadLetterTimeout, 10*time.Second)
+	c.CloseTimeout = cmp.Or(c.CloseTimeout, 5*time.Second)
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 }
 
 func (c *Config) sessionTimeout() time.Duration {

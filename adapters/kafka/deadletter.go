@@ -10,6 +10,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/kafkabal"
 )
 
 // ErrNotRunning is what Source.DeadLetter returns outside Source.Run: the
@@ -38,6 +39,15 @@ func (s *Source) DeadLetter(ctx context.Context, l consumer.Letter) error {
 	if l.Message == nil {
 		return errors.New("kafka: dead letter without a message")
 	}
+	if err := s.writeLetter(ctx, s.letter(l)); err != nil {
+		return fmt.Errorf("kafka: dead letter of %s: %w", l.Message.Ref(), err)
+	}
+	return nil
+}
+
+// writeLetter writes m, a dead letter or a retry, with the writer of the
+// Run, within Config.DeadLetterTimeout; ErrNotRunning outside Run.
+func (s *Source) writeLetter(ctx context.Context, m kafkago.Message) error {
 	s.dlqMu.RLock()
 	defer s.dlqMu.RUnlock()
 	if s.dlq == nil {
@@ -45,10 +55,23 @@ func (s *Source) DeadLetter(ctx context.Context, l consumer.Letter) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.DeadLetterTimeout)
 	defer cancel()
-	if err := s.dlq.w.WriteMessages(ctx, s.letter(l)); err != nil {
-		return fmt.Errorf("kafka: dead letter of %s: %w", l.Message.Ref(), err)
+	return s.dlq.w.WriteMessages(ctx, m)
+}
+
+// outRecord lays out a record of the consumer (a letter's or a retry's
+// headers and value) as a Kafka record of topic on partition.
+func outRecord(topic string, partition int32, key []byte, recHeaders []consumer.Header, value []byte) kafkago.Message {
+	headers := make([]kafkago.Header, len(recHeaders))
+	for i, h := range recHeaders {
+		headers[i] = kafkago.Header{Key: h.Key, Value: h.Value}
 	}
-	return nil
+	return kafkago.Message{
+		Topic:     topic,
+		Partition: int(partition), // read by kafkabal.SamePartition only
+		Key:       key,
+		Value:     value,
+		Headers:   headers,
+	}
 }
 
 // letter lays l out as a Kafka record.
@@ -58,18 +81,8 @@ func (s *Source) letter(l consumer.Letter) kafkago.Message {
 	if topic == "" {
 		topic = m.Topic + ".dlq"
 	}
-	recHeaders, value := l.Record(s.cfg.DeadLetterMaxBytes)
-	headers := make([]kafkago.Header, len(recHeaders))
-	for i, h := range recHeaders {
-		headers[i] = kafkago.Header{Key: h.Key, Value: h.Value}
-	}
-	return kafkago.Message{
-		Topic:     topic,
-		Partition: int(m.Partition), // read by samePartition only
-		Key:       m.Key,
-		Value:     value,
-		Headers:   headers,
-	}
+	headers, value := l.Record(s.cfg.DeadLetterMaxBytes)
+	return outRecord(topic, m.Partition, m.Key, headers, value)
 }
 
 // deadLetterWriter is the kafka-go Writer of one Run and its transport.
@@ -89,7 +102,7 @@ func (s *Source) openDeadLetters() {
 	}
 	w := &kafkago.Writer{
 		Addr:                   kafkago.TCP(s.cfg.Brokers...),
-		Balancer:               samePartition{},
+		Balancer:               kafkabal.SamePartition{},
 		RequiredAcks:           kafkago.RequireAll,
 		BatchTimeout:           5 * time.Millisecond,
 		WriteTimeout:           s.cfg.DeadLetterTimeout,
@@ -116,21 +129,6 @@ func (s *Source) closeDeadLetters() {
 		s.log.Warn("kafka: closing the dead-letter writer", slog.Any("error", err))
 	}
 	d.tr.CloseIdleConnections()
-}
-
-// samePartition routes a letter to the partition numbered like the
-// original, modulo the dead-letter topic's partitions.
-type samePartition struct{}
-
-func (samePartition) Balance(m kafkago.Message, partitions ...int) int {
-	if len(partitions) == 0 {
-		return 0
-	}
-	i := m.Partition % len(partitions)
-	if i < 0 {
-		i = 0
-	}
-	return partitions[i]
 }
 
 var (

@@ -11,6 +11,7 @@ import (
 	"github.com/segmentio/kafka-go/protocol"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/retry"
 )
 
 // errStalled: fetches keep coming back empty although the partition has
@@ -33,7 +34,7 @@ func (s *Source) fetch(ctx context.Context, p *partition, deliver consumer.Deliv
 	offset := p.start
 	bo := s.reconnectBackoff()
 	for attempt := 0; ; attempt++ {
-		if attempt > 0 && !sleep(ctx, bo.NextBackOff()) {
+		if attempt > 0 && retry.Sleep(ctx, bo.NextBackOff()) != nil {
 			return
 		}
 		conn, err := s.dialLeader(ctx, p, attempt)

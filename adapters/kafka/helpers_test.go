@@ -16,6 +16,7 @@ import (
 	"github.com/idemkit/idem/adapters/kafka"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/bgconsumer"
 	"github.com/idemkit/idem/internal/testenv/kafkatest"
 )
 
@@ -157,70 +158,27 @@ func newSource(t testing.TB, cfg kafka.Config) *kafka.Source {
 	return src
 }
 
-// runner is a consumer.Consumer of any transaction type.
-type runner interface {
-	Run(ctx context.Context) error
-	Stop(ctx context.Context) error
-	Stats() consumer.Stats
-}
-
 // running is a consumer running in the background.
-type running struct {
-	c      runner
-	cancel context.CancelFunc
-	done   chan error
-}
+type running = bgconsumer.Running
 
 func start[TTx any](t testing.TB, cfg consumer.Config[TTx]) *running {
 	t.Helper()
-	c, err := consumer.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{c: c, cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- c.Run(ctx) }()
-	t.Cleanup(func() { r.kill(t) })
-	return r
+	return bgconsumer.Start(t, cfg)
 }
 
-// stop stops the consumer gracefully and fails the test unless it stopped
-// within 30s.
-func (r *running) stop(t testing.TB) {
-	t.Helper()
-	r.stopWithin(t, 30*time.Second)
-}
-
-// stopWithin stops the consumer gracefully and fails the test unless Stop
-// returned nil, which it does only when Run returned before d passed.
-func (r *running) stopWithin(t testing.TB, d time.Duration) {
-	t.Helper()
-	if r.done == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	if err := r.c.Stop(ctx); err != nil {
-		t.Errorf("Stop: %v", err)
-	}
-	if err := <-r.done; err != nil {
-		t.Errorf("Run: %v", err)
-	}
-	r.cancel()
-	r.done = nil
-}
-
-// kill is a hard stop: Run's context is cancelled.
-func (r *running) kill(t testing.TB) {
-	t.Helper()
-	if r.done == nil {
-		return
-	}
-	r.cancel()
-	if err := <-r.done; err != nil {
-		t.Errorf("Run: %v", err)
-	}
-	r.done = nil
+// holdKey wraps next: the message of record key key waits for release
+// (or its context's end) before next handles it.
+func holdKey[TTx any](next consumer.Handler[TTx], key string, release <-chan struct{}) consumer.Handler[TTx] {
+	return consumer.HandlerFunc[TTx](func(ctx context.Context, tx TTx, m *consumer.Message) error {
+		if string(m.Key) == key {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return next.Handle(ctx, tx, m)
+	})
 }
 
 // effects counts the effects per key, as a business table would.

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -223,11 +224,11 @@ func TestKafkaRestartsAndCrash(t *testing.T) {
 	// 1: graceful stop.
 	r := startBank(t, b, newSource(t, realSourceConfig(t, brokers, topic, group)), dl)
 	waitUntil(t, time.Minute, "2,000 rows", atLeast(2000))
-	r.stop(t)
+	r.Stop(t)
 	// 2: hard stop: Run's context cancelled, transactions in flight roll back.
 	r = startBank(t, b, newSource(t, realSourceConfig(t, brokers, topic, group)), dl)
 	waitUntil(t, time.Minute, "4,000 rows", atLeast(4000))
-	r.kill(t)
+	r.Kill(t)
 	// 3: crash: a child process that never commits an offset is killed.
 	before := a.committed(t, group, topic)
 	child := startChild(t, topic, group, b.schema)
@@ -243,7 +244,7 @@ func TestKafkaRestartsAndCrash(t *testing.T) {
 	r = startBank(t, b, newSource(t, realSourceConfig(t, brokers, topic, group)), dl)
 	waitUntil(t, 2*time.Minute, "every transaction booked", atLeast(len(want)))
 	a.WaitNoLag(t, group, topic)
-	r.stop(t)
+	r.Stop(t)
 
 	b.requireLedger(t, want)
 	a.requireNoLag(t, group, topic)
@@ -251,7 +252,7 @@ func TestKafkaRestartsAndCrash(t *testing.T) {
 	if n := len(dl.Letters()); n != 0 {
 		t.Fatalf("%d dead letters, want none: %v", n, dl.Letters()[0].Reason)
 	}
-	if st := r.c.Stats(); st.Duplicates == 0 {
+	if st := r.Stats(); st.Duplicates == 0 {
 		t.Errorf("last run: %+v; want it to skip the child's work as duplicates", st)
 	}
 }
@@ -280,27 +281,25 @@ func TestKafkaMembersJoinAndLeave(t *testing.T) {
 	first, want := payments("w1", 3000, partitions)
 	a.Produce(t, topic, first...)
 	waitUntil(t, time.Minute, "800 rows", func() bool { rows, _ := b.rows(t); return rows >= 800 })
-	m3.stop(t) // leaves mid-stream
+	m3.Stop(t) // leaves mid-stream
 	m4 := member()
 	waitUntil(t, time.Minute, "m4 joined", func() bool { return a.StableMembers(group) == 3 })
 	rows, _ := b.rows(t)
 	t.Logf("m4 joined with %d of %d rows of the first wave booked", rows, len(want))
 	second, want2 := payments("w2", 3000, partitions)
 	a.Produce(t, topic, second...)
-	for id := range want2 {
-		want[id] = true
-	}
+	maps.Copy(want, want2)
 	waitUntil(t, 2*time.Minute, "every transaction booked", func() bool { rows, _ := b.rows(t); return rows >= len(want) })
 	a.WaitNoLag(t, group, topic)
 	for _, m := range []*running{m1, m2, m4} {
-		m.stop(t)
+		m.Stop(t)
 	}
 	b.requireLedger(t, want)
 	a.requireNoLag(t, group, topic)
 	samples.RequireMonotonic(t)
-	if m3.c.Stats().Applied == 0 || m4.c.Stats().Applied == 0 {
+	if m3.Stats().Applied == 0 || m4.Stats().Applied == 0 {
 		t.Errorf("the leaving member applied %d, the joining one %d; want both to have worked",
-			m3.c.Stats().Applied, m4.c.Stats().Applied)
+			m3.Stats().Applied, m4.Stats().Applied)
 	}
 }
 
@@ -355,13 +354,13 @@ func TestKafkaDeadLettersAndRetries(t *testing.T) {
 	r := start(t, cfg)
 	waitUntil(t, time.Minute, "good transactions booked", func() bool { rows, _ := b.rows(t); return rows >= len(want) })
 	a.WaitNoLag(t, group, topic)
-	r.stop(t)
+	r.Stop(t)
 
 	b.requireLedger(t, want)
 	if n := flakyCalls.Load(); n != 3 {
 		t.Errorf("flaky handler ran %d times, want 3", n)
 	}
-	if st := r.c.Stats(); st.DeadLettered != 4 {
+	if st := r.Stats(); st.DeadLettered != 4 {
 		t.Errorf("stats %+v: want 4 dead letters", st)
 	}
 	letters := a.readAll(t, topic+".dlq", 4)
@@ -452,12 +451,10 @@ func TestKafkaBrokerRestart(t *testing.T) {
 	a.Transport.CloseIdleConnections() // the admin's connections died with the broker
 	more, want2 := payments("post", 1000, partitions)
 	a.Produce(t, topic, more...)
-	for id := range want2 {
-		want[id] = true
-	}
+	maps.Copy(want, want2)
 	waitUntil(t, 3*time.Minute, "every transaction booked", func() bool { rows, _ := b.rows(t); return rows >= len(want) })
 	a.WaitNoLag(t, group, topic)
-	r.stop(t)
+	r.Stop(t)
 	b.requireLedger(t, want)
 	a.requireNoLag(t, group, topic)
 	if n := len(dl.Letters()); n != 0 {
@@ -599,7 +596,7 @@ func TestKafkaTransactionalTopic(t *testing.T) {
 	a.Produce(t, topic, pay(0, "after-open", 5), pay(1, "probe", 5))
 	want["probe"] = true
 	waitUntil(t, time.Minute, "the probe on the other partition booked", func() bool { rows, _ := b.rows(t); return rows >= len(want) })
-	r.stop(t)
+	r.Stop(t)
 	if rows, _ := b.rows(t); rows != len(want) {
 		t.Fatalf("%d rows, want %d: payments past an open transaction were booked", rows, len(want))
 	}
@@ -619,7 +616,7 @@ func TestKafkaTransactionalTopic(t *testing.T) {
 	want["open-1"], want["after-open"] = true, true
 	waitUntil(t, 2*time.Minute, "everything booked", func() bool { rows, _ := b.rows(t); return rows >= len(want) })
 	a.WaitNoLag(t, group, topic)
-	r.stop(t)
+	r.Stop(t)
 
 	b.requireLedger(t, want)
 	a.requireNoLag(t, group, topic)
@@ -627,7 +624,7 @@ func TestKafkaTransactionalTopic(t *testing.T) {
 		l := dl.Letters()[0]
 		t.Fatalf("%d dead letters, the first %s (value %q): %v", n, l.Message.Coordinates(), l.Message.Value, l.Reason)
 	}
-	if st := r.c.Stats(); st.Delivered >= int64(len(want)) {
+	if st := r.Stats(); st.Delivered >= int64(len(want)) {
 		t.Errorf("the second run had %d deliveries for %d payments of its own: it read the first run's again", st.Delivered, len(want)/2)
 	}
 }
@@ -653,19 +650,9 @@ func TestKafkaTopicRecreated(t *testing.T) {
 	cfg := b.config(newSource(t, scfg), dl)
 	cfg.Logger = testLogger(t)
 	release := make(chan struct{})
-	inner := cfg.Handler
-	cfg.Handler = consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		if string(m.Key) == "old-9" {
-			select { // in flight while the topic is recreated
-			case <-release:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		return inner.Handle(ctx, tx, m)
-	})
+	cfg.Handler = holdKey(cfg.Handler, "old-9", release) // in flight while the topic is recreated
 	r := start(t, cfg)
-	waitUntil(t, time.Minute, "the old messages delivered", func() bool { return r.c.Stats().Delivered == 10 })
+	waitUntil(t, time.Minute, "the old messages delivered", func() bool { return r.Stats().Delivered == 10 })
 
 	a.recreate(t, topic, 1)
 	for i := range 3 {
@@ -673,11 +660,11 @@ func TestKafkaTopicRecreated(t *testing.T) {
 		a.Produce(t, topic, pay(0, id, 1))
 		want[id] = true
 	}
-	waitUntil(t, 2*time.Minute, "the new topic's messages delivered behind old-9", func() bool { return r.c.Stats().Delivered == 13 })
+	waitUntil(t, 2*time.Minute, "the new topic's messages delivered behind old-9", func() bool { return r.Stats().Delivered == 13 })
 	close(release)
 	waitUntil(t, time.Minute, "every payment booked", func() bool { rows, _ := b.rows(t); return rows >= len(want) })
 	a.WaitNoLag(t, group, topic)
-	r.stopWithin(t, 30*time.Second)
+	r.StopWithin(t, 30*time.Second)
 	b.requireLedger(t, want)
 	a.requireNoLag(t, group, topic)
 	if n := len(dl.Letters()); n != 0 {

@@ -88,9 +88,9 @@ func TestFakeConsumesOnceCommitsAndResumes(t *testing.T) {
 	group := name(t, "g")
 	r := start(t, memConfig(t, newSource(t, sourceConfig(t, brokers, "orders", group)), eff))
 	waitUntil(t, time.Minute, "every key applied", func() bool { n, _ := eff.counts(); return n == len(keys) })
-	r.stop(t)
+	r.Stop(t)
 	eff.requireOnce(t, keys)
-	if st := r.c.Stats(); st.Duplicates != int64(len(msgs)-len(keys)) {
+	if st := r.Stats(); st.Duplicates != int64(len(msgs)-len(keys)) {
 		t.Errorf("stats %+v: want %d duplicates", st, len(msgs)-len(keys))
 	}
 	a.requireNoLag(t, group, "orders")
@@ -101,9 +101,9 @@ func TestFakeConsumesOnceCommitsAndResumes(t *testing.T) {
 	r2 := start(t, memConfig(t, newSource(t, sourceConfig(t, brokers, "orders", group)), eff2))
 	a.Produce(t, "orders", kafkago.Message{Partition: 1, Key: []byte("late"), Value: []byte(`{}`)})
 	waitUntil(t, time.Minute, "the late message applied", func() bool { n, _ := eff2.counts(); return n == 1 })
-	r2.stop(t)
+	r2.Stop(t)
 	eff2.requireOnce(t, map[string]bool{"late": true})
-	if st := r2.c.Stats(); st.Delivered != 1 {
+	if st := r2.Stats(); st.Delivered != 1 {
 		t.Errorf("after restart: %d deliveries, want 1 (the new message)", st.Delivered)
 	}
 	a.requireNoLag(t, group, "orders")
@@ -138,7 +138,7 @@ func TestFakeMembersJoinAndLeave(t *testing.T) {
 	waitUntil(t, time.Minute, "two members", func() bool { return a.StableMembers(group) == 2 })
 	wave(0)
 	waitUntil(t, time.Minute, "wave 0 partly applied", func() bool { n, _ := eff.counts(); return n >= 100 })
-	m1.stop(t) // leaves while the group is busy
+	m1.Stop(t) // leaves while the group is busy
 	wave(1)
 	m3 := member()
 	waitUntil(t, time.Minute, "m3 joined", func() bool { return a.StableMembers(group) == 2 })
@@ -147,12 +147,12 @@ func TestFakeMembersJoinAndLeave(t *testing.T) {
 	}
 	wave(2)
 	waitUntil(t, time.Minute, "every key applied", func() bool { n, _ := eff.counts(); return n == len(all) })
-	m2.stop(t)
-	m3.stop(t)
+	m2.Stop(t)
+	m3.Stop(t)
 	eff.requireOnce(t, all)
 	a.requireNoLag(t, group, "orders")
 	samples.RequireMonotonic(t)
-	if m3.c.Stats().Applied == 0 {
+	if m3.Stats().Applied == 0 {
 		t.Error("m3 applied nothing")
 	}
 }
@@ -185,8 +185,8 @@ func TestFakeDeadLetters(t *testing.T) {
 	)
 	r := start(t, cfg)
 	waitUntil(t, time.Minute, "good messages applied", func() bool { n, _ := eff.counts(); return n == 3 })
-	waitUntil(t, time.Minute, "three dead letters", func() bool { return r.c.Stats().DeadLettered == 3 })
-	r.stop(t)
+	waitUntil(t, time.Minute, "three dead letters", func() bool { return r.Stats().DeadLettered == 3 })
+	r.Stop(t)
 	eff.requireOnce(t, map[string]bool{"a": true, "b": true, "c": true})
 
 	letters := a.readAll(t, "payments.dlq", 3)
@@ -242,7 +242,7 @@ func TestFakeLeaderMoves(t *testing.T) {
 		keys[k] = true
 	}
 	waitUntil(t, time.Minute, "second half applied", func() bool { n, _ := eff.counts(); return n == len(keys) })
-	r.stop(t)
+	r.Stop(t)
 	eff.requireOnce(t, keys)
 	a.requireNoLag(t, group, "orders")
 }
@@ -262,7 +262,7 @@ func TestFakeStalledFetchIsRecreated(t *testing.T) {
 	cfg.RequestTimeout = 500 * time.Millisecond
 	r := start(t, memConfig(t, newSource(t, cfg), eff))
 	waitUntil(t, time.Minute, "every key applied", func() bool { n, _ := eff.counts(); return n == len(keys) })
-	r.stop(t)
+	r.Stop(t)
 	eff.requireOnce(t, keys)
 	if swallowed.Load() != 1 {
 		t.Fatalf("%d fetches swallowed, want 1", swallowed.Load())
@@ -312,7 +312,7 @@ func TestFakeEmptyFetchesBelowWatermark(t *testing.T) {
 	cfg.PartitionWatchInterval = -1 // its metadata requests would look like a redial
 	r := start(t, memConfig(t, newSource(t, cfg), eff))
 	waitUntil(t, time.Minute, "every key applied", func() bool { n, _ := eff.counts(); return n == len(keys) })
-	r.stop(t)
+	r.Stop(t)
 	eff.requireOnce(t, keys)
 	if empties.Load() == 0 {
 		t.Fatal("no empty fetch was served")
@@ -334,7 +334,7 @@ func TestFakeTopicCreatedLater(t *testing.T) {
 	msgs, keys := keyed("k", 40, 2)
 	a.Produce(t, "late-topic", msgs...)
 	waitUntil(t, time.Minute, "every key applied", func() bool { n, _ := eff.counts(); return n == len(keys) })
-	r.stop(t)
+	r.Stop(t)
 	eff.requireOnce(t, keys)
 }
 
@@ -367,7 +367,7 @@ func TestFakeStoppedLaneHoldsItsPartition(t *testing.T) {
 		n, _ := eff.counts()
 		return n == 14 && poisoned.Load() == 2
 	})
-	r.stop(t)
+	r.Stop(t)
 	if got := a.committed(t, group, "orders"); got[0] != 4 || got[1] != 10 {
 		t.Fatalf("committed %v, want [4 10]: partition 0 must resume at the poisoned message", got)
 	}
@@ -383,7 +383,7 @@ func TestFakeStopWithBrokerGone(t *testing.T) {
 	waitUntil(t, time.Minute, "every key applied", func() bool { n, _ := eff.counts(); return n == len(keys) })
 	a.Transport.CloseIdleConnections()
 	c.Close()
-	r.stopWithin(t, 5*time.Second)
+	r.StopWithin(t, 5*time.Second)
 }
 
 // A broker that accepts requests and never answers them: Stop still returns
@@ -402,7 +402,7 @@ func TestFakeStopWithBrokerHung(t *testing.T) {
 		c.KeepControl()
 		return nil, nil, true // swallowed
 	})
-	r.stopWithin(t, 10*time.Second)
+	r.StopWithin(t, 10*time.Second)
 }
 
 func TestFakeSASL(t *testing.T) {
@@ -446,9 +446,9 @@ func TestFakeSASL(t *testing.T) {
 			r := start(t, cfg)
 			waitUntil(t, time.Minute, "one applied, one dead-lettered", func() bool {
 				n, _ := eff.counts()
-				return n == 1 && r.c.Stats().DeadLettered == 1
+				return n == 1 && r.Stats().DeadLettered == 1
 			})
-			r.stop(t)
+			r.Stop(t)
 		})
 	}
 }
@@ -552,7 +552,7 @@ func TestFakeTransactionalTopic(t *testing.T) {
 	tp.end(t, true)
 	want["o1"], want["n3"] = true, true
 	waitUntil(t, time.Minute, "the transaction's records applied", func() bool { n, _ := eff.counts(); return n >= len(want) })
-	r.stop(t)
+	r.Stop(t)
 	eff.requireOnce(t, want)
 	requireNoLetters(t, cfg)
 	a.requireNoLag(t, group, "orders")
@@ -568,10 +568,10 @@ func TestFakeTransactionalTopic(t *testing.T) {
 	waitUntil(t, time.Minute, "no lag", func() bool {
 		return fmt.Sprint(a.committed(t, group, "orders")) == fmt.Sprint(a.highWatermarks(t, "orders"))
 	})
-	r2.stop(t)
+	r2.Stop(t)
 	eff2.requireOnce(t, keySet("c6"))
 	requireNoLetters(t, cfg2)
-	if st := r2.c.Stats(); st.Delivered != 1 {
+	if st := r2.Stats(); st.Delivered != 1 {
 		t.Errorf("after the restart: %d deliveries, want 1 (c6)", st.Delivered)
 	}
 }
@@ -599,19 +599,9 @@ func TestFakeTopicRecreatedUnderAssignment(t *testing.T) {
 	scfg.PartitionWatchInterval = -1 // the assignment outlives the topic
 	cfg := memConfig(t, newSource(t, scfg), eff)
 	release := make(chan struct{})
-	inner := cfg.Handler
-	cfg.Handler = consumer.HandlerFunc[*memstore.Tx](func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
-		if string(m.Key) == "old-9" {
-			select { // in flight while the topic is recreated
-			case <-release:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		return inner.Handle(ctx, tx, m)
-	})
+	cfg.Handler = holdKey(cfg.Handler, "old-9", release) // in flight while the topic is recreated
 	r := start(t, cfg)
-	waitUntil(t, time.Minute, "the old messages delivered", func() bool { return r.c.Stats().Delivered == 10 })
+	waitUntil(t, time.Minute, "the old messages delivered", func() bool { return r.Stats().Delivered == 10 })
 
 	a.recreate(t, "orders", 1)
 	var fresh []kafkago.Message
@@ -620,13 +610,13 @@ func TestFakeTopicRecreatedUnderAssignment(t *testing.T) {
 		want[fmt.Sprintf("new-%d", i)] = true
 	}
 	a.Produce(t, "orders", fresh...)
-	waitUntil(t, time.Minute, "the new topic's messages delivered behind old-9", func() bool { return r.c.Stats().Delivered == 13 })
+	waitUntil(t, time.Minute, "the new topic's messages delivered behind old-9", func() bool { return r.Stats().Delivered == 13 })
 	close(release)
 	waitUntil(t, time.Minute, "every message applied", func() bool { n, _ := eff.counts(); return n == len(want) })
 	waitUntil(t, time.Minute, "the new log committed to its end", func() bool {
 		return a.committed(t, group, "orders")[0] == a.highWatermarks(t, "orders")[0]
 	})
-	r.stopWithin(t, 30*time.Second)
+	r.StopWithin(t, 30*time.Second)
 	eff.requireOnce(t, want)
 	a.requireNoLag(t, group, "orders")
 }
@@ -656,7 +646,7 @@ func TestFakeReadUncommitted(t *testing.T) {
 	waitUntil(t, time.Minute, "no lag", func() bool {
 		return a.committed(t, group, "orders")[0] == a.highWatermarks(t, "orders")[0]
 	})
-	r.stop(t)
+	r.Stop(t)
 	eff.requireOnce(t, want)
 	requireNoLetters(t, cfg)
 }
@@ -732,7 +722,7 @@ func TestFakeCompactedBatchEnds(t *testing.T) {
 	want := keySet("r0", "r1", "r2", "r8", "r9", "r12")
 	waitUntil(t, time.Minute, "the kept records applied", func() bool { n, _ := eff.counts(); return n >= len(want) })
 	waitUntil(t, time.Minute, "committed to the high watermark", func() bool { return a.committed(t, group, "orders")[0] == hwm })
-	r.stop(t)
+	r.Stop(t)
 	eff.requireOnce(t, want)
 	t.Logf("%d fetches", fetches.Load())
 }

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -108,8 +109,8 @@ func TestKafkaOffsetsCrashBetweenCommits(t *testing.T) {
 	r := start(t, b.offsetsConfig(t, b.store, newSource(t, realSourceConfig(t, brokers, topic, group))))
 	waitUntil(t, 2*time.Minute, "every payment booked", rowsAtLeast(n))
 	a.WaitNoLag(t, group, topic)
-	r.stop(t)
-	st := r.c.Stats()
+	r.Stop(t)
+	st := r.Stats()
 	t.Logf("child booked %d before the kill; second consumer: %+v", killedAt, st)
 	if st.Duplicates < int64(killedAt) {
 		t.Fatalf("second consumer skipped %d duplicates, want at least the %d the child booked", st.Duplicates, killedAt)
@@ -118,9 +119,7 @@ func TestKafkaOffsetsCrashBetweenCommits(t *testing.T) {
 	// 3: more payments, a child killed again, and a consumer starting from
 	// the store's offsets.
 	more, want2 := uniquePayments("two", n, partitions)
-	for id := range want2 {
-		want[id] = true
-	}
+	maps.Copy(want, want2)
 	a.Produce(t, topic, more...)
 	child = startChild(t, topic, group, b.schema, "CHILD_OFFSETS=1")
 	waitUntil(t, time.Minute, "1,000 more rows", rowsAtLeast(n+1000))
@@ -131,8 +130,8 @@ func TestKafkaOffsetsCrashBetweenCommits(t *testing.T) {
 	r = start(t, b.offsetsConfig(t, b.store, newSource(t, scfg)))
 	waitUntil(t, 2*time.Minute, "every payment booked", rowsAtLeast(2*n))
 	a.WaitNoLag(t, group, topic)
-	r.stop(t)
-	st = r.c.Stats()
+	r.Stop(t)
+	st = r.Stats()
 	t.Logf("child booked %d of the second lot before the kill; third consumer: %+v", killedAt-n, st)
 	if max := int64(2*n - killedAt); st.Delivered > max {
 		t.Fatalf("third consumer was delivered %d messages; starting from the store it needs at most %d", st.Delivered, max)
@@ -178,7 +177,7 @@ func TestKafkaOffsetsZombie(t *testing.T) {
 	}
 	owner := start(t, b.offsetsConfig(t, impatient, newSource(t, realSourceConfig(t, brokers, topic, ogroup))))
 	waitUntil(t, time.Minute, "the owner's batch over the stalled offsets rolled back and retried", func() bool {
-		return owner.c.Stats().Retries >= 2
+		return owner.Stats().Retries >= 2
 	})
 	if rows, _ := b.rows(t); rows >= n/2+1 {
 		t.Fatalf("%d rows booked while the zombie holds offset %d", rows, n/2)
@@ -187,9 +186,9 @@ func TestKafkaOffsetsZombie(t *testing.T) {
 	waitUntil(t, time.Minute, "every payment booked", func() bool { rows, _ := b.rows(t); return rows >= n })
 	a.WaitNoLag(t, zgroup, topic)
 	a.WaitNoLag(t, ogroup, topic)
-	zombie.stop(t)
-	owner.stop(t)
-	zs, ost := zombie.c.Stats(), owner.c.Stats()
+	zombie.Stop(t)
+	owner.Stop(t)
+	zs, ost := zombie.Stats(), owner.Stats()
 	t.Logf("zombie %+v; owner %+v", zs, ost)
 	if zs.Applied+ost.Applied != n {
 		t.Fatalf("applied %d + %d, want %d in all", zs.Applied, ost.Applied, n)
@@ -212,7 +211,7 @@ func TestKafkaOffsetsTopicRecreated(t *testing.T) {
 	r := start(t, b.offsetsConfig(t, b.store, newSource(t, scfg)))
 	waitUntil(t, time.Minute, "the old payments booked", func() bool { rows, _ := b.rows(t); return rows >= 10 })
 	a.WaitNoLag(t, group, topic)
-	r.stop(t)
+	r.Stop(t)
 
 	a.recreate(t, topic, 1)
 	reborn, want2 := uniquePayments("new", 3, 1)
@@ -238,10 +237,8 @@ func TestKafkaOffsetsTopicRecreated(t *testing.T) {
 	r = start(t, b.offsetsConfig(t, b.store, newSource(t, scfg)))
 	waitUntil(t, time.Minute, "the new payments booked", func() bool { rows, _ := b.rows(t); return rows >= 13 })
 	a.WaitNoLag(t, group, topic)
-	r.stop(t)
-	for id := range want2 {
-		want[id] = true
-	}
+	r.Stop(t)
+	maps.Copy(want, want2)
 	b.requireOffsetsLedger(t, a, topic, want)
 }
 
@@ -273,15 +270,15 @@ func TestKafkaOffsetsStartFromStore(t *testing.T) {
 	scfg.StartOffsets = kafka.StoreOffsets(b.store, "payments")
 	r := start(t, b.offsetsConfig(t, b.store, newSource(t, scfg)))
 	a.WaitNoLag(t, group, topic)
-	if st := r.c.Stats(); st.Delivered != 0 {
+	if st := r.Stats(); st.Delivered != 0 {
 		t.Fatalf("%+v; want nothing below the store's offsets delivered", st)
 	}
 	more, want := uniquePayments("new", 4, partitions)
 	a.Produce(t, topic, more...)
 	waitUntil(t, time.Minute, "the new payments booked", func() bool { rows, _ := b.rows(t); return rows >= len(want) })
 	a.WaitNoLag(t, group, topic)
-	r.stop(t)
-	if st := r.c.Stats(); st.Delivered != int64(len(want)) || st.Duplicates != 0 {
+	r.Stop(t)
+	if st := r.Stats(); st.Delivered != int64(len(want)) || st.Duplicates != 0 {
 		t.Fatalf("%+v; want the %d new payments delivered, no duplicate", st, len(want))
 	}
 	b.requireOffsetsLedger(t, a, topic, want)

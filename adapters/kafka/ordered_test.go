@@ -30,13 +30,8 @@ var keyOrdered = true
 // retry; the other keys were applied meanwhile.
 func TestKafkaKeyOrderedRetries(t *testing.T) {
 	const partitions, keys, perKey = 2, 20, 10
-	// 14 s of trips: the failing messages outlast the outage, under load too.
-	delays := []time.Duration{300 * time.Millisecond, time.Second, 3 * time.Second, 10 * time.Second}
-	brokers, a, topic, group := kafkaTest(t, partitions)
-	a.CreateTopic(t, topic+".dlq", partitions)
-	for _, d := range delays {
-		a.CreateTopic(t, kafka.RetryTopic(topic, d), partitions)
-	}
+	delays := retryDelays
+	brokers, a, topic, group := retryTest(t, partitions, delays)
 	b := newTestBank(t)
 
 	failing := map[string]bool{} // txn_ids that fail until released
@@ -108,7 +103,7 @@ func TestKafkaKeyOrderedRetries(t *testing.T) {
 	for _, d := range delays {
 		waitSettled(t, a, group, kafka.RetryTopic(topic, d))
 	}
-	r.stop(t)
+	r.Stop(t)
 	b.requireLedger(t, want)
 
 	// Before the release: the failing keys' first two messages only.
@@ -135,7 +130,7 @@ func TestKafkaKeyOrderedRetries(t *testing.T) {
 		}
 		next[key] = s + 1
 	}
-	st := r.c.Stats()
+	st := r.Stats()
 	t.Logf("applied %d, trips to retry %d (followers included), dead letters %d, out of order %d", st.Applied, st.RetriedLater, st.DeadLettered, outOfOrder)
 	if st.DeadLettered != 0 {
 		t.Errorf("%d dead letters, want none", st.DeadLettered)

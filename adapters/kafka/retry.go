@@ -8,9 +8,8 @@ import (
 	"strconv"
 	"time"
 
-	kafkago "github.com/segmentio/kafka-go"
-
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/retry"
 )
 
 // Retry topics (consumer.NonBlocking): a message that used up its attempts
@@ -75,25 +74,8 @@ func (s *Source) Retry(ctx context.Context, r consumer.RetryLetter) error {
 	if !slices.Contains(s.cfg.RetryDelays, r.Delay) {
 		return fmt.Errorf("kafka: retry of %s: no retry topic for delay %v (Config.RetryDelays %v)", m.Ref(), r.Delay, s.cfg.RetryDelays)
 	}
-	recHeaders, value := r.Record()
-	headers := make([]kafkago.Header, len(recHeaders))
-	for i, h := range recHeaders {
-		headers[i] = kafkago.Header{Key: h.Key, Value: h.Value}
-	}
-	s.dlqMu.RLock()
-	defer s.dlqMu.RUnlock()
-	if s.dlq == nil {
-		return ErrNotRunning
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.DeadLetterTimeout)
-	defer cancel()
-	err := s.dlq.w.WriteMessages(ctx, kafkago.Message{
-		Topic:     RetryTopic(topic, r.Delay),
-		Partition: int(partition), // read by samePartition only
-		Key:       m.Key,
-		Value:     value,
-		Headers:   headers,
-	})
+	headers, value := r.Record()
+	err := s.writeLetter(ctx, outRecord(RetryTopic(topic, r.Delay), partition, m.Key, headers, value))
 	if err != nil {
 		return fmt.Errorf("kafka: retry of %s: %w", m.Ref(), err)
 	}
@@ -115,14 +97,7 @@ func (s *Source) waitDue(ctx context.Context, p *partition, m *consumer.Message)
 	}
 	p.fetchAt.Store(due.UnixNano())
 	defer p.fetchAt.Store(time.Now().UnixNano())
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	return retry.Sleep(ctx, d) == nil
 }
 
 var (

@@ -54,14 +54,26 @@ func TestKafkaNonBlockingRetries(t *testing.T) {
 	}
 }
 
-func testNonBlocking(t *testing.T, mode string) {
-	const partitions, n = 2, 400
-	delays := []time.Duration{300 * time.Millisecond, time.Second, 3 * time.Second, 10 * time.Second}
-	brokers, a, topic, group := kafkaTest(t, partitions)
+// retryDelays are the retry topics' delays of the non-blocking tests: 14 s
+// of trips, so that the failing messages outlast an outage, under load too.
+var retryDelays = []time.Duration{300 * time.Millisecond, time.Second, 3 * time.Second, 10 * time.Second}
+
+// retryTest is kafkaTest with the topic's dead-letter topic and a retry
+// topic for each of delays.
+func retryTest(t *testing.T, partitions int, delays []time.Duration) (brokers []string, a *admin, topic, group string) {
+	t.Helper()
+	brokers, a, topic, group = kafkaTest(t, partitions)
 	a.CreateTopic(t, topic+".dlq", partitions)
 	for _, d := range delays {
 		a.CreateTopic(t, kafka.RetryTopic(topic, d), partitions)
 	}
+	return brokers, a, topic, group
+}
+
+func testNonBlocking(t *testing.T, mode string) {
+	const partitions, n = 2, 400
+	delays := retryDelays
+	brokers, a, topic, group := retryTest(t, partitions, delays)
 	b := newTestBank(t)
 
 	want, good, failing := map[string]bool{}, map[string]bool{}, map[string]bool{}
@@ -146,14 +158,14 @@ func testNonBlocking(t *testing.T, mode string) {
 	for _, d := range delays {
 		waitSettled(t, a, group, kafka.RetryTopic(topic, d))
 	}
-	r.stop(t)
+	r.Stop(t)
 
 	if mode == "offsets" {
 		requireBookedOnce(t, b, want)
 	} else {
 		b.requireLedger(t, want)
 	}
-	st := r.c.Stats()
+	st := r.Stats()
 	if st.DeadLettered != 0 || st.RetriedLater < int64(len(failing)) {
 		t.Errorf("stats %+v: want no dead letters and at least %d trips to retry", st, len(failing))
 	}

@@ -292,18 +292,6 @@ func (s *Source) settle(msgs []*consumer.Message, to entryState) {
 // are logged at warn level, the others at debug level.
 const logEvery = 20
 
-// sleep waits d or until ctx ends; it reports whether d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
 // reconnectBackoff paces reconnects and commit retries: from 100ms, doubling,
 // jittered, up to Config.ReconnectBackoff, for as long as it takes.
 func (s *Source) reconnectBackoff() *backoff.ExponentialBackOff {

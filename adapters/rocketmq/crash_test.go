@@ -120,7 +120,7 @@ func TestCrashRestartFiveThousand(t *testing.T) {
 	testenv.WaitUntil(t, 2*time.Minute, "the second consumer to book 2,400 payments", func() bool {
 		return d.count(t, "") >= 2400
 	})
-	r2.kill(t)
+	r2.Kill(t)
 	run2 := d.count(t, "")
 
 	// Run 3: two consumers of the group side by side (the queues are split
@@ -133,8 +133,8 @@ func TestCrashRestartFiveThousand(t *testing.T) {
 	testenv.WaitUntil(t, 3*time.Minute, "all 4,000 transactions booked", func() bool {
 		return d.count(t, "") >= unique
 	})
-	r3.stop(t)
-	r3b.stop(t)
+	r3.Stop(t)
+	r3b.Stop(t)
 
 	var rows, distinct int
 	var sum int64
@@ -147,7 +147,7 @@ func TestCrashRestartFiveThousand(t *testing.T) {
 		count(*) FILTER (WHERE outcome <> 'done') FROM `+d.store.Table()).Scan(&done, &failed); err != nil {
 		t.Fatal(err)
 	}
-	st2, st3, st3b := r2.c.Stats(), r3.c.Stats(), r3b.c.Stats()
+	st2, st3, st3b := r2.Stats(), r3.Stats(), r3b.Stats()
 	t.Logf("booked by run 1: %d, by run 2: %d, by run 3: %d", run1, run2-run1, rows-run2)
 	t.Logf("run 2 %+v", st2)
 	t.Logf("run 3 %+v and %+v", st3, st3b)

@@ -2,7 +2,6 @@ package rocketmq_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,7 +10,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,20 +20,14 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/bgconsumer"
 	"github.com/idemkit/idem/internal/testenv/pgtest"
 	"github.com/idemkit/idem/internal/testenv/rmqtest"
 )
 
 func TestMain(m *testing.M) {
 	testenv.ChildMain(childEnv, (*child).run)
-	level := slog.LevelError
-	switch os.Getenv("IDEM_TEST_LOG") {
-	case "debug":
-		level = slog.LevelDebug
-	case "info":
-		level = slog.LevelInfo
-	}
-	rmqtest.Main(m, clientLog(), level)
+	rmqtest.Main(m, clientLog(), testenv.LogLevel(slog.LevelError))
 }
 
 // clientLog is where the RocketMQ client's logs go in tests: nowhere, or
@@ -109,62 +101,13 @@ func (d *db) count(t testing.TB, where string, args ...any) int {
 }
 
 // running is a consumer running in the background.
-type running struct {
-	c      *consumer.Consumer[pgx.Tx]
-	cancel context.CancelFunc
-	done   chan error
-	once   sync.Once
-	err    error
-}
+type running = bgconsumer.Running
 
 // start runs a consumer built from cfg until the test stops or kills it (or
 // ends: then it is killed).
 func start(t testing.TB, cfg consumer.Config[pgx.Tx]) *running {
 	t.Helper()
-	c, err := consumer.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{c: c, cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- c.Run(ctx) }()
-	t.Cleanup(func() { r.kill(t) })
-	return r
-}
-
-func (r *running) wait(t testing.TB) error {
-	r.once.Do(func() {
-		select {
-		case r.err = <-r.done:
-		case <-time.After(2 * time.Minute):
-			t.Error("consumer.Run did not return within 2 minutes")
-			r.err = errors.New("hung")
-		}
-	})
-	return r.err
-}
-
-// stop stops the consumer gracefully.
-func (r *running) stop(t testing.TB) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := r.c.Stop(ctx); err != nil {
-		t.Errorf("Stop: %v", err)
-	}
-	if err := r.wait(t); err != nil {
-		t.Errorf("Run: %v", err)
-	}
-	r.cancel()
-}
-
-// kill is a hard stop: the context of Run ends, in-flight transactions roll
-// back and their messages are released unacknowledged.
-func (r *running) kill(t testing.TB) {
-	r.cancel()
-	if err := r.wait(t); err != nil {
-		t.Errorf("Run: %v", err)
-	}
+	return bgconsumer.Start(t, cfg)
 }
 
 // source builds a Source on the test environment.

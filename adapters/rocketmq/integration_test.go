@@ -142,8 +142,8 @@ func TestTransientFailureTwiceThenSuccess(t *testing.T) {
 		Clock: consumertest.NewClock(), Logger: testLogger(t),
 	})
 	testenv.WaitUntil(t, time.Minute, "3 effects", func() bool { return d.count(t, "") >= 3 })
-	r.stop(t)
-	st := r.c.Stats()
+	r.Stop(t)
+	st := r.Stats()
 	for _, k := range []string{"T00001", "T00002", "T00003"} {
 		if n := effectsOf(t, d, k); n != 1 {
 			t.Errorf("%s: %d effects, want 1", k, n)
@@ -170,14 +170,14 @@ func TestPermanentFailureDeadLetteredOnce(t *testing.T) {
 		Clock:   consumertest.NewClock(), Logger: testLogger(t),
 	})
 	testenv.WaitUntil(t, time.Minute, "2 effects and a dead letter", func() bool {
-		return d.count(t, "") >= 2 && r.c.Stats().DeadLettered >= 1
+		return d.count(t, "") >= 2 && r.Stats().DeadLettered >= 1
 	})
-	r.stop(t)
+	r.Stop(t)
 	if n := effectsOf(t, d, "T00001"); n != 0 {
 		t.Fatalf("the rejected message has %d effects", n)
 	}
-	if d.count(t, "key IN ('T00002', 'T00003')") != 2 || runs.get("T00001") != 1 || r.c.Stats().DeadLettered != 1 {
-		t.Fatalf("effects %d, handler runs for T00001 %d, stats %+v", d.count(t, ""), runs.get("T00001"), r.c.Stats())
+	if d.count(t, "key IN ('T00002', 'T00003')") != 2 || runs.get("T00001") != 1 || r.Stats().DeadLettered != 1 {
+		t.Fatalf("effects %d, handler runs for T00001 %d, stats %+v", d.count(t, ""), runs.get("T00001"), r.Stats())
 	}
 	var outcome, reason string
 	if err := d.pool.QueryRow(context.Background(), `SELECT outcome, reason FROM `+d.store.Table()+` WHERE key = 'T00001'`).
@@ -228,16 +228,16 @@ func TestPanickingHandlerDoesNotPinQueue(t *testing.T) {
 		Retry: consumer.RetryPolicy{MaxAttempts: 3}, Clock: consumertest.NewClock(), Logger: testLogger(t),
 	})
 	testenv.WaitUntil(t, time.Minute, "3 effects and a dead letter", func() bool {
-		return d.count(t, "") >= 3 && r.c.Stats().DeadLettered >= 1
+		return d.count(t, "") >= 3 && r.Stats().DeadLettered >= 1
 	})
-	r.stop(t)
+	r.Stop(t)
 	for k, want := range map[string]int{"T00001": 0, "T00002": 1, "T00003": 1, "T00004": 1} {
 		if n := effectsOf(t, d, k); n != want {
 			t.Errorf("%s: %d effects, want %d", k, n, want)
 		}
 	}
-	if runs.get("T00001") != 3 || r.c.Stats().DeadLettered != 1 {
-		t.Fatalf("handler runs for T00001: %d, stats %+v; want 3 runs, 1 dead letter", runs.get("T00001"), r.c.Stats())
+	if runs.get("T00001") != 3 || r.Stats().DeadLettered != 1 {
+		t.Fatalf("handler runs for T00001: %d, stats %+v; want 3 runs, 1 dead letter", runs.get("T00001"), r.Stats())
 	}
 	l := rmqtest.ReadTopic(t, rmqtest.Shared(t), topic+"_DLQ", 1)[0]
 	if k, _ := l.Header(consumer.MetaKey); string(k) != "T00001" {
@@ -276,8 +276,8 @@ func TestOrderlyKeepsQueueOrder(t *testing.T) {
 		Handler: failing(d, &attempts{}, orderlyFailures), Clock: consumertest.NewClock(), Logger: testLogger(t),
 	})
 	testenv.WaitUntil(t, 2*time.Minute, "400 effects", func() bool { return d.count(t, "") >= queues*perQueue })
-	r.stop(t)
-	st := r.c.Stats()
+	r.Stop(t)
+	st := r.Stats()
 	if n := d.count(t, ""); n != queues*perQueue {
 		t.Fatalf("%d effects, want %d", n, queues*perQueue)
 	}
@@ -345,11 +345,11 @@ func TestJavaToolingMessagesDedupByKeys(t *testing.T) {
 		}
 	}
 	testenv.WaitUntil(t, time.Minute, "three messages settled", func() bool {
-		st := r.c.Stats()
+		st := r.Stats()
 		return st.Applied+st.Duplicates >= 3
 	})
-	r.stop(t)
-	st := r.c.Stats()
+	r.Stop(t)
+	st := r.Stats()
 	if effectsOf(t, d, "K1") != 1 || effectsOf(t, d, "K2") != 1 || d.count(t, "") != 2 || st.Applied != 2 || st.Duplicates < 1 || st.DeadLettered != 0 {
 		t.Fatalf("effects K1 %d, K2 %d, all %d; stats %+v", effectsOf(t, d, "K1"), effectsOf(t, d, "K2"), d.count(t, ""), st)
 	}
@@ -380,8 +380,8 @@ func TestBrokerDeadLetterQueue(t *testing.T) {
 				return err == nil && len(mqs) > 0
 			})
 			l := rmqtest.ReadTopic(t, rmqtest.Shared(t), dlq, 1)[0]
-			r.stop(t)
-			st := r.c.Stats()
+			r.Stop(t)
+			st := r.Stats()
 			if string(l.Key) != "T00001" || !strings.Contains(string(l.Value), `"txn_id":"T00001"`) {
 				t.Fatalf("%s holds keys %q body %q, want the T00001 message", dlq, l.Key, l.Value)
 			}
@@ -425,7 +425,7 @@ func TestGivenBackMessagesComeBackThroughRetryTopic(t *testing.T) {
 		Clock: consumertest.NewClock(), Logger: testLogger(t),
 	})
 	testenv.WaitUntil(t, time.Minute, "3 effects", func() bool { return d.count(t, "") >= 3 })
-	r.stop(t)
+	r.Stop(t)
 	retryLane := "%RETRY%" + group + "/"
 	for _, k := range []string{"T00001", "T00002", "T00003"} {
 		if n := effectsOf(t, d, k); n != 1 {
@@ -435,7 +435,7 @@ func TestGivenBackMessagesComeBackThroughRetryTopic(t *testing.T) {
 	if n := d.count(t, "key = 'T00001' AND attempt = 2 AND starts_with(queue, $1)", retryLane); n != 1 {
 		t.Fatalf("T00001 was not applied on its second delivery, from the retry topic (%s...)", retryLane)
 	}
-	if r.c.Stats().Released < 1 || r.c.Stats().DeadLettered != 0 {
-		t.Fatalf("stats %+v", r.c.Stats())
+	if r.Stats().Released < 1 || r.Stats().DeadLettered != 0 {
+		t.Fatalf("stats %+v", r.Stats())
 	}
 }

@@ -8,12 +8,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/consumer/otelconsumer"
 	"github.com/idemkit/idem/internal/testenv"
 )
 
@@ -45,14 +43,8 @@ func TestLanesReportAStalledQueue(t *testing.T) {
 	})
 	const stall = 2 * time.Second
 
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	tel, err := otelconsumer.New(otelconsumer.Config{MeterProvider: mp})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg, err := tel.Observe(r.c, stall)
+	tel, reader := meteredTelemetry(t)
+	reg, err := tel.Observe(r.Consumer(), stall)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +52,7 @@ func TestLanesReportAStalledQueue(t *testing.T) {
 
 	// check returns the stalled lanes and the gauge.
 	check := func() ([]string, int64) {
-		h := r.c.Health(testenv.Context(t, 10*time.Second))
+		h := r.Health(testenv.Context(t, 10*time.Second))
 		s := h.StalledLanes(time.Now(), stall)
 		var rm metricdata.ResourceMetrics
 		if err := reader.Collect(context.Background(), &rm); err != nil {
@@ -92,7 +84,7 @@ func TestLanesReportAStalledQueue(t *testing.T) {
 		s, g := check()
 		return len(s) == 0 && g == 0, fmt.Sprintf("stalled %q, gauge %d", s, g)
 	})
-	h := r.c.Health(testenv.Context(t, 10*time.Second))
+	h := r.Health(testenv.Context(t, 10*time.Second))
 	// The topic's queue, and the group's retry topic's once the client took it.
 	var ours int
 	for _, l := range h.Lanes {
@@ -109,5 +101,5 @@ func TestLanesReportAStalledQueue(t *testing.T) {
 	if err := h.Live(stall); err != nil {
 		t.Fatalf("Live: %v", err)
 	}
-	r.stop(t)
+	r.Stop(t)
 }

@@ -46,12 +46,12 @@ func TestRedrivenCopiesAppliedOnce(t *testing.T) {
 	})
 	settled := func(n int64) func() bool {
 		return func() bool {
-			s := r.c.Stats()
+			s := r.Stats()
 			return s.Applied+s.Duplicates+s.DeadLettered >= n
 		}
 	}
 	testenv.WaitUntil(t, time.Minute, "3 settled", settled(3))
-	if s := r.c.Stats(); s.Applied != 2 || s.DeadLettered != 1 {
+	if s := r.Stats(); s.Applied != 2 || s.DeadLettered != 1 {
 		t.Fatalf("stats %+v", s)
 	}
 
@@ -82,11 +82,11 @@ func TestRedrivenCopiesAppliedOnce(t *testing.T) {
 	rmqtest.Send(t, rmqtest.Shared(t).NewProducer(t), copies[0])
 	rmqtest.Send(t, rmqtest.Shared(t).NewProducer(t), copies[1])
 	testenv.WaitUntil(t, time.Minute, "the two copies settled", settled(5))
-	r.stop(t)
+	r.Stop(t)
 	if n := effectsOf(t, d, "T00001"); n != 1 {
 		t.Errorf("T00001: %d effects, want 1", n)
 	}
-	if s := r.c.Stats(); s.Applied != 3 || s.Duplicates != 1 {
+	if s := r.Stats(); s.Applied != 3 || s.Duplicates != 1 {
 		t.Errorf("stats %+v: want the copies once applied, once a duplicate", s)
 	}
 	rows, err := d.store.Admin().Find(context.Background(), "ledger", string(id))

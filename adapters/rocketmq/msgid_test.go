@@ -82,12 +82,12 @@ func TestRetriedMessageWithoutUniqKeyAppliedOnce(t *testing.T) {
 				Clock: consumertest.NewClock(), Logger: testLogger(t),
 			})
 			testenv.WaitUntil(t, 2*time.Minute, "T00002 applied from the retry topic and T00001's copy settled", func() bool {
-				st := r.c.Stats()
+				st := r.Stats()
 				return d.count(t, "key = 'T00002'") >= 1 && st.Applied+st.Duplicates >= 3
 			})
-			r.stop(t)
+			r.Stop(t)
 
-			st := r.c.Stats()
+			st := r.Stats()
 			if a, b := effectsOf(t, d, "T00001"), effectsOf(t, d, "T00002"); a != 1 || b != 1 {
 				t.Errorf("effects: T00001 %d, T00002 %d; want 1 each (stats %+v)", a, b, st)
 			}

@@ -26,25 +26,19 @@ func TestTelemetryNamesTheBroker(t *testing.T) {
 	topic := oneQueue(t, 1, 2, 3)
 	group := name(t, "g")
 	src := source(t, rocketmq.Config{Group: group, Topics: []string{topic}})
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	tel, err := otelconsumer.New(otelconsumer.Config{MeterProvider: mp})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tel, reader := meteredTelemetry(t)
 	r := start(t, consumer.Config[pgx.Tx]{
 		Name: "payments", Source: src, DeadLetter: src, Store: d.store, Observer: tel,
 		Key: consumer.ByJSONField("txn_id"), Logger: testLogger(t), Handler: insertEffect(d, 1),
 	})
 	testenv.WaitUntil(t, time.Minute, "3 payments applied", func() bool { return d.count(t, "") == 3 })
 	var lane string
-	for _, l := range r.c.Health(testenv.Context(t, 10*time.Second)).Lanes {
+	for _, l := range r.Health(testenv.Context(t, 10*time.Second)).Lanes {
 		if strings.HasPrefix(l.Lane, topic+"/") {
 			lane = l.Lane
 		}
 	}
-	r.stop(t)
+	r.Stop(t)
 	want := strings.TrimPrefix(lane, topic+"/") // broker/queue
 	if strings.Count(want, "/") != 1 {
 		t.Fatalf("the topic's lane %q names no broker", lane)
@@ -74,4 +68,18 @@ func TestTelemetryNamesTheBroker(t *testing.T) {
 	if consumed < 3 {
 		t.Errorf("%d messages consumed from %s in the metrics, want at least 3", consumed, topic)
 	}
+}
+
+// meteredTelemetry is a Telemetry on an SDK meter provider whose metrics
+// the test collects from reader.
+func meteredTelemetry(t *testing.T) (*otelconsumer.Telemetry, *sdkmetric.ManualReader) {
+	t.Helper()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	tel, err := otelconsumer.New(otelconsumer.Config{MeterProvider: mp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tel, reader
 }

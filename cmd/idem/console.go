@@ -431,20 +431,6 @@ func (c *console) releaseDryRun(w http.ResponseWriter, r *http.Request) {
 	c.render(w, http.StatusOK, "dryrun", p)
 }
 
-func notReleased(ids []string, rows []dedup.Row) []string {
-	released := map[string]bool{}
-	for _, r := range rows {
-		released[r.Key.ID] = true
-	}
-	var missing []string
-	for _, id := range ids {
-		if !released[id] {
-			missing = append(missing, id)
-		}
-	}
-	return missing
-}
-
 // dryRun is an action's dry-run page: the command's output, and the
 // confirmation form when there is something to do.
 type dryRun struct {

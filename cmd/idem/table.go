@@ -315,16 +315,7 @@ func runRelease(ctx context.Context, e *env, fs *flag.FlagSet, args []string) in
 			return fail(e, err)
 		}
 	}
-	released := map[string]bool{}
-	for _, r := range rows {
-		released[r.Key.ID] = true
-	}
-	var missing []string
-	for _, id := range pos {
-		if !released[id] {
-			missing = append(missing, id)
-		}
-	}
+	missing := notReleased(pos, rows)
 	if sf.json {
 		printJSON(e, map[string]any{"dry_run": *dry, "released": toJSON(rows), "not_failed": missing})
 	} else {
@@ -335,6 +326,22 @@ func runRelease(ctx context.Context, e *env, fs *flag.FlagSet, args []string) in
 		return exitPartial
 	}
 	return exitOK
+}
+
+// notReleased returns the ids that rows, the released rows, do not hold:
+// keys that were not failed or not there, which release leaves alone.
+func notReleased(ids []string, rows []dedup.Row) []string {
+	released := map[string]bool{}
+	for _, r := range rows {
+		released[r.Key.ID] = true
+	}
+	var missing []string
+	for _, id := range ids {
+		if !released[id] {
+			missing = append(missing, id)
+		}
+	}
+	return missing
 }
 
 // writeReleased prints the failed rows released (dry: that would be):

@@ -12,7 +12,7 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
 	"github.com/idemkit/idem/consumer/otelconsumer"
-	"github.com/idemkit/idem/dedup/memstore"
+	"github.com/idemkit/idem/internal/testenv/enginebench"
 )
 
 // BenchmarkTelemetry is consumer's BenchmarkEngine (lanes, batches, claim on
@@ -25,26 +25,7 @@ func BenchmarkTelemetry(b *testing.B) {
 	for _, batch := range []int{1, 100} {
 		for _, mode := range []string{"none", "noop", "metrics", "sdk"} {
 			b.Run(fmt.Sprintf("batch=%d/telemetry=%s", batch, mode), func(b *testing.B) {
-				obs := benchObserver(b, mode)
-				msgs := make([]*consumer.Message, b.N)
-				for i := range msgs {
-					msgs[i] = consumertest.Message("payments", int32(i%4), int64(i), "", fmt.Sprintf(`{"txn_id":"T%09d","amount":%d}`, i, i))
-				}
-				cfg := consumer.Config[*memstore.Tx]{
-					Name:      "payments",
-					Store:     memstore.New(memstore.Config{}),
-					Handler:   consumer.HandlerFunc[*memstore.Tx](func(context.Context, *memstore.Tx, *consumer.Message) error { return nil }),
-					Key:       consumer.ByJSONField("txn_id"),
-					BatchSize: batch,
-					Observer:  obs,
-					Logger:    quiet,
-				}
-				b.ReportAllocs()
-				b.ResetTimer()
-				res := consumertest.Run(b, cfg, consumertest.Script{}, msgs...)
-				if res.Stats.Applied != int64(b.N) {
-					b.Fatalf("applied %d of %d", res.Stats.Applied, b.N)
-				}
+				enginebench.Run(b, batch, benchObserver(b, mode))
 			})
 		}
 	}

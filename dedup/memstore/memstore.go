@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/internal/retention"
 )
 
 // Config configures a Store. Zero values take the defaults.
@@ -111,11 +112,8 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *Tx) e
 }
 
 func (s *Store) expiry(scope string, now time.Time) time.Time {
-	d := s.cfg.Retention
-	if r, ok := s.cfg.ScopeRetention[scope]; ok {
-		d = r
-	}
-	if d <= 0 {
+	d, ok := retention.Of(s.cfg.Retention, s.cfg.ScopeRetention, scope)
+	if !ok {
 		return time.Time{}
 	}
 	return now.Add(d)

@@ -53,7 +53,6 @@ import (
 	"fmt"
 	"github.com/idemkit/idem/internal/shorten"
 	"math/rand/v2"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -64,6 +63,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/internal/retention"
 	"github.com/idemkit/idem/internal/sqlmigrate"
 )
 
@@ -90,8 +90,6 @@ type Config struct {
 	ScopeRetention map[string]time.Duration
 }
 
-var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
-
 // session is what every connection of a Store's transactions is set to.
 type session struct {
 	isolation   string // READ COMMITTED, REPEATABLE READ
@@ -102,19 +100,19 @@ func (c *Config) normalize() (session, error) {
 	if c.Table == "" {
 		c.Table = "idem_dedup"
 	}
-	if c.Database != "" && !identRE.MatchString(c.Database) {
-		return session{}, fmt.Errorf("mysqlstore: Config.Database %q: want [a-z_][a-z0-9_]*, at most 48 bytes", c.Database)
+	if c.Database != "" {
+		if err := sqlmigrate.CheckName("mysqlstore", "Database", c.Database); err != nil {
+			return session{}, err
+		}
 	}
-	if !identRE.MatchString(c.Table) {
-		return session{}, fmt.Errorf("mysqlstore: Config.Table %q: want [a-z_][a-z0-9_]*, at most 48 bytes", c.Table)
+	if err := sqlmigrate.CheckName("mysqlstore", "Table", c.Table); err != nil {
+		return session{}, err
 	}
 	if c.LockTimeout < 0 || c.Retention < 0 {
 		return session{}, errors.New("mysqlstore: Config.LockTimeout and Config.Retention must not be negative")
 	}
-	for scope, d := range c.ScopeRetention {
-		if d < 0 {
-			return session{}, fmt.Errorf("mysqlstore: Config.ScopeRetention[%q] is negative", scope)
-		}
+	if err := retention.CheckScopes("mysqlstore", c.ScopeRetention); err != nil {
+		return session{}, err
 	}
 	if c.LockTimeout == 0 {
 		c.LockTimeout = 5 * time.Second
@@ -418,11 +416,8 @@ func (s *Store) Check(ctx context.Context) error {
 
 // retention returns the retention of scope in µs, nil for forever.
 func (s *Store) retention(scope string) any {
-	d := s.cfg.Retention
-	if r, ok := s.cfg.ScopeRetention[scope]; ok {
-		d = r
-	}
-	if d <= 0 {
+	d, ok := retention.Of(s.cfg.Retention, s.cfg.ScopeRetention, scope)
+	if !ok {
 		return nil
 	}
 	return d.Microseconds()

@@ -23,7 +23,6 @@ import (
 	"errors"
 	"fmt"
 	"github.com/idemkit/idem/internal/shorten"
-	"regexp"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -35,6 +34,7 @@ import (
 
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/internal/pgerr"
+	"github.com/idemkit/idem/internal/retention"
 	"github.com/idemkit/idem/internal/sqlmigrate"
 )
 
@@ -112,8 +112,6 @@ const inputSQL = `SELECT u.s, u.k, decode(u.f, 'hex') AS f, nullif(u.src, '') AS
                 string_to_array($3::text, E'\x1f'), string_to_array($4::text, E'\x1f'),
                 string_to_array($5::text, E'\x1f')) WITH ORDINALITY AS u(s, k, f, src, r, i)`
 
-var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
-
 // New returns a Store on pool. Call Migrate before the first claim.
 func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if pool == nil {
@@ -125,19 +123,17 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if cfg.Table == "" {
 		cfg.Table = "idem_dedup"
 	}
-	if !identRE.MatchString(cfg.Schema) {
-		return nil, fmt.Errorf("pgstore: Config.Schema %q: want [a-z_][a-z0-9_]*, at most 48 bytes", cfg.Schema)
+	if err := sqlmigrate.CheckName("pgstore", "Schema", cfg.Schema); err != nil {
+		return nil, err
 	}
-	if !identRE.MatchString(cfg.Table) {
-		return nil, fmt.Errorf("pgstore: Config.Table %q: want [a-z_][a-z0-9_]*, at most 48 bytes", cfg.Table)
+	if err := sqlmigrate.CheckName("pgstore", "Table", cfg.Table); err != nil {
+		return nil, err
 	}
 	if cfg.LockTimeout < 0 || cfg.Retention < 0 {
 		return nil, errors.New("pgstore: Config.LockTimeout and Config.Retention must not be negative")
 	}
-	for scope, d := range cfg.ScopeRetention {
-		if d < 0 {
-			return nil, fmt.Errorf("pgstore: Config.ScopeRetention[%q] is negative", scope)
-		}
+	if err := retention.CheckScopes("pgstore", cfg.ScopeRetention); err != nil {
+		return nil, err
 	}
 	if cfg.LockTimeout == 0 {
 		cfg.LockTimeout = 5 * time.Second
@@ -393,11 +389,8 @@ func connLost(err error) error { return &dedup.ConnLostError{Store: "pgstore", E
 
 // retentionMillis returns the retention of scope in ms, -1 for forever.
 func (s *Store) retentionMillis(scope string) int64 {
-	d := s.cfg.Retention
-	if r, ok := s.cfg.ScopeRetention[scope]; ok {
-		d = r
-	}
-	if d <= 0 {
+	d, ok := retention.Of(s.cfg.Retention, s.cfg.ScopeRetention, scope)
+	if !ok {
 		return -1
 	}
 	return d.Milliseconds()

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/internal/retention"
 )
 
 // Config configures a Store. Zero values take the defaults.
@@ -126,10 +127,8 @@ func New[TTx any](inner dedup.Store[TTx], cfg Config) (*Store[TTx], error) {
 			return nil, fmt.Errorf("redisfront: Config.%s is negative", name)
 		}
 	}
-	for scope, d := range cfg.ScopeRetention {
-		if d < 0 {
-			return nil, fmt.Errorf("redisfront: Config.ScopeRetention[%q] is negative", scope)
-		}
+	if err := retention.CheckScopes("redisfront", cfg.ScopeRetention); err != nil {
+		return nil, err
 	}
 	def := func(d *time.Duration, v time.Duration) {
 		if *d == 0 {
@@ -442,7 +441,7 @@ func (s *Store[TTx]) remember(ctx context.Context, st *txState) {
 		}
 		seen[k] = true
 		at := maxAt
-		if r := s.retention(k.Scope); r > 0 {
+		if r, ok := retention.Of(s.cfg.Retention, s.cfg.ScopeRetention, k.Scope); ok {
 			at = min(at, first+r.Milliseconds())
 		}
 		if at <= st.now {
@@ -481,13 +480,6 @@ func (s *Store[TTx]) remember(ctx context.Context, st *txState) {
 			s.stats.refused.Add(1)
 		}
 	}
-}
-
-func (s *Store[TTx]) retention(scope string) time.Duration {
-	if r, ok := s.cfg.ScopeRetention[scope]; ok {
-		return r
-	}
-	return s.cfg.Retention
 }
 
 // RecordFailure records the failure in the inner store; see dedup.Store.

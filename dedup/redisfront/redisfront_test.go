@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -26,6 +25,7 @@ import (
 	"github.com/idemkit/idem/dedup/redisfront"
 	"github.com/idemkit/idem/dedup/sqlitestore"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/sqlitetest"
 )
 
 func TestMain(m *testing.M) {
@@ -77,19 +77,7 @@ func sqliteInner(t testing.TB, cfg deduptest.Config) *sqlitestore.Store {
 }
 
 func sqliteInnerDB(t testing.TB, cfg deduptest.Config) (*sqlitestore.Store, *sql.DB) {
-	db, err := sqlitestore.Open(filepath.Join(t.TempDir(), "idem.db"), sqlitestore.Config{LockTimeout: cfg.LockTimeout, Synchronous: sqlitestore.SynchronousNormal})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	st, err := sqlitestore.New(db, sqlitestore.Config{LockTimeout: cfg.LockTimeout, ScopeRetention: cfg.ScopeRetention})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Migrate(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	return st, db
+	return sqlitetest.Store(t, sqlitestore.Config{LockTimeout: cfg.LockTimeout, Synchronous: sqlitestore.SynchronousNormal, ScopeRetention: cfg.ScopeRetention})
 }
 
 func mysqlInner(t testing.TB, cfg deduptest.Config) *mysqlstore.Store {

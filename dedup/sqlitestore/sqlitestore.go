@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"github.com/idemkit/idem/internal/shorten"
 	"net/url"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -27,7 +26,9 @@ import (
 	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/internal/retention"
 	"github.com/idemkit/idem/internal/retry"
+	"github.com/idemkit/idem/internal/sqlmigrate"
 )
 
 // Config configures a Store. Zero values take the defaults.
@@ -133,23 +134,19 @@ type Store struct {
 	tokens string // the counter of lease tokens: see http.go
 }
 
-var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
-
 // normalize validates cfg and fills in its defaults.
 func (c *Config) normalize() error {
 	if c.Table == "" {
 		c.Table = "idem_dedup"
 	}
-	if !identRE.MatchString(c.Table) {
-		return fmt.Errorf("sqlitestore: Config.Table %q: want [a-z_][a-z0-9_]*, at most 48 bytes", c.Table)
+	if err := sqlmigrate.CheckName("sqlitestore", "Table", c.Table); err != nil {
+		return err
 	}
 	if c.LockTimeout < 0 || c.Retention < 0 {
 		return errors.New("sqlitestore: Config.LockTimeout and Config.Retention must not be negative")
 	}
-	for scope, d := range c.ScopeRetention {
-		if d < 0 {
-			return fmt.Errorf("sqlitestore: Config.ScopeRetention[%q] is negative", scope)
-		}
+	if err := retention.CheckScopes("sqlitestore", c.ScopeRetention); err != nil {
+		return err
 	}
 	if c.LockTimeout == 0 {
 		c.LockTimeout = 5 * time.Second
@@ -211,11 +208,8 @@ func txEnded(err error) error {
 }
 
 func (s *Store) retentionMillis(scope string) any {
-	d := s.cfg.Retention
-	if r, ok := s.cfg.ScopeRetention[scope]; ok {
-		d = r
-	}
-	if d <= 0 {
+	d, ok := retention.Of(s.cfg.Retention, s.cfg.ScopeRetention, scope)
+	if !ok {
 		return nil
 	}
 	return d.Milliseconds()

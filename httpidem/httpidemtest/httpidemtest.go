@@ -224,6 +224,31 @@ func (g *gate) wait() {
 
 func (g *gate) release() { g.once.Do(func() { close(g.open) }) }
 
+// serveHeld serves req on srv in the background and returns once its
+// handler waits at g; the answer comes on the channel after g.release.
+func (g *gate) serveHeld(srv http.Handler, req request) <-chan *httptest.ResponseRecorder {
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() { done <- serve(srv, req) }()
+	<-g.started
+	return done
+}
+
+// concurrent100 serves req 100 times at once and fails the test unless
+// one ran and each of the others was answered 409 or with its replay.
+func concurrent100(t *testing.T, srv http.Handler, req request) {
+	t.Helper()
+	var seen statuses
+	var wg sync.WaitGroup
+	for range 100 {
+		wg.Go(func() { seen.add(serve(srv, req)) })
+	}
+	wg.Wait()
+	t.Log(&seen)
+	if seen.first != 1 || seen.first+seen.replays+seen.busy != 100 {
+		t.Fatalf("100 concurrent requests: %v; want one first run, the rest 409 or a replay", &seen)
+	}
+}
+
 // statuses counts the answers to concurrent requests.
 type statuses struct {
 	mu      sync.Mutex

@@ -124,9 +124,7 @@ func (s suite[TTx]) leaseMatrix(t *testing.T) {
 		return false
 	}
 	srv := s.leaseRoute(t, h, httpidem.Route{}, p)
-	done := make(chan *httptest.ResponseRecorder)
-	go func() { done <- serve(srv, payout("p1", body100)) }()
-	<-g.started
+	done := g.serveHeld(srv, payout("p1", body100))
 	busy := serve(srv, payout("p1", body100))
 	wantProblem(t, "duplicate while the lease runs", busy, http.StatusConflict)
 	g.release()
@@ -257,9 +255,7 @@ func (s suite[TTx]) leaseZombie(t *testing.T) {
 				}
 			}
 			srv := s.leaseRoute(t, h, httpidem.Route{Lease: time.Hour}, p)
-			done := make(chan *httptest.ResponseRecorder)
-			go func() { done <- serve(srv, payout("p1", body100)) }()
-			<-g.started
+			done := g.serveHeld(srv, payout("p1", body100))
 			if ok, err := h.Store.ReleaseRequest(ctx, recordKey(httpidem.Scope(http.MethodPost, "/payouts", ""), "p1")); err != nil || !ok {
 				t.Fatalf("release: %v, %v", ok, err)
 			}
@@ -366,16 +362,7 @@ func (s suite[TTx]) leaseConcurrent(t *testing.T) {
 	h := s.harness(t, Config{})
 	p := &payouts{bank: newBank()}
 	srv := s.leaseRoute(t, h, httpidem.Route{}, p)
-	var seen statuses
-	var wg sync.WaitGroup
-	for range 100 {
-		wg.Go(func() { seen.add(serve(srv, payout("p1", body100))) })
-	}
-	wg.Wait()
-	t.Log(&seen)
-	if seen.first != 1 || seen.first+seen.replays+seen.busy != 100 {
-		t.Fatalf("100 concurrent requests: %v; want one first run, the rest 409 or a replay", &seen)
-	}
+	concurrent100(t, srv, payout("p1", body100))
 	if n := p.bank.count("p1"); n != 1 {
 		t.Fatalf("%d payments, want 1", n)
 	}

@@ -269,13 +269,11 @@ func (s suite[TTx]) txBusy(t *testing.T) {
 		return nil
 	}
 	srv := s.txRoute(t, h, httpidem.Route{Name: "/payments"}, p)
-	done := make(chan int)
-	go func() { done <- serve(srv, post("k1", body100)).Code }()
-	<-g.started
+	done := g.serveHeld(srv, post("k1", body100))
 	wantProblem(t, "duplicate while executing", serve(srv, post("k1", body100)), http.StatusConflict)
 	g.release()
-	if code := <-done; code != http.StatusCreated {
-		t.Fatalf("the first request: %d", code)
+	if w := <-done; w.Code != http.StatusCreated {
+		t.Fatalf("the first request: %d", w.Code)
 	}
 	if w := serve(srv, post("k1", body100)); !replayed(w) {
 		t.Fatalf("after it finished: %d, want a replay", w.Code)
@@ -301,9 +299,7 @@ func (s suite[TTx]) txBusyAcrossInstances(t *testing.T) {
 	}
 	a := s.txRoute(t, h, httpidem.Route{Name: "/payments"}, p)
 	b := s.txRoute(t, h, httpidem.Route{Name: "/payments"}, p)
-	done := make(chan int)
-	go func() { done <- serve(a, post("k1", body100)).Code }()
-	<-g.started
+	done := g.serveHeld(a, post("k1", body100))
 	want := http.StatusConflict
 	if h.OneWriter {
 		want = http.StatusServiceUnavailable
@@ -314,8 +310,8 @@ func (s suite[TTx]) txBusyAcrossInstances(t *testing.T) {
 		t.Fatalf("duplicate on another instance: %d without Retry-After", dup.Code)
 	}
 	g.release()
-	if code := <-done; code != http.StatusCreated {
-		t.Fatalf("the first request: %d", code)
+	if w := <-done; w.Code != http.StatusCreated {
+		t.Fatalf("the first request: %d", w.Code)
 	}
 	if w := serve(b, post("k1", body100)); !replayed(w) {
 		t.Fatalf("on the other instance after it finished: %d, want a replay", w.Code)
@@ -379,16 +375,7 @@ func (s suite[TTx]) txConcurrent(t *testing.T) {
 	h := s.harness(t, Config{})
 	p := &payments[TTx]{h: h}
 	srv := s.txRoute(t, h, httpidem.Route{Name: "/payments"}, p)
-	var seen statuses
-	var wg sync.WaitGroup
-	for range 100 {
-		wg.Go(func() { seen.add(serve(srv, post("k1", body100))) })
-	}
-	wg.Wait()
-	t.Log(&seen)
-	if seen.first != 1 || seen.first+seen.replays+seen.busy != 100 {
-		t.Fatalf("100 concurrent requests: %v; want one first run, the rest 409 or a replay", &seen)
-	}
+	concurrent100(t, srv, post("k1", body100))
 	wantEffects(t, h, "k1", 1)
 	if w := serve(srv, post("k1", body100)); !replayed(w) {
 		t.Fatalf("afterwards: %d, want a replay", w.Code)
@@ -512,9 +499,7 @@ func (s suite[TTx]) txDistinctKeys(t *testing.T) {
 		return nil
 	}
 	srv := s.txRoute(t, h, httpidem.Route{Name: "/payments"}, p)
-	done := make(chan *httptest.ResponseRecorder, 1)
-	go func() { done <- serve(srv, post("k0", body100)) }()
-	<-g.started
+	done := g.serveHeld(srv, post("k0", body100))
 	answers := make([]*httptest.ResponseRecorder, 12)
 	var wg sync.WaitGroup
 	for i := 1; i < len(answers); i++ {

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"testing"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -21,6 +20,7 @@ import (
 	"github.com/idemkit/idem/dedup/sqlitestore"
 	"github.com/idemkit/idem/httpidem"
 	"github.com/idemkit/idem/httpidem/otelhttpidem"
+	"github.com/idemkit/idem/internal/testenv/sqlitetest"
 )
 
 // requests sums idem.http.requests by outcome for a route.
@@ -54,18 +54,7 @@ func requests(t *testing.T, reader *sdkmetric.ManualReader, route string) map[st
 // SERVER span under its traceparent header, or an INTERNAL child of a span
 // its context holds.
 func TestOutcomesAndSpans(t *testing.T) {
-	db, err := sqlitestore.Open(filepath.Join(t.TempDir(), "idem.db"), sqlitestore.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	st, err := sqlitestore.New(db, sqlitestore.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Migrate(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	st, _ := sqlitetest.Store(t, sqlitestore.Config{})
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	defer mp.Shutdown(context.Background()) //nolint:errcheck

@@ -11,7 +11,7 @@ import (
 func KafkaBrokers(t testing.TB) []string {
 	t.Helper()
 	brokers := kafkaBrokers(t)
-	lockKafka(t, false)
+	lockService(t, "kafka", false)
 	return brokers
 }
 
@@ -22,7 +22,7 @@ func KafkaBrokers(t testing.TB) []string {
 func KafkaExclusive(t testing.TB) []string {
 	t.Helper()
 	brokers := kafkaBrokers(t)
-	lockKafka(t, true)
+	lockService(t, "kafka", true)
 	return brokers
 }
 

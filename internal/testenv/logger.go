@@ -12,16 +12,20 @@ import (
 // Logger logs at warn level (IDEM_TEST_LOG=debug|info for more) to the test
 // log, and drops what comes after the test ended.
 func Logger(t testing.TB) *slog.Logger {
-	level := slog.LevelWarn
-	switch os.Getenv("IDEM_TEST_LOG") {
-	case "debug":
-		level = slog.LevelDebug
-	case "info":
-		level = slog.LevelInfo
-	}
 	w := &testWriter{t: t}
 	t.Cleanup(w.close)
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: LogLevel(slog.LevelWarn)}))
+}
+
+// LogLevel is the level IDEM_TEST_LOG asks for (debug or info), else def.
+func LogLevel(def slog.Level) slog.Level {
+	switch os.Getenv("IDEM_TEST_LOG") {
+	case "debug":
+		return slog.LevelDebug
+	case "info":
+		return slog.LevelInfo
+	}
+	return def
 }
 
 type testWriter struct {

@@ -16,9 +16,7 @@ import (
 // other tests until it ends; see MySQLExclusive.
 func MySQLDSN(t testing.TB) string {
 	t.Helper()
-	dsn := Require(t, "IDEM_TEST_MYSQL_DSN", "mariadb")
-	lockService(t, "mariadb", false)
-	return dsn
+	return useService(t, "IDEM_TEST_MYSQL_DSN", "mariadb", false)
 }
 
 // MySQLExclusive is MySQLDSN for a test that kills or restarts the server:
@@ -26,9 +24,7 @@ func MySQLDSN(t testing.TB) string {
 // keeps the others out until it ends.
 func MySQLExclusive(t testing.TB) string {
 	t.Helper()
-	dsn := Require(t, "IDEM_TEST_MYSQL_DSN", "mariadb")
-	lockService(t, "mariadb", true)
-	return dsn
+	return useService(t, "IDEM_TEST_MYSQL_DSN", "mariadb", true)
 }
 
 // MySQLDatabase creates a fresh database for one test on the server of dsn,
@@ -77,16 +73,12 @@ func MySQLDatabase(t testing.TB, dsn string) string {
 // ends; see RedisExclusive.
 func RedisAddr(t testing.TB) string {
 	t.Helper()
-	addr := Require(t, "IDEM_TEST_REDIS_ADDR", "redis")
-	lockService(t, "redis", false)
-	return addr
+	return useService(t, "IDEM_TEST_REDIS_ADDR", "redis", false)
 }
 
 // RedisExclusive is RedisAddr for a test that kills, flushes or pauses the
 // server.
 func RedisExclusive(t testing.TB) string {
 	t.Helper()
-	addr := Require(t, "IDEM_TEST_REDIS_ADDR", "redis")
-	lockService(t, "redis", true)
-	return addr
+	return useService(t, "IDEM_TEST_REDIS_ADDR", "redis", true)
 }

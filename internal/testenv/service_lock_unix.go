@@ -13,8 +13,10 @@ import (
 
 // lockService takes a shared (or exclusive) lock on a file named for the
 // service that all test processes of the machine see, until the test ends:
-// a test that kills the service holds it exclusively. The kernel drops it
-// when a process dies. (lockKafka is the same for Kafka.)
+// a test that kills the service holds it exclusively. go test runs packages
+// in parallel processes; the lock keeps a test that restarts the service
+// apart from the others. The kernel drops it when a process dies. The
+// service scripts' wait_tests_done takes the same lock.
 //
 // A waiting exclusive locker goes first: it holds the service's gate file
 // while it waits, and shared lockers pass the gate (shared, briefly) before

@@ -47,6 +47,16 @@ func Require(t testing.TB, name, service string) string {
 	return ""
 }
 
+// useService returns the environment variable env, or skips (fails under
+// CI) when it is unset (Require), and holds the tests' lock on the service
+// name, shared or exclusive, until the test ends.
+func useService(t testing.TB, env, name string, exclusive bool) string {
+	t.Helper()
+	v := Require(t, env, name)
+	lockService(t, name, exclusive)
+	return v
+}
+
 // PostgresURL returns IDEM_TEST_PG_URL.
 func PostgresURL(t testing.TB) string {
 	return Require(t, "IDEM_TEST_PG_URL", "postgres")

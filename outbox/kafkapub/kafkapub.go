@@ -17,6 +17,7 @@
 package kafkapub
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -95,24 +96,12 @@ func New(cfg Config) (*Publisher, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	if cfg.ClientID == "" {
-		cfg.ClientID = "idem-outbox"
-	}
-	if cfg.DialTimeout == 0 {
-		cfg.DialTimeout = 10 * time.Second
-	}
-	if cfg.WriteTimeout == 0 {
-		cfg.WriteTimeout = 10 * time.Second
-	}
-	if cfg.MaxMessageBytes == 0 {
-		cfg.MaxMessageBytes = 1 << 20
-	}
-	if cfg.BatchSize == 0 {
-		cfg.BatchSize = 1000
-	}
-	if cfg.BatchBytes == 0 {
-		cfg.BatchBytes = 1 << 20
-	}
+	cfg.ClientID = cmp.Or(cfg.ClientID, "idem-outbox")
+	cfg.DialTimeout = cmp.Or(cfg.DialTimeout, 10*time.Second)
+	cfg.WriteTimeout = cmp.Or(cfg.WriteTimeout, 10*time.Second)
+	cfg.MaxMessageBytes = cmp.Or(cfg.MaxMessageBytes, 1<<20)
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, 1000)
+	cfg.BatchBytes = cmp.Or(cfg.BatchBytes, 1<<20)
 	if cfg.Balancer == nil {
 		cfg.Balancer = &kafkago.Murmur2Balancer{}
 	}

@@ -19,6 +19,7 @@
 package rocketmqpub
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -90,24 +91,16 @@ func New(cfg Config) (*Publisher, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	if cfg.Group == "" {
-		cfg.Group = "idem_outbox"
-	}
-	if cfg.SendTimeout == 0 {
-		cfg.SendTimeout = 10 * time.Second
-	}
+	cfg.Group = cmp.Or(cfg.Group, "idem_outbox")
+	cfg.SendTimeout = cmp.Or(cfg.SendTimeout, 10*time.Second)
 	switch {
 	case cfg.Retries == 0:
 		cfg.Retries = 1
 	case cfg.Retries < 0:
 		cfg.Retries = 0
 	}
-	if cfg.Parallelism == 0 {
-		cfg.Parallelism = 32
-	}
-	if cfg.MaxBodyBytes == 0 {
-		cfg.MaxBodyBytes = 4 << 20
-	}
+	cfg.Parallelism = cmp.Or(cfg.Parallelism, 32)
+	cfg.MaxBodyBytes = cmp.Or(cfg.MaxBodyBytes, 4<<20)
 	p, err := producer.NewDefaultProducer(
 		producer.WithNsResolver(primitive.NewPassthroughResolver(cfg.NameServers)),
 		producer.WithGroupName(cfg.Group),

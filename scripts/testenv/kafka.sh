@@ -120,14 +120,7 @@ cmd_down() {
 }
 
 cmd_kill() {
-  lock
-  local pid
-  if pid="$(find_pid)"; then
-    log "killing Kafka (pid $pid) with SIGKILL"
-    stop_pid "$pid" KILL
-  else
-    log "Kafka not running"
-  fi
+  kill_server Kafka
   rm -f "$PIDFILE"
 }
 
@@ -141,15 +134,4 @@ cmd_status() {
   return 1
 }
 
-case "${1:-}" in
-  up) cmd_up ;;
-  down) cmd_down ;;
-  env) echo "export IDEM_TEST_KAFKA_BROKERS=$BROKERS" ;;
-  kill) cmd_kill ;;
-  start) cmd_start ;;
-  status) cmd_status ;;
-  *)
-    echo "usage: $0 up|down|env|kill|start|status" >&2
-    exit 2
-    ;;
-esac
+run_command "export IDEM_TEST_KAFKA_BROKERS=$BROKERS" "$@"

@@ -188,16 +188,7 @@ cmd_down() {
   fi
 }
 
-cmd_kill() {
-  lock
-  local pid
-  if pid="$(find_pid)"; then
-    log "killing mariadbd (pid $pid) with SIGKILL"
-    stop_pid "$pid" KILL
-  else
-    log "mariadbd not running"
-  fi
-}
+cmd_kill() { kill_server mariadbd; }
 
 cmd_status() {
   local pid
@@ -209,15 +200,4 @@ cmd_status() {
   return 1
 }
 
-case "${1:-}" in
-  up) cmd_up ;;
-  down) cmd_down ;;
-  env) echo "export IDEM_TEST_MYSQL_DSN='$(dsn)'" ;;
-  kill) cmd_kill ;;
-  start) cmd_start ;;
-  status) cmd_status ;;
-  *)
-    echo "usage: $0 up|down|env|kill|start|status" >&2
-    exit 2
-    ;;
-esac
+run_command "export IDEM_TEST_MYSQL_DSN='$(dsn)'" "$@"

@@ -127,16 +127,7 @@ cmd_down() {
   fi
 }
 
-cmd_kill() {
-  lock
-  local pid
-  if pid="$(find_pid)"; then
-    log "killing redis-server (pid $pid) with SIGKILL"
-    stop_pid "$pid" KILL
-  else
-    log "redis-server not running"
-  fi
-}
+cmd_kill() { kill_server redis-server; }
 
 cmd_status() {
   if find_pid >/dev/null && answers; then
@@ -147,15 +138,4 @@ cmd_status() {
   return 1
 }
 
-case "${1:-}" in
-  up) cmd_up ;;
-  down) cmd_down ;;
-  env) echo "export IDEM_TEST_REDIS_ADDR=$HOST:$PORT" ;;
-  kill) cmd_kill ;;
-  start) cmd_start ;;
-  status) cmd_status ;;
-  *)
-    echo "usage: $0 up|down|env|kill|start|status" >&2
-    exit 2
-    ;;
-esac
+run_command "export IDEM_TEST_REDIS_ADDR=$HOST:$PORT" "$@"

@@ -81,3 +81,29 @@ stop_pid() {
     sleep 0.1
   done
 }
+
+# kill_server NAME: kill -9 the server (a crash) under the script's lock;
+# NAME is what the log calls it.
+kill_server() {
+  lock
+  local pid
+  if pid="$(find_pid)"; then
+    log "killing $1 (pid $pid) with SIGKILL"
+    stop_pid "$pid" KILL
+  else
+    log "$1 not running"
+  fi
+}
+
+# run_command ENV CMD: run the script's subcommand CMD, one of up, down,
+# kill, start and status (the script's cmd_CMD), or env (print ENV).
+run_command() {
+  case "${2:-}" in
+    up | down | kill | start | status) "cmd_$2" ;;
+    env) echo "$1" ;;
+    *)
+      echo "usage: $0 up|down|env|kill|start|status" >&2
+      exit 2
+      ;;
+  esac
+}

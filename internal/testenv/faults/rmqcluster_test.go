@@ -202,14 +202,8 @@ func (c *rocketCluster) produce(t *testing.T, topic string, msgs []outMsg) {
 	ctx := testenv.Context(t, 3*time.Minute)
 	out := make([]*primitive.Message, len(msgs))
 	for i, m := range msgs {
-		pm := primitive.NewMessage(topic, m.Value)
-		pm.WithKeys([]string{m.ID})
-		if m.Tenant != "" {
-			pm.WithProperty(tenantHeader, m.Tenant)
-		}
 		b, q := c.split(m.Part)
-		pm.Queue = &primitive.MessageQueue{Topic: topic, BrokerName: c.brokers[b].Name, QueueId: q}
-		out[i] = pm
+		out[i] = rocketMessage(topic, m, c.brokers[b].Name, q)
 	}
 	stored := make([]pos, 0, len(msgs))
 	for len(out) > 0 {

@@ -120,17 +120,23 @@ func (b *rocketBroker) newTopic(t *testing.T, n int) (string, string) {
 	return topic, group
 }
 
+// rocketMessage is m as a message of topic for queue q of broker: keyed
+// by its ID, with its tenant as a property.
+func rocketMessage(topic string, m outMsg, broker string, q int) *primitive.Message {
+	pm := primitive.NewMessage(topic, m.Value)
+	pm.WithKeys([]string{m.ID})
+	if m.Tenant != "" {
+		pm.WithProperty(tenantHeader, m.Tenant)
+	}
+	pm.Queue = &primitive.MessageQueue{Topic: topic, BrokerName: broker, QueueId: q}
+	return pm
+}
+
 func (b *rocketBroker) produce(t *testing.T, topic string, msgs []outMsg) {
 	t.Helper()
 	out := make([]*primitive.Message, len(msgs))
 	for i, m := range msgs {
-		pm := primitive.NewMessage(topic, m.Value)
-		pm.WithKeys([]string{m.ID})
-		if m.Tenant != "" {
-			pm.WithProperty(tenantHeader, m.Tenant)
-		}
-		pm.Queue = &primitive.MessageQueue{Topic: topic, BrokerName: b.Name, QueueId: m.Part}
-		out[i] = pm
+		out[i] = rocketMessage(topic, m, b.Name, m.Part)
 	}
 	stored := rmqtest.Send(t, b.prod, out...)
 	b.mu.Lock()

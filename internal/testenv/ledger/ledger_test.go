@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"path/filepath"
 	"testing"
 
 	"github.com/idemkit/idem/consumer"
@@ -16,6 +15,7 @@ import (
 	"github.com/idemkit/idem/dedup/sqlitestore"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/internal/testenv/ledger"
+	"github.com/idemkit/idem/internal/testenv/sqlitetest"
 )
 
 // TestStreamReconciles runs the workload with duplicates and crashes after
@@ -24,15 +24,7 @@ import (
 // Reconcile report a double effect.
 func TestStreamReconciles(t *testing.T) {
 	t.Run("sqlite", func(t *testing.T) {
-		db, err := sqlitestore.Open(filepath.Join(t.TempDir(), "ledger.db"), sqlitestore.Config{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { db.Close() })
-		st, err := sqlitestore.New(db, sqlitestore.Config{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		st, db := sqlitetest.Store(t, sqlitestore.Config{})
 		check(t, db, st, `"idem_dedup"`)
 	})
 	t.Run("mysql", func(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/kafkabal"
 )
 
 // Kafka is a dead-letter topic on Kafka (adapters/kafka's letters: the
@@ -36,7 +37,7 @@ func (k Kafka) open(_ context.Context, topic, group string) (session, error) {
 	return &kafkaSession{
 		brokers: k.Brokers, topic: topic, group: group, timeout: timeout, tr: tr,
 		client: &kafkago.Client{Addr: kafkago.TCP(k.Brokers...), Timeout: timeout, Transport: tr},
-		writer: &kafkago.Writer{Addr: kafkago.TCP(k.Brokers...), Balancer: samePartition{}, RequiredAcks: kafkago.RequireAll,
+		writer: &kafkago.Writer{Addr: kafkago.TCP(k.Brokers...), Balancer: kafkabal.SamePartition{}, RequiredAcks: kafkago.RequireAll,
 			BatchTimeout: time.Millisecond, WriteTimeout: timeout, Transport: tr},
 	}, nil
 }
@@ -171,19 +172,4 @@ func (s *kafkaSession) commit(ctx context.Context, q queue, next int64) error {
 		}
 	}
 	return nil
-}
-
-// samePartition sends a letter back to the partition it came from (modulo
-// the topic's partitions now).
-type samePartition struct{}
-
-func (samePartition) Balance(m kafkago.Message, partitions ...int) int {
-	if len(partitions) == 0 {
-		return 0
-	}
-	i := m.Partition % len(partitions)
-	if i < 0 {
-		i = 0
-	}
-	return partitions[i]
 }
