@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/rlog"
@@ -111,6 +112,10 @@ func TestConfigValidate(t *testing.T) {
 		{"mode", func(c *Config) { c.DeadLetter = 7 }, "DeadLetter"},
 		{"credentials", func(c *Config) { c.AccessKey = "ak" }, "AccessKey"},
 		{"suspend", func(c *Config) { c.SuspendTime = -1 }, "SuspendTime"},
+		{"retry delay", func(c *Config) { c.RetryDelays = []time.Duration{time.Second, 0} }, "RetryDelays[1]"},
+		{"retry delay past the broker's", func(c *Config) { c.RetryDelays = []time.Duration{4 * 24 * time.Hour} }, "RetryDelays[0]"},
+		{"retry delay twice", func(c *Config) { c.RetryDelays = []time.Duration{time.Second, time.Second} }, "RetryDelays[1]"},
+		{"retry topic listed", func(c *Config) { c.Topics, c.RetryDelays = []string{"t", "t_RETRY"}, []time.Duration{time.Second} }, "Topics lists"},
 	} {
 		c := ok
 		tc.edit(&c)
