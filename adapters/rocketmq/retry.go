@@ -19,14 +19,13 @@ import (
 //
 // The copy goes to a retry topic of its own, not back to the topic: other
 // consumer groups read the topic, and a copy there would be a new message
-// to every one of them. The broker's own %RETRY%<group> is not used
-// either: the client sends a message there only as the broker's copy of a
-// message given back, and the broker counts its deliveries in a reconsume
-// count that also counts releases; idem's copy carries its trip in
-// consumer.MetaRetryAttempt. One retry topic per topic is enough: the
-// broker's timer wheel (RocketMQ 5) holds each copy until its own delivery
-// time, so copies of different delays need no topic each, as Kafka's
-// do.
+// to every one of them. Nor does it go through the broker's own
+// %RETRY%<group> (a message given back with "retry later"): the broker's
+// copy carries no trip of idem's, and its reconsume count also counts
+// releases; idem's copy carries its trip in consumer.MetaRetryAttempt. One
+// retry topic per topic is enough: the broker's timer wheel (RocketMQ 5)
+// holds each copy until its own delivery time, so copies of different
+// delays need no topic each, as Kafka's do.
 
 // maxRetryDelay is the longest delay a retry copy may have: the broker's
 // timerMaxDelaySec default, 3 days. The broker refuses a timer message due

@@ -17,13 +17,14 @@ import (
 	"github.com/idemkit/idem/consumer"
 )
 
-// ErrNotRunning is what Source.DeadLetter returns outside Source.Run: the
-// consumer calls it only while Run runs.
+// ErrNotRunning is what Source.DeadLetter and Source.Retry return outside
+// Source.Run: the consumer calls them only while Run runs.
 var ErrNotRunning = errors.New("rocketmq: Source.Run is not running")
 
-// Source is a consumer.Source over a RocketMQ push consumer, and a
-// consumer.DeadLetter (see Config.DeadLetter). Create it with New and give it
-// to consumer.Config as both Source and DeadLetter. Safe for concurrent use.
+// Source is a consumer.Source over a RocketMQ push consumer, a
+// consumer.DeadLetter (see Config.DeadLetter) and, with Config.RetryDelays,
+// a consumer.RetrySink (see Source.Retry). Create it with New and give it
+// to consumer.Config as both Source and DeadLetter (and NonBlocking.Sink). Safe for concurrent use.
 // Run may be called again after it returned.
 type Source struct {
 	cfg     Config
