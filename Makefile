@@ -15,7 +15,8 @@ PKGS ?= ./...
 # scenario comes back once runs under load show it holds (docs/reliability.md,
 # "A suite that does not flake").
 # Scenario 23 (nonblocking-retries: three runs of an outage of 25 s, about
-# 2 minutes) runs in make test-faults only too: make test keeps its time.
+# 2 minutes per broker, on Kafka and on RocketMQ) runs in make test-faults
+# only too: make test keeps its time.
 SKIP ?= TestFaults/.*/scale-out|TestFaults/.*/nonblocking-retries
 
 .PHONY: help test test-short testenv-up testenv-down bench bench-outbox bench-e2e fmt vet

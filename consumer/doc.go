@@ -45,7 +45,7 @@
 // before it commit on their own. Those retries hold the message's lane
 // ([Blocking], the default); with [NonBlocking] in Config.Retries the
 // message gets a few attempts in its lane and then goes to a retry
-// destination ([RetrySink]: Kafka retry topics), keyed as its original when
+// destination ([RetrySink]: Kafka retry topics, RocketMQ timer messages on a retry topic), keyed as its original when
 // it comes back, and the lane goes on — at the cost of its order.
 //
 // Dead letters count incidents: every letter carries its [Cause] (the

@@ -54,7 +54,7 @@ type NonBlocking struct {
 	// positive, whole milliseconds, at most 32 of them.
 	Delays []time.Duration
 	// Sink writes a copy to the retry destination of its delay. Required;
-	// kafka.Source is one.
+	// kafka.Source and rocketmq.Source are.
 	Sink RetrySink
 	// KeyOrdered keeps the order of a record key's messages: while a
 	// message of a key is in retry, the later messages of that key follow
@@ -80,7 +80,7 @@ type RetrySink interface {
 }
 
 // RetryDelays is a RetrySink that knows the delays it has destinations for
-// (kafka.Source: Config.RetryDelays). New refuses a NonBlocking whose
+// (kafka.Source, rocketmq.Source: their Config.RetryDelays). New refuses a NonBlocking whose
 // Delays are not all among them.
 type RetryDelays interface {
 	RetryDelays() []time.Duration

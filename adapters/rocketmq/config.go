@@ -122,7 +122,8 @@ type Config struct {
 	// DeadLetterTopic.
 	DeadLetter DeadLetterMode
 	// DeadLetterTopic is idem's dead-letter topic (DeadLetterTopic mode);
-	// default the message's topic plus "_DLQ". Create it beforehand unless
+	// default the message's topic plus "_DLQ" (a retry copy's: its
+	// original's topic plus "_DLQ"). Create it beforehand unless
 	// the broker auto-creates topics: a send to a missing topic fails and the
 	// consumer retries it, holding the queue, until it succeeds.
 	DeadLetterTopic string
@@ -134,8 +135,21 @@ type Config struct {
 	// maxMessageSize.
 	DeadLetterMaxBytes int
 	// DeadLetterTimeout bounds one dead-letter send, retries included;
-	// default 10s.
+	// default 10s. It bounds a send to a retry topic too.
 	DeadLetterTimeout time.Duration
+
+	// RetryDelays, when set, are the delays of the retry copies of
+	// consumer.NonBlocking: the source also consumes RetryTopic(topic)
+	// ("payments_RETRY") for each of Topics, and Source.Retry (a
+	// consumer.RetrySink) produces there, as a timer message the broker
+	// delivers after the copy's delay. Create the retry topics beforehand,
+	// with as many queues as their topics, and let only the consumer
+	// produce to them: a message there is deduplicated as the message its
+	// properties name. Each delay is positive, whole milliseconds, at most
+	// 3 days (the broker's timerMaxDelaySec default), and the broker must
+	// have its timer wheel on (timerWheelEnable, the RocketMQ 5 default).
+	// At most 32 delays. Default none: no retry topics.
+	RetryDelays []time.Duration
 
 	// AccessKey, SecretKey and SecurityToken authenticate to brokers with
 	// ACL enabled. The client's TLS mode skips certificate verification, so
@@ -210,6 +224,28 @@ func (c *Config) validate() error {
 			add("Topics[%d] %q is listed twice", i, t)
 		}
 		seen[t] = true
+	}
+	if len(c.RetryDelays) > 32 {
+		add("RetryDelays has %d delays, at most 32", len(c.RetryDelays))
+	}
+	seenDelay := make(map[time.Duration]bool, len(c.RetryDelays))
+	for i, d := range c.RetryDelays {
+		switch {
+		case d <= 0 || d%time.Millisecond != 0 || d > maxRetryDelay:
+			add("RetryDelays[%d] is %v, want a positive number of whole milliseconds, at most %v (the broker's timerMaxDelaySec)", i, d, maxRetryDelay)
+		case seenDelay[d]:
+			add("RetryDelays[%d] %v is listed twice", i, d)
+		}
+		seenDelay[d] = true
+	}
+	if len(c.RetryDelays) > 0 {
+		for i, t := range c.Topics {
+			if rt := RetryTopic(t); len(rt) > maxTopicLen {
+				add("Topics[%d]: retry topic %q is longer than %d bytes", i, rt, maxTopicLen)
+			} else if seen[rt] {
+				add("Topics lists %q, the retry topic of %q: list the topics, not their retry topics", rt, t)
+			}
+		}
 	}
 	if c.StartFrom > LastOffset {
 		add("StartFrom is %d, not a known start", c.StartFrom)

@@ -78,7 +78,14 @@ func (s *Source) letter(l consumer.Letter) *primitive.Message {
 	m := l.Message
 	topic := s.cfg.DeadLetterTopic
 	if topic == "" {
-		topic = m.Topic + "_DLQ"
+		// A retry copy's letter goes with its original's letters.
+		orig := m.Topic
+		if o, ok := m.Origin(); ok {
+			orig = o.Topic
+		} else if t, ok := s.retryOf[orig]; ok {
+			orig = t
+		}
+		topic = orig + "_DLQ"
 	}
 	headers, body := l.Record(s.cfg.DeadLetterMaxBytes)
 	if len(body) == 0 {
@@ -108,12 +115,16 @@ func reasonOf(l consumer.Letter) string {
 }
 
 // sameQueue sends the letters of one original queue to one queue of the
-// dead-letter topic, so that they stay in order.
+// dead-letter topic, so that they stay in order, and a retry copy (whose
+// Queue Source.Retry sets) to the queue of its original's number.
 type sameQueue struct{}
 
 func (sameQueue) Select(msg *primitive.Message, mqs []*primitive.MessageQueue, _ string) *primitive.MessageQueue {
 	if len(mqs) == 0 {
 		return nil
+	}
+	if msg.Queue != nil {
+		return mqs[uint(msg.Queue.QueueId)%uint(len(mqs))]
 	}
 	h := fnv.New32a()
 	h.Write([]byte(msg.GetProperty(consumer.MetaLane)))

@@ -1,6 +1,7 @@
 // Package rocketmq is idem's RocketMQ adapter: a consumer.Source over the
 // push consumer of apache/rocketmq-client-go/v2 that is also the
-// consumer.DeadLetter for its messages.
+// consumer.DeadLetter for its messages and, with Config.RetryDelays, the
+// consumer.RetrySink of consumer.NonBlocking retries.
 //
 //	rocketmq.SetClientLogger(logger, slog.LevelWarn) // once: the client library's logs
 //	src, err := rocketmq.New(rocketmq.Config{
@@ -111,6 +112,25 @@
 // all of its messages and this client has no ackIndex, so the mode requires
 // Config.BatchMaxSize 1 (the lanes still batch the transactions of
 // concurrent calls).
+//
+// # Non-blocking retries
+//
+// With Config.RetryDelays and consumer.NonBlocking{Sink: src}, a message
+// whose attempts in its lane ran out is produced by Source.Retry to the
+// retry topic of its topic (RetryTopic: "payments_RETRY") as a RocketMQ 5
+// timer message, delayed by the trip's delay (TIMER_DELAY_MS), and acked
+// once the broker stored the copy (SEND_OK). The broker's timer wheel puts
+// the copy in the retry topic when it is due; the source, which subscribes
+// the retry topics beside their topics, holds a copy the timer delivered
+// early (it rounds down to timerPrecisionMs, 1 s) until its
+// consumer.MetaRetryDue. The copy carries the original body, KEYS, TAGS
+// and user properties, the lineage and the idem-retry-* properties, so the
+// consumer keys it as its original (Source.RetryOf) and reads its trip;
+// past the last delay it is dead-lettered as the original would have been.
+// The copy does not go back to the topic, which other groups read, nor to
+// %RETRY%<group>, whose reconsume count also counts releases. Orderly mode
+// works with it, and is the mode that keeps order for
+// consumer.NonBlocking.KeyOrdered. See docs/retries.md.
 //
 // # What is not
 //

@@ -37,6 +37,7 @@ type run struct {
 	cfg     *Config
 	log     *slog.Logger
 	deliver consumer.DeliverFunc
+	retryOf map[string]string // the Source's retry topics: their messages wait until due
 
 	mu       sync.Mutex
 	inflight map[*consumer.Message]*call
@@ -171,7 +172,10 @@ func (r *run) deliverAll(ctx context.Context, c *call, msgs []*primitive.Message
 	}
 	r.mu.Unlock()
 	for i, m := range converted {
-		err := r.deliver(ctx, m)
+		err := r.waitDue(ctx, m)
+		if err == nil {
+			err = r.deliver(ctx, m)
+		}
 		if err == nil {
 			continue
 		}
@@ -188,6 +192,15 @@ func (r *run) deliverAll(ctx context.Context, c *call, msgs []*primitive.Message
 		}
 		r.mu.Unlock()
 		return err
+	}
+	return nil
+}
+
+// waitDue waits until m is due when it lies on a retry topic (see the
+// package's waitDue): the broker's timer delivers it up to a second early.
+func (r *run) waitDue(ctx context.Context, m *consumer.Message) error {
+	if _, ok := r.retryOf[m.Topic]; ok && !waitDue(ctx, m) {
+		return ctx.Err()
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -16,17 +17,19 @@ import (
 	"github.com/idemkit/idem/consumer"
 )
 
-// ErrNotRunning is what Source.DeadLetter returns outside Source.Run: the
-// consumer calls it only while Run runs.
+// ErrNotRunning is what Source.DeadLetter and Source.Retry return outside
+// Source.Run: the consumer calls them only while Run runs.
 var ErrNotRunning = errors.New("rocketmq: Source.Run is not running")
 
-// Source is a consumer.Source over a RocketMQ push consumer, and a
-// consumer.DeadLetter (see Config.DeadLetter). Create it with New and give it
-// to consumer.Config as both Source and DeadLetter. Safe for concurrent use.
+// Source is a consumer.Source over a RocketMQ push consumer, a
+// consumer.DeadLetter (see Config.DeadLetter) and, with Config.RetryDelays,
+// a consumer.RetrySink (see Source.Retry). Create it with New and give it
+// to consumer.Config as both Source and DeadLetter (and NonBlocking.Sink). Safe for concurrent use.
 // Run may be called again after it returned.
 type Source struct {
-	cfg Config
-	log *slog.Logger
+	cfg     Config
+	log     *slog.Logger
+	retryOf map[string]string // retry topic -> its topic (Config.RetryDelays)
 
 	running atomic.Bool
 	runs    atomic.Int64 // numbers the instance name of each Run
@@ -49,9 +52,17 @@ func New(cfg Config) (*Source, error) {
 	cfg.setDefaults()
 	cfg.NameServers = append([]string(nil), cfg.NameServers...)
 	cfg.Topics = append([]string(nil), cfg.Topics...)
+	cfg.RetryDelays = append([]time.Duration(nil), cfg.RetryDelays...)
+	retryOf := make(map[string]string)
+	if len(cfg.RetryDelays) > 0 {
+		for _, t := range cfg.Topics {
+			retryOf[RetryTopic(t)] = t
+		}
+	}
 	return &Source{
-		cfg: cfg,
-		log: cfg.Logger.With(slog.String("group", cfg.Group)),
+		cfg:     cfg,
+		log:     cfg.Logger.With(slog.String("group", cfg.Group)),
+		retryOf: retryOf,
 	}, nil
 }
 
@@ -80,7 +91,7 @@ func (s *Source) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
 	}
 
 	var dlq sender
-	if s.cfg.DeadLetter == DeadLetterTopic {
+	if s.cfg.DeadLetter == DeadLetterTopic || len(s.retryOf) > 0 {
 		p, err := s.startProducer(instance + "-dlq")
 		if err != nil {
 			return err
@@ -89,6 +100,7 @@ func (s *Source) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
 		defer s.shutdownProducer(p)
 	}
 	r := newRun(&s.cfg, s.log, deliver)
+	r.retryOf = s.retryOf
 	s.mu.Lock()
 	s.cur, s.dlq = r, dlq
 	s.mu.Unlock()
@@ -103,7 +115,13 @@ func (s *Source) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
 		return fmt.Errorf("rocketmq: push consumer: %w", err)
 	}
 	sel := rmq.MessageSelector{Type: rmq.TAG, Expression: s.cfg.Tags}
-	for _, topic := range s.cfg.Topics {
+	topics := slices.Clone(s.cfg.Topics)
+	for _, t := range s.cfg.Topics {
+		if len(s.retryOf) > 0 {
+			topics = append(topics, RetryTopic(t)) // consumed beside their topics
+		}
+	}
+	for _, topic := range topics {
 		err := pc.Subscribe(topic, sel, func(cctx context.Context, msgs ...*primitive.MessageExt) (rmq.ConsumeResult, error) {
 			return r.consume(ctx, cctx, msgs), nil
 		})
@@ -145,7 +163,7 @@ func (s *Source) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
 		s.lanes = nil
 		s.mu.Unlock()
 	}()
-	s.log.Debug("rocketmq: consuming", slog.Any("topics", s.cfg.Topics), slog.String("instance", instance),
+	s.log.Debug("rocketmq: consuming", slog.Any("topics", topics), slog.String("instance", instance),
 		slog.Bool("orderly", s.cfg.Orderly))
 
 	<-ctx.Done()

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/rlog"
@@ -111,6 +112,10 @@ func TestConfigValidate(t *testing.T) {
 		{"mode", func(c *Config) { c.DeadLetter = 7 }, "DeadLetter"},
 		{"credentials", func(c *Config) { c.AccessKey = "ak" }, "AccessKey"},
 		{"suspend", func(c *Config) { c.SuspendTime = -1 }, "SuspendTime"},
+		{"retry delay", func(c *Config) { c.RetryDelays = []time.Duration{time.Second, 0} }, "RetryDelays[1]"},
+		{"retry delay past the broker's", func(c *Config) { c.RetryDelays = []time.Duration{4 * 24 * time.Hour} }, "RetryDelays[0]"},
+		{"retry delay twice", func(c *Config) { c.RetryDelays = []time.Duration{time.Second, time.Second} }, "RetryDelays[1]"},
+		{"retry topic listed", func(c *Config) { c.Topics, c.RetryDelays = []string{"t", "t_RETRY"}, []time.Duration{time.Second} }, "Topics lists"},
 	} {
 		c := ok
 		tc.edit(&c)
@@ -238,5 +243,53 @@ func TestProducerChosenIDs(t *testing.T) {
 		if string(h.Value) != "v-"+h.Key {
 			t.Errorf("header %s = %q", h.Key, h.Value)
 		}
+	}
+}
+
+func TestRetryCopy(t *testing.T) {
+	s := &Source{cfg: *testConfig(false, DeadLetterTopic), retryOf: map[string]string{"t_RETRY": "t"}}
+	s.cfg.DeadLetterMaxBytes = 8 // a retry copy carries its whole body all the same
+	mx := batch(1, 3)[0]
+	mx.WithProperty(primitive.PropertyKeys, "K1")
+	mx.WithProperty(primitive.PropertyTags, "paid")
+	mx.WithProperty("tenant", "acme")
+	m := toMessage(mx, laneOf(mx.Queue))
+	m.Value = []byte("a body longer than eight bytes")
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	r := consumer.RetryLetter{Letter: consumer.Letter{Message: m, Key: dedup.Key{Scope: "ledger", ID: "K1"}, Reason: errors.New("down")},
+		Attempt: 2, Delay: 1500 * time.Millisecond, Due: now.Add(1500 * time.Millisecond), FirstFailure: now.Add(-time.Minute)}
+	c := s.retryCopy(r, now)
+	want := map[string]string{
+		consumer.MetaRetryAttempt: "2", consumer.MetaRetryDue: "2026-01-02T03:04:06.5Z", consumer.MetaTopic: "t",
+		consumer.MetaPartition: "3", consumer.MetaMessageID: "ida", primitive.PropertyKeys: "K1", primitive.PropertyTags: "paid",
+		"tenant": "acme", timerDelayMs: "1500",
+	}
+	for k, v := range want {
+		if got := c.GetProperty(k); got != v {
+			t.Errorf("property %s = %q, want %q", k, got, v)
+		}
+	}
+	if c.Topic != "t_RETRY" || string(c.Body) != string(m.Value) || c.Queue == nil || c.Queue.QueueId != 3 {
+		t.Fatalf("copy to %s queue %v with body %q", c.Topic, c.Queue, c.Body)
+	}
+	mqs := []*primitive.MessageQueue{{QueueId: 0}, {QueueId: 1}}
+	if q := (sameQueue{}).Select(c, mqs, ""); q != mqs[1] {
+		t.Errorf("the copy of queue 3 goes to retry queue %d of 2, want 1", q.QueueId)
+	}
+	// Due already: no timer.
+	if c := s.retryCopy(r, r.Due); c.GetProperty(timerDelayMs) != "" {
+		t.Errorf("a copy due now has %s %q", timerDelayMs, c.GetProperty(timerDelayMs))
+	}
+	// A message of the retry topic whose lineage the consumer did not
+	// honour: its copy and its letter go with its topic's, not with
+	// t_RETRY_RETRY or t_RETRY_DLQ.
+	mx2 := batch(1, 0)[0]
+	mx2.Topic = "t_RETRY"
+	m2 := toMessage(mx2, laneOf(mx2.Queue))
+	if c := s.retryCopy(consumer.RetryLetter{Letter: consumer.Letter{Message: m2}, Delay: time.Second, Due: now}, now); c.Topic != "t_RETRY" {
+		t.Errorf("copy of a retry-topic message to %s, want t_RETRY", c.Topic)
+	}
+	if l := s.letter(consumer.Letter{Message: m2}); l.Topic != "t_DLQ" {
+		t.Errorf("letter of a retry-topic message to %s, want t_DLQ", l.Topic)
 	}
 }

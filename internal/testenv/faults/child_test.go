@@ -60,9 +60,10 @@ type childSpec struct {
 	Reconsume  int           // rocketmq.Config.MaxReconsumeTimes; default the adapter's
 	KeyLanes   int           // consumer.Config.KeyLanes
 	Offsets    bool          // consumer.Config.Offsets: offsets in the store, business keys beside them
-	// RetryDelays, when set, make the child's retries NonBlocking:
-	// kafka.Config.RetryDelays and NonBlocking.Delays (the retry topics
-	// exist), NonBlocking.Attempts RetryAttempts (0: the default 3).
+	// RetryDelays, when set, make the child's retries NonBlocking: the
+	// source's Config.RetryDelays (kafka, rocketmq) and NonBlocking.Delays
+	// (the retry topics exist), NonBlocking.Attempts RetryAttempts (0: the
+	// default 3).
 	RetryDelays   []time.Duration
 	RetryAttempts int
 }
@@ -317,7 +318,8 @@ func (spec *childSpec) run() error {
 		// keeps: what the client did with a queue that stalled.
 		rocketmq.SetClientLogger(log.With(slog.String("from", "rocketmq-client")), slog.LevelWarn)
 		s, err := rocketmq.New(rocketmq.Config{NameServers: spec.Brokers, Group: spec.Group, Topics: []string{spec.Topic},
-			Orderly: spec.Orderly, MaxReconsumeTimes: spec.Reconsume, CloseTimeout: 5 * time.Second, Logger: log})
+			Orderly: spec.Orderly, MaxReconsumeTimes: spec.Reconsume, CloseTimeout: 5 * time.Second, Logger: log,
+			RetryDelays: spec.RetryDelays})
 		if err != nil {
 			return err
 		}

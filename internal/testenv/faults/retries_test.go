@@ -6,10 +6,12 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem/adapters/kafka"
+	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/internal/testenv"
 )
 
@@ -32,7 +34,8 @@ const (
 // takes longer.
 const retryOutage = 25 * time.Second
 
-// retryDelays are the retry topics of the non-blocking run: 104 s in all,
+// retryDelays are the delays of the non-blocking run (Kafka: a retry topic
+// each; RocketMQ: timer messages on one retry topic): 104 s in all,
 // longer than the outage with room for the restart, so that no failing
 // payment is dead-lettered.
 var retryDelays = []time.Duration{time.Second, 3 * time.Second, 10 * time.Second, 30 * time.Second, time.Minute}
@@ -40,9 +43,9 @@ var retryDelays = []time.Duration{time.Second, 3 * time.Second, 10 * time.Second
 // 23. Issue 30: 5% of the keys fail (a Retryable error, a payment channel
 // down) for retryOutage while a stream of 500 payments (639 messages with
 // the generator's duplicates and bad ones) goes out over 25 s on 4
-// partitions. Three runs of the same stream, one after the other: no
-// fault, the fault with Blocking retries, the fault with NonBlocking
-// retries (retry topics). Each measures the latency of the OTHER keys,
+// partitions (queues), on Kafka and on RocketMQ. Three runs of the same
+// stream, one after the other: no fault, the fault with Blocking retries,
+// the fault with NonBlocking retries (retry topics). Each measures the latency of the OTHER keys,
 // from production to the commit of their effect (effects_audit.at), and
 // reconciles as every scenario does (every payment once, none lost, no
 // dead letter but the stream's own).
@@ -87,15 +90,24 @@ const latencyFloor = 250 * time.Millisecond
 // that do not fail.
 func retryRun(t *testing.T, b, title, run string) time.Duration {
 	r := newRig(t, env(t, b), title, 4)
-	k, ok := r.b.(*kafkaBroker)
-	if !ok {
-		t.Fatalf("nonblocking-retries runs on Kafka, not %s", b)
-	}
 	nonBlocking := run == runNonBlocking && nonBlockingOn
-	if nonBlocking {
-		for _, d := range retryDelays {
-			k.CreateTopic(t, kafka.RetryTopic(r.topic, d), r.parts)
+	// retryLane is what the lane of a copy from a retry topic contains.
+	var retryLane string
+	switch br := r.b.(type) {
+	case *kafkaBroker:
+		retryLane = ".retry."
+		if nonBlocking {
+			for _, d := range retryDelays {
+				br.CreateTopic(t, kafka.RetryTopic(r.topic, d), r.parts)
+			}
 		}
+	case *rocketBroker:
+		retryLane = rocketmq.RetryTopic(r.topic) + "/"
+		if nonBlocking {
+			br.CreateTopic(t, rocketmq.RetryTopic(r.topic), r.parts)
+		}
+	default:
+		t.Fatalf("nonblocking-retries runs on Kafka and RocketMQ, not %s", b)
 	}
 	s := r.newStream("", 500, 23)
 	failing := map[string]bool{}
@@ -121,11 +133,7 @@ func retryRun(t *testing.T, b, title, run string) time.Duration {
 		}
 	}
 	c := r.start(fp, mod)
-	testenv.WaitUntilProgress(t, time.Minute, "the consumer in the group", func() (bool, string) {
-		c.requireAlive(t)
-		n := k.StableMembers(r.group)
-		return n == 1, fmt.Sprintf("%d stable members", n)
-	})
+	r.waitConsuming(c)
 
 	// The stream: 5 messages every 200 ms, the production time of each
 	// key's first message recorded.
@@ -181,7 +189,7 @@ func retryRun(t *testing.T, b, title, run string) time.Duration {
 
 	// Latency of the other keys: production to the commit of the effect.
 	ctx := testenv.Context(t, time.Minute)
-	rows, err := r.pool.Query(ctx, `SELECT txn_id, min(at), bool_or(strpos(lane, '.retry.') > 0) FROM effects_audit GROUP BY txn_id`)
+	rows, err := r.pool.Query(ctx, `SELECT txn_id, min(at), bool_or(strpos(lane, $1) > 0) FROM effects_audit GROUP BY txn_id`, retryLane)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,6 +232,29 @@ func retryRun(t *testing.T, b, title, run string) time.Duration {
 		}
 	}
 	return p99
+}
+
+// waitConsuming waits until c, the only consumer, consumes every partition
+// (queue) of the topic, so that the latencies start with the stream, not
+// with the consumer's start: Kafka's group is stable with it, RocketMQ's
+// push consumer holds a process queue of each queue (its Lanes).
+func (r *rig) waitConsuming(c *child) {
+	t := r.t
+	t.Helper()
+	testenv.WaitUntilProgress(t, time.Minute, "the consumer on every partition", func() (bool, string) {
+		c.requireAlive(t)
+		if k, ok := r.b.(*kafkaBroker); ok {
+			n := k.StableMembers(r.group)
+			return n == 1, fmt.Sprintf("%d stable members", n)
+		}
+		n := 0
+		for _, l := range c.stats().Lanes {
+			if strings.HasPrefix(l.Lane, r.topic+"/") {
+				n++
+			}
+		}
+		return n == r.parts, fmt.Sprintf("%d of %d queues held", n, r.parts)
+	})
 }
 
 // percentile returns the q-quantile of ds (nearest rank), 0 when empty.

@@ -50,7 +50,7 @@ var scenarios = []scenario{
 	{21, "offsets-in-store", []string{"kafka"}, offsetsInStore},
 	// Three runs of 40-70 s each, one after the other (retries_test.go):
 	// make test-faults only (the Makefile's SKIP).
-	{23, "nonblocking-retries", []string{"kafka"}, nonBlockingRetries},
+	{23, "nonblocking-retries", []string{"kafka", "rocketmq"}, nonBlockingRetries},
 	// On the two-broker RocketMQ (rmqcluster_test.go); each has it to itself.
 	{22, "broker-lost-and-back", []string{"rocketmq-cluster"}, rocketClusterBrokerLost},
 }
