@@ -141,9 +141,9 @@ func testNonBlocking(t *testing.T, mode string) {
 	}
 	release.Store(true)
 	testenv.WaitUntil(t, 2*time.Minute, "every payment applied and T00013 dead-lettered", func() bool {
-		return d.count(t, "") >= n-1 && r.c.Stats().DeadLettered >= 1
+		return d.count(t, "") >= n-1 && r.Stats().DeadLettered >= 1
 	})
-	r.stop(t)
+	r.Stop(t)
 
 	rows := map[string]int{}
 	for id := range good {
@@ -164,7 +164,7 @@ func testNonBlocking(t *testing.T, mode string) {
 	if got := d.count(t, "queue LIKE $1 AND key = ANY($2)", rocketmq.RetryTopic(topic)+"/%", slices.Collect(mapKeys(failing))); got != len(failing) {
 		t.Errorf("%d of the %d failing payments applied from the retry topic", got, len(failing))
 	}
-	st := r.c.Stats()
+	st := r.Stats()
 	if st.DeadLettered != 1 || st.RetriedLater < int64(len(failing)+len(delays)) {
 		t.Errorf("stats %+v: want 1 dead letter and at least %d trips to retry", st, len(failing)+len(delays))
 	}
@@ -291,12 +291,12 @@ func TestNonBlockingKeyOrdered(t *testing.T) {
 	// Hold the outage a little longer: the failing messages (and their
 	// followers) make trips meanwhile.
 	testenv.WaitUntil(t, time.Minute, "two trips per failing message", func() bool {
-		return r.c.Stats().RetriedLater >= int64(2*len(failing))
+		return r.Stats().RetriedLater >= int64(2*len(failing))
 	})
 	applied := ledger()
 	release.Store(true)
 	testenv.WaitUntil(t, 2*time.Minute, "every message applied", func() bool { return len(ledger()) >= keys*perKey })
-	r.stop(t)
+	r.Stop(t)
 
 	for _, id := range applied {
 		if k, s := keyOf(id); failingKeys[k] && s >= 2 {
@@ -319,7 +319,7 @@ func TestNonBlockingKeyOrdered(t *testing.T) {
 		}
 		next[k] = s + 1
 	}
-	st := r.c.Stats()
+	st := r.Stats()
 	t.Logf("applied %d, trips to retry %d (followers included), dead letters %d, out of order %d", st.Applied, st.RetriedLater, st.DeadLettered, outOfOrder)
 	if st.DeadLettered != 0 {
 		t.Errorf("%d dead letters, want none", st.DeadLettered)
