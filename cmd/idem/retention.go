@@ -155,12 +155,9 @@ func runRetention(ctx context.Context, e *env, fs *flag.FlagSet, args []string) 
 	sf.register(fs, e)
 	metrics := fs.String("metrics", e.getenv("IDEM_METRICS_URL"), "a consumer's or an HTTP service's Prometheus endpoint, e.g. http://host:9464/metrics (env IDEM_METRICS_URL)")
 	margin := fs.Float64("margin", 2, "retention should be at least this many times the 99.9th percentile of duplicate ages")
-	if _, code, ok := parse(fs, args); !ok {
+	admin, closeStore, code, ok := sf.parseOpen(ctx, e, fs, args, false)
+	if !ok {
 		return code
-	}
-	admin, closeStore, err := sf.open(ctx, false)
-	if err != nil {
-		return fail(e, err)
 	}
 	defer closeStore()
 	sum, err := admin.Summary(ctx)

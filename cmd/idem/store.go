@@ -44,6 +44,20 @@ func (f *storeFlags) open(ctx context.Context, create bool) (dedup.Admin, func()
 	return admin, closeStore, err
 }
 
+// parseOpen parses a subcommand's flags, which take no arguments, and
+// opens the store (open); close it when done. When ok is false the
+// subcommand returns code: a usage error, or the failure it reported.
+func (f *storeFlags) parseOpen(ctx context.Context, e *env, fs *flag.FlagSet, args []string, create bool) (admin dedup.Admin, closeStore func(), code int, ok bool) {
+	if _, code, ok := parse(fs, args); !ok {
+		return nil, nil, code, false
+	}
+	admin, closeStore, err := f.open(ctx, create)
+	if err != nil {
+		return nil, nil, fail(e, err), false
+	}
+	return admin, closeStore, exitOK, true
+}
+
 // requestAdmin is what the console needs of a store's HTTP request keys
 // (dedup.RequestStore): the stuck ones, and releasing one.
 type requestAdmin interface {

@@ -76,12 +76,9 @@ func oneLine(s string, n int) string {
 func runMigrate(ctx context.Context, e *env, fs *flag.FlagSet, args []string) int {
 	var sf storeFlags
 	sf.register(fs, e)
-	if _, code, ok := parse(fs, args); !ok {
+	admin, closeStore, code, ok := sf.parseOpen(ctx, e, fs, args, true)
+	if !ok {
 		return code
-	}
-	admin, closeStore, err := sf.open(ctx, true)
-	if err != nil {
-		return fail(e, err)
 	}
 	defer closeStore()
 	if err := admin.Migrate(ctx); err != nil {
@@ -117,12 +114,9 @@ type summaryJSON struct {
 func runStatus(ctx context.Context, e *env, fs *flag.FlagSet, args []string) int {
 	var sf storeFlags
 	sf.register(fs, e)
-	if _, code, ok := parse(fs, args); !ok {
+	admin, closeStore, code, ok := sf.parseOpen(ctx, e, fs, args, false)
+	if !ok {
 		return code
-	}
-	admin, closeStore, err := sf.open(ctx, false)
-	if err != nil {
-		return fail(e, err)
 	}
 	defer closeStore()
 	sum, err := admin.Summary(ctx)
@@ -245,12 +239,9 @@ func runFailed(ctx context.Context, e *env, fs *flag.FlagSet, args []string) int
 	fs.DurationVar(&f.NewerThan, "newer-than", 0, "only rows at most this old")
 	fs.StringVar(&f.Reason, "reason", "", "only rows whose reason contains this text")
 	fs.IntVar(&f.Limit, "limit", 100, "at most this many rows, oldest first")
-	if _, code, ok := parse(fs, args); !ok {
+	admin, closeStore, code, ok := sf.parseOpen(ctx, e, fs, args, false)
+	if !ok {
 		return code
-	}
-	admin, closeStore, err := sf.open(ctx, false)
-	if err != nil {
-		return fail(e, err)
 	}
 	defer closeStore()
 	rows, err := admin.Failed(ctx, f)

@@ -15,12 +15,13 @@ import (
 	"github.com/idemkit/idem/dedup/deduptest"
 	"github.com/idemkit/idem/dedup/sqlitestore"
 	"github.com/idemkit/idem/httpidem/httpidemtest"
+	"github.com/idemkit/idem/internal/testenv/sqlitetest"
 )
 
 // requestHarness is a fresh store for the request suites, with a business
 // table of effects.
 func requestHarness(t *testing.T, lockTimeout time.Duration) deduptest.RequestHarness[*sql.Tx] {
-	st, db := openStore(t, sqlitestore.Config{LockTimeout: lockTimeout}, false)
+	st, db := sqlitetest.Store(t, sqlitestore.Config{LockTimeout: lockTimeout})
 	if _, err := db.ExecContext(context.Background(), `CREATE TABLE effects (id TEXT NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +58,7 @@ func TestHTTPConformance(t *testing.T) {
 // expired (as rows written before that rule do), deleting it once the
 // lease has run out.
 func TestLeaseKeepsItsRow(t *testing.T) {
-	st, db := openStore(t, sqlitestore.Config{}, false)
+	st, db := sqlitetest.Store(t, sqlitestore.Config{})
 	ctx := context.Background()
 	c := dedup.Claim{Key: dedup.Key{Scope: "POST /payouts", ID: "p1"}, Fingerprint: dedup.FingerprintOf([]byte("x"))}
 	rec, err := st.AcquireLease(ctx, c, time.Millisecond, time.Millisecond)
@@ -100,7 +101,7 @@ func TestLeaseKeepsItsRow(t *testing.T) {
 // seeded from them when it was missing), and a second Migrate changes
 // nothing.
 func TestMigrateAdoptsUnversionedDatabases(t *testing.T) {
-	_, freshDB := openStore(t, sqlitestore.Config{}, false)
+	_, freshDB := sqlitetest.Store(t, sqlitestore.Config{})
 	want := schemaOf(t, freshDB)
 	steps, err := filepath.Glob(filepath.Join("testdata", "unversioned", "*.sql"))
 	if err != nil || len(steps) != 4 {
@@ -108,7 +109,7 @@ func TestMigrateAdoptsUnversionedDatabases(t *testing.T) {
 	}
 	for n := 1; n <= len(steps); n++ {
 		t.Run(filepath.Base(steps[n-1]), func(t *testing.T) {
-			st, db := openStore(t, sqlitestore.Config{}, true)
+			st, db := sqlitetest.Open(t, sqlitestore.Config{})
 			ctx := context.Background()
 			// Each state's rows are written by the release that made it,
 			// before the next one's Migrate.

@@ -15,32 +15,12 @@ import (
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/deduptest"
 	"github.com/idemkit/idem/dedup/sqlitestore"
+	"github.com/idemkit/idem/internal/testenv/sqlitetest"
 )
-
-// openStore opens a fresh database in t's temporary directory with cfg and
-// returns a Store on it, migrated unless bare is set, with the database.
-func openStore(t *testing.T, cfg sqlitestore.Config, bare bool) (*sqlitestore.Store, *sql.DB) {
-	t.Helper()
-	db, err := sqlitestore.Open(filepath.Join(t.TempDir(), "idem.db"), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	st, err := sqlitestore.New(db, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bare {
-		if err := st.Migrate(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return st, db
-}
 
 func TestConformance(t *testing.T) {
 	deduptest.Run(t, func(t *testing.T, cfg deduptest.Config) dedup.Store[*sql.Tx] {
-		st, _ := openStore(t, sqlitestore.Config{LockTimeout: cfg.LockTimeout, ScopeRetention: cfg.ScopeRetention}, false)
+		st, _ := sqlitetest.Store(t, sqlitestore.Config{LockTimeout: cfg.LockTimeout, ScopeRetention: cfg.ScopeRetention})
 		return st
 	})
 }
@@ -101,7 +81,7 @@ func TestOpenIsDurable(t *testing.T) {
 // retried for ever; consumertest.Drive with a 4 s context returned after
 // 34 s.
 func TestRunRefusesAStoreThatWasNeverMigrated(t *testing.T) {
-	st, _ := openStore(t, sqlitestore.Config{}, true)
+	st, _ := sqlitetest.Open(t, sqlitestore.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_, err := consumertest.Drive(ctx, consumer.Config[*sql.Tx]{
@@ -116,7 +96,7 @@ func TestRunRefusesAStoreThatWasNeverMigrated(t *testing.T) {
 // TestMissingBusinessTableStopsTheConsumer: a handler's missing table is a
 // broken deployment, not a bad message: nothing dead-lettered or acked.
 func TestMissingBusinessTableStopsTheConsumer(t *testing.T) {
-	st, _ := openStore(t, sqlitestore.Config{}, false)
+	st, _ := sqlitetest.Store(t, sqlitestore.Config{})
 	src := consumertest.NewSource(consumertest.Script{})
 	m := consumertest.Message("payments", 0, 0, "", `{}`)
 	res, err := consumertest.Drive(context.Background(), consumer.Config[*sql.Tx]{
@@ -136,14 +116,14 @@ func TestMissingBusinessTableStopsTheConsumer(t *testing.T) {
 
 func TestAdmin(t *testing.T) {
 	deduptest.RunAdmin(t, func(t *testing.T) (dedup.Store[*sql.Tx], dedup.Admin) {
-		st, _ := openStore(t, sqlitestore.Config{ScopeRetention: map[string]time.Duration{"hour": time.Hour}}, false)
+		st, _ := sqlitetest.Store(t, sqlitestore.Config{ScopeRetention: map[string]time.Duration{"hour": time.Hour}})
 		return st, st.Admin()
 	})
 }
 
 func TestEpochsConformance(t *testing.T) {
 	deduptest.RunEpochs(t, func(t *testing.T) dedup.EpochStore {
-		st, _ := openStore(t, sqlitestore.Config{}, true)
+		st, _ := sqlitetest.Open(t, sqlitestore.Config{})
 		if _, err := st.Epochs(context.Background()); !errors.Is(err, dedup.ErrNotMigrated) {
 			t.Fatalf("Epochs before Migrate: %v, want ErrNotMigrated", err)
 		}
