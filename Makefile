@@ -58,8 +58,8 @@ bench-outbox: ## the outbox: what it costs a consumer, the relay against a raw p
 # cmd/idem-bench is a module of its own (its peers, Watermill and Sarama, stay
 # out of the library's go.mod): built there, run from here so that relative
 # paths in BENCH_FLAGS (-json-file) are the repository's.
-bench-e2e: ## idem vs the Watermill way, Sarama, raw kafka-go and the database ceiling (real Kafka, durable Postgres)
-	@set -e; out=$$(scripts/testenv.sh up kafka rocketmq postgres-durable); eval "$$out"; \
+bench-e2e: ## idem vs the Watermill way, Sarama, raw kafka-go and the database ceiling (real Kafka, durable Postgres); SHARED_BUFFERS=6GB restarts that Postgres with it
+	@set -e; out=$$(IDEM_PG_SHARED_BUFFERS='$(SHARED_BUFFERS)' scripts/testenv.sh up kafka rocketmq postgres-durable); eval "$$out"; \
 	go build -C cmd/idem-bench -o $(CURDIR)/bin/idem-bench . && bin/idem-bench $(BENCH_FLAGS)
 
 .PHONY: stress

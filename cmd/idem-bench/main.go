@@ -96,6 +96,8 @@ type settings struct {
 	RMQCallBatch  int    `json:"rocketmq_consume_batch"`
 	RMQGoroutines int    `json:"rocketmq_consume_goroutines"`
 	RMQClientLog  string `json:"-"`
+
+	tableSizeSettings // prefill.go
 }
 
 // The rows, in their default order, and the broker each needs.
@@ -125,6 +127,8 @@ type Row struct {
 	// each carried on average; 0 for the other rows.
 	Transactions   int64   `json:"transactions,omitempty"`
 	PerTransaction float64 `json:"messages_per_transaction,omitempty"`
+	// The table-size rows' dedup table (prefill.go); nil for the others.
+	Table *tableStats `json:"dedup_table,omitempty"`
 }
 
 func main() {
@@ -153,6 +157,7 @@ func main() {
 	asJSON := flag.Bool("json", false, "print one JSON object with every row and ratio")
 	jsonFile := flag.String("json-file", "", "also write that JSON object to this file (the table is still printed)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of this process, prefill and rows, to this file")
+	tableSizeFlags(&s.tableSizeSettings)
 	flag.Parse()
 	if *pgURL == "" {
 		fmt.Fprintln(os.Stderr, "idem-bench: -postgres (or IDEM_BENCH_PG_URL) is required: a durable Postgres, see scripts/testenv/postgres-durable.sh")
@@ -160,6 +165,13 @@ func main() {
 	}
 	rowsSet := false
 	flag.Visit(func(f *flag.Flag) { rowsSet = rowsSet || f.Name == "rows" })
+	if err := checkTableSize(s); err != nil {
+		fmt.Fprintln(os.Stderr, "idem-bench:", err)
+		os.Exit(2)
+	}
+	if s.Prefill != "" && !rowsSet {
+		s.Rows, rowsSet = "", true // the table-size rows alone
+	}
 	if !rowsSet && s.NameServers == "" {
 		fmt.Fprintln(os.Stderr, "idem-bench: no RocketMQ name server (-namesrv, $IDEM_TEST_ROCKETMQ_NAMESRV): skipping the rows", strings.Join(rmqRows, ", "))
 		s.Rows = strings.Join(slices.DeleteFunc(strings.Split(s.Rows, ","), func(r string) bool { return slices.Contains(rmqRows, r) }), ",")
@@ -180,6 +192,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "idem-bench:", err)
 		os.Exit(1)
 	}
+	s.SharedBuffers = res.sharedBuffers
 	ratios := ratiosOf(res.rows)
 	out, _ := json.Marshal(map[string]any{"settings": s, "rows": res.rows, "ratios": ratios, "prefill_seconds": res.prefill})
 	if *jsonFile != "" {
@@ -204,8 +217,9 @@ func envOr(k, def string) string {
 
 // result is what bench measured.
 type result struct {
-	rows    []Row
-	prefill map[string]float64 // seconds per broker ("kafka", "rocketmq"), not part of any row
+	rows          []Row
+	prefill       map[string]float64 // seconds per broker ("kafka", "rocketmq"), not part of any row
+	sharedBuffers string             // the server's shared_buffers
 }
 
 // env is what the rows run against.
@@ -225,18 +239,24 @@ type env struct {
 	// set by runEngineWith for the row being run: transactions and the
 	// messages they acknowledged
 	txns, txnMsgs int64
+	// the table-size row being run (prefill.go), nil for the others
+	ts *tableSizeRun
 }
 
 func bench(ctx context.Context, s settings, pgURL string, log io.Writer) (result, error) {
 	res := result{prefill: map[string]float64{}}
 	names := strings.Split(s.Rows, ",")
+	if s.Rows == "" {
+		names = nil
+	}
 	for _, name := range names {
 		if !slices.Contains(allRows, name) {
 			return res, fmt.Errorf("unknown row %q (rows: %s)", name, strings.Join(allRows, ", "))
 		}
 	}
 	uses := func(rows []string) bool {
-		return slices.ContainsFunc(names, func(n string) bool { return slices.Contains(rows, n) })
+		return slices.ContainsFunc(names, func(n string) bool { return slices.Contains(rows, n) }) ||
+			s.Prefill != "" && slices.Equal(rows, kafkaRows)
 	}
 	pool, err := pgxpool.New(ctx, pgURL)
 	if err != nil {
@@ -247,7 +267,11 @@ func bench(ctx context.Context, s settings, pgURL string, log io.Writer) (result
 	if err := pool.QueryRow(ctx, "SELECT current_setting('fsync'), current_setting('synchronous_commit')").Scan(&fsync, &sync); err != nil {
 		return res, err
 	}
-	fmt.Fprintf(log, "postgres: fsync=%s synchronous_commit=%s\n", fsync, sync)
+	if err := pool.QueryRow(ctx, "SELECT current_setting('shared_buffers')").Scan(&s.SharedBuffers); err != nil {
+		return res, err
+	}
+	res.sharedBuffers = s.SharedBuffers
+	fmt.Fprintf(log, "postgres: fsync=%s synchronous_commit=%s shared_buffers=%s\n", fsync, sync, s.SharedBuffers)
 	e := &env{s: s, brokers: strings.Split(s.Brokers, ","), topic: fmt.Sprintf("idem-bench-%d", time.Now().UnixNano()), pool: pool, pgURL: pgURL, log: log}
 	var backend int
 	if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err == nil {
@@ -320,6 +344,13 @@ func bench(ctx context.Context, s settings, pgURL string, log io.Writer) (result
 	}
 	for _, name := range names {
 		res.rows = append(res.rows, best[name])
+	}
+	if s.Prefill != "" {
+		rows, err := benchTableSize(ctx, e)
+		res.rows = append(res.rows, rows...)
+		if err != nil {
+			return res, fmt.Errorf("table-size rows: %w", err)
+		}
 	}
 	return res, nil
 }
@@ -676,7 +707,7 @@ func runEngine(ctx context.Context, e *env, src consumer.Source, n int, sc strin
 // runEngineWith is runEngine with the consumer's configuration changed by
 // set.
 func runEngineWith(ctx context.Context, e *env, src consumer.Source, n int, sc string, lat *latencies, stall time.Duration, set func(*consumer.Config[pgx.Tx], *pgstore.Store)) error {
-	st, err := pgstore.New(e.pool, pgstore.Config{Schema: sc})
+	st, err := pgstore.New(e.pool, e.storeConfig(sc))
 	if err != nil {
 		return err
 	}
@@ -692,6 +723,7 @@ func runEngineWith(ctx context.Context, e *env, src consumer.Source, n int, sc s
 		}),
 	}
 	set(&cfg, st)
+	e.adjustConfig(&cfg)
 	c, err := consumer.New(cfg)
 	if err != nil {
 		return err
@@ -883,7 +915,7 @@ func ratiosOf(rows []Row) []ratio {
 		out = append(out, ratio{Name: "rmq-idem-b100 messages/transaction", Value: v, Target: ">= 90.00", Met: &met})
 	}
 	add("rmq-idem-b100", "idem-b100", 0, "")
-	return out
+	return append(out, tableSizeRatios(rows)...)
 }
 
 func printTable(w io.Writer, s settings, res result, ratios []ratio) {
@@ -916,6 +948,7 @@ func printTable(w io.Writer, s settings, res result, ratios []ratio) {
 		fmt.Fprintf(w, "| %s | %d | %.0f | %.2f | %.2f | %.2f | %.0f%% | %s | %.2f | %.2f | %d |\n", r.Name, r.Messages, r.PerSecond,
 			r.CPUPer100k, r.DBCPU100k, r.BrokerCPU100k, 100*r.MachineBusy, perTxn, r.P50Ms, r.P99Ms, r.Effects)
 	}
+	printTableSize(w, s, rows)
 	fmt.Fprintf(w, "\n| ratio | value | target |\n|---|---:|---|\n")
 	for _, r := range ratios {
 		if r.Met == nil {

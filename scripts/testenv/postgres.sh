@@ -8,6 +8,9 @@
 # The test cluster runs with fsync off: fast, and never for benchmarks.
 # With IDEM_PG_DURABLE=1 (scripts/testenv/postgres-durable.sh) it manages a second
 # cluster for benchmarks instead: port 5433, fsync and synchronous_commit on.
+# IDEM_PG_SHARED_BUFFERS (durable cluster only; e.g. 6GB) sets its
+# shared_buffers; unset, Postgres's default (128MB). `up` restarts the
+# cluster when the setting changes: check that no benchmark is using it.
 # Do not name a variable PGCLUSTER: Debian's pg_wrapper reads it.
 set -euo pipefail
 PG_VER=${IDEM_PG_VERSION:-15}
@@ -20,6 +23,11 @@ if [ "${IDEM_PG_DURABLE:-0}" = 1 ]; then
 fsync = on
 synchronous_commit = on
 full_page_writes = on"
+  if [ -n "${IDEM_PG_SHARED_BUFFERS:-}" ]; then
+    [[ "$IDEM_PG_SHARED_BUFFERS" =~ ^[0-9]+(kB|MB|GB)$ ]] || { echo "IDEM_PG_SHARED_BUFFERS=$IDEM_PG_SHARED_BUFFERS: want a size such as 6GB" >&2; exit 2; }
+    SETTINGS="$SETTINGS
+shared_buffers = $IDEM_PG_SHARED_BUFFERS"
+  fi
 else
   PG_NAME=${IDEM_PG_CLUSTER:-main}
   PG_PORT=${IDEM_PG_PORT:-5432}
