@@ -77,7 +77,7 @@ func partitionOf(t *testing.T, st *pgstore.Store, scope string) map[string][]str
 
 // TestPartitionedRaceAcrossBoundary: eight claimers race for the same keys
 // through two stores of one table whose retentions put a key's row in two
-// different partitions (an hour apart, partitions of an hour), in batches
+// different partitions (two hours apart, partitions of an hour), in batches
 // of random order and size (one key: the single-key path) and through
 // RecordFailure. Each key is new to exactly one claimer and has exactly
 // one row: the primary key (scope, key, expires_at) would take both rows;
@@ -315,5 +315,98 @@ func TestPartitionedRefusals(t *testing.T) {
 	}
 	if err := part.Check(ctx); !errors.Is(err, pgstore.ErrModeMismatch) || !strings.Contains(err.Error(), "docs/partitions.md") {
 		t.Errorf("Check of a plain table with PartitionWidth: %v", err)
+	}
+}
+
+// moveSQL is docs/partitions.md's move of a table's rows into a
+// partitioned one, steps 2 and 4, with the schema public replaced.
+const (
+	moveAsideSQL = `CREATE SCHEMA idem_old;
+ALTER TABLE public.idem_dedup SET SCHEMA idem_old;
+DELETE FROM public.idem_schema_migrations WHERE table_name = 'idem_dedup' AND version IN (1, 2);`
+	moveRowsSQL = `INSERT INTO public.idem_dedup (scope, key, fingerprint, outcome, reason, source, created_at, expires_at)
+SELECT scope, key, fingerprint, outcome, reason, source, created_at, coalesce(expires_at, 'infinity')
+FROM idem_old.idem_dedup
+WHERE expires_at IS NULL OR expires_at > now();`
+)
+
+// TestPartitionedMoveFromPlainTable runs docs/partitions.md's steps on a
+// table with a key kept for ever, one for an hour, a failed one and an
+// expired one: after them, the partitioned store knows the first three as
+// they were and the expired key is new.
+func TestPartitionedMoveFromPlainTable(t *testing.T) {
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
+	ctx := context.Background()
+	plain, err := pgstore.New(pool, pgstore.Config{Schema: schema, ScopeRetention: map[string]time.Duration{"hour": time.Hour, "brief": time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := plain.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	keys := []dedup.Claim{deduptest.Claim("forever", "a", "p"), deduptest.Claim("hour", "b", "p"), deduptest.Claim("brief", "c", "p")}
+	if _, err := claimOnce(ctx, plain, keys...); err != nil {
+		t.Fatal(err)
+	}
+	failed := deduptest.Claim("hour", "f", "p")
+	if err := plain.RecordFailure(ctx, failed, "account closed"); err != nil {
+		t.Fatal(err)
+	}
+	old := "t_old_" + schema[2:]
+	in := func(sql string) string {
+		sql = strings.ReplaceAll(sql, "public.", `"`+schema+`".`)
+		return strings.ReplaceAll(strings.ReplaceAll(sql, "idem_old.", old+"."), "SCHEMA idem_old", "SCHEMA "+old)
+	}
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+old+` CASCADE`) })
+	if _, err := pool.Exec(ctx, in(moveAsideSQL)); err != nil {
+		t.Fatal(err)
+	}
+	part, err := pgstore.New(pool, pgstore.Config{Schema: schema, PartitionWidth: time.Hour, ScopeRetention: map[string]time.Duration{"hour": time.Hour, "brief": time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := part.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, in(moveRowsSQL)); err != nil {
+		t.Fatal(err)
+	}
+	if err := part.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	all := append(keys, failed)
+	res, err := claimOnce(ctx, part, all...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []dedup.Status{dedup.StatusDuplicate, dedup.StatusDuplicate, dedup.StatusNew, dedup.StatusFailed}
+	for i, r := range res {
+		if r.Status != want[i] {
+			t.Errorf("%s after the move: %v, want %v", all[i].Key, r.Status, want[i])
+		}
+	}
+}
+
+// partitionedEngine names TestPartitionedEngine, under which effectsRig
+// makes its stores partitioned.
+const partitionedEngine = "TestPartitionedEngine"
+
+// TestPartitionedEngine runs the consumer's tests on the store in
+// partitioned mode: effectively once under redelivery and concurrency,
+// failed outcomes, redriven copies (lineage and release), and offsets in
+// the store with message-ID and business keys.
+func TestPartitionedEngine(t *testing.T) {
+	for name, test := range map[string]func(*testing.T){
+		"ThousandMessagesDeliveredManyTimesApplyOnce": TestThousandMessagesDeliveredManyTimesApplyOnce,
+		"HundredConcurrentDeliveriesOfOneKey":         TestHundredConcurrentDeliveriesOfOneKey,
+		"ConstraintViolationSwallowedByHandler":       TestConstraintViolationSwallowedByHandler,
+		"RedrivenCopiesApplyOnce":                     TestRedrivenCopiesApplyOnce,
+		"OffsetsRedeliveriesAndLostAcksApplyOnce":     TestOffsetsRedeliveriesAndLostAcksApplyOnce,
+		"OffsetsWithBusinessKeys":                     TestOffsetsWithBusinessKeys,
+		"OffsetsDeadLetterAdvances":                   TestOffsetsDeadLetterAdvances,
+		"OffsetsHeldBackAtARefusedMessage":            TestOffsetsHeldBackAtARefusedMessage,
+	} {
+		t.Run(name, test)
 	}
 }
