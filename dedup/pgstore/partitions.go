@@ -432,3 +432,17 @@ func (s *Store) recordFailurePartitioned(ctx context.Context, args ...any) error
 		return err
 	})
 }
+
+// purgeLayout refuses, once per store, to purge a partitioned table
+// without PartitionWidth (idem purge, say): the plain purge deletes by
+// ctid, which a partitioned table repeats in each partition.
+func (s *Store) purgeLayout(ctx context.Context) error {
+	if s.part != nil || s.cfg.Distributed || s.plainOK.Load() {
+		return nil
+	}
+	if err := s.checkLayout(ctx); err != nil {
+		return fmt.Errorf("pgstore: purge: %w", err)
+	}
+	s.plainOK.Store(true)
+	return nil
+}

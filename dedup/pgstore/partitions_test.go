@@ -410,3 +410,26 @@ func TestPartitionedEngine(t *testing.T) {
 		t.Run(name, test)
 	}
 }
+
+// TestPurgeRefusesAPartitionedTableWithoutWidth: a store without
+// PartitionWidth (the idem command's) refuses to purge a partitioned
+// table, whose ctids repeat across partitions, and leaves its rows.
+func TestPurgeRefusesAPartitionedTableWithoutWidth(t *testing.T) {
+	st := partitionedStore(t, pgstore.Config{ScopeRetention: map[string]time.Duration{"brief": time.Millisecond}})
+	ctx := context.Background()
+	if _, err := claimOnce(ctx, st, deduptest.Claim("brief", "a", "p"), deduptest.Claim("kept", "b", "p")); err != nil {
+		t.Fatal(err)
+	}
+	schema := strings.Trim(strings.Split(st.Table(), ".")[0], `"`)
+	plain, err := pgstore.New(testenv.Pool(t), pgstore.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := plain.Admin().Purge(ctx, 100); !errors.Is(err, pgstore.ErrModeMismatch) || n != 0 {
+		t.Fatalf("Purge of a partitioned table without PartitionWidth: %d, %v", n, err)
+	}
+	var rows int
+	if err := testenv.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+st.Table()).Scan(&rows); err != nil || rows != 2 {
+		t.Fatalf("%d rows left (%v), want 2", rows, err)
+	}
+}

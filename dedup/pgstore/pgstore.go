@@ -101,6 +101,7 @@ type Store struct {
 	epochs  string      // sanitized schema.table_epochs: see epochs.go
 	part    *partitions // partitioned mode (partitions.go); nil without
 	lockSQL string      // partitioned mode: the claim's key locks
+	plainOK atomic.Bool // without partitions: the table was found not partitioned
 
 	lockTimeout string
 	boundSQL    [3]string // the statements around the claim's INSERT that bound its wait
@@ -361,6 +362,9 @@ func (s *Store) Check(ctx context.Context) error {
 		return sqlmigrate.Check("pgstore", s.table, table != nil, int(have), ms, "Store.Migrate before Run")
 	case sharded != s.cfg.Distributed:
 		return s.mismatch(sharded)
+	}
+	if s.cfg.Distributed {
+		return nil
 	}
 	return s.checkLayout(ctx)
 }
@@ -764,6 +768,9 @@ func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 		return 0, nil
 	}
 	dropped := 0
+	if err := s.purgeLayout(ctx); err != nil {
+		return 0, err
+	}
 	if s.part != nil {
 		if err := s.ensurePartitions(ctx); err != nil {
 			return 0, err
