@@ -83,7 +83,7 @@ const foreverSuffix = "_pforever"
 // lockKeysSQL takes the advisory locks of a claim's keys: $1 scopes, $2
 // keys, separated by U+001F (one key: no separator), in the order of their
 // hashes.
-const lockKeysSQL = `SELECT count(pg_advisory_xact_lock(h)) FROM (
+const lockKeysSQL = `SELECT count(pg_advisory_xact_lock(h)), current_setting('transaction_isolation') FROM (
     SELECT DISTINCT hashtextextended(s || E'\x1f' || k, %d) AS h
     FROM unnest(string_to_array($1::text, E'\x1f'), string_to_array($2::text, E'\x1f')) AS u(s, k)
     ORDER BY 1) AS l`
@@ -412,19 +412,32 @@ func (s *Store) sendClaim(ctx context.Context, tx pgx.Tx, sql string, args ...an
 	b.Queue(s.lockSQL, args[0], args[1])
 	b.Queue(sql, args...)
 	br := tx.SendBatch(ctx, &b)
-	for range 2 {
-		if _, err := br.Exec(); err != nil {
-			br.Close()
-			return nil, err
-		}
+	_, err := br.Exec()
+	var n int64
+	var iso string
+	if err == nil {
+		err = br.QueryRow().Scan(&n, &iso)
+	}
+	if err == nil && iso != "read committed" {
+		err = fmt.Errorf("%w, not %s: the look for a key after its lock needs a snapshot taken after the lock", ErrPartitionedIsolation, iso)
+	}
+	if err != nil {
+		br.Close()
+		return nil, err
 	}
 	return br, nil
 }
 
+// ErrPartitionedIsolation: a claim of a store with PartitionWidth in a
+// transaction that is not READ COMMITTED (InTx begins its transactions
+// so): under REPEATABLE READ the INSERT's snapshot would be older than the
+// key's lock, and miss the row the lock's previous holder committed.
+var ErrPartitionedIsolation = errors.New("pgstore: Config.PartitionWidth claims in READ COMMITTED transactions")
+
 // recordFailurePartitioned is RecordFailure's transaction in partitioned
 // mode: the key's lock, then the row where no partition holds the key.
 func (s *Store) recordFailurePartitioned(ctx context.Context, args ...any) error {
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, s.lockSQL, args[0], args[1]); err != nil {
 			return err
 		}

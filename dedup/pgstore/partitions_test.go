@@ -274,7 +274,8 @@ WHERE i.inhparent = $1::regclass AND c.relname > $2 AND c.relname NOT LIKE '%for
 }
 
 // TestPartitionedRefusals: the mode refuses Distributed, widths that are
-// not whole seconds, httpidem's requests, and a table of the other layout.
+// not whole seconds, httpidem's requests, a claim in a transaction that is
+// not READ COMMITTED, and a table of the other layout.
 func TestPartitionedRefusals(t *testing.T) {
 	pool := testenv.Pool(t)
 	for _, cfg := range []pgstore.Config{
@@ -295,6 +296,12 @@ func TestPartitionedRefusals(t *testing.T) {
 	}
 	if _, err := st.AcquireLease(ctx, c, time.Hour, time.Minute); !errors.Is(err, pgstore.ErrPartitionedHTTP) {
 		t.Errorf("AcquireLease: %v", err)
+	}
+	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
+		return st.Claim(ctx, tx, []dedup.Claim{c}, make([]dedup.Result, 1))
+	})
+	if !errors.Is(err, pgstore.ErrPartitionedIsolation) || st.ClassifyError(err) != dedup.ClassFatal {
+		t.Errorf("a claim under REPEATABLE READ: %v", err)
 	}
 	schema := strings.Trim(strings.Split(st.Table(), ".")[0], `"`)
 	plain, err := pgstore.New(pool, pgstore.Config{Schema: schema})

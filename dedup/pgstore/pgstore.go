@@ -275,6 +275,9 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx
 	if s.cfg.Distributed {
 		opts.IsoLevel = pgx.Serializable
 	}
+	if s.part != nil {
+		opts.IsoLevel = pgx.ReadCommitted // whatever the database's default: partitions.go
+	}
 	// The connection is held until the deferred function is done with it:
 	// a pool transaction hands its connection back to the pool in Commit,
 	// also a failed one (40001 at COMMIT under SERIALIZABLE), and asking it
@@ -791,9 +794,10 @@ func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 // ClassifyError classifies Postgres errors by SQLSTATE (see
 // internal/pgerr: conflicts, unavailability, permanent and fatal codes), a
 // *dedup.ConnLostError as dedup.ClassUnavailable, and ErrDistributedHTTP,
-// ErrPartitionedHTTP and ErrModeMismatch as dedup.ClassFatal.
+// ErrPartitionedHTTP, ErrPartitionedIsolation and ErrModeMismatch as
+// dedup.ClassFatal.
 func (s *Store) ClassifyError(err error) dedup.ErrorClass {
-	if errors.Is(err, ErrDistributedHTTP) || errors.Is(err, ErrPartitionedHTTP) || errors.Is(err, ErrModeMismatch) {
+	if errors.Is(err, ErrDistributedHTTP) || errors.Is(err, ErrPartitionedHTTP) || errors.Is(err, ErrPartitionedIsolation) || errors.Is(err, ErrModeMismatch) {
 		return dedup.ClassFatal
 	}
 	return pgerr.Classify(err)
