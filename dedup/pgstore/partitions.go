@@ -135,6 +135,7 @@ type partition struct {
 
 type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // lower and upper are NULL for the forever partition.
@@ -157,8 +158,8 @@ func (s *Store) listPartitions(ctx context.Context, q querier) ([]partition, tim
 	if err := rows.Err(); err != nil {
 		return nil, time.Time{}, err
 	}
-	if now.IsZero() {
-		err = s.pool.QueryRow(ctx, `SELECT now()`).Scan(&now)
+	if now.IsZero() { // no partitions; on q: the pool may have no other connection
+		err = q.QueryRow(ctx, `SELECT now()`).Scan(&now)
 	}
 	return out, now, err
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/deduptest"
@@ -438,5 +439,28 @@ func TestPurgeRefusesAPartitionedTableWithoutWidth(t *testing.T) {
 	var rows int
 	if err := testenv.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+st.Table()).Scan(&rows); err != nil || rows != 2 {
 		t.Fatalf("%d rows left (%v), want 2", rows, err)
+	}
+}
+
+// TestPartitionedMigrateOnOneConnection: Migrate creates the first
+// partitions on a pool of one connection (BenchmarkClaim's), which the
+// partitions' transaction holds.
+func TestPartitionedMigrateOnOneConnection(t *testing.T) {
+	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	st, err := pgstore.New(pool, pgstore.Config{Schema: testenv.Schema(t, testenv.Pool(t)), PartitionWidth: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Migrate(testenv.Context(t, 30*time.Second)); err != nil {
+		t.Fatal(err)
 	}
 }
