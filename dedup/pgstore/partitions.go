@@ -185,7 +185,8 @@ func (s *Store) ensurePartitions(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, p.seed+1); err != nil {
+		// Bounded, as a claim's wait: a claim may be waiting for this.
+		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), pg_advisory_xact_lock($2)`, s.lockTimeout, p.seed+1); err != nil {
 			return err
 		}
 		parts, now, err := s.listPartitions(ctx, tx)
@@ -261,10 +262,15 @@ func (s *Store) attach(ctx context.Context, tx pgx.Tx, name, from, to string) er
 // width to spare.
 func (s *Store) partitionsReady(ctx context.Context) error {
 	p := s.part
-	if h := p.horizon.Load(); h != 0 && time.Now().Add(p.longest+p.width).UnixNano() < h {
+	h := p.horizon.Load()
+	if h != 0 && time.Now().Add(p.longest+p.width).UnixNano() < h {
 		return nil
 	}
-	return s.ensurePartitions(ctx)
+	err := s.ensurePartitions(ctx)
+	if err != nil && h != 0 && time.Now().Add(p.longest).UnixNano() < h {
+		return nil // still covered: the next claim or Purge tries again
+	}
+	return err
 }
 
 // checkLayout refuses a table partitioned when the store is not, and the
