@@ -14,6 +14,12 @@
 // lack ctid and (some releases) advisory locks, limit DDL in transactions and
 // do not all honour lock_timeout; docs/distributed.md lists the differences
 // and how the mode meets each.
+//
+// Config.PartitionWidth partitions the table by range of expires_at, so
+// that Purge drops a partition of expired keys instead of deleting them
+// one by one; a key stays unique across partitions through an advisory
+// lock per key taken before the claim's INSERT (partitions.go,
+// docs/partitions.md).
 package pgstore
 
 import (
