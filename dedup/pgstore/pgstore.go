@@ -378,10 +378,10 @@ func (s *Store) Check(ctx context.Context) error {
 	return s.checkLayout(ctx)
 }
 
-// ErrModeMismatch: the table was made in the other mode than the store's
-// Config.Distributed. The modes' primary keys differ; a table does not
-// change mode.
-var ErrModeMismatch = errors.New("pgstore: the table and Config.Distributed disagree")
+// ErrModeMismatch: the table was made in another mode than the store's
+// Config.Distributed or Config.PartitionWidth. The modes' primary keys
+// differ; a table does not change mode.
+var ErrModeMismatch = errors.New("pgstore: the table and the store's mode disagree")
 
 func (s *Store) mismatch(sharded bool) error {
 	if sharded {
