@@ -98,7 +98,8 @@ Commands:
 	}
 	fmt.Fprint(w, `
 The store: --pg URL or IDEM_PG_URL (Postgres; --schema/IDEM_PG_SCHEMA, default
-public), or --sqlite PATH or IDEM_SQLITE; --table/IDEM_TABLE, default idem_dedup.
+public), or --sqlite PATH or IDEM_SQLITE; --table/IDEM_TABLE, default idem_dedup;
+--partition-width/IDEM_PG_PARTITION_WIDTH for a partitioned Postgres table.
 Kafka (redrive): --brokers or IDEM_KAFKA_BROKERS, host:port[,host:port].
 RocketMQ (redrive --broker rocketmq): --namesrv or IDEM_ROCKETMQ_NAMESRV,
 host:port[;host:port].

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -17,6 +18,7 @@ import (
 // storeFlags choose the store.
 type storeFlags struct {
 	pg, sqlite, schema, table string
+	partitionWidth            string
 	json                      bool
 }
 
@@ -25,6 +27,7 @@ func (f *storeFlags) register(fs *flag.FlagSet, e *env) {
 	fs.StringVar(&f.sqlite, "sqlite", e.getenv("IDEM_SQLITE"), "SQLite database file (env IDEM_SQLITE)")
 	fs.StringVar(&f.schema, "schema", or(e.getenv("IDEM_PG_SCHEMA"), "public"), "Postgres schema of the table (env IDEM_PG_SCHEMA)")
 	fs.StringVar(&f.table, "table", or(e.getenv("IDEM_TABLE"), "idem_dedup"), "the dedup table (env IDEM_TABLE)")
+	fs.StringVar(&f.partitionWidth, "partition-width", e.getenv("IDEM_PG_PARTITION_WIDTH"), "the partitions' width of a partitioned Postgres table, as its store's PartitionWidth: 168h (env IDEM_PG_PARTITION_WIDTH)")
 	fs.BoolVar(&f.json, "json", false, "print one JSON document")
 }
 
@@ -72,11 +75,18 @@ func (f *storeFlags) openWithRequests(ctx context.Context, create bool) (dedup.A
 	case f.pg != "" && f.sqlite != "":
 		return nil, nil, nil, errors.New("both a Postgres URL and an SQLite file: choose one")
 	case f.pg != "":
+		var width time.Duration
+		if f.partitionWidth != "" {
+			var err error
+			if width, err = time.ParseDuration(f.partitionWidth); err != nil {
+				return nil, nil, nil, fmt.Errorf("--partition-width: %w", err)
+			}
+		}
 		pool, err := pgxpool.New(ctx, f.pg)
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("postgres: %w", err)
 		}
-		st, err := pgstore.New(pool, pgstore.Config{Schema: f.schema, Table: f.table})
+		st, err := pgstore.New(pool, pgstore.Config{Schema: f.schema, Table: f.table, PartitionWidth: width})
 		if err != nil {
 			pool.Close()
 			return nil, nil, nil, err

@@ -24,7 +24,9 @@ func (a *Admin) Migrate(ctx context.Context) error { return a.s.Migrate(ctx) }
 // Purge is Store.Purge.
 func (a *Admin) Purge(ctx context.Context, limit int) (int, error) { return a.s.Purge(ctx, limit) }
 
-const rowColumns = `scope, key, fingerprint, outcome, coalesce(reason, ''), coalesce(source, ''), created_at, expires_at`
+// rowColumns reads a row; a row kept for ever expires at NULL, or at
+// 'infinity' in partitioned mode (partitions.go).
+const rowColumns = `scope, key, fingerprint, outcome, coalesce(reason, ''), coalesce(source, ''), created_at, nullif(expires_at, 'infinity')`
 
 func scanRows(rows pgx.Rows) ([]dedup.Row, error) {
 	defer rows.Close()
@@ -53,8 +55,8 @@ func (a *Admin) Summary(ctx context.Context) ([]dedup.ScopeSummary, error) {
 SELECT s.scope, s.outcome, s.n, s.expired, s.oldest_at, o.key, s.retention_ms, s.forever, s.processing, s.finished, s.stuck
 FROM (SELECT scope, outcome, count(*) AS n, count(*) FILTER (WHERE expires_at < now()) AS expired,
              min(created_at) AS oldest_at,
-             coalesce(max(extract(epoch FROM expires_at - created_at) * 1000), 0)::int8 AS retention_ms,
-             bool_or(expires_at IS NULL) AS forever,
+             coalesce(max(extract(epoch FROM nullif(expires_at, 'infinity') - created_at) * 1000), 0)::int8 AS retention_ms,
+             bool_or(expires_at IS NULL OR expires_at = 'infinity') AS forever,
              count(*) FILTER (WHERE state = 'processing') AS processing,
              count(*) FILTER (WHERE state = 'finished') AS finished,
              count(*) FILTER (WHERE state = 'processing' AND lease_expires_at < now()) AS stuck

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/internal/testenv/pgtest"
 )
@@ -24,19 +25,31 @@ import (
 // round trips and COMMIT; allocs/msg counts the client's allocations (pgx
 // encoding included); pg-µs/msg is the CPU time of the one server process
 // serving the benchmark, when it runs on this machine (from /proc).
+//
+// The partitioned variants keep keys 90 days in partitions of a week (16
+// partitions, one index probe each per key) or of a day (93).
 func BenchmarkClaim(b *testing.B) {
-	for _, batch := range []int{1, 100} {
-		for _, repeat := range []bool{false, true} {
-			name := fmt.Sprintf("batch=%d", batch)
-			if repeat {
-				name += "/repeat"
+	for _, layout := range []struct {
+		name string
+		cfg  pgstore.Config
+	}{
+		{"", pgstore.Config{}},
+		{"partitions=16/", pgstore.Config{Retention: 90 * 24 * time.Hour, PartitionWidth: 7 * 24 * time.Hour}},
+		{"partitions=93/", pgstore.Config{Retention: 90 * 24 * time.Hour, PartitionWidth: 24 * time.Hour}},
+	} {
+		for _, batch := range []int{1, 100} {
+			for _, repeat := range []bool{false, true} {
+				name := fmt.Sprintf("%sbatch=%d", layout.name, batch)
+				if repeat {
+					name += "/repeat"
+				}
+				b.Run(name, func(b *testing.B) { benchClaim(b, layout.cfg, batch, repeat) })
 			}
-			b.Run(name, func(b *testing.B) { benchClaim(b, batch, repeat) })
 		}
 	}
 }
 
-func benchClaim(b *testing.B, batch int, repeat bool) {
+func benchClaim(b *testing.B, layout pgstore.Config, batch int, repeat bool) {
 	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL(b))
 	if err != nil {
 		b.Fatal(err)
@@ -49,6 +62,15 @@ func benchClaim(b *testing.B, batch int, repeat bool) {
 	defer pool.Close()
 	schema := testenv.Schema(b, testenv.Pool(b))
 	st := pgtest.Store(b, pool, schema)
+	if layout.PartitionWidth != 0 {
+		layout.Schema = testenv.Schema(b, testenv.Pool(b))
+		if st, err = pgstore.New(pool, layout); err != nil {
+			b.Fatal(err)
+		}
+		if err := st.Migrate(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
 	ctx := context.Background()
 	var backend int
 	if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -38,6 +39,9 @@ func effectsRig(t *testing.T, cfg pgstore.Config) (pool *pgxpool.Pool, schema st
 	pool = testenv.Pool(t)
 	schema = testenv.Schema(t, pool)
 	cfg.Schema = schema
+	if strings.HasPrefix(t.Name(), partitionedEngine+"/") {
+		cfg.PartitionWidth = time.Hour // partitions_test.go
+	}
 	st, err := pgstore.New(pool, cfg)
 	if err != nil {
 		t.Fatal(err)

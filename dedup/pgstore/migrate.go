@@ -19,12 +19,14 @@ func (s *Store) migrations() ([]sqlmigrate.Migration, error) {
 		Offsets     string
 		Epochs      string
 		Distributed bool
+		Partitioned bool
 		Index       func(string) string
 	}{
 		Table:       s.table,
 		Offsets:     s.offsets,
 		Epochs:      s.epochs,
 		Distributed: s.cfg.Distributed,
+		Partitioned: s.part != nil,
 		Index:       pgmigrate.Index(s.cfg.Table),
 	})
 	if err != nil {
@@ -48,7 +50,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 		if err := pgmigrate.Migrate(ctx, s.pool, s.cfg.Schema, s.cfg.Table, ms); err != nil {
 			return fmt.Errorf("pgstore: %w", err)
 		}
-		return nil
+		return s.afterMigrate(ctx) // partitions.go
 	}
 	if err := pgmigrate.MigrateDistributed(ctx, s.pool, s.cfg.Schema, s.cfg.Table, ms); err != nil {
 		return fmt.Errorf("pgstore: %w", err)

@@ -14,6 +14,12 @@
 // lack ctid and (some releases) advisory locks, limit DDL in transactions and
 // do not all honour lock_timeout; docs/distributed.md lists the differences
 // and how the mode meets each.
+//
+// Config.PartitionWidth partitions the table by range of expires_at, so
+// that Purge drops a partition of expired keys instead of deleting them
+// one by one; a key stays unique across partitions through an advisory
+// lock per key taken before the claim's INSERT (partitions.go,
+// docs/partitions.md).
 package pgstore
 
 import (
@@ -75,6 +81,20 @@ type Config struct {
 	//     (ErrDistributedHTTP): they need advisory locks.
 	// The mode is the table's: Check refuses a table made in the other one.
 	Distributed bool
+	// PartitionWidth, when set, partitions the table by range of
+	// expires_at, one partition per PartitionWidth (a whole number of
+	// seconds; a day, a week), and Purge drops the partitions whose time
+	// has passed instead of deleting their rows one by one; default 0:
+	// one table. docs/partitions.md says how a key stays unique across
+	// partitions, what the mode refuses (Distributed, httpidem's
+	// requests) and how to move an existing table's rows. Like
+	// Distributed, the mode is the table's: Check refuses a table made
+	// in the other one.
+	PartitionWidth time.Duration
+	// PartitionsAhead is how many partitions beyond the longest retention
+	// the store keeps created (at Migrate, at each Purge, and before a
+	// claim that finds them short); default 2.
+	PartitionsAhead int
 }
 
 // Store is a dedup.Store[pgx.Tx] on a pgx pool. Safe for concurrent use.
@@ -84,7 +104,10 @@ type Store struct {
 	table   string // sanitized schema.table
 	offsets string // sanitized schema.table_offsets: see offsets.go
 	offSQL  offsetQueries
-	epochs  string // sanitized schema.table_epochs: see epochs.go
+	epochs  string      // sanitized schema.table_epochs: see epochs.go
+	part    *partitions // partitioned mode (partitions.go); nil without
+	lockSQL string      // partitioned mode: the claim's key locks
+	plainOK atomic.Bool // without partitions: the table was found not partitioned
 
 	lockTimeout string
 	boundSQL    [3]string // the statements around the claim's INSERT that bound its wait
@@ -139,7 +162,12 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		cfg.LockTimeout = 5 * time.Second
 	}
 	t := pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()
+	part, err := newPartitions(cfg, t)
+	if err != nil {
+		return nil, err
+	}
 	st := &Store{
+		part:        part,
 		pool:        pool,
 		cfg:         cfg,
 		table:       t,
@@ -197,6 +225,9 @@ SELECT shard, scope, key FROM ` + t + ` WHERE ` + purgeable + ` LIMIT $1)`
 		st.purgeSQL = `DELETE FROM ` + t + ` WHERE ctid IN (
 SELECT ctid FROM ` + t + ` WHERE ` + purgeable + ` LIMIT $1 FOR UPDATE SKIP LOCKED)`
 	}
+	if part != nil {
+		st.partitionedSQL(t) // replaces the inserts and the purge
+	}
 	st.bufs.New = func() any { return new(claimBuf) }
 	st.http = newHTTPQueries(t)
 	st.offsets = pgx.Identifier{cfg.Schema, cfg.Table + "_offsets"}.Sanitize()
@@ -245,6 +276,9 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx
 	var opts pgx.TxOptions
 	if s.cfg.Distributed {
 		opts.IsoLevel = pgx.Serializable
+	}
+	if s.part != nil {
+		opts.IsoLevel = pgx.ReadCommitted // whatever the database's default: partitions.go
 	}
 	// The connection is held until the deferred function is done with it:
 	// a pool transaction hands its connection back to the pool in Commit,
@@ -334,13 +368,16 @@ func (s *Store) Check(ctx context.Context) error {
 	case sharded != s.cfg.Distributed:
 		return s.mismatch(sharded)
 	}
-	return nil
+	if s.cfg.Distributed {
+		return nil
+	}
+	return s.checkLayout(ctx)
 }
 
-// ErrModeMismatch: the table was made in the other mode than the store's
-// Config.Distributed. The modes' primary keys differ; a table does not
-// change mode.
-var ErrModeMismatch = errors.New("pgstore: the table and Config.Distributed disagree")
+// ErrModeMismatch: the table was made in another mode than the store's
+// Config.Distributed or Config.PartitionWidth. The modes' primary keys
+// differ; a table does not change mode.
+var ErrModeMismatch = errors.New("pgstore: the table and the store's mode disagree")
 
 func (s *Store) mismatch(sharded bool) error {
 	if sharded {
@@ -413,6 +450,11 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, claims []dedup.Claim, resu
 		return nil
 	}
 	clear(results[:n]) // a result left from an earlier batch must not stand
+	if s.part != nil {
+		if err := s.partitionsReady(ctx); err != nil {
+			return err
+		}
+	}
 	if n == 1 {
 		return s.claimOne(ctx, tx, &claims[0], &results[0])
 	}
@@ -420,7 +462,7 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, claims []dedup.Claim, resu
 	defer s.bufs.Put(buf)
 	buf.encode(claims, s.retentionMillis)
 
-	br, err := s.sendBounded(ctx, tx, s.insertSQL, buf.args[:]...)
+	br, err := s.sendClaim(ctx, tx, s.insertSQL, buf.args[:]...)
 	if err != nil {
 		return s.claimErr(err)
 	}
@@ -519,7 +561,7 @@ func (s *Store) claimOne(ctx context.Context, tx pgx.Tx, c *dedup.Claim, res *de
 	if c.Source != "" {
 		src = cleanSource(c.Source)
 	}
-	br, err := s.sendBounded(ctx, tx, s.insertOneSQL, c.Key.Scope, c.Key.ID, c.Fingerprint[:], src, s.retentionMillis(c.Key.Scope))
+	br, err := s.sendClaim(ctx, tx, s.insertOneSQL, c.Key.Scope, c.Key.ID, c.Fingerprint[:], src, s.retentionMillis(c.Key.Scope))
 	if err != nil {
 		return s.claimErr(err)
 	}
@@ -749,6 +791,17 @@ func (s *Store) claimErr(err error) error {
 	if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
 		return fmt.Errorf("%w (lock_timeout %s): %w", dedup.ErrInFlight, s.lockTimeout, err)
 	}
+	if s.part != nil && noPartition(err) {
+		// A row beyond the partitions made: create them, and let the
+		// consumer retry.
+		pctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if perr := s.ensurePartitions(pctx); perr != nil {
+			err = errors.Join(err, perr)
+		}
+		cancel()
+		// Not wrapped: its SQLSTATE (23514) would classify it permanent.
+		return fmt.Errorf("%w (no partition for the key's expiry yet, now made): %v", dedup.ErrInFlight, err)
+	}
 	if s.cfg.Distributed && errors.As(err, &pgErr) && pgErr.Code == "57014" {
 		return fmt.Errorf("%w (statement_timeout %s on the claim): %w", dedup.ErrInFlight, s.lockTimeout, err)
 	}
@@ -758,8 +811,16 @@ func (s *Store) claimErr(err error) error {
 // RecordFailure inserts a 'failed' row in its own transaction; see
 // dedup.Store.
 func (s *Store) RecordFailure(ctx context.Context, c dedup.Claim, reason string) error {
-	_, err := s.pool.Exec(ctx, s.failSQL, c.Key.Scope, c.Key.ID, c.Fingerprint[:], c.Source,
-		shorten.Reason(reason), s.retentionMillis(c.Key.Scope))
+	args := []any{c.Key.Scope, c.Key.ID, c.Fingerprint[:], c.Source, shorten.Reason(reason), s.retentionMillis(c.Key.Scope)}
+	var err error
+	if s.part != nil {
+		err = s.partitionsReady(ctx)
+		if err == nil {
+			err = s.recordFailurePartitioned(ctx, args...)
+		}
+	} else {
+		_, err = s.pool.Exec(ctx, s.failSQL, args...)
+	}
 	if err != nil {
 		return fmt.Errorf("pgstore: record failure: %w", err)
 	}
@@ -773,23 +834,45 @@ const purgeable = `expires_at < now() AND (state IS DISTINCT FROM 'processing' O
 // Purge deletes at most limit expired rows (by the database clock), skipping
 // rows other transactions hold and HTTP requests whose lease runs; see
 // dedup.Store.
+//
+// In partitioned mode (Config.PartitionWidth) it first creates the
+// partitions ahead and drops the partitions whose upper bound has passed,
+// whole, whatever limit says: the count returned includes their rows
+// (estimated for a partition of 100,000 rows or more). Then it deletes at
+// most limit expired rows of the partitions still live, as without
+// partitions.
 func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
 	}
+	dropped := 0
+	if err := s.purgeLayout(ctx); err != nil {
+		return 0, err
+	}
+	if s.part != nil {
+		if err := s.ensurePartitions(ctx); err != nil {
+			return 0, err
+		}
+		n, err := s.dropExpired(ctx)
+		if err != nil {
+			return n, fmt.Errorf("pgstore: purge: drop partitions: %w", err)
+		}
+		dropped = n
+	}
 	tag, err := s.pool.Exec(ctx, s.purgeSQL, limit)
 	if err != nil {
-		return 0, fmt.Errorf("pgstore: purge: %w", err)
+		return dropped, fmt.Errorf("pgstore: purge: %w", err)
 	}
-	return int(tag.RowsAffected()), nil
+	return dropped + int(tag.RowsAffected()), nil
 }
 
 // ClassifyError classifies Postgres errors by SQLSTATE (see
 // internal/pgerr: conflicts, unavailability, permanent and fatal codes), a
-// *dedup.ConnLostError as dedup.ClassUnavailable, and ErrDistributedHTTP
-// and ErrModeMismatch as dedup.ClassFatal.
+// *dedup.ConnLostError as dedup.ClassUnavailable, and ErrDistributedHTTP,
+// ErrPartitionedHTTP, ErrPartitionedIsolation and ErrModeMismatch as
+// dedup.ClassFatal.
 func (s *Store) ClassifyError(err error) dedup.ErrorClass {
-	if errors.Is(err, ErrDistributedHTTP) || errors.Is(err, ErrModeMismatch) {
+	if errors.Is(err, ErrDistributedHTTP) || errors.Is(err, ErrPartitionedHTTP) || errors.Is(err, ErrPartitionedIsolation) || errors.Is(err, ErrModeMismatch) {
 		return dedup.ClassFatal
 	}
 	return pgerr.Classify(err)

@@ -204,6 +204,9 @@ func (s *Store) RunRequest(ctx context.Context, c dedup.Claim, retention time.Du
 	if s.cfg.Distributed {
 		return rec, ErrDistributedHTTP
 	}
+	if s.part != nil {
+		return rec, ErrPartitionedHTTP
+	}
 	began := s.now()
 	pc, err := s.pool.Acquire(ctx)
 	if err != nil {
@@ -382,6 +385,9 @@ func (r errRow) Scan(...any) error { return r.err }
 func (s *Store) AcquireLease(ctx context.Context, c dedup.Claim, retention, lease time.Duration) (dedup.RequestRecord, error) {
 	if s.cfg.Distributed {
 		return dedup.RequestRecord{}, ErrDistributedHTTP
+	}
+	if s.part != nil {
+		return dedup.RequestRecord{}, ErrPartitionedHTTP
 	}
 	var rec dedup.RequestRecord
 	err := s.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {

@@ -9,7 +9,16 @@ CREATE TABLE IF NOT EXISTS {{.Table}} (
     reason      text        CHECK (octet_length(reason) <= 500),
     source      text,
     created_at  timestamptz NOT NULL DEFAULT now(),
+{{- if .Partitioned}}
+    expires_at  timestamptz NOT NULL, -- 'infinity': kept for ever
+    -- Partitioned mode (Config.PartitionWidth): a unique index must hold
+    -- the partition key; the store keeps (scope, key) unique across
+    -- partitions itself (partitions.go). Partitions: made by the store.
+    PRIMARY KEY (scope, key, expires_at)
+) PARTITION BY RANGE (expires_at);
+{{- else}}
     expires_at  timestamptz,
     PRIMARY KEY ({{if .Distributed}}shard, {{end}}scope, key)
 );
+{{- end}}
 CREATE INDEX IF NOT EXISTS {{call .Index "expires"}} ON {{.Table}} (expires_at) WHERE expires_at IS NOT NULL;
