@@ -45,7 +45,11 @@ func countingRig(t *testing.T) (*pgxpool.Pool, *beginCounter, *pgstore.Store, st
 	}
 	t.Cleanup(pool.Close)
 	schema := testenv.Schema(t, pool)
-	st, err := pgstore.New(pool, pgstore.Config{Schema: schema})
+	cfg2 := pgstore.Config{Schema: schema}
+	if strings.HasPrefix(t.Name(), partitionedEngine+"/") {
+		cfg2.PartitionWidth = time.Hour // partitions_test.go
+	}
+	st, err := pgstore.New(pool, cfg2)
 	if err != nil {
 		t.Fatal(err)
 	}
