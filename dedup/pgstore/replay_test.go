@@ -44,19 +44,8 @@ func countingRig(t *testing.T) (*pgxpool.Pool, *beginCounter, *pgstore.Store, st
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	schema := testenv.Schema(t, pool)
-	cfg2 := pgstore.Config{Schema: schema}
-	if strings.HasPrefix(t.Name(), partitionedEngine+"/") {
-		cfg2.PartitionWidth = time.Hour // partitions_test.go
-	}
-	st, err := pgstore.New(pool, cfg2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Migrate(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	return pool, begins, st, effectsTable(t, pool, schema)
+	_, _, st, table := effectsRigOn(t, pool, pgstore.Config{})
+	return pool, begins, st, table
 }
 
 // TestReplayOfCommittedKeysOpensNoTransactions (issue 29, carried over): a
