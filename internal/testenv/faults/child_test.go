@@ -50,6 +50,7 @@ type childSpec struct {
 	Tenants    bool // the tenant header is part of the key's scope; tenant tables in Schema_<tenant>
 	BatchSize  int
 	Attempts   int           // Retry.MaxAttempts; default 10, the consumer's default
+	MaxElapsed time.Duration // Retry.MaxElapsed; default 2m, the consumer's default
 	Grace      time.Duration // SIGTERM: how long Stop may take
 	StatsFile  string        // where the child writes its counters
 	AckLog     string        // where the child records every message it acks: "lane partition offset" lines
@@ -350,7 +351,7 @@ func (spec *childSpec) run() error {
 		Key:             consumer.ByJSONField(payments.KeyField),
 		MaxPayloadBytes: payments.MaxPayload,
 		BatchSize:       spec.BatchSize,
-		Retry:           consumer.RetryPolicy{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond, MaxAttempts: attempts},
+		Retry:           consumer.RetryPolicy{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond, MaxAttempts: attempts, MaxElapsed: spec.MaxElapsed},
 		Logger:          log,
 		KeyLanes:        spec.KeyLanes,
 	}
