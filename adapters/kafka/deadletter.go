@@ -79,7 +79,15 @@ func (s *Source) letter(l consumer.Letter) kafkago.Message {
 	m := l.Message
 	topic := s.cfg.DeadLetterTopic
 	if topic == "" {
-		topic = m.Topic + ".dlq"
+		// A retry copy's letter (CauseExhausted) goes with its
+		// original's letters, not to a ".dlq" of its retry topic.
+		orig := m.Topic
+		if o, ok := m.Origin(); ok {
+			orig = o.Topic
+		} else if t, ok := s.retryOf[orig]; ok {
+			orig = t
+		}
+		topic = orig + ".dlq"
 	}
 	headers, value := l.Record(s.cfg.DeadLetterMaxBytes)
 	return outRecord(topic, m.Partition, m.Key, headers, value)

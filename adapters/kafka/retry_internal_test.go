@@ -34,3 +34,22 @@ func TestWaitDue(t *testing.T) {
 		t.Error("waitDue reported due after its context ended")
 	}
 }
+
+// The letter of a message read from a retry topic goes to its original
+// topic's dead-letter topic: "<topic>.dlq", never "<topic>.retry.10s.dlq",
+// which nobody creates.
+func TestRetryCopyLetterGoesToItsTopicsDLQ(t *testing.T) {
+	s, err := New(Config{Brokers: []string{"h:1"}, Topics: []string{"pay"}, Group: "g",
+		RetryDelays: []time.Duration{10 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []*consumer.Message{
+		{Topic: "pay", Partition: 1, Offset: 7},
+		{Topic: RetryTopic("pay", 10*time.Second), Partition: 1, Offset: 3},
+	} {
+		if got := s.letter(consumer.Letter{Message: m, Cause: consumer.CauseExhausted}).Topic; got != "pay.dlq" {
+			t.Errorf("the letter of %s/%d/%d goes to %q, want pay.dlq", m.Topic, m.Partition, m.Offset, got)
+		}
+	}
+}
