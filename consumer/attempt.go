@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"time"
 
 	"github.com/idemkit/idem/dedup"
@@ -65,10 +64,6 @@ type attempt[TTx any] struct {
 	fresh      []*Message // a BatchHandler's messages
 	freshAt    []int      // their positions in the items
 	tx         TxEvent    // what the Observer is told of the transaction
-	// replay: the last transaction committed no new key, so the next batch
-	// is looked up first (dedup.CommittedLookup) and settled without a
-	// transaction when every key is committed already.
-	replay bool
 }
 
 // run runs the transaction. It returns nil when it committed, with each
@@ -85,11 +80,6 @@ func (a *attempt[TTx]) run(ctx context.Context, its []*item) *failure {
 		a.results = make([]dedup.Result, len(its), cap(claims))
 	}
 	results := a.results[:len(its)]
-	if a.replay && c.cfg.Offsets == nil {
-		if lk, ok := c.cfg.Store.(dedup.CommittedLookup); ok && a.fromRows(ctx, lk, its, results) {
-			return nil
-		}
-	}
 	f := failure{blame: blameNone, phase: phaseClaim}
 	a.tx = TxEvent{Messages: len(its), Start: time.Now()}
 	txCtx := c.cfg.Observer.TxStart(ctx, len(its))
@@ -139,7 +129,6 @@ func (a *attempt[TTx]) run(ctx context.Context, its []*item) *failure {
 	if err == nil {
 		c.stats.commits.Add(1)
 		c.cfg.Observer.TxEnd(txCtx, a.tx)
-		a.replay = c.cfg.Offsets == nil && !slices.ContainsFunc(its, func(it *item) bool { return it.status == dedup.StatusNew })
 		return nil
 	}
 	f.err = err
@@ -172,27 +161,6 @@ func (a *attempt[TTx]) run(ctx context.Context, its []*item) *failure {
 		}
 	}
 	return &f
-}
-
-// fromRows settles its from committed rows, without a transaction, when
-// lk finds every key; it reports whether it did. A key lk does not find (a
-// new one, or one a transaction in flight holds) or a failed lookup leaves
-// the items to the transaction, which claims them as always.
-func (a *attempt[TTx]) fromRows(ctx context.Context, lk dedup.CommittedLookup, its []*item, results []dedup.Result) bool {
-	if err := lk.LookupCommitted(ctx, a.claims, results); err != nil {
-		a.replay = false
-		return false
-	}
-	for i := range its {
-		if !results[i].Status.Valid() || results[i].Status == dedup.StatusNew {
-			a.replay = false
-			return false
-		}
-	}
-	for i, it := range its {
-		it.status, it.reason, it.firstAt = results[i].Status, results[i].Reason, results[i].FirstAt
-	}
-	return true
 }
 
 // handle runs the handler for the new items, or the BatchHandler for all

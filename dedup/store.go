@@ -106,28 +106,6 @@ type Store[TTx any] interface {
 	ClassifyError(err error) ErrorClass
 }
 
-// CommittedLookup is an optional Store interface (pgstore implements it):
-// claims answered from committed rows alone, outside any transaction.
-//
-// The consumer uses it to settle a batch whose keys are all committed
-// already without opening a transaction: when a lane's last batch held no
-// new key (a replay, a re-sent stream), it looks the next batch up first;
-// when every key is found, the batch is settled from the answers — its
-// duplicates skipped, its mismatches and failed keys dead-lettered — with
-// no BEGIN, claim or COMMIT; otherwise it runs the batch's transaction as
-// always. A key found is committed, so its duplicate may be acknowledged;
-// a key claimed by a transaction still in flight is not found and goes
-// through the claim, which waits for that transaction.
-type CommittedLookup interface {
-	// LookupCommitted sets results[i], for each claims[i] whose key has a
-	// committed row, to what Claim would (StatusDuplicate, StatusMismatch
-	// or StatusFailed, with FirstAt and Reason), and leaves the others
-	// zero: a key without a row, or one whose row is not committed. It
-	// writes nothing; len(results) must be at least len(claims). When a key
-	// appears twice in claims and has no row, both results stay zero.
-	LookupCommitted(ctx context.Context, claims []Claim, results []Result) error
-}
-
 // Purger is a Store with retention: expired rows can be deleted in bounded
 // batches. The consumer does not call it; operators and scheduled jobs do.
 type Purger interface {

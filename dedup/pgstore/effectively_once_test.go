@@ -36,12 +36,7 @@ func effectsTable(t *testing.T, pool *pgxpool.Pool, schema string) string {
 // cfg.Schema is set here.
 func effectsRig(t *testing.T, cfg pgstore.Config) (pool *pgxpool.Pool, schema string, st *pgstore.Store, table string) {
 	t.Helper()
-	return effectsRigOn(t, testenv.Pool(t), cfg)
-}
-
-// effectsRigOn is effectsRig on pool.
-func effectsRigOn(t *testing.T, pool *pgxpool.Pool, cfg pgstore.Config) (_ *pgxpool.Pool, schema string, st *pgstore.Store, table string) {
-	t.Helper()
+	pool = testenv.Pool(t)
 	schema = testenv.Schema(t, pool)
 	cfg.Schema = schema
 	if strings.HasPrefix(t.Name(), partitionedEngine+"/") {

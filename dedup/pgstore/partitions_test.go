@@ -414,8 +414,6 @@ func TestPartitionedEngine(t *testing.T) {
 		"OffsetsWithBusinessKeys":                     TestOffsetsWithBusinessKeys,
 		"OffsetsDeadLetterAdvances":                   TestOffsetsDeadLetterAdvances,
 		"OffsetsHeldBackAtARefusedMessage":            TestOffsetsHeldBackAtARefusedMessage,
-		"ReplayOfCommittedKeysOpensNoTransactions":    TestReplayOfCommittedKeysOpensNoTransactions,
-		"LookupCommittedSeesOnlyCommittedRows":        TestLookupCommittedSeesOnlyCommittedRows,
 	} {
 		t.Run(name, test)
 	}

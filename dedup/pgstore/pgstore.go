@@ -596,82 +596,6 @@ func (s *Store) claimOne(ctx context.Context, tx pgx.Tx, c *dedup.Claim, res *de
 	return nil
 }
 
-// LookupCommitted answers claims from committed rows, in a statement of
-// its own outside any transaction (READ COMMITTED: it sees no row of a
-// transaction in flight); see dedup.CommittedLookup. One key is a
-// primary-key read; a batch is the lookup Claim runs after its insert,
-// over every claim.
-func (s *Store) LookupCommitted(ctx context.Context, claims []dedup.Claim, results []dedup.Result) error {
-	n := len(claims)
-	if len(results) < n {
-		return fmt.Errorf("pgstore: %d results for %d claims", len(results), n)
-	}
-	if n == 0 {
-		return nil
-	}
-	clear(results[:n])
-	if n == 1 {
-		c := &claims[0]
-		var same, failed bool
-		var reason string
-		var first time.Time
-		err := s.pool.QueryRow(ctx, s.lookupOneSQL, c.Key.Scope, c.Key.ID, c.Fingerprint[:]).Scan(&same, &failed, &reason, &first)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			return nil
-		case err != nil:
-			return fmt.Errorf("pgstore: lookup: %w", err)
-		}
-		results[0] = lookedUp(same, failed, reason, first)
-		return nil
-	}
-	buf := s.bufs.Get().(*claimBuf)
-	defer s.bufs.Put(buf)
-	buf.encode(claims, s.retentionMillis)
-	all := make([]byte, 0, 4*n)
-	for i := range n {
-		if i > 0 {
-			all = append(all, ',')
-		}
-		all = strconv.AppendInt(all, int64(i+1), 10)
-	}
-	// Planned afresh each time, as Claim's lookup (see there).
-	rows, err := s.pool.Query(ctx, s.lookupSQL, pgx.QueryExecModeExec,
-		string(buf.scopes), string(buf.keys), string(buf.fps), string(buf.srcs), string(buf.rets), string(all))
-	if err != nil {
-		return fmt.Errorf("pgstore: lookup: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var i int32
-		var same, failed bool
-		var reason string
-		var first time.Time
-		if err := rows.Scan(&i, &same, &failed, &reason, &first); err != nil {
-			return fmt.Errorf("pgstore: lookup: %w", err)
-		}
-		if i < 1 || int(i) > n {
-			return fmt.Errorf("pgstore: lookup: bad ordinal %d", i)
-		}
-		results[i-1] = lookedUp(same, failed, reason, first)
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("pgstore: lookup: %w", err)
-	}
-	return nil
-}
-
-// lookedUp is the result of a claim that found a stored row.
-func lookedUp(same, failed bool, reason string, first time.Time) dedup.Result {
-	switch {
-	case !same:
-		return dedup.Result{Status: dedup.StatusMismatch, FirstAt: first}
-	case failed:
-		return dedup.Result{Status: dedup.StatusFailed, Reason: reason, FirstAt: first}
-	}
-	return dedup.Result{Status: dedup.StatusDuplicate, FirstAt: first}
-}
-
 // cleanSource is appendClean of one audit string, without a copy when
 // there is nothing to replace.
 func cleanSource(s string) string {
@@ -878,7 +802,4 @@ func (s *Store) ClassifyError(err error) dedup.ErrorClass {
 	return pgerr.Classify(err)
 }
 
-var (
-	_ dedup.Store[pgx.Tx]   = (*Store)(nil)
-	_ dedup.CommittedLookup = (*Store)(nil)
-)
+var _ dedup.Store[pgx.Tx] = (*Store)(nil)
