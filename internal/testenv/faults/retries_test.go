@@ -123,7 +123,7 @@ const latencyFloor = 250 * time.Millisecond
 
 // keyOrderedFloor is the least bound of the key-ordered run's p99. On
 // Kafka it is within the non-blocking bound; RocketMQ's orderly mode, which
-// KeyOrdered needs, measured other keys' p99s of 1.8-2.2 s on the shared
+// KeyOrdered needs, measured other keys' p99s of 1.7-2.2 s on the shared
 // machine, with KeyOrdered and without it (the mode's cost, not
 // KeyOrdered's). A stall behind the failing keys is the outage's length.
 const keyOrderedFloor = 5 * time.Second
