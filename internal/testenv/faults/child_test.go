@@ -67,6 +67,7 @@ type childSpec struct {
 	// default 3).
 	RetryDelays   []time.Duration
 	RetryAttempts int
+	KeyOrdered    bool // NonBlocking.KeyOrdered (with RetryDelays)
 }
 
 // failpoints are the faults a child injects into itself. Keys are txn_ids.
@@ -360,7 +361,7 @@ func (spec *childSpec) run() error {
 		if !ok {
 			return fmt.Errorf("%s: no retry sink for RetryDelays", spec.Broker)
 		}
-		ccfg.Retries = consumer.NonBlocking{Attempts: spec.RetryAttempts, Delays: spec.RetryDelays, Sink: sink}
+		ccfg.Retries = consumer.NonBlocking{Attempts: spec.RetryAttempts, Delays: spec.RetryDelays, Sink: sink, KeyOrdered: spec.KeyOrdered}
 	}
 	if spec.Tenants {
 		ccfg.Tenant = consumer.ByHeader(tenantHeader)

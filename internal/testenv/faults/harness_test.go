@@ -455,12 +455,18 @@ func (r *rig) wantPayments() int {
 // when a child in alive died.
 func (r *rig) waitApplied(n int64, alive ...*child) {
 	r.t.Helper()
+	r.waitAppliedFor(waitApplyFor, n, alive...)
+}
+
+// waitAppliedFor is waitApplied with a wait of d.
+func (r *rig) waitAppliedFor(d time.Duration, n int64, alive ...*child) {
+	r.t.Helper()
 	defer func() {
 		if r.t.Failed() {
 			r.diagnose()
 		}
 	}()
-	testenv.WaitUntilProgress(r.t, waitApplyFor, fmt.Sprintf("%d payments applied", n), func() (bool, string) {
+	testenv.WaitUntilProgress(r.t, d, fmt.Sprintf("%d payments applied", n), func() (bool, string) {
 		for _, c := range alive {
 			c.requireAlive(r.t)
 		}

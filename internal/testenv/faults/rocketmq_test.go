@@ -121,10 +121,15 @@ func (b *rocketBroker) newTopic(t *testing.T, n int) (string, string) {
 }
 
 // rocketMessage is m as a message of topic for queue q of broker: keyed
-// by its ID, with its tenant as a property.
+// by its ID (its Key when set: its ID is then not in the message), with
+// its tenant as a property.
 func rocketMessage(topic string, m outMsg, broker string, q int) *primitive.Message {
 	pm := primitive.NewMessage(topic, m.Value)
-	pm.WithKeys([]string{m.ID})
+	key := m.ID
+	if m.Key != "" {
+		key = m.Key
+	}
+	pm.WithKeys([]string{key})
 	if m.Tenant != "" {
 		pm.WithProperty(tenantHeader, m.Tenant)
 	}
