@@ -48,7 +48,7 @@ func (c *Consumer[TTx]) deadLetter(ctx context.Context, it *item, reason error, 
 		return err
 	}
 	c.stats.deadLettered.Add(1)
-	c.cfg.Observer.Settled(ctx, Settlement{Message: it.msg, Key: it.claim.Key, Outcome: OutcomeDeadLettered, Reason: reason, Cause: cause, Attempts: it.attempts})
+	c.settled(ctx, Settlement{Message: it.msg, Key: it.claim.Key, Outcome: OutcomeDeadLettered, Reason: reason, Cause: cause, Attempts: it.attempts})
 	it.settled = true
 	if c.holds != nil {
 		c.holds.settled(it.msg, c.cfg.Clock.Now())

@@ -32,7 +32,7 @@ func (c *Consumer[TTx]) duplicate(ctx context.Context, it *item) {
 	} else {
 		c.stats.dupAges.add(age)
 	}
-	c.cfg.Observer.Settled(ctx, Settlement{Message: it.msg, Key: it.claim.Key, Outcome: OutcomeDuplicate, FirstAt: it.firstAt, Age: age})
+	c.settled(ctx, Settlement{Message: it.msg, Key: it.claim.Key, Outcome: OutcomeDuplicate, FirstAt: it.firstAt, Age: age})
 	if c.cfg.OnDuplicate != nil {
 		c.onDuplicate(ctx, Duplicate{Message: it.msg, Key: it.claim.Key, FirstAt: it.firstAt, Age: age})
 	}

@@ -160,7 +160,7 @@ var metaNames = map[string]bool{
 	MetaCause: true, MetaFingerprint: true, MetaReason: true, MetaAttempts: true, MetaTopic: true, MetaPartition: true, MetaLane: true,
 	MetaOffset: true, MetaMessageID: true, MetaAttempt: true, MetaKeyScope: true, MetaKey: true,
 	MetaValueSHA256: true, MetaValueSize: true,
-	MetaRetryAttempt: true, MetaRetryDue: true, MetaRetryFirstFailure: true, MetaRetryFollowing: true,
+	MetaRetryAttempt: true, MetaRetryDue: true, MetaRetryFirstFailure: true, MetaRetryFollowing: true, MetaRetryDelay: true,
 }
 
 // isMeta reports whether a header is dead-letter metadata.

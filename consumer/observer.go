@@ -172,6 +172,14 @@ type Settlement struct {
 	Reason   error
 	Cause    Cause
 	Attempts int
+	// OutcomeRetryLater: the wait of the retry destination the message
+	// was written to (NonBlocking.Delays).
+	RetryDelay time.Duration
+	// ReturnedFrom, whatever the outcome: the message is a retry copy come
+	// back (NonBlocking), and this is the wait of the trip it came back
+	// from; 0 for any other message. Copies sent (RetryDelay) less copies
+	// returned, by delay, are the copies in retry.
+	ReturnedFrom time.Duration
 }
 
 // RetryEvent is a wait before a retry.

@@ -190,7 +190,7 @@ func (c *Consumer[TTx]) sendFollower(ctx context.Context, it *item, delay time.D
 		return err
 	}
 	c.stats.retriedLater.Add(1)
-	c.cfg.Observer.Settled(ctx, Settlement{Message: it.msg, Key: it.claim.Key, Outcome: OutcomeRetryLater, Reason: reason, Attempts: it.attempts})
+	c.settled(ctx, Settlement{Message: it.msg, Key: it.claim.Key, Outcome: OutcomeRetryLater, Reason: reason, Attempts: it.attempts, RetryDelay: delay})
 	it.settled = true
 	c.cfg.Logger.Debug("idem: message follows its key to retry", append(refAttrs(it.msg, it.claim.Key), slog.Duration("delay", delay))...)
 	return nil

@@ -115,7 +115,24 @@ const (
 	MetaRetryDue          = "idem-retry-due"           // when it is due, RFC 3339 with nanoseconds, UTC
 	MetaRetryFirstFailure = "idem-retry-first-failure" // when it first went to retry, RFC 3339 with nanoseconds, UTC
 	MetaRetryFollowing    = "idem-retry-following"     // "true": untried, it follows its key (NonBlocking.KeyOrdered)
+	MetaRetryDelay        = "idem-retry-delay"         // the wait of its trip, as RetryDelayName: "10s", "1m", "1500ms"
 )
+
+// RetryDelayName names a retry delay in its largest whole unit (h, m, s,
+// ms): "10s", "1m", "1500ms". It is the suffix of a Kafka retry topic
+// (kafka.RetryTopic), the MetaRetryDelay header and the delay label of the
+// retry metrics (otelconsumer); time.ParseDuration reads it back.
+func RetryDelayName(d time.Duration) string {
+	switch {
+	case d%time.Hour == 0:
+		return strconv.FormatInt(int64(d/time.Hour), 10) + "h"
+	case d%time.Minute == 0:
+		return strconv.FormatInt(int64(d/time.Minute), 10) + "m"
+	case d%time.Second == 0:
+		return strconv.FormatInt(int64(d/time.Second), 10) + "s"
+	}
+	return strconv.FormatInt(int64(d/time.Millisecond), 10) + "ms"
+}
 
 // Record lays r out for a broker: Letter.Record (the whole value, never
 // left out: a retry copy must carry its payload), then the retry headers.
@@ -125,6 +142,7 @@ func (r RetryLetter) Record() (headers []Header, value []byte) {
 	add(MetaRetryAttempt, strconv.Itoa(r.Attempt))
 	add(MetaRetryDue, r.Due.UTC().Format(time.RFC3339Nano))
 	add(MetaRetryFirstFailure, r.FirstFailure.UTC().Format(time.RFC3339Nano))
+	add(MetaRetryDelay, RetryDelayName(r.Delay))
 	if r.Following {
 		add(MetaRetryFollowing, "true")
 	}
@@ -276,9 +294,43 @@ func (c *Consumer[TTx]) retryLater(ctx context.Context, it *item, reason error) 
 		return err
 	}
 	c.stats.retriedLater.Add(1)
-	c.cfg.Observer.Settled(ctx, Settlement{Message: it.msg, Key: it.claim.Key, Outcome: OutcomeRetryLater, Reason: reason, Attempts: it.attempts})
+	c.settled(ctx, Settlement{Message: it.msg, Key: it.claim.Key, Outcome: OutcomeRetryLater, Reason: reason, Attempts: it.attempts, RetryDelay: delay})
 	it.settled = true
 	c.cfg.Logger.Info("idem: message sent to retry", append(refAttrs(it.msg, it.claim.Key),
 		slog.Int("trip", r.Attempt), slog.Duration("delay", delay), slog.Int("attempts", it.attempts), slog.String("reason", reason.Error()))...)
 	return nil
+}
+
+// returnedFrom is the wait of the retry trip m came back from (its
+// MetaRetryDelay; for a copy written before that header, the delay of its
+// trip's number), or 0 when m is not a retry copy.
+func (c *Consumer[TTx]) returnedFrom(m *Message) time.Duration {
+	if c.retryOf == nil {
+		return 0
+	}
+	onRetryTopic := m.hasOrigin && m.origin.Retry
+	if !onRetryTopic {
+		_, onRetryTopic = c.retryOf.RetryOf(m.Topic)
+	}
+	if !onRetryTopic {
+		return 0
+	}
+	if v, ok := m.Header(MetaRetryDelay); ok {
+		if d, err := time.ParseDuration(string(v)); err == nil && d > 0 {
+			return d
+		}
+	}
+	v, _ := m.Header(MetaRetryAttempt)
+	n, err := strconv.Atoi(string(v))
+	if nb := c.nonBlocking; err == nil && nb != nil && n >= 1 && n <= len(nb.Delays) {
+		return nb.Delays[n-1]
+	}
+	return 0
+}
+
+// settled tells the Observer that a message is settled, with the trip it
+// came back from when it is a retry copy (Settlement.ReturnedFrom).
+func (c *Consumer[TTx]) settled(ctx context.Context, s Settlement) {
+	s.ReturnedFrom = c.returnedFrom(s.Message)
+	c.cfg.Observer.Settled(ctx, s)
 }

@@ -187,7 +187,7 @@ func (c *Consumer[TTx]) committed(ctx context.Context, its []*item) error {
 		switch it.status {
 		case dedup.StatusNew:
 			c.stats.applied.Add(1)
-			c.cfg.Observer.Settled(ctx, Settlement{Message: it.msg, Key: it.claim.Key, Outcome: OutcomeApplied})
+			c.settled(ctx, Settlement{Message: it.msg, Key: it.claim.Key, Outcome: OutcomeApplied})
 		case dedup.StatusDuplicate:
 			c.duplicate(ctx, it)
 		case dedup.StatusMismatch:

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/idemkit/idem/consumer"
@@ -30,17 +29,7 @@ func RetryTopic(topic string, d time.Duration) string {
 	return topic + ".retry." + delayName(d)
 }
 
-func delayName(d time.Duration) string {
-	switch {
-	case d%time.Hour == 0:
-		return strconv.FormatInt(int64(d/time.Hour), 10) + "h"
-	case d%time.Minute == 0:
-		return strconv.FormatInt(int64(d/time.Minute), 10) + "m"
-	case d%time.Second == 0:
-		return strconv.FormatInt(int64(d/time.Second), 10) + "s"
-	}
-	return strconv.FormatInt(int64(d/time.Millisecond), 10) + "ms"
-}
+func delayName(d time.Duration) string { return consumer.RetryDelayName(d) }
 
 // RetryOf reports whether topic is a retry topic of the Source's
 // (Config.RetryDelays), and of which topic (consumer.RetryReader).

@@ -66,7 +66,7 @@ func TestHelpListsTheCommands(t *testing.T) {
 	if code != exitOK {
 		t.Errorf("exit %d", code)
 	}
-	for _, c := range []string{"migrate", "status", "show", "failed", "release", "redrive", "purge", "retention", "console"} {
+	for _, c := range []string{"migrate", "status", "show", "failed", "release", "redrive", "purge", "retention", "console", "retries"} {
 		if !strings.Contains(out, "\n  "+c+" ") {
 			t.Errorf("--help does not list %s", c)
 		}

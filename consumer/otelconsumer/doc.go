@@ -34,6 +34,8 @@
 //	idem.consumer.dead_letters           counter    = Stats.DeadLettered, by idem.dead_letter.cause (consumer.Cause; failed_before is a repeat)
 //	idem.consumer.released               counter    = Stats.Released
 //	idem.consumer.retries                counter    = Stats.Retries, by error.type (the failure's class)
+//	idem.consumer.retry.sent             counter    copies written to retry (NonBlocking), by idem.retry.delay
+//	idem.consumer.retry.returned         counter    retry copies come back and settled, by the idem.retry.delay of their trip
 //	idem.consumer.conflicts              counter    transactions that collided with another
 //	idem.consumer.transactions           counter    by idem.transaction.outcome (error.type on rollback); commits = Stats.Commits
 //	idem.consumer.transaction.size       histogram  messages claimed in one transaction

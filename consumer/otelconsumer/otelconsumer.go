@@ -33,10 +33,11 @@ const (
 	AttrCause    = attribute.Key("idem.dead_letter.cause") // consumer.Cause: bad_input, validate, rejected, fingerprint_mismatch, failed_before, permanent, exhausted
 	AttrOutcome  = attribute.Key("idem.transaction.outcome")
 	AttrMessages = attribute.Key("idem.transaction.messages")
-	AttrKeyScope = attribute.Key("idem.key.scope") // the dedup key's scope, as the letter's idem-key-scope
-	AttrKey      = attribute.Key("idem.key")       // the dedup key's ID, as the letter's idem-key
-	AttrMessage  = attribute.Key("idem.message")   // consumer.Message.Ref, as in the consumer's logs
-	AttrLane     = attribute.Key("idem.lane")      // consumer.Message.Lane
+	AttrKeyScope = attribute.Key("idem.key.scope")   // the dedup key's scope, as the letter's idem-key-scope
+	AttrKey      = attribute.Key("idem.key")         // the dedup key's ID, as the letter's idem-key
+	AttrMessage  = attribute.Key("idem.message")     // consumer.Message.Ref, as in the consumer's logs
+	AttrLane     = attribute.Key("idem.lane")        // consumer.Message.Lane
+	AttrDelay    = attribute.Key("idem.retry.delay") // a retry destination's wait, as consumer.RetryDelayName: "10s", "1m"
 )
 
 // Config configures a Telemetry. Zero values take the defaults.
@@ -81,6 +82,8 @@ type Telemetry struct {
 	dead       metric.Int64Counter
 	released   metric.Int64Counter
 	retries    metric.Int64Counter
+	retrySent  metric.Int64Counter
+	retryBack  metric.Int64Counter
 	conflicts  metric.Int64Counter
 	txs        metric.Int64Counter
 	txSize     metric.Int64Histogram
@@ -148,6 +151,8 @@ func New(cfg Config) (*Telemetry, error) {
 	t.dead = counter("idem.consumer.dead_letters", "{message}", "Messages written to the dead-letter sink, by cause.")
 	t.released = counter("idem.consumer.released", "{message}", "Messages given back unacknowledged (a stop, a stopped lane).")
 	t.retries = counter("idem.consumer.retries", "{retry}", "Waits before a retry, by the class of the failure.")
+	t.retrySent = counter("idem.consumer.retry.sent", "{message}", "Copies written to a retry destination (NonBlocking), by its delay.")
+	t.retryBack = counter("idem.consumer.retry.returned", "{message}", "Retry copies come back and settled, by the delay of the trip they came back from.")
 	t.conflicts = counter("idem.consumer.conflicts", "{transaction}", "Transactions that collided with another (deadlock, serialization failure, a key in flight).")
 	t.txs = counter("idem.consumer.transactions", "{transaction}", "Transactions, by outcome (commit, rollback).")
 	t.txSize, err = m.Int64Histogram("idem.consumer.transaction.size", metric.WithUnit("{message}"),
@@ -175,6 +180,17 @@ type lane struct {
 	// attrs and messaging.operation.name, for the conventions' metrics
 	process    []attribute.KeyValue
 	processSet metric.MeasurementOption
+	delays     sync.Map // time.Duration -> metric.MeasurementOption: attrs and idem.retry.delay
+}
+
+// delaySet is the lane's attributes and idem.retry.delay d, built once.
+func (l *lane) delaySet(d time.Duration) metric.MeasurementOption {
+	if o, ok := l.delays.Load(d); ok {
+		return o.(metric.MeasurementOption)
+	}
+	o := metric.WithAttributeSet(attribute.NewSet(append(l.attrs[:len(l.attrs):len(l.attrs)], AttrDelay.String(consumer.RetryDelayName(d)))...))
+	actual, _ := l.delays.LoadOrStore(d, o)
+	return actual.(metric.MeasurementOption)
 }
 
 func (t *Telemetry) lane(b consumer.Batch) *lane {
@@ -363,12 +379,19 @@ func (t *Telemetry) TxEnd(ctx context.Context, tx consumer.TxEvent) {
 	span.End(trace.WithTimestamp(tx.End))
 }
 
-// Settled counts the message's outcome (flushed at BatchEnd), records a
-// duplicate's age, and adds a dead letter as an event to the batch's span.
+// Settled counts the message's outcome (flushed at BatchEnd; copies sent
+// to and come back from retry at once, by delay), records a duplicate's
+// age, and adds a dead letter as an event to the batch's span.
 func (t *Telemetry) Settled(ctx context.Context, s consumer.Settlement) {
 	b := batchOf(ctx)
 	if b == nil {
 		return
+	}
+	if s.ReturnedFrom > 0 {
+		t.retryBack.Add(ctx, 1, b.lane.delaySet(s.ReturnedFrom))
+	}
+	if s.Outcome == consumer.OutcomeRetryLater && s.RetryDelay > 0 {
+		t.retrySent.Add(ctx, 1, b.lane.delaySet(s.RetryDelay))
 	}
 	switch s.Outcome {
 	case consumer.OutcomeApplied:
