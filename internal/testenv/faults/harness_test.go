@@ -522,7 +522,10 @@ func (r *rig) finish() {
 func (r *rig) check(letters []letter) {
 	t := r.t
 	t.Helper()
-	ctx := testenv.Context(t, 2*time.Minute)
+	// Reconcile reads each expected payment with a query of its own: 57,600
+	// of them (the soak's) took more than two minutes at load 10, so the
+	// bound grows by 5 ms a payment.
+	ctx := testenv.Context(t, 2*time.Minute+time.Duration(r.wantPayments())*5*time.Millisecond)
 	// Reconciliation, per tenant.
 	for _, tn := range r.tenantList() {
 		scope := "payments"
