@@ -42,9 +42,6 @@ CLUSTER_NAME=idem-rmq-cluster
 BROKERS=(1 2)
 
 STATE_DIR="${IDEM_TESTENV_DIR:-/tmp/idem-testenv}/rocketmq-cluster"
-CONF_DIR="${STATE_DIR}/conf"
-LOG_DIR="${STATE_DIR}/logs"
-RUN_DIR="${STATE_DIR}/run"
 
 log() { printf '[rocketmq-cluster] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -142,17 +139,7 @@ cmd_up() {
     return 0
   fi
   ensure_jars
-  # Leftovers of a half-started or half-dead cluster: stop them first.
-  local n p s
-  for n in "${BROKERS[@]}"; do stop_one "broker${n}" term; done
-  stop_one namesrv term
-  for s in namesrv broker1 broker2; do
-    for p in $(server_ports "${s}"); do
-      port_in_use "${p}" && die "${NAMESRV_HOST}:${p} is already in use by a process this script did not start (stop it first)"
-    done
-  done
-  # Fresh state on every real `up` (everything but the lock file).
-  find "${STATE_DIR}" -mindepth 1 -maxdepth 1 ! -name .lock -exec rm -rf {} +
+  fresh_state broker1 broker2 namesrv
   render_all
   launch namesrv || { stop_one namesrv term; exit 1; }
   launch_brokers "${BROKERS[@]}" || { cmd_down; exit 1; }
@@ -182,11 +169,7 @@ cmd_down() {
 
 cmd_kill() {
   check_broker "${1:-}"
-  if ! alive_pid "broker$1" >/dev/null; then
-    log "broker $1 is not running"
-    return 0
-  fi
-  stop_one "broker$1" kill
+  crash_one "broker$1" "broker $1"
 }
 
 cmd_start() {
@@ -214,15 +197,8 @@ cmd_start() {
 }
 
 cmd_status() {
-  local s pid rc=0
-  for s in namesrv broker1 broker2; do
-    if pid="$(alive_pid "${s}")"; then
-      echo "${s}: running (pid ${pid})"
-    else
-      echo "${s}: stopped"
-      rc=1
-    fi
-  done
+  local rc=0
+  print_status namesrv broker1 broker2 || rc=1
   if (( rc == 0 )); then
     local got
     got="$(registered | tr '\n' ' ')"

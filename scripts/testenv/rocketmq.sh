@@ -47,9 +47,6 @@ BROKER_ADDR="${NAMESRV_HOST}:${BROKER_PORT}"
 CLUSTER_NAME=DefaultCluster
 
 STATE_DIR="${IDEM_TESTENV_DIR:-/tmp/idem-testenv}/rocketmq"
-CONF_DIR="${STATE_DIR}/conf"
-LOG_DIR="${STATE_DIR}/logs"
-RUN_DIR="${STATE_DIR}/run"
 # The state lock (lock_state) serializes up/down/kill/start (e.g. several
 # `go test` packages calling `up` at once). It is kept when the rest of the
 # state dir is wiped.
@@ -83,17 +80,7 @@ cmd_up() {
     return 0
   fi
   ensure_jars
-  # Leftovers of a half-started or half-dead environment: stop them first.
-  stop_one broker term
-  stop_one namesrv term
-  local p
-  for p in $(server_ports namesrv) $(server_ports broker); do
-    if port_in_use "${p}"; then
-      die "${NAMESRV_HOST}:${p} is already in use by a process this script did not start (stop it first)"
-    fi
-  done
-  # Fresh state on every real `up` (everything but the lock file).
-  find "${STATE_DIR}" -mindepth 1 -maxdepth 1 ! -name .lock -exec rm -rf {} +
+  fresh_state broker namesrv
   mkdir -p "${CONF_DIR}" "${LOG_DIR}" "${RUN_DIR}" "${STATE_DIR}/store"
   render namesrv.conf namesrv "${STATE_DIR}"
   render broker.conf broker "${STATE_DIR}"
@@ -108,11 +95,7 @@ cmd_down() {
 }
 
 cmd_kill() {
-  if ! alive_pid broker >/dev/null; then
-    log "broker is not running"
-    return 0
-  fi
-  stop_one broker kill
+  crash_one broker broker
 }
 
 cmd_start() {
@@ -131,16 +114,7 @@ cmd_start() {
 }
 
 cmd_status() {
-  local name pid rc=0
-  for name in namesrv broker; do
-    if pid="$(alive_pid "${name}")"; then
-      echo "${name}: running (pid ${pid})"
-    else
-      echo "${name}: stopped"
-      rc=1
-    fi
-  done
-  return "${rc}"
+  print_status namesrv broker
 }
 
 cmd_env() {

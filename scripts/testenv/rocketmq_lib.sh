@@ -2,9 +2,8 @@
 # life of one server (name server or broker) of a state dir: config,
 # start, readiness, stop, mqadmin. Needs log and die.
 #
-# The caller sets STATE_DIR, CONF_DIR, LOG_DIR, RUN_DIR, NAMESRV_HOST and
-# NAMESRV_ADDR, and defines, for a server NAME (namesrv, broker, broker1,
-# ...):
+# The caller sets STATE_DIR, NAMESRV_HOST and NAMESRV_ADDR, and defines,
+# for a server NAME (namesrv, broker, broker1, ...):
 #   server_kind NAME   namesrv or broker
 #   server_home NAME   its user.home and rocketmq.home.dir (RocketMQ hangs
 #                      ~/store, ~/namesrv and ~/logs off user.home)
@@ -12,6 +11,10 @@
 #   server_heap NAME   its -Xms/-Xmx/... options, one a line
 # Its config is ${CONF_DIR}/NAME.conf, its output ${LOG_DIR}/NAME.out, its
 # log ${LOG_DIR}/NAME.log, its pid file ${RUN_DIR}/NAME.pid.
+
+CONF_DIR="${STATE_DIR}/conf"
+LOG_DIR="${STATE_DIR}/logs"
+RUN_DIR="${STATE_DIR}/run"
 
 ROCKETMQ_VERSION="${IDEM_ROCKETMQ_VERSION:-5.3.3}"
 JAVA="${JAVA:-java}"
@@ -304,6 +307,48 @@ stop_one() { # $1 = server, $2 = signal mode: term|kill
   done
   rm -f "$(pid_file "${name}")"
   log "${name} stopped"
+}
+
+# fresh_state SERVER...: before a real `up`, stop the leftovers of a
+# half-started or half-dead environment in the order given (brokers before
+# the name server), fail if another process holds one of their ports, and
+# empty the state dir (all but the lock file).
+fresh_state() {
+  local s p
+  for s in "$@"; do stop_one "${s}" term; done
+  for s in "$@"; do
+    for p in $(server_ports "${s}"); do
+      if port_in_use "${p}"; then
+        die "${NAMESRV_HOST}:${p} is already in use by a process this script did not start (stop it first)"
+      fi
+    done
+  done
+  find "${STATE_DIR}" -mindepth 1 -maxdepth 1 ! -name .lock -exec rm -rf {} +
+}
+
+# crash_one SERVER WHAT: kill -9 SERVER (a crash test; its store is kept),
+# WHAT being what the log calls it; a no-op if it is not running.
+crash_one() {
+  if ! alive_pid "$1" >/dev/null; then
+    log "$2 is not running"
+    return 0
+  fi
+  stop_one "$1" kill
+}
+
+# print_status SERVER...: one line a server, running (with its pid) or
+# stopped; fails if one is stopped.
+print_status() {
+  local s pid rc=0
+  for s in "$@"; do
+    if pid="$(alive_pid "${s}")"; then
+      echo "${s}: running (pid ${pid})"
+    else
+      echo "${s}: stopped"
+      rc=1
+    fi
+  done
+  return "${rc}"
 }
 
 # ---------------------------------------------------------------- mqadmin
