@@ -57,12 +57,7 @@ node() {
   PORT=$(port_of "$1")
   CONTROLLER_PORT=$((PORT + 1))
   STATE="$CLUSTER_STATE/node$1"
-  DATA="$STATE/data"
-  LOGS="$STATE/logs"
-  CONF="$STATE/server.properties"
-  LOG4J="$STATE/log4j2.properties"
-  OUT="$STATE/kafka.out"
-  PIDFILE="$STATE/kafka.pid"
+  node_files
   SED_ARGS=(-e "s#@NODE_ID@#$1#g" -e "s#@PORT@#$PORT#g" -e "s#@CONTROLLER_PORT@#$CONTROLLER_PORT#g" -e "s#@VOTERS@#$(voters)#g")
 }
 

@@ -32,12 +32,6 @@ if [[ "$CMD" == up ]]; then
 fi
 [[ -f "$STATE/ports" ]] || die "no broker was set up in $STATE (run up first)"
 read -r PORT CONTROLLER_PORT <"$STATE/ports"
-DATA="$STATE/data"
-LOGS="$STATE/logs"
-CONF="$STATE/server.properties"
-LOG4J="$STATE/log4j2.properties"
-OUT="$STATE/kafka.out"
-PIDFILE="$STATE/kafka.pid"
 HEAP=(-Xms128m -Xmx384m)
 # server.properties is kafka.sh's node on 9092/9093: move it to our ports.
 SED_ARGS=(-e "s#$HOST:9093#$HOST:$CONTROLLER_PORT#g" -e "s#$HOST:9092#$HOST:$PORT#g")
@@ -46,6 +40,7 @@ SED_ARGS=(-e "s#$HOST:9093#$HOST:$CONTROLLER_PORT#g" -e "s#$HOST:9092#$HOST:$POR
 . "$(dirname "${BASH_SOURCE[0]}")/service_lib.sh"
 # shellcheck source=kafka_lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/kafka_lib.sh"
+node_files
 
 lock
 case "$CMD" in

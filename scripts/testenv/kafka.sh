@@ -28,12 +28,6 @@ BROKERS="$HOST:$PORT"
 CLUSTER_ID=ax46DD9NSo6beiwdDl96kA
 
 STATE="${IDEM_TESTENV_DIR:-/tmp/idem-testenv}/kafka"
-DATA="$STATE/data"
-LOGS="$STATE/logs"
-CONF="$STATE/server.properties"
-LOG4J="$STATE/log4j2.properties"
-OUT="$STATE/kafka.out"
-PIDFILE="$STATE/kafka.pid"
 HEAP=(-Xms256m -Xmx512m)
 SED_ARGS=()
 
@@ -43,6 +37,7 @@ die() { log "error: $*"; exit 1; }
 . "$(dirname "${BASH_SOURCE[0]}")/service_lib.sh"
 # shellcheck source=kafka_lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/kafka_lib.sh"
+node_files
 
 # --- commands -------------------------------------------------------------
 

@@ -3,9 +3,10 @@
 # service_lib.sh.
 #
 # The node functions work on these variables, which the caller sets (for
-# kafka-cluster.sh, once per node): STATE, DATA, LOGS, CONF, LOG4J, OUT,
-# PIDFILE, HOST, PORT, CONTROLLER_PORT, HEAP (an array of -Xms/-Xmx) and
-# SED_ARGS (extra sed expressions for the config, an array, may be empty).
+# kafka-cluster.sh, once per node): STATE, HOST, PORT, CONTROLLER_PORT,
+# HEAP (an array of -Xms/-Xmx) and SED_ARGS (extra sed expressions for the
+# config, an array, may be empty); node_files then sets DATA, LOGS, CONF,
+# LOG4J, OUT and PIDFILE, the node's files under STATE.
 
 KAFKA_VERSION="${IDEM_KAFKA_VERSION:-4.1.1}"
 READY_LINE='Kafka Server started'
@@ -25,6 +26,16 @@ JVM_OPTS=(
   -XX:TieredStopAtLevel=1
   -Djava.awt.headless=true
 )
+
+# node_files: the node's files under STATE (see above).
+node_files() {
+  DATA="$STATE/data"
+  LOGS="$STATE/logs"
+  CONF="$STATE/server.properties"
+  LOG4J="$STATE/log4j2.properties"
+  OUT="$STATE/kafka.out"
+  PIDFILE="$STATE/kafka.pid"
+}
 
 # --- jars -----------------------------------------------------------------
 
