@@ -185,8 +185,6 @@ cmd_up() {
   for n in "${NODES[@]}"; do
     node "$n"
     render_config "$SRC/cluster.properties"
-    rm -rf "$DATA"
-    mkdir -p "$DATA"
     format_storage "$CLUSTER_ID"
   done
   spawn_nodes "${NODES[@]}"

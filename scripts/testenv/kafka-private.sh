@@ -48,8 +48,6 @@ case "$CMD" in
     if find_pid >/dev/null; then die "a broker already runs on $STATE"; fi
     ensure_libs
     render_config
-    rm -rf "$DATA"
-    mkdir -p "$DATA"
     format_storage "$CLUSTER_ID"
     launch
     ;;

@@ -71,8 +71,6 @@ cmd_up() {
   ports_free
   ensure_libs
   render_config
-  rm -rf "$DATA"
-  mkdir -p "$DATA"
   format_storage "$CLUSTER_ID"
   launch
 }
@@ -94,23 +92,13 @@ cmd_start() {
   render_config
   if [[ ! -f "$DATA/meta.properties" ]]; then
     log "no formatted data dir at $DATA; creating a fresh one"
-    rm -rf "$DATA"
-    mkdir -p "$DATA"
     format_storage "$CLUSTER_ID"
   fi
   launch
 }
 
 cmd_down() {
-  lock
-  local pid
-  if pid="$(find_pid)"; then
-    log "stopping Kafka (pid $pid)"
-    stop_pid "$pid" TERM
-    log "stopped"
-  else
-    log "Kafka not running"
-  fi
+  stop_server Kafka
   rm -f "$PIDFILE"
 }
 

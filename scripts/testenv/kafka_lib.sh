@@ -166,8 +166,11 @@ java_common() {
     -cp "$LIBS/*"
 }
 
-# format_storage CLUSTER_ID
+# format_storage CLUSTER_ID: a fresh data dir (what was in DATA is
+# removed), formatted for the cluster.
 format_storage() {
+  rm -rf "$DATA"
+  mkdir -p "$DATA"
   log "formatting $DATA (cluster id $1)"
   local opts
   mapfile -t opts < <(java_common)

@@ -176,17 +176,7 @@ cmd_start() {
   launch
 }
 
-cmd_down() {
-  lock
-  local pid
-  if pid="$(find_pid)"; then
-    log "stopping mariadbd (pid $pid)"
-    stop_pid "$pid" TERM
-    log "stopped"
-  else
-    log "mariadbd not running"
-  fi
-}
+cmd_down() { stop_server mariadbd; }
 
 cmd_kill() { kill_server mariadbd; }
 

@@ -82,6 +82,20 @@ stop_pid() {
   done
 }
 
+# stop_server NAME: stop the server (stop_pid TERM) under the script's
+# lock; NAME is what the log calls it.
+stop_server() {
+  lock
+  local pid
+  if pid="$(find_pid)"; then
+    log "stopping $1 (pid $pid)"
+    stop_pid "$pid" TERM
+    log "stopped"
+  else
+    log "$1 not running"
+  fi
+}
+
 # kill_server NAME: kill -9 the server (a crash) under the script's lock;
 # NAME is what the log calls it.
 kill_server() {
