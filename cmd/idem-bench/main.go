@@ -766,51 +766,35 @@ func runCeiling(ctx context.Context, pool *pgxpool.Pool, sc string, payloads [][
 		return err
 	}
 	effects := insertEffects(sc)
-	var wg sync.WaitGroup
-	errs := make(chan error, conns)
-	for w := range conns {
-		wg.Go(func() {
-			claims := make([]dedup.Claim, 0, 100)
-			results := make([]dedup.Result, 100)
-			msgs := make([]*consumer.Message, 0, 100)
-			fresh := make([]*consumer.Message, 0, 100)
-			for start := w * 100; start < len(payloads); start += 100 * conns {
-				t := time.Now()
-				claims, msgs = claims[:0], msgs[:0]
-				for _, p := range payloads[start:min(start+100, len(payloads))] {
-					id := string(p[11:24])
-					claims = append(claims, dedup.Claim{Key: dedup.Key{Scope: "bench", ID: "T" + id[1:]}, Fingerprint: dedup.FingerprintOf(p)})
-					msgs = append(msgs, &consumer.Message{Value: p})
-				}
-				err := st.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
-					if err := st.Claim(ctx, tx, claims, results); err != nil {
-						return err
-					}
-					fresh = fresh[:0]
-					for i := range claims {
-						if results[i].Status == dedup.StatusNew {
-							fresh = append(fresh, msgs[i])
-						}
-					}
-					if len(fresh) == 0 {
-						return nil
-					}
-					return effects(ctx, tx, fresh)
-				})
-				if err != nil {
-					errs <- err
-					return
-				}
-				d := time.Since(t)
-				for range claims {
-					lat.add(d)
-				}
+	return inBatches(payloads, conns, lat, func() func([][]byte) error {
+		claims := make([]dedup.Claim, 0, 100)
+		results := make([]dedup.Result, 100)
+		msgs := make([]*consumer.Message, 0, 100)
+		fresh := make([]*consumer.Message, 0, 100)
+		return func(batch [][]byte) error {
+			claims, msgs = claims[:0], msgs[:0]
+			for _, p := range batch {
+				id := string(p[11:24])
+				claims = append(claims, dedup.Claim{Key: dedup.Key{Scope: "bench", ID: "T" + id[1:]}, Fingerprint: dedup.FingerprintOf(p)})
+				msgs = append(msgs, &consumer.Message{Value: p})
 			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	return <-errs
+			return st.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+				if err := st.Claim(ctx, tx, claims, results); err != nil {
+					return err
+				}
+				fresh = fresh[:0]
+				for i := range claims {
+					if results[i].Status == dedup.StatusNew {
+						fresh = append(fresh, msgs[i])
+					}
+				}
+				if len(fresh) == 0 {
+					return nil
+				}
+				return effects(ctx, tx, fresh)
+			})
+		}
+	})
 }
 
 // runCeiling1Row is the database alone for idem-offsets: the business
@@ -822,23 +806,38 @@ func runCeiling1Row(ctx context.Context, pool *pgxpool.Pool, sc string, payloads
 		return err
 	}
 	effects := upsertEffects(sc)
+	return inBatches(payloads, conns, lat, func() func([][]byte) error {
+		msgs := make([]*consumer.Message, 0, 100)
+		return func(batch [][]byte) error {
+			msgs = msgs[:0]
+			for _, p := range batch {
+				msgs = append(msgs, &consumer.Message{Value: p})
+			}
+			return st.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error { return effects(ctx, tx, msgs) })
+		}
+	})
+}
+
+// inBatches runs the payloads in batches of 100 from conns workers, worker
+// w taking batches w, w+conns, w+2*conns and so on. newWorker is called
+// once per worker and returns what runs its batches (with buffers of its
+// own); a batch's time is the latency of each of its payloads. It returns
+// the first error, which ends its worker.
+func inBatches(payloads [][]byte, conns int, lat *latencies, newWorker func() func(batch [][]byte) error) error {
 	var wg sync.WaitGroup
 	errs := make(chan error, conns)
 	for w := range conns {
 		wg.Go(func() {
-			msgs := make([]*consumer.Message, 0, 100)
+			run := newWorker()
 			for start := w * 100; start < len(payloads); start += 100 * conns {
+				batch := payloads[start:min(start+100, len(payloads))]
 				t := time.Now()
-				msgs = msgs[:0]
-				for _, p := range payloads[start:min(start+100, len(payloads))] {
-					msgs = append(msgs, &consumer.Message{Value: p})
-				}
-				if err := st.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error { return effects(ctx, tx, msgs) }); err != nil {
+				if err := run(batch); err != nil {
 					errs <- err
 					return
 				}
 				d := time.Since(t)
-				for range msgs {
+				for range batch {
 					lat.add(d)
 				}
 			}
