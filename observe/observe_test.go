@@ -236,13 +236,7 @@ func TestHealthzShowsStoppedAndStalledLanes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := obs.Watch(c, tel); err != nil {
-		t.Fatal(err)
-	}
-	base := promtest.Serve(t, obs)
-	ctx := testenv.Context(t, time.Minute)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
+	base, stop := watchAndRun(t, obs, c, tel)
 	inner.Push(consumertest.Message("pay", 0, 0, "", "x"))
 
 	var h observe.HealthJSON
@@ -267,11 +261,28 @@ func TestHealthzShowsStoppedAndStalledLanes(t *testing.T) {
 	if v, _ := promtest.Sum(fams, "idem_consumer_lanes_stalled", who); v != 1 {
 		t.Errorf("lanes stalled gauge %v, want 1", v)
 	}
-	if err := c.Stop(ctx); err != nil {
+	stop()
+}
+
+// watchAndRun watches c with tel, serves obs and runs c. It returns the
+// Server's base URL and stop, which stops c and checks what Run returned.
+func watchAndRun(t *testing.T, obs *observe.Server, c *consumer.Consumer[*memstore.Tx], tel *otelconsumer.Telemetry) (base string, stop func()) {
+	t.Helper()
+	if err := obs.Watch(c, tel); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
+	base = promtest.Serve(t, obs)
+	ctx := testenv.Context(t, time.Minute)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	return base, func() {
+		t.Helper()
+		if err := c.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

@@ -97,13 +97,7 @@ func TestRetryMetricsByDelay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := obs.Watch(c, tel); err != nil {
-		t.Fatal(err)
-	}
-	base := promtest.Serve(t, obs)
-	ctx := testenv.Context(t, time.Minute)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
+	base, stop := watchAndRun(t, obs, c, tel)
 	src.Push(consumertest.Message("pay", 0, 0, "", "once back"), consumertest.Message("pay", 0, 1, "", "never"),
 		consumertest.Message("pay", 0, 2, "", "fine"))
 
@@ -128,10 +122,5 @@ func TestRetryMetricsByDelay(t *testing.T) {
 			t.Errorf("delay %s: sent %v, returned %v; want %v, %v", w.delay, sent, back, w.sent, w.returned)
 		}
 	}
-	if err := c.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	stop()
 }
