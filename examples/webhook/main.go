@@ -189,18 +189,7 @@ func openPostgres(ctx context.Context, pool *pgxpool.Pool, opts Options) (app, e
 	if err != nil {
 		return app{}, err
 	}
-	if err := st.Migrate(ctx); err != nil {
-		return app{}, err
-	}
-	if err := Setup(ctx, payments.Pgx(pool)); err != nil {
-		return app{}, err
-	}
-	bank, err := NewBank(ctx, payments.Pgx(pool))
-	if err != nil {
-		return app{}, err
-	}
-	h, err := Handler(st, func(tx pgx.Tx) payments.DB { return payments.Pgx(tx) }, opts)
-	return app{handler: h, bank: bank, store: st, table: st.Table()}, err
+	return setUp(ctx, st, payments.Pgx(pool), func(tx pgx.Tx) payments.DB { return payments.Pgx(tx) }, opts)
 }
 
 func sqliteOpenPath(path string) (*sql.DB, error) {
@@ -212,17 +201,34 @@ func openSQLite(ctx context.Context, db *sql.DB, opts Options) (app, error) {
 	if err != nil {
 		return app{}, err
 	}
+	return setUp(ctx, st, payments.SQL(db), func(tx *sql.Tx) payments.DB { return payments.SQL(tx) }, opts)
+}
+
+// requestStore is what setUp needs of a request store: the middleware's
+// dedup.RequestStore, the program's requestAdmin, its migration and its
+// table's name.
+type requestStore[TTx any] interface {
+	dedup.RequestStore[TTx]
+	requestAdmin
+	Migrate(ctx context.Context) error
+	Table() string
+}
+
+// setUp migrates st, creates the payments tables and the bank's on db, and
+// returns the app serving the webhook; inTx is db in one of st's
+// transactions.
+func setUp[TTx any](ctx context.Context, st requestStore[TTx], db payments.DB, inTx func(TTx) payments.DB, opts Options) (app, error) {
 	if err := st.Migrate(ctx); err != nil {
 		return app{}, err
 	}
-	if err := Setup(ctx, payments.SQL(db)); err != nil {
+	if err := Setup(ctx, db); err != nil {
 		return app{}, err
 	}
-	bank, err := NewBank(ctx, payments.SQL(db))
+	bank, err := NewBank(ctx, db)
 	if err != nil {
 		return app{}, err
 	}
-	h, err := Handler(st, func(tx *sql.Tx) payments.DB { return payments.SQL(tx) }, opts)
+	h, err := Handler(st, inTx, opts)
 	return app{handler: h, bank: bank, store: st, table: st.Table()}, err
 }
 
