@@ -176,11 +176,7 @@ cmd_start() {
   [[ -z "${1:-}" ]] || check_broker "$1"
   [[ -f "$(conf_file broker1)" && -f "$(conf_file broker2)" ]] \
     || die "no state in ${STATE_DIR}; run '$0 up' first"
-  ensure_jars
-  mkdir -p "${LOG_DIR}" "${RUN_DIR}"
-  if ! alive_pid namesrv >/dev/null; then
-    launch namesrv || { stop_one namesrv term; exit 1; }
-  fi
+  start_namesrv
   local n
   local -a todo=()
   for n in ${1:-"${BROKERS[@]}"}; do
@@ -231,32 +227,15 @@ cmd_topic() {
   create_topic "${CLUSTER_NAME}" "$1" "${2:-4}"
 }
 
-main() {
-  [[ $# -ge 1 ]] || usage
-  local cmd="$1"
-  shift
-  case "${cmd}" in
-    # A test holding the cluster (testenv.RocketMQClusterExclusive) may have
-    # a broker down on purpose and brings it back itself: an `up` from
-    # another checkout waits instead of starting a fresh cluster under it,
-    # and a `down` instead of stopping it under the test.
-    up | down) wait_tests_done rocketmq-cluster ;;
-  esac
-  case "${cmd}" in
-    up | down | kill | start) lock_state ;;
-  esac
-  case "${cmd}" in
-    up) cmd_up ;;
-    down) cmd_down ;;
-    env) echo "export IDEM_TEST_ROCKETMQ_CLUSTER=${NAMESRV_ADDR}" ;;
-    kill) cmd_kill "${1:-}" ;;
-    start) cmd_start "${1:-}" ;;
-    status) cmd_status ;;
-    topic) cmd_topic "$@" ;;
-    admin) cmd_admin "$@" ;;
-    -h | --help | help) usage ;;
-    *) log "unknown command: ${cmd}"; usage ;;
-  esac
+cmd_env() {
+  echo "export IDEM_TEST_ROCKETMQ_CLUSTER=${NAMESRV_ADDR}"
 }
 
-main "$@"
+# A test holding the cluster (testenv.RocketMQClusterExclusive) may have a
+# broker down on purpose and brings it back itself: an `up` from another
+# checkout waits instead of starting a fresh cluster under it, and a `down`
+# instead of stopping it under the test.
+case "${1:-}" in
+  up | down) wait_tests_done rocketmq-cluster ;;
+esac
+rocketmq_command "$@"

@@ -101,11 +101,7 @@ cmd_kill() {
 cmd_start() {
   [[ -f "${CONF_DIR}/broker.conf" && -d "${STATE_DIR}/store" ]] \
     || die "no state in ${STATE_DIR}; run '$0 up' first"
-  ensure_jars
-  mkdir -p "${LOG_DIR}" "${RUN_DIR}"
-  if ! alive_pid namesrv >/dev/null; then
-    launch namesrv || { stop_one namesrv term; exit 1; }
-  fi
+  start_namesrv
   if alive_pid broker >/dev/null; then
     log "broker already running"
     return 0
@@ -132,25 +128,4 @@ cmd_topic() {
   create_topic "${CLUSTER_NAME}" "$1" "${2:-4}"
 }
 
-main() {
-  [[ $# -ge 1 ]] || usage
-  local cmd="$1"
-  shift
-  case "${cmd}" in
-    up | down | kill | start) lock_state ;;
-  esac
-  case "${cmd}" in
-    up) cmd_up ;;
-    down) cmd_down ;;
-    env) cmd_env ;;
-    topic) cmd_topic "$@" ;;
-    admin) cmd_admin "$@" ;;
-    kill) cmd_kill ;;
-    start) cmd_start ;;
-    status) cmd_status ;;
-    -h | --help | help) usage ;;
-    *) log "unknown command: ${cmd}"; usage ;;
-  esac
-}
-
-main "$@"
+rocketmq_command "$@"

@@ -326,6 +326,16 @@ fresh_state() {
   find "${STATE_DIR}" -mindepth 1 -maxdepth 1 ! -name .lock -exec rm -rf {} +
 }
 
+# start_namesrv: for a `start` on the existing state, the jars, the log
+# and run dirs and the name server, started again if it is down.
+start_namesrv() {
+  ensure_jars
+  mkdir -p "${LOG_DIR}" "${RUN_DIR}"
+  if ! alive_pid namesrv >/dev/null; then
+    launch namesrv || { stop_one namesrv term; exit 1; }
+  fi
+}
+
 # crash_one SERVER WHAT: kill -9 SERVER (a crash test; its store is kept),
 # WHAT being what the log calls it; a no-op if it is not running.
 crash_one() {
@@ -375,6 +385,23 @@ create_topic() {
     die "creating topic ${topic} failed"
   fi
   log "topic ${topic} created/updated with ${queues} queues"
+}
+
+# rocketmq_command COMMAND [ARGS...]: run the script's COMMAND (its
+# cmd_COMMAND: up, down, env, topic, admin, kill, start or status) with
+# ARGS, under the state lock for up, down, kill and start.
+rocketmq_command() {
+  [[ $# -ge 1 ]] || usage
+  local cmd="$1"
+  shift
+  case "${cmd}" in
+    up | down | kill | start) lock_state ;;
+  esac
+  case "${cmd}" in
+    up | down | env | topic | admin | kill | start | status) "cmd_${cmd}" "$@" ;;
+    -h | --help | help) usage ;;
+    *) log "unknown command: ${cmd}"; usage ;;
+  esac
 }
 
 usage() {
