@@ -109,16 +109,7 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 			StoppedLanes: nonNil(h.StoppedLanes), StalledLanes: nonNil(h.StalledLanes(now, s.cfg.Stall)),
 			InFlight: h.InFlight, LastProgress: timePtr(h.LastProgress), Lanes: lanes(h.Lanes),
 		}
-		var err error
-		switch probe {
-		case "ready":
-			err = ready
-		case "live":
-			err = live
-		default:
-			err = errors.Join(ready, live)
-		}
-		if err != nil {
+		if err := pick(ready, live); err != nil {
 			cj.Error = err.Error()
 			failed = append(failed, fmt.Errorf("%s: %w", cj.Name, err))
 		}
