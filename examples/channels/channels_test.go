@@ -183,17 +183,8 @@ func (r *result) check(t *testing.T, f channels.Fixture, whole bool) {
 	}
 	lettered := map[int]bool{}
 	for _, m := range r.dlq {
-		var line int
-		var reason bool
-		for _, h := range m.Headers {
-			switch h.Key {
-			case lineHeader:
-				line, _ = strconv.Atoi(string(h.Value))
-			case consumer.MetaReason:
-				reason = len(h.Value) > 0
-			}
-		}
-		if !reason {
+		line, reason := letterHeader(m, consumer.MetaReason)
+		if reason == "" {
 			t.Errorf("dead letter of line %d has no %s", line, consumer.MetaReason)
 		}
 		lettered[line] = true

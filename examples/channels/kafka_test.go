@@ -179,6 +179,20 @@ func lineOf(m *consumer.Message) int {
 	return n
 }
 
+// letterHeader returns the stream line a record of the dead-letter topic
+// carries and the value of its header key ("" without one).
+func letterHeader(m kafkago.Message, key string) (line int, value string) {
+	for _, h := range m.Headers {
+		switch h.Key {
+		case lineHeader:
+			line, _ = strconv.Atoi(string(h.Value))
+		case key:
+			value = string(h.Value)
+		}
+	}
+	return line, value
+}
+
 // seen collects what the consumer did with each line.
 type seen struct {
 	mu         sync.Mutex

@@ -7,7 +7,6 @@ import (
 	"maps"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -113,16 +112,7 @@ func ahead(t *testing.T, f channels.Fixture) (refused []channels.Delivery, genui
 func (r *result) causes() map[int]string {
 	out := map[int]string{}
 	for _, m := range r.dlq {
-		var line int
-		var cause string
-		for _, h := range m.Headers {
-			switch h.Key {
-			case lineHeader:
-				line, _ = strconv.Atoi(string(h.Value))
-			case consumer.MetaCause:
-				cause = string(h.Value)
-			}
-		}
+		line, cause := letterHeader(m, consumer.MetaCause)
 		out[line] = cause
 	}
 	return out
