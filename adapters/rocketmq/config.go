@@ -164,6 +164,15 @@ type Config struct {
 	// messages in flight are settled; default 10s. Past it Run returns and
 	// the shutdown goes on in the background.
 	CloseTimeout time.Duration
+	// RouteWait bounds how long Run keeps starting again while a topic has
+	// no route on the name servers: a topic not created yet, or routes a
+	// name server dropped for a while (it forgets a broker's topics the
+	// moment the broker's connection closes, until the broker registers
+	// again, every 30 s). The client refuses to start without a route; Run
+	// logs each refusal, tries again with backoff and, past RouteWait,
+	// returns the client's error, which names the topic. Default 1m;
+	// negative: return it at once.
+	RouteWait time.Duration
 
 	// Logger receives the source's own logs; default slog.Default(). The
 	// client library's own logs are not the source's: they go where the
@@ -334,6 +343,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.CloseTimeout == 0 {
 		c.CloseTimeout = 10 * time.Second
+	}
+	if c.RouteWait == 0 {
+		c.RouteWait = time.Minute
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

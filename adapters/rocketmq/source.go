@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/retry"
 )
 
 // ErrNotRunning is what Source.DeadLetter and Source.Retry return outside
@@ -110,29 +112,15 @@ func (s *Source) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
 		s.mu.Unlock()
 	}()
 
-	pc, err := rmq.NewPushConsumer(s.consumerOptions(instance)...)
-	if err != nil {
-		return fmt.Errorf("rocketmq: push consumer: %w", err)
-	}
-	sel := rmq.MessageSelector{Type: rmq.TAG, Expression: s.cfg.Tags}
 	topics := slices.Clone(s.cfg.Topics)
 	for _, t := range s.cfg.Topics {
 		if len(s.retryOf) > 0 {
 			topics = append(topics, RetryTopic(t)) // consumed beside their topics
 		}
 	}
-	for _, topic := range topics {
-		err := pc.Subscribe(topic, sel, func(cctx context.Context, msgs ...*primitive.MessageExt) (rmq.ConsumeResult, error) {
-			return r.consume(ctx, cctx, msgs), nil
-		})
-		if err != nil {
-			return fmt.Errorf("rocketmq: subscribe %s: %w", topic, err)
-		}
-	}
-	// On a missing topic Start shuts the consumer down itself. Its other
-	// failures (validation, instance taken) happen before anything started.
-	if err := pc.Start(); err != nil {
-		return fmt.Errorf("rocketmq: start consumer group %s: %w", s.cfg.Group, err)
+	pc, started, err := startConsumer(ctx, s, instance, topics, r, rmq.NewPushConsumer)
+	if !started {
+		return err // nil: ctx ended while a route was missing
 	}
 	s.mu.Lock()
 	s.lanes = func() []consumer.LaneStatus {
@@ -186,6 +174,80 @@ func (s *Source) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
 	r.shutDown()
 	return nil
 }
+
+// startConsumer creates, subscribes and starts the push consumer. The
+// client refuses to start while a topic has no route on the name servers,
+// and shuts the consumer down itself. That is a topic not created yet, or
+// one whose route a name server dropped for a while: it forgets every topic
+// of a broker the moment the broker's connection to it closes (a broker
+// closes it when the name server answers slowly), until the broker
+// registers again, within 30 s. Such a start is tried again, with a new
+// instance name each time, until Config.RouteWait; then Run returns the
+// client's error. started is false when it failed or ctx ended first.
+//
+// newPC is rmq.NewPushConsumer, passed for its result type, which the
+// client does not export.
+func startConsumer[PC pushConsumer](ctx context.Context, s *Source, instance string, topics []string, r *run,
+	newPC func(...rmq.Option) (PC, error)) (pc PC, started bool, err error) {
+	begin := time.Now()
+	wait := retry.Policy{Initial: 500 * time.Millisecond, Max: 5 * time.Second, Multiplier: 2, Jitter: 0.2,
+		MaxElapsed: s.cfg.RouteWait, Clock: retry.SystemClock{}}.New()
+	for attempt := 1; ; attempt++ {
+		name := instance
+		if attempt > 1 {
+			name += "-start" + strconv.Itoa(attempt)
+		}
+		pc, err = newConsumer(ctx, s, name, topics, r, newPC)
+		if err == nil || !routeMissing(err) || s.cfg.RouteWait < 0 {
+			return pc, err == nil, err
+		}
+		s.log.Warn("rocketmq: a topic has no route on the name servers; starting again",
+			slog.Any("error", err), slog.Int("attempt", attempt), slog.Duration("route_wait", s.cfg.RouteWait))
+		more, werr := wait.Wait(ctx)
+		if werr != nil {
+			return pc, false, nil
+		}
+		if !more {
+			return pc, false, fmt.Errorf("%w (refused for %v, Config.RouteWait %v: create the topic, or check NameServers)",
+				err, time.Since(begin).Round(time.Millisecond), s.cfg.RouteWait)
+		}
+	}
+}
+
+// pushConsumer is what startConsumer needs of the client's push consumer.
+type pushConsumer interface {
+	Subscribe(topic string, selector rmq.MessageSelector,
+		f func(context.Context, ...*primitive.MessageExt) (rmq.ConsumeResult, error)) error
+	Start() error
+}
+
+func newConsumer[PC pushConsumer](ctx context.Context, s *Source, instance string, topics []string, r *run,
+	newPC func(...rmq.Option) (PC, error)) (PC, error) {
+	pc, err := newPC(s.consumerOptions(instance)...)
+	if err != nil {
+		return pc, fmt.Errorf("rocketmq: push consumer: %w", err)
+	}
+	sel := rmq.MessageSelector{Type: rmq.TAG, Expression: s.cfg.Tags}
+	for _, topic := range topics {
+		err := pc.Subscribe(topic, sel, func(cctx context.Context, msgs ...*primitive.MessageExt) (rmq.ConsumeResult, error) {
+			return r.consume(ctx, cctx, msgs), nil
+		})
+		if err != nil {
+			return pc, fmt.Errorf("rocketmq: subscribe %s: %w", topic, err)
+		}
+	}
+	// On a missing route Start shuts the consumer down itself. Its other
+	// failures (validation, instance taken) happen before anything started.
+	if err := pc.Start(); err != nil {
+		return pc, fmt.Errorf("rocketmq: start consumer group %s: %w", s.cfg.Group, err)
+	}
+	return pc, nil
+}
+
+// routeMissing reports whether err is the client's refusal to start for a
+// topic without a route ("the topic=%s route info not found, it may not
+// exist", push_consumer.go; TestRunWaitsForTheTopicsRoute pins it).
+func routeMissing(err error) bool { return strings.Contains(err.Error(), "route info not found") }
 
 // Ack settles msgs as consumed: a consume call returns ConsumeSuccess once
 // all of its messages are acked.
