@@ -95,7 +95,12 @@ ensure_jars() {
 
 # Options shared by all JVMs of the state dir ($1 = server or log name,
 # $2 = its home). rocketmq.home.dir must be set or RocketMQ refuses to
-# start.
+# start. closeSocketIfTimeout=false: by default a broker closes its
+# connection to the name server when a request on it times out (3 s), and
+# the name server then forgets every topic of that broker until it
+# registers again (up to 30 s), so that consumers starting meanwhile find
+# no route; on two busy cores the suite's own load made that happen
+# (docs/reliability.md, "route info not found").
 common_jvm_opts() {
   printf '%s\n' \
     "-Duser.home=$2" \
@@ -105,6 +110,7 @@ common_jvm_opts() {
     "-Drocketmq.namesrv.addr=${NAMESRV_ADDR}" \
     "-Djava.net.preferIPv4Stack=true" \
     "-Dfile.encoding=UTF-8" \
+    "-Dcom.rocketmq.remoting.client.closeSocketIfTimeout=false" \
     "-XX:+UseG1GC" \
     "-XX:-OmitStackTraceInFastThrow" \
     "-XX:ErrorFile=${LOG_DIR}/hs_err_$1_%p.log"

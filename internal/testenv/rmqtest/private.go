@@ -115,6 +115,7 @@ func (p *Private) launch(name, main, ready string, heap ...string) *proc {
 		"-Didem.rocketmq.logFile="+filepath.Join(p.dir, "logs", name+".log"),
 		"-Drocketmq.namesrv.addr=127.0.0.1:"+strconv.Itoa(p.nsPort),
 		"-Djava.net.preferIPv4Stack=true", "-XX:+UseG1GC", "-XX:TieredStopAtLevel=1",
+		"-Dcom.rocketmq.remoting.client.closeSocketIfTimeout=false", // see common_jvm_opts in rocketmq_lib.sh
 		"-cp", filepath.Join(p.lib, "*"), main, "-c", filepath.Join(p.dir, "conf", name+".conf"))
 	f, err := os.Create(out)
 	if err != nil {
