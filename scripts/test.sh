@@ -34,6 +34,11 @@ declare -A cluster_run=(
 )
 
 start=${SECONDS}
+# A failed fault scenario keeps each child's whole log and goroutine dump
+# here (the test output shows only their last 4 KiB): the evidence of a
+# failure that does not come back when run again.
+export IDEM_FAULTS_KEEP="${IDEM_FAULTS_KEEP:-${IDEM_TESTENV_DIR:-/tmp/idem-testenv}/faults-keep/$(date -u +%Y%m%dT%H%M%S)}"
+mkdir -p "${IDEM_FAULTS_KEEP}"
 log=$(mktemp)
 trap 'rm -f "${log}"' EXIT
 eval "$(scripts/testenv.sh up "${singles[@]}")"
@@ -61,4 +66,7 @@ echo "package times, slowest first:"
 awk '$1 == "ok" || ($1 == "FAIL" && NF >= 2) {printf "  %8s  %-4s %s\n", $3, $1, $2}' "${log}" | sort -k1,1 -rn
 echo "make test took $((SECONDS - start)) s"
 awk '$1 == "ok" {ok++} $1 == "FAIL" && NF >= 2 {bad++} END {printf "packages: %d passed, %d failed\n", ok, bad}' "${log}"
+if (( rc != 0 )) && [[ -n "$(ls -A "${IDEM_FAULTS_KEEP}")" ]]; then
+  echo "failed fault scenarios' child logs: ${IDEM_FAULTS_KEEP}"
+fi
 exit "${rc}"
