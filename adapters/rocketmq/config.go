@@ -173,6 +173,19 @@ type Config struct {
 	// returns the client's error, which names the topic. Default 1m;
 	// negative: return it at once.
 	RouteWait time.Duration
+	// GroupCheck is how often the Source reads from the brokers, for each
+	// queue of Topics, the queue's last offset and the group's committed
+	// offset, so that Lanes — and with it consumer.Health, /healthz and the
+	// stalled-lanes gauge — reports a queue that no process of the group
+	// consumes. The members split the queues among themselves, each from its
+	// own view of the group; a queue left out of every view has no process
+	// whose process queues would show it. Such a queue (not held here,
+	// messages behind its committed offset, which stood still for two
+	// checks) is reported as a lane with Waiting the messages behind and
+	// LastSettled when its committed offset last moved; every member
+	// reports it. Default 30s; negative: off. Off with AccessKey: the check
+	// does not sign its requests.
+	GroupCheck time.Duration
 
 	// Logger receives the source's own logs; default slog.Default(). The
 	// client library's own logs are not the source's: they go where the
@@ -346,6 +359,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.RouteWait == 0 {
 		c.RouteWait = time.Minute
+	}
+	if c.GroupCheck == 0 {
+		c.GroupCheck = 30 * time.Second
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

@@ -35,6 +35,9 @@ type Source struct {
 
 	running atomic.Bool
 	runs    atomic.Int64 // numbers the instance name of each Run
+	// allocate replaces the client's queue allocation (tests: a group that
+	// leaves a queue to no one).
+	allocate rmq.AllocateStrategy
 
 	mu  sync.Mutex
 	cur *run   // the Run in progress, nil outside Run
@@ -122,6 +125,17 @@ func (s *Source) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
 	if !started {
 		return err // nil: ctx ended while a route was missing
 	}
+	var watch *groupWatch
+	if s.cfg.GroupCheck > 0 && s.cfg.AccessKey == "" {
+		watch = newGroupWatch(&s.cfg, s.log)
+		wctx, stopWatch := context.WithCancel(ctx)
+		var watching sync.WaitGroup
+		watching.Go(func() { watch.run(wctx) })
+		defer func() {
+			stopWatch()
+			watching.Wait()
+		}()
+	}
 	s.mu.Lock()
 	s.lanes = func() []consumer.LaneStatus {
 		info := pc.GetConsumerRunningInfo(false)
@@ -142,6 +156,13 @@ func (s *Source) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
 				Waiting:     int64(pq.CachedMsgCount),
 				LastSettled: time.UnixMilli(pq.LastConsumeTimestamp),
 			})
+		}
+		if watch != nil {
+			held := make(map[string]bool, len(out))
+			for _, l := range out {
+				held[l.Lane] = true
+			}
+			out = append(out, watch.unheld(time.Now(), held)...)
 		}
 		return out
 	}
@@ -333,6 +354,9 @@ func (s *Source) consumerOptions(instance string) []rmq.Option {
 		rmq.WithMaxReconsumeTimes(int32(s.cfg.MaxReconsumeTimes)),
 		rmq.WithConsumeTimeout(s.cfg.ConsumeTimeout),
 		rmq.WithAutoCommit(true),
+	}
+	if s.allocate != nil {
+		opts = append(opts, rmq.WithStrategy(s.allocate))
 	}
 	if s.cfg.AccessKey != "" {
 		opts = append(opts, rmq.WithCredentials(s.credentials()))

@@ -1,0 +1,17 @@
+package rocketmq
+
+import "github.com/apache/rocketmq-client-go/v2/primitive"
+
+// TakeOnlyQueue makes s's push consumer take only queue id of each topic,
+// whatever the group's members: the other queues are consumed by no one.
+func TakeOnlyQueue(s *Source, id int) {
+	s.allocate = func(_, _ string, all []*primitive.MessageQueue, _ []string) []*primitive.MessageQueue {
+		var mine []*primitive.MessageQueue
+		for _, mq := range all {
+			if mq.QueueId == id {
+				mine = append(mine, mq)
+			}
+		}
+		return mine
+	}
+}
