@@ -98,8 +98,9 @@ func (h Health) Ready() error {
 
 // Live reports whether the consumer is doing its work — a liveness probe:
 // it did not stop itself, no lane stopped, when it holds messages a batch
-// was acknowledged within stall, and no lane the source reports stalled
-// for longer than stall (StalledLanes). An idle consumer is live, and so is
+// was acknowledged within stall, and no lane of its own the source reports
+// stalled for longer than stall (StalledLanes; a lane held elsewhere does
+// not count, see LaneStatus.Elsewhere). An idle consumer is live, and so is
 // one waiting for its store (that is Ready's business: a restart would not
 // bring the database back). A stopped lane needs an operator (the message
 // that stopped it is in the log) and a restart; so does a broken deployment.
@@ -112,8 +113,15 @@ func (h Health) Live(stall time.Duration) error {
 	case h.Store == nil && h.InFlight > 0 && !h.LastProgress.IsZero() && time.Since(h.LastProgress) > stall:
 		return fmt.Errorf("consumer: %d messages in flight, no progress for %v", h.InFlight, time.Since(h.LastProgress).Round(time.Second))
 	}
-	// A lane waiting for its store is Ready's business too.
-	if s := h.StalledLanes(time.Now(), stall); h.Store == nil && len(s) > 0 {
+	// A lane waiting for its store is Ready's business too; one held
+	// elsewhere is not this process's (LaneStatus.Elsewhere).
+	var mine Health
+	for _, l := range h.Lanes {
+		if !l.Elsewhere {
+			mine.Lanes = append(mine.Lanes, l)
+		}
+	}
+	if s := mine.StalledLanes(time.Now(), stall); h.Store == nil && len(s) > 0 {
 		return fmt.Errorf("consumer: lanes stalled: %s", strings.Join(s, "; "))
 	}
 	return nil

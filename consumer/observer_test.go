@@ -232,3 +232,26 @@ func TestStalledLanes(t *testing.T) {
 		t.Errorf("Live with the store away: %v, want nil (Ready's business)", err)
 	}
 }
+
+// TestStalledLaneHeldElsewhere: a lane the source reports without holding
+// it (a queue no process of the group consumes) is stalled in StalledLanes,
+// and so on /healthz and the gauge, but does not fail Live: a restart of
+// this process is not what it needs.
+func TestStalledLaneHeldElsewhere(t *testing.T) {
+	now := time.Now()
+	h := consumer.Health{Running: true, Lanes: []consumer.LaneStatus{
+		{Lane: "t/0", LastFetch: now, LastSettled: now},
+		{Lane: "t/1", Waiting: 3, LastSettled: now.Add(-2 * time.Minute), Elsewhere: true},
+	}}
+	got := h.StalledLanes(now, time.Minute)
+	if len(got) != 1 || !strings.HasPrefix(got[0], "t/1: 3 messages waiting") || !strings.Contains(got[0], "no process here holds it") {
+		t.Fatalf("stalled %q, want t/1, held by no process here", got)
+	}
+	if err := h.Live(time.Minute); err != nil {
+		t.Errorf("Live: %v, want nil", err)
+	}
+	h.Lanes[1].Elsewhere = false
+	if err := h.Live(time.Minute); err == nil {
+		t.Error("Live: nil for a stalled lane of its own, want an error")
+	}
+}

@@ -91,6 +91,14 @@ type LaneStatus struct {
 	// settled, or the lane was assigned.
 	Waiting     int64
 	LastSettled time.Time
+	// Elsewhere marks a lane the source reports without holding it: a
+	// queue of the group that, by the brokers' offsets, no process consumes
+	// (the RocketMQ source, Config.GroupCheck; every member reports it).
+	// It counts in StalledLanes, and so in /healthz and the stalled-lanes
+	// gauge, but not in Health.Live: restarting this process is not the
+	// remedy, and a slow handler in another process would otherwise fail
+	// every member's liveness.
+	Elsewhere bool
 }
 
 // Stalled says why the lane made no progress for longer than d before now,
@@ -99,6 +107,9 @@ func (l LaneStatus) Stalled(now time.Time, d time.Duration) string {
 	// While messages wait, fetching may rightly pause (the source's buffer
 	// is full): only settling counts then.
 	switch {
+	case l.Elsewhere && l.Waiting > 0 && now.Sub(l.LastSettled) > d:
+		return fmt.Sprintf("%d messages waiting, the group's committed offset still for %v, and no process here holds it",
+			l.Waiting, now.Sub(l.LastSettled).Round(time.Second))
 	case l.Waiting > 0 && now.Sub(l.LastSettled) > d:
 		return fmt.Sprintf("%d messages waiting, none settled for %v", l.Waiting, now.Sub(l.LastSettled).Round(time.Second))
 	case l.Waiting == 0 && !l.LastFetch.IsZero() && now.Sub(l.LastFetch) > d:

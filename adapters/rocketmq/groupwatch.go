@@ -135,7 +135,7 @@ func (w *groupWatch) unheld(now time.Time, held map[string]bool) []consumer.Lane
 		if held[lane] || st.last <= st.committed || now.Sub(st.checkedAt) > 3*w.every || now.Sub(st.movedAt) < 2*w.every {
 			continue
 		}
-		out = append(out, consumer.LaneStatus{Lane: lane, Waiting: st.last - st.committed, LastSettled: st.movedAt})
+		out = append(out, consumer.LaneStatus{Lane: lane, Waiting: st.last - st.committed, LastSettled: st.movedAt, Elsewhere: true})
 	}
 	return out
 }
