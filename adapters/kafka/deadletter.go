@@ -9,6 +9,7 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 
+	"github.com/idemkit/idem/adapters/internal/retrytopic"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/kafkabal"
 )
@@ -81,12 +82,7 @@ func (s *Source) letter(l consumer.Letter) kafkago.Message {
 	if topic == "" {
 		// A retry copy's letter (CauseExhausted) goes with its
 		// original's letters, not to a ".dlq" of its retry topic.
-		orig := m.Topic
-		if o, ok := m.Origin(); ok {
-			orig = o.Topic
-		} else if t, ok := s.retryOf[orig]; ok {
-			orig = t
-		}
+		orig, _ := retrytopic.Original(m, s.retryOf)
 		topic = orig + ".dlq"
 	}
 	headers, value := l.Record(s.cfg.DeadLetterMaxBytes)

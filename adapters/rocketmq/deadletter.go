@@ -9,6 +9,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
 
+	"github.com/idemkit/idem/adapters/internal/retrytopic"
 	"github.com/idemkit/idem/consumer"
 )
 
@@ -79,12 +80,7 @@ func (s *Source) letter(l consumer.Letter) *primitive.Message {
 	topic := s.cfg.DeadLetterTopic
 	if topic == "" {
 		// A retry copy's letter goes with its original's letters.
-		orig := m.Topic
-		if o, ok := m.Origin(); ok {
-			orig = o.Topic
-		} else if t, ok := s.retryOf[orig]; ok {
-			orig = t
-		}
+		orig, _ := retrytopic.Original(m, s.retryOf)
 		topic = orig + "_DLQ"
 	}
 	headers, body := l.Record(s.cfg.DeadLetterMaxBytes)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 
+	"github.com/idemkit/idem/adapters/internal/retrytopic"
 	"github.com/idemkit/idem/consumer"
 )
 
@@ -86,12 +87,7 @@ func (s *Source) Retry(ctx context.Context, r consumer.RetryLetter) error {
 // retryCopy builds the message Retry sends for r at now.
 func (s *Source) retryCopy(r consumer.RetryLetter, now time.Time) *primitive.Message {
 	m := r.Message
-	topic, queue := m.Topic, m.Partition
-	if o, ok := m.Origin(); ok {
-		topic, queue = o.Topic, o.Partition
-	} else if orig, ok := s.retryOf[topic]; ok {
-		topic = orig // a copy keyed as a message of its own: its lineage did not hold
-	}
+	topic, queue := retrytopic.Original(m, s.retryOf)
 	headers, body := r.Record()
 	msg := primitive.NewMessage(RetryTopic(topic), body)
 	for _, h := range headers {
