@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkit/idem/adapters/internal/retrytopic"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/retry"
 )
 
 // Retry topics (consumer.NonBlocking): a message that used up its attempts
@@ -130,14 +131,7 @@ func waitDue(ctx context.Context, m *consumer.Message) bool {
 	if d <= 0 {
 		return true
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	return retry.Sleep(ctx, d) == nil
 }
 
 var (
