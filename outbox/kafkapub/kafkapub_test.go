@@ -31,11 +31,12 @@ func newPublisher(t *testing.T, cfg kafkapub.Config) *kafkapub.Publisher {
 	return p
 }
 
-// read returns topic's messages as CheckKeyOrder wants them.
+// read returns topic's messages as CheckKeyOrder and CheckLineage want them.
 func read(t *testing.T, k *relaytest.Kafka, topic string, parts int) []relaytest.Delivered {
 	var out []relaytest.Delivered
 	for _, m := range k.ReadAll(t, topic) {
-		out = append(out, relaytest.Delivered{ID: kafkatest.Header(m, outbox.HeaderID), Key: string(m.Key), Value: string(m.Value)})
+		out = append(out, relaytest.Delivered{ID: kafkatest.Header(m, outbox.HeaderID), Key: string(m.Key), Value: string(m.Value),
+			Partition: int32(m.Partition), Header: func(name string) string { return kafkatest.Header(m, name) }})
 	}
 	return out
 }
@@ -54,21 +55,11 @@ func TestRelayToKafka(t *testing.T) {
 		n := relaytest.Pending(t, pool, ob)
 		return n == 0, strconv.Itoa(n) + " pending"
 	})
-	if dups := relaytest.CheckKeyOrder(t, read(t, k, topic, 4), want); dups != 0 {
+	got := read(t, k, topic, 4)
+	if dups := relaytest.CheckKeyOrder(t, got, want); dups != 0 {
 		t.Fatalf("%d copies without a fault", dups)
 	}
-	parts := map[string]int{}
-	for _, m := range k.ReadAll(t, topic) {
-		if p, ok := parts[string(m.Key)]; ok && p != m.Partition {
-			t.Fatalf("key %s on partitions %d and %d", m.Key, p, m.Partition)
-		}
-		parts[string(m.Key)] = m.Partition
-		parent := dedup.Key{Scope: kafkatest.Header(m, outbox.HeaderScope), ID: kafkatest.Header(m, outbox.HeaderKey)}
-		pos, err := strconv.Atoi(kafkatest.Header(m, outbox.HeaderPosition))
-		if err != nil || kafkatest.Header(m, outbox.HeaderID) != outbox.MessageID(parent, pos) || parent.Scope != "producer" {
-			t.Fatalf("headers %v do not name the message's lineage", m.Headers)
-		}
-	}
+	relaytest.CheckLineage(t, got)
 	// Failed rounds are allowed (a new topic's leader not known yet for a
 	// moment): the relay retries; nothing may be dead-lettered or repeated.
 	if st := relay.Stats(); st.Published != int64(want) || st.DeadLettered != 0 {

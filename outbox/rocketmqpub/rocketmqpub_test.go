@@ -43,11 +43,13 @@ func read(t *testing.T, r *rmqtest.Broker, topic string) []*consumer.Message {
 	return got
 }
 
+// delivered lays ms out as CheckKeyOrder and CheckLineage want them.
 func delivered(ms []*consumer.Message) []relaytest.Delivered {
 	var out []relaytest.Delivered
 	for _, m := range ms {
 		id, _ := m.Header(outbox.HeaderID)
-		out = append(out, relaytest.Delivered{ID: string(id), Key: string(m.Key), Value: string(m.Value)})
+		out = append(out, relaytest.Delivered{ID: string(id), Key: string(m.Key), Value: string(m.Value),
+			Partition: m.Partition, Header: func(name string) string { v, _ := m.Header(name); return string(v) }})
 	}
 	return out
 }
@@ -66,22 +68,11 @@ func TestRelayToRocketMQ(t *testing.T) {
 		n := relaytest.Pending(t, pool, ob)
 		return n == 0, strconv.Itoa(n) + " pending"
 	})
-	got := read(t, r, topic)
-	if dups := relaytest.CheckKeyOrder(t, delivered(got), want); dups != 0 {
+	got := delivered(read(t, r, topic))
+	if dups := relaytest.CheckKeyOrder(t, got, want); dups != 0 {
 		t.Fatalf("%d copies without a fault", dups)
 	}
-	queues := map[string]int32{}
-	for _, m := range got {
-		if q, ok := queues[string(m.Key)]; ok && q != m.Partition {
-			t.Fatalf("key %s on queues %d and %d", m.Key, q, m.Partition)
-		}
-		queues[string(m.Key)] = m.Partition
-		h := func(k string) string { v, _ := m.Header(k); return string(v) }
-		pos, err := strconv.Atoi(h(outbox.HeaderPosition))
-		if err != nil || h(outbox.HeaderID) != outbox.MessageID(dedup.Key{Scope: h(outbox.HeaderScope), ID: h(outbox.HeaderKey)}, pos) {
-			t.Fatalf("properties %v do not name the message's lineage", m.Headers)
-		}
-	}
+	relaytest.CheckLineage(t, got)
 	// Failed rounds are allowed: right after the topic is created the name
 	// server may not route it yet ("route info not found"), and the relay
 	// retries those shards — what a relay is for (seen once under load).
