@@ -77,12 +77,8 @@ func (s *Source) DeadLetter(ctx context.Context, l consumer.Letter) error {
 // refuses empty bodies.
 func (s *Source) letter(l consumer.Letter) *primitive.Message {
 	m := l.Message
-	topic := s.cfg.DeadLetterTopic
-	if topic == "" {
-		// A retry copy's letter goes with its original's letters.
-		orig, _ := retrytopic.Original(m, s.retryOf)
-		topic = orig + "_DLQ"
-	}
+	// A retry copy's letter goes with its original's letters.
+	topic := retrytopic.DeadLetterTopic(m, s.retryOf, s.cfg.DeadLetterTopic, "_DLQ")
 	headers, body := l.Record(s.cfg.DeadLetterMaxBytes)
 	if len(body) == 0 {
 		// The broker refuses an empty body (a NullPointerException in

@@ -21,3 +21,15 @@ func Original(m *consumer.Message, retryOf map[string]string) (topic string, par
 	}
 	return m.Topic, m.Partition
 }
+
+// DeadLetterTopic names the topic of m's dead letter: topic (the Source's
+// Config.DeadLetterTopic) when set, else the topic m's original lies in
+// (Original) plus suffix. A retry copy's letter so goes with its
+// original's letters, never to a dead-letter topic of a retry topic.
+func DeadLetterTopic(m *consumer.Message, retryOf map[string]string, topic, suffix string) string {
+	if topic != "" {
+		return topic
+	}
+	orig, _ := Original(m, retryOf)
+	return orig + suffix
+}
