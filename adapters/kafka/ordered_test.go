@@ -72,18 +72,7 @@ func TestKafkaKeyOrderedRetries(t *testing.T) {
 	})
 	r := start(t, cfg)
 
-	ledger := func() []string {
-		ctx := ctxTimeout(t, 10*time.Second)
-		rows, err := b.pool.Query(ctx, `SELECT txn_id FROM `+b.table+` ORDER BY id`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ids
-	}
+	ledger := func() []string { return retrytest.Ledger(t, b.pool, `SELECT txn_id FROM `+b.table+` ORDER BY id`) }
 	otherKeys := (keys - len(failingKeys)) * perKey
 	waitUntil(t, time.Minute, "the other keys applied", func() bool {
 		n := 0

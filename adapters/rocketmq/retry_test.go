@@ -250,17 +250,7 @@ func TestNonBlockingKeyOrdered(t *testing.T) {
 	}
 	r := start(t, cfg)
 
-	ledger := func() []string {
-		rows, err := d.pool.Query(context.Background(), `SELECT key FROM `+d.effects+` ORDER BY id`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ids
-	}
+	ledger := func() []string { return retrytest.Ledger(t, d.pool, `SELECT key FROM `+d.effects+` ORDER BY id`) }
 	otherKeys := (keys - len(failingKeys)) * perKey
 	testenv.WaitUntil(t, time.Minute, "the other keys applied", func() bool {
 		n := 0
