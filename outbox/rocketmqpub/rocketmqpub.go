@@ -23,7 +23,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"regexp"
 	"strconv"
@@ -36,6 +35,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
 
+	"github.com/idemkit/idem/internal/hostport"
 	"github.com/idemkit/idem/internal/rmqprops"
 	"github.com/idemkit/idem/outbox"
 )
@@ -75,14 +75,7 @@ func New(cfg Config) (*Publisher, error) {
 	add := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf("rocketmqpub: Config."+format, args...))
 	}
-	if len(cfg.NameServers) == 0 {
-		add("NameServers is empty")
-	}
-	for i, a := range cfg.NameServers {
-		if _, _, err := net.SplitHostPort(a); err != nil {
-			add("NameServers[%d] %q: want host:port: %v", i, a, err)
-		}
-	}
+	hostport.CheckList("NameServers", cfg.NameServers, add)
 	if cfg.Group != "" && !nameRE.MatchString(cfg.Group) {
 		add("Group %q: want letters, digits, '%%', '|', '_' and '-', at most 255 bytes", cfg.Group)
 	}
