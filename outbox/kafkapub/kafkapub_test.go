@@ -1,10 +1,8 @@
 package kafkapub_test
 
 import (
-	"bytes"
 	"crypto/rand"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -92,22 +90,10 @@ func TestRefusalsAreDeadLettered(t *testing.T) {
 	relay := relaytest.StartRelay(t, outbox.RelayConfig{Outbox: ob, Publisher: newPublisher(t, kafkapub.Config{Brokers: k.Brokers})})
 	testenv.WaitUntilProgress(t, 5*time.Minute, "the outbox drained", func() (bool, string) { return relaytest.Pending(t, pool, ob) == 0, "" })
 	relaytest.CheckKeyOrder(t, read(t, k, topic, 2), 3)
-	dead := relaytest.DeadLetters(t, pool, ob)
-	if len(dead) != 3 {
-		t.Fatalf("%d dead letters, want 3: %+v", len(dead), dead)
-	}
-	for i, c := range []struct {
-		value []byte
-		says  string
-	}{{big, "Message Size Too Large"}, {huge, "the limit is 1048576"}, {[]byte("x"), "Kafka topic names"}} {
-		d := dead[i]
-		if !bytes.Equal(d.Value, c.value) || !strings.Contains(d.Reason, "refused by the broker") || !strings.Contains(d.Reason, c.says) {
-			t.Errorf("dead letter %d: %d bytes, reason %q, want %d bytes and %q", i, len(d.Value), d.Reason, len(c.value), c.says)
-		}
-	}
-	if st := relay.Stats(); st.DeadLettered != 3 || st.Published != 3 {
-		t.Fatalf("stats %+v", st)
-	}
+	relaytest.CheckRefusals(t, relay, pool, ob, 3,
+		relaytest.Refusal{Value: big, Says: "Message Size Too Large"},
+		relaytest.Refusal{Value: huge, Says: "the limit is 1048576"},
+		relaytest.Refusal{Value: []byte("x"), Says: "Kafka topic names"})
 }
 
 // TestMissingTopicWaits: messages to a topic that does not exist wait —

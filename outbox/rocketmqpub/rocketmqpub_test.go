@@ -1,12 +1,10 @@
 package rocketmqpub_test
 
 import (
-	"bytes"
 	"crypto/rand"
 	"log/slog"
 	"sort"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -109,20 +107,9 @@ func TestRefusalsAreDeadLettered(t *testing.T) {
 	// (transient, retried) several times before the broker refuses it.
 	testenv.WaitUntilProgress(t, 5*time.Minute, "the outbox drained", func() (bool, string) { return relaytest.Pending(t, pool, ob) == 0, "" })
 	relaytest.CheckKeyOrder(t, delivered(read(t, r, topic)), 3)
-	dead := relaytest.DeadLetters(t, pool, ob)
-	if len(dead) != 4 {
-		t.Fatalf("%d dead letters, want 4: %+v", len(dead), dead)
-	}
-	for i, c := range []struct {
-		value []byte
-		says  string
-	}{{big, "CODE: 13"}, {huge, "the limit is 8388608"}, {[]byte("x"), "RocketMQ topic names"}, {[]byte("y"), "system property"}} {
-		d := dead[i]
-		if !bytes.Equal(d.Value, c.value) || !strings.Contains(d.Reason, "refused by the broker") || !strings.Contains(d.Reason, c.says) {
-			t.Errorf("dead letter %d: %d bytes, reason %q, want %d bytes and %q", i, len(d.Value), d.Reason, len(c.value), c.says)
-		}
-	}
-	if st := relay.Stats(); st.DeadLettered != 4 || st.Published != 3 {
-		t.Fatalf("stats %+v", st)
-	}
+	relaytest.CheckRefusals(t, relay, pool, ob, 3,
+		relaytest.Refusal{Value: big, Says: "CODE: 13"},
+		relaytest.Refusal{Value: huge, Says: "the limit is 8388608"},
+		relaytest.Refusal{Value: []byte("x"), Says: "RocketMQ topic names"},
+		relaytest.Refusal{Value: []byte("y"), Says: "system property"})
 }
