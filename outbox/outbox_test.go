@@ -37,6 +37,28 @@ func outboxAndStore(t *testing.T) (*outbox.Outbox, *pgxpool.Pool, *pgstore.Store
 	return ob, pool, store
 }
 
+// payments are n payment callbacks, {"txn_id":"T000"} and on, spread over
+// partitions partitions of the topic "payments".
+func payments(n, partitions int) []*consumer.Message {
+	var msgs []*consumer.Message
+	for i := range n {
+		msgs = append(msgs, consumertest.Message("payments", int32(i%partitions), int64(i/partitions), "", fmt.Sprintf(`{"txn_id":"T%03d"}`, i)))
+	}
+	return msgs
+}
+
+// runWithCrashes runs cfg over msgs, each delivered one to three times,
+// reordered, with a crash after every third commit. It fails the test when
+// no duplicate was delivered: the test would prove nothing.
+func runWithCrashes(t *testing.T, cfg consumer.Config[pgx.Tx], msgs []*consumer.Message) consumertest.Result {
+	t.Helper()
+	res := consumertest.Run(t, cfg, consumertest.Script{MinDeliveries: 1, MaxDeliveries: 3, ReorderWindow: 8, CrashAfterCommitEvery: 3}, msgs...)
+	if res.Stats.Duplicates == 0 {
+		t.Fatalf("no duplicates delivered: the test proves nothing (%v)", res)
+	}
+	return res
+}
+
 // row is what a test reads back from the outbox table.
 type row struct {
 	ID, Scope, Key string
@@ -217,20 +239,13 @@ func TestEnqueueRefusesBadMessages(t *testing.T) {
 // dedup key.
 func TestEnqueueInAConsumer(t *testing.T) {
 	ob, pool, store := outboxAndStore(t)
-	var msgs []*consumer.Message
-	for i := range 200 {
-		msgs = append(msgs, consumertest.Message("payments", int32(i%4), int64(i/4), "", fmt.Sprintf(`{"txn_id":"T%03d"}`, i)))
-	}
-	res := consumertest.Run(t, consumer.Config[pgx.Tx]{
+	res := runWithCrashes(t, consumer.Config[pgx.Tx]{
 		Name: "payments", Store: store, Key: consumer.ByJSONField("txn_id"), Logger: quiet, BatchSize: 16,
 		Handler: consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			txn, _ := consumer.ByJSONField("txn_id")(m)
 			return ob.Enqueue(ctx, tx, m, msg("order.paid", txn, `{"txn_id":"`+txn+`"}`))
 		}),
-	}, consumertest.Script{MinDeliveries: 1, MaxDeliveries: 3, ReorderWindow: 8, CrashAfterCommitEvery: 3}, msgs...)
-	if res.Stats.Duplicates == 0 {
-		t.Fatalf("no duplicates delivered: the test proves nothing (%v)", res)
-	}
+	}, payments(200, 4))
 	got := rows(t, pool, ob.Table())
 	if len(got) != 200 {
 		t.Fatalf("%d outbox rows for 200 payments (%v)", len(got), res)
@@ -248,11 +263,7 @@ func TestEnqueueInAConsumer(t *testing.T) {
 // payment, positions 0 and 1, however often the payments were delivered.
 func TestEnqueueAllInABatchHandler(t *testing.T) {
 	ob, pool, store := outboxAndStore(t)
-	var msgs []*consumer.Message
-	for i := range 150 {
-		msgs = append(msgs, consumertest.Message("payments", int32(i%3), int64(i/3), "", fmt.Sprintf(`{"txn_id":"T%03d"}`, i)))
-	}
-	res := consumertest.Run(t, consumer.Config[pgx.Tx]{
+	res := runWithCrashes(t, consumer.Config[pgx.Tx]{
 		Name: "payments", Store: store, Key: consumer.ByJSONField("txn_id"), Logger: quiet, BatchSize: 32,
 		BatchHandler: consumer.BatchHandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, ms []*consumer.Message) error {
 			var out []outbox.Outgoing
@@ -264,10 +275,7 @@ func TestEnqueueAllInABatchHandler(t *testing.T) {
 			}
 			return ob.EnqueueAll(ctx, tx, out)
 		}),
-	}, consumertest.Script{MinDeliveries: 1, MaxDeliveries: 3, ReorderWindow: 8, CrashAfterCommitEvery: 3}, msgs...)
-	if res.Stats.Duplicates == 0 {
-		t.Fatalf("no duplicates delivered: the test proves nothing (%v)", res)
-	}
+	}, payments(150, 3))
 	got := rows(t, pool, ob.Table())
 	if len(got) != 300 {
 		t.Fatalf("%d outbox rows for 150 payments, want 300 (%v)", len(got), res)

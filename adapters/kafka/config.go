@@ -7,12 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"strings"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
+
+	"github.com/idemkit/idem/internal/hostport"
 )
 
 // StartFrom says where a partition without a committed offset starts.
@@ -182,14 +183,7 @@ type Config struct {
 func (c *Config) validate() error {
 	var errs []error
 	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf("kafka: Config."+format, args...)) }
-	if len(c.Brokers) == 0 {
-		add("Brokers is empty")
-	}
-	for i, b := range c.Brokers {
-		if _, _, err := net.SplitHostPort(b); err != nil {
-			add("Brokers[%d] %q: want host:port: %v", i, b, err)
-		}
-	}
+	hostport.CheckList("Brokers", c.Brokers, add)
 	if len(c.Topics) == 0 {
 		add("Topics is empty")
 	}

@@ -9,6 +9,7 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 
+	"github.com/idemkit/idem/adapters/internal/retrytopic"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/kafkabal"
 )
@@ -77,18 +78,9 @@ func outRecord(topic string, partition int32, key []byte, recHeaders []consumer.
 // letter lays l out as a Kafka record.
 func (s *Source) letter(l consumer.Letter) kafkago.Message {
 	m := l.Message
-	topic := s.cfg.DeadLetterTopic
-	if topic == "" {
-		// A retry copy's letter (CauseExhausted) goes with its
-		// original's letters, not to a ".dlq" of its retry topic.
-		orig := m.Topic
-		if o, ok := m.Origin(); ok {
-			orig = o.Topic
-		} else if t, ok := s.retryOf[orig]; ok {
-			orig = t
-		}
-		topic = orig + ".dlq"
-	}
+	// A retry copy's letter (CauseExhausted) goes with its original's
+	// letters, not to a ".dlq" of its retry topic.
+	topic := retrytopic.DeadLetterTopic(m, s.retryOf, s.cfg.DeadLetterTopic, ".dlq")
 	headers, value := l.Record(s.cfg.DeadLetterMaxBytes)
 	return outRecord(topic, m.Partition, m.Key, headers, value)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem/adapters/kafka"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/testenv/retrytest"
 )
 
 // keyOrdered: set false to watch TestKafkaKeyOrderedRetries fail — a
@@ -72,23 +72,12 @@ func TestKafkaKeyOrderedRetries(t *testing.T) {
 	})
 	r := start(t, cfg)
 
-	ledger := func() []string {
-		ctx := ctxTimeout(t, 10*time.Second)
-		rows, err := b.pool.Query(ctx, `SELECT txn_id FROM `+b.table+` ORDER BY id`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ids
-	}
+	ledger := func() []string { return retrytest.Ledger(t, b.pool, `SELECT txn_id FROM `+b.table+` ORDER BY id`) }
 	otherKeys := (keys - len(failingKeys)) * perKey
 	waitUntil(t, time.Minute, "the other keys applied", func() bool {
 		n := 0
 		for _, id := range ledger() {
-			if !failingKeys[strings.Split(id, "-")[0]] {
+			if k, _ := retrytest.KeySeq(id); !failingKeys[k] {
 				n++
 			}
 		}
@@ -107,29 +96,9 @@ func TestKafkaKeyOrderedRetries(t *testing.T) {
 	b.requireLedger(t, want)
 
 	// Before the release: the failing keys' first two messages only.
-	for _, id := range applied {
-		var s int
-		key := strings.Split(id, "-")[0]
-		fmt.Sscanf(strings.Split(id, "-")[1], "%d", &s)
-		if failingKeys[key] && s >= 2 {
-			t.Errorf("%s applied while %s-2 was in retry", id, key)
-		}
-	}
+	retrytest.CheckHeldBack(t, applied, failingKeys, 2)
 	// Each key's messages in production order.
-	next := map[string]int{}
-	outOfOrder := 0
-	for _, id := range ledger() {
-		var s int
-		key := strings.Split(id, "-")[0]
-		fmt.Sscanf(strings.Split(id, "-")[1], "%d", &s)
-		if s != next[key] {
-			outOfOrder++
-			if outOfOrder <= 5 {
-				t.Errorf("%s applied after %s-%d: out of its key's order", id, key, next[key]-1)
-			}
-		}
-		next[key] = s + 1
-	}
+	outOfOrder := retrytest.CheckKeyOrder(t, ledger())
 	st := r.Stats()
 	t.Logf("applied %d, trips to retry %d (followers included), dead letters %d, out of order %d", st.Applied, st.RetriedLater, st.DeadLettered, outOfOrder)
 	if st.DeadLettered != 0 {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/idemkit/idem/adapters/internal/retrytopic"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/retry"
 )
@@ -54,12 +55,7 @@ func (s *Source) Retry(ctx context.Context, r consumer.RetryLetter) error {
 	if m == nil {
 		return errors.New("kafka: retry without a message")
 	}
-	topic, partition := m.Topic, m.Partition
-	if o, ok := m.Origin(); ok {
-		topic, partition = o.Topic, o.Partition
-	} else if orig, ok := s.retryOf[topic]; ok {
-		topic = orig // a copy keyed as a message of its own: its lineage did not hold
-	}
+	topic, partition := retrytopic.Original(m, s.retryOf)
 	if !slices.Contains(s.cfg.RetryDelays, r.Delay) {
 		return fmt.Errorf("kafka: retry of %s: no retry topic for delay %v (Config.RetryDelays %v)", m.Ref(), r.Delay, s.cfg.RetryDelays)
 	}

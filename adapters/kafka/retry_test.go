@@ -3,11 +3,8 @@ package kafka_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,9 +14,8 @@ import (
 
 	"github.com/idemkit/idem/adapters/kafka"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/memstore"
-	"github.com/idemkit/idem/dedup/pgstore"
+	"github.com/idemkit/idem/internal/testenv/retrytest"
 )
 
 // nonBlockingRetries: set false to watch TestKafkaNonBlockingRetries fail
@@ -98,7 +94,7 @@ func testNonBlocking(t *testing.T, mode string) {
 	scfg := realSourceConfig(t, brokers, topic, group)
 	scfg.RetryDelays = delays
 	src := newSource(t, scfg)
-	store := &lyingStore{Store: b.store, claims: map[pgx.Tx][]string{}}
+	store := retrytest.NewLyingStore(b.store)
 	cfg := b.config(src, src)
 	cfg.Store = store
 	cfg.Logger = testLogger(t)
@@ -113,24 +109,17 @@ func testNonBlocking(t *testing.T, mode string) {
 		cfg.Retries = consumer.NonBlocking{Attempts: 2, Delays: delays, Sink: src}
 	}
 	var release atomic.Bool
-	var early atomic.Int32 // retry copies delivered before they were due
-	var earlyMu sync.Mutex
-	var earlyWhat string
+	var early retrytest.EarlyCopies
 	inner := cfg.Handler
 	cfg.Handler = consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		if due, ok := consumer.RetryDue(m); ok && time.Now().Before(due) {
-			early.Add(1)
-			earlyMu.Lock()
-			earlyWhat = fmt.Sprintf("%s due %v, handled %v", m.Ref(), due, time.Now())
-			earlyMu.Unlock()
-		}
+		early.Handled(m)
 		var p payment
 		_ = json.Unmarshal(m.Value, &p)
 		if failing[p.TxnID] && !release.Load() {
 			return consumer.Retryable(fmt.Errorf("%s: the account service is down", p.TxnID))
 		}
 		if p.TxnID == "uncertain" && m.Topic == topic {
-			store.target.Store(m.Ref())
+			store.Target(m.Ref())
 		}
 		return inner.Handle(ctx, tx, m)
 	})
@@ -169,7 +158,7 @@ func testNonBlocking(t *testing.T, mode string) {
 	if st.DeadLettered != 0 || st.RetriedLater < int64(len(failing)) {
 		t.Errorf("stats %+v: want no dead letters and at least %d trips to retry", st, len(failing))
 	}
-	if store.lies.Load() == 0 {
+	if store.Lies() == 0 {
 		t.Error("the uncertain payment's COMMIT was never reported failed")
 	}
 	if mode != "offsets" {
@@ -186,11 +175,9 @@ func testNonBlocking(t *testing.T, mode string) {
 			t.Error("the uncertain payment never went to retry")
 		}
 	}
-	if early.Load() > 0 {
-		t.Errorf("%d retry copies handled before they were due, e.g. %s", early.Load(), earlyWhat)
-	}
+	early.Check(t)
 	t.Logf("%s: applied %d, duplicates %d, trips to retry %d, COMMITs reported failed %d",
-		mode, st.Applied, st.Duplicates, st.RetriedLater, store.lies.Load())
+		mode, st.Applied, st.Duplicates, st.RetriedLater, store.Lies())
 }
 
 // waitSettled is WaitNoLag for a topic whose partitions may have stayed
@@ -223,44 +210,6 @@ func requireBookedOnce(t *testing.T, b *bank, want map[string]bool) {
 	if rows != len(want) || distinct != len(want) {
 		t.Fatalf("%d ledger rows of %d payments, want %d of %d", rows, distinct, len(want), len(want))
 	}
-}
-
-// lyingStore reports a transient failure for every transaction that claimed
-// the message target names (its Ref; the handler sets it) — after the
-// transaction committed: a COMMIT whose outcome the client did not learn.
-type lyingStore struct {
-	*pgstore.Store
-	target atomic.Value // string
-	lies   atomic.Int32
-	mu     sync.Mutex
-	claims map[pgx.Tx][]string // the sources claimed in each open transaction
-}
-
-func (s *lyingStore) Claim(ctx context.Context, tx pgx.Tx, claims []dedup.Claim, results []dedup.Result) error {
-	s.mu.Lock()
-	for _, c := range claims {
-		s.claims[tx] = append(s.claims[tx], c.Source)
-	}
-	s.mu.Unlock()
-	return s.Store.Claim(ctx, tx, claims, results)
-}
-
-func (s *lyingStore) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	var in pgx.Tx
-	err := s.Store.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
-		in = tx
-		return fn(ctx, tx)
-	})
-	s.mu.Lock()
-	sources := s.claims[in]
-	delete(s.claims, in)
-	s.mu.Unlock()
-	t, _ := s.target.Load().(string)
-	if err == nil && t != "" && slices.Contains(sources, t) {
-		s.lies.Add(1)
-		return consumer.Retryable(errors.New("connection reset during COMMIT"))
-	}
-	return err
 }
 
 func TestSourceReadsItsRetryTopics(t *testing.T) {

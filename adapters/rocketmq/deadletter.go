@@ -9,6 +9,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
 
+	"github.com/idemkit/idem/adapters/internal/retrytopic"
 	"github.com/idemkit/idem/consumer"
 )
 
@@ -76,17 +77,8 @@ func (s *Source) DeadLetter(ctx context.Context, l consumer.Letter) error {
 // refuses empty bodies.
 func (s *Source) letter(l consumer.Letter) *primitive.Message {
 	m := l.Message
-	topic := s.cfg.DeadLetterTopic
-	if topic == "" {
-		// A retry copy's letter goes with its original's letters.
-		orig := m.Topic
-		if o, ok := m.Origin(); ok {
-			orig = o.Topic
-		} else if t, ok := s.retryOf[orig]; ok {
-			orig = t
-		}
-		topic = orig + "_DLQ"
-	}
+	// A retry copy's letter goes with its original's letters.
+	topic := retrytopic.DeadLetterTopic(m, s.retryOf, s.cfg.DeadLetterTopic, "_DLQ")
 	headers, body := l.Record(s.cfg.DeadLetterMaxBytes)
 	if len(body) == 0 {
 		// The broker refuses an empty body (a NullPointerException in

@@ -100,6 +100,23 @@ func oneQueue(t *testing.T, txns ...int) (topic string) {
 	return topic
 }
 
+// failingLedger runs the ledger consumer over topic (see oneQueue): keyed
+// by txn_id, on a fake clock, retrying as retry says (zero: the default
+// policy), its handler failing as fail says (see failing). It returns the
+// database of the effects and the handler's runs per key.
+func failingLedger(t *testing.T, topic string, retry consumer.RetryPolicy, fail func(key string, attempt int) error) (*db, *attempts, *running) {
+	t.Helper()
+	d := newDB(t)
+	runs := &attempts{}
+	src := source(t, rocketmq.Config{Group: name(t, "g"), Topics: []string{topic}})
+	r := start(t, consumer.Config[pgx.Tx]{
+		Name: "ledger", Source: src, DeadLetter: src, Store: d.store, Key: consumer.ByJSONField("txn_id"),
+		Handler: failing(d, runs, fail), Retry: retry,
+		Clock: consumertest.NewClock(), Logger: testLogger(t),
+	})
+	return d, runs, r
+}
+
 // rejectT00001 fails T00001 for good.
 func rejectT00001(key string, _ int) error {
 	if key == "T00001" {
@@ -128,18 +145,11 @@ func effectsOf(t *testing.T, d *db, key string) int {
 func TestTransientFailureTwiceThenSuccess(t *testing.T) {
 	t.Parallel()
 	topic := oneQueue(t, 1, 2, 3)
-	d := newDB(t)
-	var runs attempts
-	src := source(t, rocketmq.Config{Group: name(t, "g"), Topics: []string{topic}})
-	r := start(t, consumer.Config[pgx.Tx]{
-		Name: "ledger", Source: src, DeadLetter: src, Store: d.store, Key: consumer.ByJSONField("txn_id"),
-		Handler: failing(d, &runs, func(key string, attempt int) error {
-			if key == "T00001" && attempt <= 2 {
-				return consumer.Retryable(errors.New("serialization failure"))
-			}
-			return nil
-		}),
-		Clock: consumertest.NewClock(), Logger: testLogger(t),
+	d, runs, r := failingLedger(t, topic, consumer.RetryPolicy{}, func(key string, attempt int) error {
+		if key == "T00001" && attempt <= 2 {
+			return consumer.Retryable(errors.New("serialization failure"))
+		}
+		return nil
 	})
 	testenv.WaitUntil(t, time.Minute, "3 effects", func() bool { return d.count(t, "") >= 3 })
 	r.Stop(t)
@@ -161,14 +171,7 @@ func TestTransientFailureTwiceThenSuccess(t *testing.T) {
 func TestPermanentFailureDeadLetteredOnce(t *testing.T) {
 	t.Parallel()
 	topic := oneQueue(t, 1, 2, 3)
-	d := newDB(t)
-	var runs attempts
-	src := source(t, rocketmq.Config{Group: name(t, "g"), Topics: []string{topic}})
-	r := start(t, consumer.Config[pgx.Tx]{
-		Name: "ledger", Source: src, DeadLetter: src, Store: d.store, Key: consumer.ByJSONField("txn_id"),
-		Handler: failing(d, &runs, rejectT00001),
-		Clock:   consumertest.NewClock(), Logger: testLogger(t),
-	})
+	d, runs, r := failingLedger(t, topic, consumer.RetryPolicy{}, rejectT00001)
 	testenv.WaitUntil(t, time.Minute, "2 effects and a dead letter", func() bool {
 		return d.count(t, "") >= 2 && r.Stats().DeadLettered >= 1
 	})
@@ -214,18 +217,11 @@ func TestPermanentFailureDeadLetteredOnce(t *testing.T) {
 func TestPanickingHandlerDoesNotPinQueue(t *testing.T) {
 	t.Parallel()
 	topic := oneQueue(t, 1, 2, 3, 4)
-	d := newDB(t)
-	var runs attempts
-	src := source(t, rocketmq.Config{Group: name(t, "g"), Topics: []string{topic}})
-	r := start(t, consumer.Config[pgx.Tx]{
-		Name: "ledger", Source: src, DeadLetter: src, Store: d.store, Key: consumer.ByJSONField("txn_id"),
-		Handler: failing(d, &runs, func(key string, attempt int) error {
-			if key == "T00001" || key == "T00002" && attempt == 1 {
-				panic("nil map in " + key)
-			}
-			return nil
-		}),
-		Retry: consumer.RetryPolicy{MaxAttempts: 3}, Clock: consumertest.NewClock(), Logger: testLogger(t),
+	d, runs, r := failingLedger(t, topic, consumer.RetryPolicy{MaxAttempts: 3}, func(key string, attempt int) error {
+		if key == "T00001" || key == "T00002" && attempt == 1 {
+			panic("nil map in " + key)
+		}
+		return nil
 	})
 	testenv.WaitUntil(t, time.Minute, "3 effects and a dead letter", func() bool {
 		return d.count(t, "") >= 3 && r.Stats().DeadLettered >= 1

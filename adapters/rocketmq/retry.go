@@ -10,7 +10,9 @@ import (
 
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 
+	"github.com/idemkit/idem/adapters/internal/retrytopic"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/retry"
 )
 
 // Retry topics (consumer.NonBlocking): a message that used up its attempts
@@ -86,12 +88,7 @@ func (s *Source) Retry(ctx context.Context, r consumer.RetryLetter) error {
 // retryCopy builds the message Retry sends for r at now.
 func (s *Source) retryCopy(r consumer.RetryLetter, now time.Time) *primitive.Message {
 	m := r.Message
-	topic, queue := m.Topic, m.Partition
-	if o, ok := m.Origin(); ok {
-		topic, queue = o.Topic, o.Partition
-	} else if orig, ok := s.retryOf[topic]; ok {
-		topic = orig // a copy keyed as a message of its own: its lineage did not hold
-	}
+	topic, queue := retrytopic.Original(m, s.retryOf)
 	headers, body := r.Record()
 	msg := primitive.NewMessage(RetryTopic(topic), body)
 	for _, h := range headers {
@@ -134,14 +131,7 @@ func waitDue(ctx context.Context, m *consumer.Message) bool {
 	if d <= 0 {
 		return true
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	return retry.Sleep(ctx, d) == nil
 }
 
 var (

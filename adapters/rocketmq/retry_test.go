@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,10 +16,9 @@ import (
 
 	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/memstore"
-	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/retrytest"
 	"github.com/idemkit/idem/internal/testenv/rmqtest"
 )
 
@@ -93,29 +91,22 @@ func testNonBlocking(t *testing.T, mode string) {
 	})
 	d := newDB(t)
 	src := source(t, rocketmq.Config{Group: name(t, "g"), Topics: []string{topic}, RetryDelays: delays})
-	store := &lyingStore{Store: d.store, claims: map[pgx.Tx][]string{}}
+	store := retrytest.NewLyingStore(d.store)
 	var release atomic.Bool
-	var early atomic.Int32 // retry copies handled before they were due
-	var earlyMu sync.Mutex
-	var earlyWhat string
+	var early retrytest.EarlyCopies
 	effect := insertEffect(d, 1)
 	cfg := consumer.Config[pgx.Tx]{
 		Name: "ledger", Source: src, DeadLetter: src, Store: store, Key: consumer.ByJSONField("txn_id"),
 		Retry:  consumer.RetryPolicy{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond, MaxAttempts: 1000, MaxElapsed: 10 * time.Minute},
 		Logger: testLogger(t),
 		Handler: consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-			if due, ok := consumer.RetryDue(m); ok && time.Now().Before(due) {
-				early.Add(1)
-				earlyMu.Lock()
-				earlyWhat = fmt.Sprintf("%s due %v, handled %v", m.Ref(), due, time.Now())
-				earlyMu.Unlock()
-			}
+			early.Handled(m)
 			txn, _ := consumer.ByJSONField("txn_id")(m)
 			if txn == exhausted || failing[txn] && !release.Load() {
 				return consumer.Retryable(fmt.Errorf("%s: the account service is down", txn))
 			}
 			if txn == uncertain && m.Topic == topic {
-				store.target.Store(m.Ref())
+				store.Target(m.Ref())
 			}
 			return effect(ctx, tx, m)
 		}),
@@ -168,15 +159,13 @@ func testNonBlocking(t *testing.T, mode string) {
 	if st.DeadLettered != 1 || st.RetriedLater < int64(len(failing)+len(delays)) {
 		t.Errorf("stats %+v: want 1 dead letter and at least %d trips to retry", st, len(failing)+len(delays))
 	}
-	if store.lies.Load() == 0 {
+	if store.Lies() == 0 {
 		t.Error("the uncertain payment's COMMIT was never reported failed")
 	}
 	if st.Duplicates == 0 {
 		t.Error("no duplicate skipped: the uncertain payment's copy was not recognised as its applied original")
 	}
-	if early.Load() > 0 {
-		t.Errorf("%d retry copies handled before they were due, e.g. %s", early.Load(), earlyWhat)
-	}
+	early.Check(t)
 
 	l := rmqtest.ReadTopic(t, rmqtest.Shared(t), topic+"_DLQ", 1)[0]
 	want := map[string]string{consumer.MetaCause: "exhausted", consumer.MetaTopic: topic}
@@ -198,7 +187,7 @@ func testNonBlocking(t *testing.T, mode string) {
 		t.Errorf("letter keys %q", l.Key)
 	}
 	t.Logf("%s: applied %d, duplicates %d, trips to retry %d, COMMITs reported failed %d",
-		mode, st.Applied, st.Duplicates, st.RetriedLater, store.lies.Load())
+		mode, st.Applied, st.Duplicates, st.RetriedLater, store.Lies())
 }
 
 func mapKeys(m map[string]bool) func(func(string) bool) {
@@ -261,28 +250,12 @@ func TestNonBlockingKeyOrdered(t *testing.T) {
 	}
 	r := start(t, cfg)
 
-	ledger := func() []string {
-		rows, err := d.pool.Query(context.Background(), `SELECT key FROM `+d.effects+` ORDER BY id`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ids
-	}
-	keyOf := func(id string) (string, int) {
-		var s int
-		key, seq, _ := strings.Cut(id, "-")
-		fmt.Sscanf(seq, "%d", &s)
-		return key, s
-	}
+	ledger := func() []string { return retrytest.Ledger(t, d.pool, `SELECT key FROM `+d.effects+` ORDER BY id`) }
 	otherKeys := (keys - len(failingKeys)) * perKey
 	testenv.WaitUntil(t, time.Minute, "the other keys applied", func() bool {
 		n := 0
 		for _, id := range ledger() {
-			if k, _ := keyOf(id); !failingKeys[k] {
+			if k, _ := retrytest.KeySeq(id); !failingKeys[k] {
 				n++
 			}
 		}
@@ -298,27 +271,12 @@ func TestNonBlockingKeyOrdered(t *testing.T) {
 	testenv.WaitUntil(t, 2*time.Minute, "every message applied", func() bool { return len(ledger()) >= keys*perKey })
 	r.Stop(t)
 
-	for _, id := range applied {
-		if k, s := keyOf(id); failingKeys[k] && s >= 2 {
-			t.Errorf("%s applied while %s-2 was in retry", id, k)
-		}
-	}
+	retrytest.CheckHeldBack(t, applied, failingKeys, 2)
 	got := ledger()
 	if len(got) != keys*perKey {
 		t.Errorf("%d effects, want %d", len(got), keys*perKey)
 	}
-	next := map[string]int{}
-	outOfOrder := 0
-	for _, id := range got {
-		k, s := keyOf(id)
-		if s != next[k] {
-			outOfOrder++
-			if outOfOrder <= 5 {
-				t.Errorf("%s applied after %s-%d: out of its key's order", id, k, next[k]-1)
-			}
-		}
-		next[k] = s + 1
-	}
+	outOfOrder := retrytest.CheckKeyOrder(t, got)
 	st := r.Stats()
 	t.Logf("applied %d, trips to retry %d (followers included), dead letters %d, out of order %d", st.Applied, st.RetriedLater, st.DeadLettered, outOfOrder)
 	if st.DeadLettered != 0 {
@@ -357,42 +315,4 @@ func TestSourceReadsItsRetryTopic(t *testing.T) {
 	if err != nil {
 		t.Errorf("consumer.New with the source's delays: %v", err)
 	}
-}
-
-// lyingStore reports a transient failure for every transaction that claimed
-// the message target names (its Ref; the handler sets it) — after the
-// transaction committed: a COMMIT whose outcome the client did not learn.
-type lyingStore struct {
-	*pgstore.Store
-	target atomic.Value // string
-	lies   atomic.Int32
-	mu     sync.Mutex
-	claims map[pgx.Tx][]string // the sources claimed in each open transaction
-}
-
-func (s *lyingStore) Claim(ctx context.Context, tx pgx.Tx, claims []dedup.Claim, results []dedup.Result) error {
-	s.mu.Lock()
-	for _, c := range claims {
-		s.claims[tx] = append(s.claims[tx], c.Source)
-	}
-	s.mu.Unlock()
-	return s.Store.Claim(ctx, tx, claims, results)
-}
-
-func (s *lyingStore) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	var in pgx.Tx
-	err := s.Store.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
-		in = tx
-		return fn(ctx, tx)
-	})
-	s.mu.Lock()
-	sources := s.claims[in]
-	delete(s.claims, in)
-	s.mu.Unlock()
-	t, _ := s.target.Load().(string)
-	if err == nil && t != "" && slices.Contains(sources, t) {
-		s.lies.Add(1)
-		return consumer.Retryable(errors.New("connection reset during COMMIT"))
-	}
-	return err
 }

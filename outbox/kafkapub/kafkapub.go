@@ -22,13 +22,13 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"net"
 	"sync"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
 
+	"github.com/idemkit/idem/internal/hostport"
 	"github.com/idemkit/idem/outbox"
 )
 
@@ -79,14 +79,7 @@ type Publisher struct {
 func New(cfg Config) (*Publisher, error) {
 	var errs []error
 	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf("kafkapub: Config."+format, args...)) }
-	if len(cfg.Brokers) == 0 {
-		add("Brokers is empty")
-	}
-	for i, b := range cfg.Brokers {
-		if _, _, err := net.SplitHostPort(b); err != nil {
-			add("Brokers[%d] %q: want host:port: %v", i, b, err)
-		}
-	}
+	hostport.CheckList("Brokers", cfg.Brokers, add)
 	if cfg.DialTimeout < 0 || cfg.WriteTimeout < 0 {
 		add("DialTimeout and WriteTimeout must not be negative")
 	}

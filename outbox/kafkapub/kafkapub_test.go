@@ -1,10 +1,8 @@
 package kafkapub_test
 
 import (
-	"bytes"
 	"crypto/rand"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -31,11 +29,12 @@ func newPublisher(t *testing.T, cfg kafkapub.Config) *kafkapub.Publisher {
 	return p
 }
 
-// read returns topic's messages as CheckKeyOrder wants them.
+// read returns topic's messages as CheckKeyOrder and CheckPublishedOnce want them.
 func read(t *testing.T, k *relaytest.Kafka, topic string, parts int) []relaytest.Delivered {
 	var out []relaytest.Delivered
 	for _, m := range k.ReadAll(t, topic) {
-		out = append(out, relaytest.Delivered{ID: kafkatest.Header(m, outbox.HeaderID), Key: string(m.Key), Value: string(m.Value)})
+		out = append(out, relaytest.Delivered{ID: kafkatest.Header(m, outbox.HeaderID), Key: string(m.Key), Value: string(m.Value),
+			Partition: int32(m.Partition), Header: func(name string) string { return kafkatest.Header(m, name) }})
 	}
 	return out
 }
@@ -54,26 +53,9 @@ func TestRelayToKafka(t *testing.T) {
 		n := relaytest.Pending(t, pool, ob)
 		return n == 0, strconv.Itoa(n) + " pending"
 	})
-	if dups := relaytest.CheckKeyOrder(t, read(t, k, topic, 4), want); dups != 0 {
-		t.Fatalf("%d copies without a fault", dups)
-	}
-	parts := map[string]int{}
-	for _, m := range k.ReadAll(t, topic) {
-		if p, ok := parts[string(m.Key)]; ok && p != m.Partition {
-			t.Fatalf("key %s on partitions %d and %d", m.Key, p, m.Partition)
-		}
-		parts[string(m.Key)] = m.Partition
-		parent := dedup.Key{Scope: kafkatest.Header(m, outbox.HeaderScope), ID: kafkatest.Header(m, outbox.HeaderKey)}
-		pos, err := strconv.Atoi(kafkatest.Header(m, outbox.HeaderPosition))
-		if err != nil || kafkatest.Header(m, outbox.HeaderID) != outbox.MessageID(parent, pos) || parent.Scope != "producer" {
-			t.Fatalf("headers %v do not name the message's lineage", m.Headers)
-		}
-	}
 	// Failed rounds are allowed (a new topic's leader not known yet for a
 	// moment): the relay retries; nothing may be dead-lettered or repeated.
-	if st := relay.Stats(); st.Published != int64(want) || st.DeadLettered != 0 {
-		t.Fatalf("stats %+v", st)
-	}
+	relaytest.CheckPublishedOnce(t, relay, read(t, k, topic, 4), want)
 }
 
 // TestRefusalsAreDeadLettered: the broker refuses a message over the
@@ -108,22 +90,10 @@ func TestRefusalsAreDeadLettered(t *testing.T) {
 	relay := relaytest.StartRelay(t, outbox.RelayConfig{Outbox: ob, Publisher: newPublisher(t, kafkapub.Config{Brokers: k.Brokers})})
 	testenv.WaitUntilProgress(t, 5*time.Minute, "the outbox drained", func() (bool, string) { return relaytest.Pending(t, pool, ob) == 0, "" })
 	relaytest.CheckKeyOrder(t, read(t, k, topic, 2), 3)
-	dead := relaytest.DeadLetters(t, pool, ob)
-	if len(dead) != 3 {
-		t.Fatalf("%d dead letters, want 3: %+v", len(dead), dead)
-	}
-	for i, c := range []struct {
-		value []byte
-		says  string
-	}{{big, "Message Size Too Large"}, {huge, "the limit is 1048576"}, {[]byte("x"), "Kafka topic names"}} {
-		d := dead[i]
-		if !bytes.Equal(d.Value, c.value) || !strings.Contains(d.Reason, "refused by the broker") || !strings.Contains(d.Reason, c.says) {
-			t.Errorf("dead letter %d: %d bytes, reason %q, want %d bytes and %q", i, len(d.Value), d.Reason, len(c.value), c.says)
-		}
-	}
-	if st := relay.Stats(); st.DeadLettered != 3 || st.Published != 3 {
-		t.Fatalf("stats %+v", st)
-	}
+	relaytest.CheckRefusals(t, relay, pool, ob, 3,
+		relaytest.Refusal{Value: big, Says: "Message Size Too Large"},
+		relaytest.Refusal{Value: huge, Says: "the limit is 1048576"},
+		relaytest.Refusal{Value: []byte("x"), Says: "Kafka topic names"})
 }
 
 // TestMissingTopicWaits: messages to a topic that does not exist wait —

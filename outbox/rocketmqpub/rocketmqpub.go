@@ -23,7 +23,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"regexp"
 	"strconv"
@@ -36,6 +35,8 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
 
+	"github.com/idemkit/idem/internal/hostport"
+	"github.com/idemkit/idem/internal/rmqprops"
 	"github.com/idemkit/idem/outbox"
 )
 
@@ -74,14 +75,7 @@ func New(cfg Config) (*Publisher, error) {
 	add := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf("rocketmqpub: Config."+format, args...))
 	}
-	if len(cfg.NameServers) == 0 {
-		add("NameServers is empty")
-	}
-	for i, a := range cfg.NameServers {
-		if _, _, err := net.SplitHostPort(a); err != nil {
-			add("NameServers[%d] %q: want host:port: %v", i, a, err)
-		}
-	}
+	hostport.CheckList("NameServers", cfg.NameServers, add)
 	if cfg.Group != "" && !nameRE.MatchString(cfg.Group) {
 		add("Group %q: want letters, digits, '%%', '|', '_' and '-', at most 255 bytes", cfg.Group)
 	}
@@ -227,30 +221,11 @@ func (p *Publisher) message(r *outbox.Record) (*primitive.Message, error) {
 	return m, nil
 }
 
-// systemProperties are the property names RocketMQ (broker, Java and Go
-// clients, 5.3) reserves: a header by one of these names would be taken for
-// the broker's, or vanish (adapters/rocketmq does not deliver them as
-// headers).
-var systemProperties = map[string]bool{
-	"KEYS": true, "TAGS": true, "WAIT": true, "DELAY": true, "RETRY_TOPIC": true,
-	"REAL_TOPIC": true, "REAL_QID": true, "TRAN_MSG": true, "PGROUP": true,
-	"MIN_OFFSET": true, "MAX_OFFSET": true, "BUYER_ID": true, "ORIGIN_MESSAGE_ID": true,
-	"TRANSFER_FLAG": true, "CORRECTION_FLAG": true, "MQ2_FLAG": true, "RECONSUME_TIME": true,
-	"MSG_REGION": true, "TRACE_ON": true, "UNIQ_KEY": true, "EXTEND_UNIQ_INFO": true,
-	"MAX_RECONSUME_TIMES": true, "CONSUME_START_TIME": true, "INNER_NUM": true,
-	"INNER_BASE": true, "CHECK_IMMUNITY_TIME_IN_SECONDS": true,
-	"TRAN_PREPARED_QUEUE_OFFSET": true, "TRANSACTION_CHECK_TIMES": true, "INSTANCE_ID": true,
-	"CORRELATION_ID": true, "REPLY_TO_CLIENT": true, "TTL": true, "ARRIVE_TIME": true,
-	"PUSH_REPLY_TIME": true, "CLUSTER": true, "MSG_TYPE": true, "POP_CK": true, "POP_CK_OFFSET": true,
-	"1ST_POP_TIME": true, "SHARDING_KEY": true, "PROPERTY_FORWARD_QUEUE_ID": true, "REDIRECT": true,
-	"INNER_MULTI_DISPATCH": true, "INNER_MULTI_QUEUE_OFFSET": true, "TRACE_CONTEXT": true,
-	"TIMER_DELAY_SEC": true, "TIMER_DELIVER_MS": true, "BORN_TIMESTAMP": true, "TIMER_ENQUEUE_MS": true,
-	"TIMER_DEQUEUE_MS": true, "TIMER_ROLL_TIMES": true, "TIMER_OUT_MS": true, "TIMER_DEL_UNIQKEY": true,
-	"TIMER_DELAY_LEVEL": true, "TIMER_DELAY_MS": true, "DLQ_ORIGIN_TOPIC": true,
-	"DLQ_ORIGIN_MESSAGE_ID": true, "bname": true,
-}
-
-func reserved(name string) bool { return systemProperties[name] || strings.HasPrefix(name, "__") }
+// reserved reports whether a header name is a RocketMQ system property
+// (rmqprops.System) or starts with "__", as the client's own do: a header
+// by such a name would be taken for the broker's, or vanish
+// (adapters/rocketmq does not deliver them as headers).
+func reserved(name string) bool { return rmqprops.System(name) || strings.HasPrefix(name, "__") }
 
 // codeRE reads the broker's response code out of the client's error text,
 // the only form in which the client reports it.

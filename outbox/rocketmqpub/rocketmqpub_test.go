@@ -1,12 +1,10 @@
 package rocketmqpub_test
 
 import (
-	"bytes"
 	"crypto/rand"
 	"log/slog"
 	"sort"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -43,11 +41,13 @@ func read(t *testing.T, r *rmqtest.Broker, topic string) []*consumer.Message {
 	return got
 }
 
+// delivered lays ms out as CheckKeyOrder and CheckPublishedOnce want them.
 func delivered(ms []*consumer.Message) []relaytest.Delivered {
 	var out []relaytest.Delivered
 	for _, m := range ms {
 		id, _ := m.Header(outbox.HeaderID)
-		out = append(out, relaytest.Delivered{ID: string(id), Key: string(m.Key), Value: string(m.Value)})
+		out = append(out, relaytest.Delivered{ID: string(id), Key: string(m.Key), Value: string(m.Value),
+			Partition: m.Partition, Header: func(name string) string { v, _ := m.Header(name); return string(v) }})
 	}
 	return out
 }
@@ -66,28 +66,10 @@ func TestRelayToRocketMQ(t *testing.T) {
 		n := relaytest.Pending(t, pool, ob)
 		return n == 0, strconv.Itoa(n) + " pending"
 	})
-	got := read(t, r, topic)
-	if dups := relaytest.CheckKeyOrder(t, delivered(got), want); dups != 0 {
-		t.Fatalf("%d copies without a fault", dups)
-	}
-	queues := map[string]int32{}
-	for _, m := range got {
-		if q, ok := queues[string(m.Key)]; ok && q != m.Partition {
-			t.Fatalf("key %s on queues %d and %d", m.Key, q, m.Partition)
-		}
-		queues[string(m.Key)] = m.Partition
-		h := func(k string) string { v, _ := m.Header(k); return string(v) }
-		pos, err := strconv.Atoi(h(outbox.HeaderPosition))
-		if err != nil || h(outbox.HeaderID) != outbox.MessageID(dedup.Key{Scope: h(outbox.HeaderScope), ID: h(outbox.HeaderKey)}, pos) {
-			t.Fatalf("properties %v do not name the message's lineage", m.Headers)
-		}
-	}
 	// Failed rounds are allowed: right after the topic is created the name
 	// server may not route it yet ("route info not found"), and the relay
 	// retries those shards — what a relay is for (seen once under load).
-	if st := relay.Stats(); st.Published != int64(want) || st.DeadLettered != 0 {
-		t.Fatalf("stats %+v", st)
-	}
+	relaytest.CheckPublishedOnce(t, relay, delivered(read(t, r, topic)), want)
 }
 
 // TestRefusalsAreDeadLettered: the broker refuses a body over its
@@ -125,20 +107,9 @@ func TestRefusalsAreDeadLettered(t *testing.T) {
 	// (transient, retried) several times before the broker refuses it.
 	testenv.WaitUntilProgress(t, 5*time.Minute, "the outbox drained", func() (bool, string) { return relaytest.Pending(t, pool, ob) == 0, "" })
 	relaytest.CheckKeyOrder(t, delivered(read(t, r, topic)), 3)
-	dead := relaytest.DeadLetters(t, pool, ob)
-	if len(dead) != 4 {
-		t.Fatalf("%d dead letters, want 4: %+v", len(dead), dead)
-	}
-	for i, c := range []struct {
-		value []byte
-		says  string
-	}{{big, "CODE: 13"}, {huge, "the limit is 8388608"}, {[]byte("x"), "RocketMQ topic names"}, {[]byte("y"), "system property"}} {
-		d := dead[i]
-		if !bytes.Equal(d.Value, c.value) || !strings.Contains(d.Reason, "refused by the broker") || !strings.Contains(d.Reason, c.says) {
-			t.Errorf("dead letter %d: %d bytes, reason %q, want %d bytes and %q", i, len(d.Value), d.Reason, len(c.value), c.says)
-		}
-	}
-	if st := relay.Stats(); st.DeadLettered != 4 || st.Published != 3 {
-		t.Fatalf("stats %+v", st)
-	}
+	relaytest.CheckRefusals(t, relay, pool, ob, 3,
+		relaytest.Refusal{Value: big, Says: "CODE: 13"},
+		relaytest.Refusal{Value: huge, Says: "the limit is 8388608"},
+		relaytest.Refusal{Value: []byte("x"), Says: "RocketMQ topic names"},
+		relaytest.Refusal{Value: []byte("y"), Says: "system property"})
 }

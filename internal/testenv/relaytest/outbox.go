@@ -1,7 +1,9 @@
 package relaytest
 
 import (
+	"bytes"
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -102,4 +104,32 @@ func DeadLetters(t testing.TB, pool *pgxpool.Pool, ob *outbox.Outbox) []Dead {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// Refusal is a record a publisher refuses for good: its value, and what the
+// reason of its dead letter says besides "refused by the broker".
+type Refusal struct {
+	Value []byte
+	Says  string
+}
+
+// CheckRefusals checks the dead-letter table once relay drained the
+// outbox: a letter for each refusal of want, in order, with its value and
+// reason; and relay's stats count them dead-lettered, and published
+// records published.
+func CheckRefusals(t testing.TB, relay *outbox.Relay, pool *pgxpool.Pool, ob *outbox.Outbox, published int, want ...Refusal) {
+	t.Helper()
+	dead := DeadLetters(t, pool, ob)
+	if len(dead) != len(want) {
+		t.Fatalf("%d dead letters, want %d: %+v", len(dead), len(want), dead)
+	}
+	for i, c := range want {
+		d := dead[i]
+		if !bytes.Equal(d.Value, c.Value) || !strings.Contains(d.Reason, "refused by the broker") || !strings.Contains(d.Reason, c.Says) {
+			t.Errorf("dead letter %d: %d bytes, reason %q, want %d bytes and %q", i, len(d.Value), d.Reason, len(c.Value), c.Says)
+		}
+	}
+	if st := relay.Stats(); st.DeadLettered != int64(len(want)) || st.Published != int64(published) {
+		t.Fatalf("stats %+v", st)
+	}
 }

@@ -56,8 +56,14 @@ func Enqueue(t testing.TB, pool *pgxpool.Pool, ob *outbox.Outbox, keys, perKey i
 	return keys * perKey
 }
 
-// Delivered is a message as a broker gave it back.
-type Delivered struct{ ID, Key, Value string }
+// Delivered is a message as a broker gave it back: its outbox.HeaderID,
+// record key and value, and, for CheckPublishedOnce, the partition (or
+// queue) it lies in and its headers (or user properties).
+type Delivered struct {
+	ID, Key, Value string
+	Partition      int32
+	Header         func(name string) string
+}
 
 // CheckKeyOrder checks messages from Enqueue, read back per partition or
 // queue in order: the first copy of each (by ID) comes in its key's order,
@@ -90,4 +96,40 @@ func CheckKeyOrder(t testing.TB, got []Delivered, want int) int {
 		t.Fatalf("%d distinct messages arrived, want %d", len(seen), want)
 	}
 	return dups
+}
+
+// checkLineage checks messages from Enqueue as a broker gave them back:
+// each key lies in one partition (or queue), and each message's ID is the
+// outbox.MessageID of the parent its lineage headers name, one of
+// Enqueue's.
+func checkLineage(t testing.TB, got []Delivered) {
+	t.Helper()
+	parts := map[string]int32{}
+	for _, d := range got {
+		if p, ok := parts[d.Key]; ok && p != d.Partition {
+			t.Fatalf("key %s in partitions (queues) %d and %d", d.Key, p, d.Partition)
+		}
+		parts[d.Key] = d.Partition
+		parent := dedup.Key{Scope: d.Header(outbox.HeaderScope), ID: d.Header(outbox.HeaderKey)}
+		pos, err := strconv.Atoi(d.Header(outbox.HeaderPosition))
+		if err != nil || d.ID != outbox.MessageID(parent, pos) || parent.Scope != "producer" {
+			t.Fatalf("message %s: its headers (parent %v, position %q) do not name its lineage", d.ID, parent, d.Header(outbox.HeaderPosition))
+		}
+	}
+}
+
+// CheckPublishedOnce checks what a relay published without a fault from
+// Enqueue's want messages, as a broker gave them back: each one once, in
+// its key's order (CheckKeyOrder), with its lineage (checkLineage), and
+// the relay's stats count them published and nothing dead-lettered.
+// Failed rounds are allowed: the relay retries them.
+func CheckPublishedOnce(t testing.TB, relay *outbox.Relay, got []Delivered, want int) {
+	t.Helper()
+	if dups := CheckKeyOrder(t, got, want); dups != 0 {
+		t.Fatalf("%d copies without a fault", dups)
+	}
+	checkLineage(t, got)
+	if st := relay.Stats(); st.Published != int64(want) || st.DeadLettered != 0 {
+		t.Fatalf("stats %+v", st)
+	}
 }
