@@ -80,9 +80,12 @@ type RequestStore[TTx any] interface {
 	CountStuckRequests(ctx context.Context) (map[string]int64, error)
 	// ReleaseRequest ends the lease of a Processing key and grows its token,
 	// whatever its lease: the next request with the key takes over, and
-	// the holder, should it be alive, is fenced out. It reports whether k
-	// was Processing.
-	ReleaseRequest(ctx context.Context, k Key) (bool, error)
+	// the holder, should it be alive, is fenced out. With token above 0 it
+	// does so only while the key's token is still token — the holder an
+	// operator saw (StuckRequests), not one that took the key over since,
+	// which it would fence out of a run that had just begun; with 0, it
+	// releases whoever holds the key. It reports whether it released k.
+	ReleaseRequest(ctx context.Context, k Key, token int64) (bool, error)
 }
 
 // Verdict says what a request may do with its key.

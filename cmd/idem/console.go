@@ -7,7 +7,6 @@ import (
 	"crypto/subtle"
 	_ "embed"
 	"encoding/hex"
-	"errors"
 	"flag"
 	"fmt"
 	"html/template"
@@ -615,19 +614,12 @@ func (c *console) confirm(w http.ResponseWriter, r *http.Request) {
 	case "release-request":
 		back = "/stuck"
 		k := a.keys[0]
-		// EndLease with the token shown refuses a request that moved on
-		// (taken over, finished, or released since); then the release
-		// grows the token, fencing its holder out.
-		if err := c.reqs.EndLease(ctx, k, a.lease); err != nil {
-			if errors.Is(err, dedup.ErrLeaseLost) {
-				p.Title, status = "Refused", http.StatusConflict
-				fmt.Fprintf(&out, "not released: %s %s moved on since (its lease token is no longer %d, or it finished)\n", k.Scope, k.ID, a.lease)
-				break
-			}
-			p.Error, status = err.Error(), http.StatusInternalServerError
-			break
-		}
-		released, err := c.reqs.ReleaseRequest(ctx, k)
+		// Released only while its token is the one shown, in one
+		// statement: a request that moved on (taken over, finished, or
+		// released since) is refused, and one that takes the key over
+		// while the release runs is not fenced out of a run it has just
+		// begun. The release grows the token, fencing the holder out.
+		released, err := c.reqs.ReleaseRequest(ctx, k, a.lease)
 		switch {
 		case err != nil:
 			p.Error, status = err.Error(), http.StatusInternalServerError
@@ -635,7 +627,7 @@ func (c *console) confirm(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprintf(&out, "released request %s %s (lease token %d): its next request takes over\n", k.Scope, k.ID, a.lease)
 		default:
 			p.Title, status = "Refused", http.StatusConflict
-			fmt.Fprintf(&out, "not released: %s %s is no longer processing\n", k.Scope, k.ID)
+			fmt.Fprintf(&out, "not released: %s %s moved on since (its lease token is no longer %d, or it finished)\n", k.Scope, k.ID, a.lease)
 		}
 	case "redrive":
 		back = "/letters?group=" + url.QueryEscape(a.group)

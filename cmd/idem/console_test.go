@@ -314,3 +314,40 @@ func TestConsoleCrossOriginHostAndToken(t *testing.T) {
 		t.Errorf("console off loopback without a token: %d %q", code, errOut)
 	}
 }
+
+// takeOverFirst is the store as the console's release of a stuck request
+// meets it when a request takes the key over just before the release lands.
+type takeOverFirst struct {
+	*pgstore.Store
+	took dedup.RequestRecord
+	err  error
+}
+
+func (s *takeOverFirst) ReleaseRequest(ctx context.Context, k dedup.Key, token int64) (bool, error) {
+	s.took, s.err = s.Store.AcquireLease(ctx, dedup.Claim{Key: k, Fingerprint: dedup.FingerprintOf([]byte(k.ID))}, time.Hour, time.Minute)
+	return s.Store.ReleaseRequest(ctx, k, token)
+}
+
+// TestConsoleReleaseSparesATakeover: a request takes the stuck key over
+// while the console's release runs. The release is refused ("moved on")
+// and the request that took over is not fenced out: it finishes. (The
+// release used to end the lease shown and then release the key whatever
+// its token, which fenced the new holder out of a run it had just begun,
+// and the next retry would run the handler again.)
+func TestConsoleReleaseSparesATakeover(t *testing.T) {
+	f := newConsoleFixture(t)
+	ctx := testenv.Context(t, time.Minute)
+	w := &takeOverFirst{Store: f.store}
+	f.console.reqs = w
+	_, tok := f.dryRun(t, "/release-request?scope="+url.QueryEscape(f.stuck.Scope)+"&key=po-1&lease="+f.stuckToken(t))
+	code, body := f.confirm(t, tok, nil)
+	if w.err != nil || !w.took.TakenOver() {
+		t.Fatalf("take over: %v %+v", w.err, w.took)
+	}
+	if code != http.StatusConflict || !strings.Contains(body, "moved on") {
+		t.Errorf("release while a request took the key over: %d\n%s", code, body)
+	}
+	if err := f.store.FinishLease(ctx, f.stuck, w.took.Token, dedup.StoredResponse{Status: http.StatusCreated}); err != nil {
+		t.Errorf("the new holder's finish: %v, want nil: the release fenced it out", err)
+	}
+}

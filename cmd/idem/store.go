@@ -65,8 +65,7 @@ func (f *storeFlags) parseOpen(ctx context.Context, e *env, fs *flag.FlagSet, ar
 // (dedup.RequestStore): the stuck ones, and releasing one.
 type requestAdmin interface {
 	StuckRequests(ctx context.Context, limit int) ([]dedup.RequestRecord, error)
-	EndLease(ctx context.Context, k dedup.Key, token int64) error
-	ReleaseRequest(ctx context.Context, k dedup.Key) (bool, error)
+	ReleaseRequest(ctx context.Context, k dedup.Key, token int64) (bool, error)
 }
 
 // openWithRequests is open, with the store's request keys too.

@@ -193,8 +193,12 @@ func (s requestSuite[TTx]) leaseFencing(t *testing.T) {
 	if err := st.ExtendLease(ctx, k, a.Token+1, time.Minute); !errors.Is(err, dedup.ErrLeaseLost) {
 		t.Fatalf("extend with a token never given: %v, want ErrLeaseLost", err)
 	}
+	// An operator releases the key with a token it did not see: refused.
+	if ok, err := st.ReleaseRequest(ctx, k, a.Token+1); err != nil || ok {
+		t.Fatalf("release with another token: %v, %v; want false", ok, err)
+	}
 	// An operator releases the key: the token grows, the holder is fenced.
-	if ok, err := st.ReleaseRequest(ctx, k); err != nil || !ok {
+	if ok, err := st.ReleaseRequest(ctx, k, a.Token); err != nil || !ok {
 		t.Fatalf("release: %v, %v", ok, err)
 	}
 	for name, err := range map[string]error{
@@ -223,7 +227,7 @@ func (s requestSuite[TTx]) leaseFencing(t *testing.T) {
 	if d.Response.Status != 202 || string(d.Response.Body) != "ok" {
 		t.Fatalf("replay %+v, want the new holder's response", d.Response)
 	}
-	if ok, err := st.ReleaseRequest(ctx, k); err != nil || ok {
+	if ok, err := st.ReleaseRequest(ctx, k, 0); err != nil || ok {
 		t.Fatalf("release of a finished key: %v, %v; want false", ok, err)
 	}
 	// A transactional claim of a leased key finds the same record.
@@ -394,7 +398,7 @@ func (s requestSuite[TTx]) purgeTokensGrow(t *testing.T) {
 	if b.Token <= a.Token || !b.TakenOver() {
 		t.Fatalf("takeover: %+v after token %d, want a larger token, taken over", b, a.Token)
 	}
-	if ok, err := st.ReleaseRequest(ctx, c.Key); err != nil || !ok {
+	if ok, err := st.ReleaseRequest(ctx, c.Key, 0); err != nil || !ok {
 		t.Fatalf("release: %v, %v", ok, err)
 	}
 	eventually(t, "the released key to be purged", func() bool {

@@ -121,7 +121,7 @@ FROM ` + t + ` WHERE state = 'processing' AND lease_expires_at < now()
 ORDER BY lease_expires_at LIMIT $1`,
 		countStuck: `SELECT scope, count(*) FROM ` + t + ` WHERE state = 'processing' AND lease_expires_at < now() GROUP BY scope`,
 		relse: `UPDATE ` + t + ` SET token = greatest(token + 1, ` + tokenSQL + `), lease_expires_at = now()
-WHERE scope = $1 AND key = $2 AND state = 'processing'`,
+WHERE scope = $1 AND key = $2 AND state = 'processing' AND ($3::bigint = 0 OR token = $3)`,
 	}
 }
 
@@ -504,10 +504,10 @@ func (s *Store) CountStuckRequests(ctx context.Context) (map[string]int64, error
 	return out, nil
 }
 
-// ReleaseRequest ends a processing key's lease and grows its token; see
-// dedup.RequestStore.
-func (s *Store) ReleaseRequest(ctx context.Context, k dedup.Key) (bool, error) {
-	tag, err := s.pool.Exec(ctx, s.http.relse, k.Scope, k.ID)
+// ReleaseRequest ends a processing key's lease and grows its token, if
+// its token is still token (0: whatever it is); see dedup.RequestStore.
+func (s *Store) ReleaseRequest(ctx context.Context, k dedup.Key, token int64) (bool, error) {
+	tag, err := s.pool.Exec(ctx, s.http.relse, k.Scope, k.ID, token)
 	if err != nil {
 		return false, fmt.Errorf("pgstore: release request: %w", err)
 	}

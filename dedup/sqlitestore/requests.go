@@ -266,16 +266,16 @@ WHERE state = 'processing' AND lease_expires_at < `+nowMillis+` GROUP BY scope`)
 	return out, s.wrap("count stuck requests", rows.Err())
 }
 
-// ReleaseRequest ends a processing key's lease and grows its token; see
-// dedup.RequestStore.
-func (s *Store) ReleaseRequest(ctx context.Context, k dedup.Key) (released bool, err error) {
+// ReleaseRequest ends a processing key's lease and grows its token, if
+// its token is still token (0: whatever it is); see dedup.RequestStore.
+func (s *Store) ReleaseRequest(ctx context.Context, k dedup.Key, token int64) (released bool, err error) {
 	err = s.InTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		token, err := s.nextToken(ctx, tx)
+		next, err := s.nextToken(ctx, tx)
 		if err != nil {
 			return err
 		}
 		res, err := tx.ExecContext(ctx, `UPDATE `+s.table+` SET token = max(token + 1, ?), lease_expires_at = `+nowMillis+`
-WHERE scope = ? AND key = ? AND state = 'processing'`, token, k.Scope, k.ID)
+WHERE scope = ? AND key = ? AND state = 'processing' AND (? = 0 OR token = ?)`, next, k.Scope, k.ID, token, token)
 		if err != nil {
 			return err
 		}

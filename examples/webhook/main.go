@@ -236,7 +236,7 @@ func setUp[TTx any](ctx context.Context, st requestStore[TTx], db payments.DB, i
 // the middleware: the purge, and an operator's release of a stuck key.
 type requestAdmin interface {
 	dedup.Purger
-	ReleaseRequest(ctx context.Context, k dedup.Key) (bool, error)
+	ReleaseRequest(ctx context.Context, k dedup.Key, token int64) (bool, error)
 }
 
 // purge deletes expired keys every minute, in bounded batches: the same

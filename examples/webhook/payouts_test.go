@@ -63,7 +63,7 @@ func oneTransfer(t *testing.T, b *Bank, key string) Transfer {
 // once the lease ran out, without the test waiting for that.
 func release(t *testing.T, b backend, key string) {
 	t.Helper()
-	ok, err := b.store.ReleaseRequest(context.Background(), dedup.Key{Scope: httpidem.Scope(http.MethodPost, "/payouts", ""), ID: key})
+	ok, err := b.store.ReleaseRequest(context.Background(), dedup.Key{Scope: httpidem.Scope(http.MethodPost, "/payouts", ""), ID: key}, 0)
 	if err != nil || !ok {
 		t.Fatalf("release %s: %v, %v", key, ok, err)
 	}

@@ -177,7 +177,7 @@ func (s suite[TTx]) leaseUncertain(t *testing.T) {
 			}
 			k := httpidem.Scope(http.MethodPost, "/payouts", "")
 			key := recordKey(k, "p1")
-			if ok, err := h.Store.ReleaseRequest(ctx, key); err != nil || !ok {
+			if ok, err := h.Store.ReleaseRequest(ctx, key, 0); err != nil || !ok {
 				t.Fatalf("release: %v, %v", ok, err)
 			}
 			taken := serve(srv, payout("p1", body100))
@@ -256,7 +256,7 @@ func (s suite[TTx]) leaseZombie(t *testing.T) {
 			}
 			srv := s.leaseRoute(t, h, httpidem.Route{Lease: time.Hour}, p)
 			done := g.serveHeld(srv, payout("p1", body100))
-			if ok, err := h.Store.ReleaseRequest(ctx, recordKey(httpidem.Scope(http.MethodPost, "/payouts", ""), "p1")); err != nil || !ok {
+			if ok, err := h.Store.ReleaseRequest(ctx, recordKey(httpidem.Scope(http.MethodPost, "/payouts", ""), "p1"), 0); err != nil || !ok {
 				t.Fatalf("release: %v, %v", ok, err)
 			}
 			// Another process takes over (this one still executes the key).
@@ -353,7 +353,7 @@ func (s suite[TTx]) leaseOptionalStreams(t *testing.T) {
 	if res.StatusCode != http.StatusCreated {
 		t.Fatalf("the idempotent route: %d", res.StatusCode)
 	}
-	if stuck, err := h.Store.ReleaseRequest(ctxFor(t), recordKey("POST /payouts", "p1")); err != nil || stuck {
+	if stuck, err := h.Store.ReleaseRequest(ctxFor(t), recordKey("POST /payouts", "p1"), 0); err != nil || stuck {
 		t.Fatalf("the key of the mux's pattern: released %v, %v; want it finished under scope %q", stuck, err, "POST /payouts")
 	}
 }
