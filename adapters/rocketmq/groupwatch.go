@@ -3,9 +3,10 @@ package rocketmq
 import (
 	"context"
 	"log/slog"
-	"strconv"
 	"sync"
 	"time"
+
+	"github.com/apache/rocketmq-client-go/v2/primitive"
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/rmqremoting"
@@ -96,7 +97,7 @@ func (w *groupWatch) check(ctx context.Context) {
 					w.log.Debug("rocketmq: group check", slog.String("queue", q.String()), slog.Any("error", err))
 					continue
 				}
-				w.saw(q.Topic+"/"+q.Broker+"/"+strconv.Itoa(q.ID), committed, last, time.Now())
+				w.saw(laneOf(&primitive.MessageQueue{Topic: q.Topic, BrokerName: q.Broker, QueueId: q.ID}), committed, last, time.Now())
 			}
 		}
 	}
