@@ -16,8 +16,9 @@ PKGS ?= ./...
 # "A suite that does not flake").
 # Scenario 23 (nonblocking-retries: three runs, two with an outage of 90 s, about
 # 5 minutes per broker, on Kafka and on RocketMQ) runs in make test-faults
-# only too: make test keeps its time.
-SKIP ?= TestFaults/.*/scale-out|TestFaults/.*/nonblocking-retries
+# only too: make test keeps its time. So does scenario 24 (rebalance-storm,
+# twenty member changes, about 4 minutes per broker).
+SKIP ?= TestFaults/.*/scale-out|TestFaults/.*/nonblocking-retries|TestFaults/.*/rebalance-storm
 
 .PHONY: help test test-short testenv-up testenv-down bench bench-outbox bench-e2e fmt vet
 
