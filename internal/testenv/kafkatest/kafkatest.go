@@ -274,12 +274,18 @@ func (a *Admin) StableMembers(group string) int {
 }
 
 // ReadAll reads every message of topic, partition by partition, up to the
-// high watermarks it finds first.
+// high watermarks it finds first. It waits out a partition without a
+// leader for up to two minutes, as a client would: on one node under load
+// the controller can fence its own broker for a few seconds when their
+// heartbeats fall behind the broker's session (4 s in the test broker).
 func (a *Admin) ReadAll(t testing.TB, topic string) []kafkago.Message {
 	t.Helper()
 	ctx := testenv.Context(t, 2*time.Minute)
-	hwm, err := a.HighWatermarks(ctx, topic)
-	if err != nil {
+	var hwm []int64
+	if err := untilNotTemporary(ctx, func() (err error) {
+		hwm, err = a.HighWatermarks(ctx, topic)
+		return err
+	}); err != nil {
 		t.Fatalf("high watermarks of %s: %v", topic, err)
 	}
 	var out []kafkago.Message
@@ -287,8 +293,12 @@ func (a *Admin) ReadAll(t testing.TB, topic string) []kafkago.Message {
 		if end == 0 {
 			continue
 		}
+		// The reader retries what it cannot start (no leader, among
+		// others) MaxAttempts times, 100 ms to 1 s apart, before it
+		// reports it: about a minute.
 		r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: a.Brokers, Topic: topic, Partition: p,
-			MaxWait: 100 * time.Millisecond, MaxBytes: 4 << 20, Dialer: &kafkago.Dialer{Timeout: 5 * time.Second}})
+			MaxWait: 100 * time.Millisecond, MaxBytes: 4 << 20, Dialer: &kafkago.Dialer{Timeout: 5 * time.Second},
+			MaxAttempts: readAttempts})
 		for off := int64(0); off < end; {
 			m, err := r.ReadMessage(ctx)
 			if err != nil {
@@ -301,6 +311,28 @@ func (a *Admin) ReadAll(t testing.TB, topic string) []kafkago.Message {
 		r.Close()
 	}
 	return out
+}
+
+// readAttempts is ReadAll's kafkago.ReaderConfig.MaxAttempts.
+const readAttempts = 60
+
+// untilNotTemporary calls op until it returns nil or an error that is not
+// a temporary Kafka error (kafkago.Error.Temporary: no leader, a
+// coordinator loading, a timeout), waiting a second between calls, until
+// ctx ends.
+func untilNotTemporary(ctx context.Context, op func() error) error {
+	for {
+		err := op()
+		var kerr kafkago.Error
+		if err == nil || !errors.As(err, &kerr) || !kerr.Temporary() {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (still after %v)", err, context.Cause(ctx))
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // Header returns the value of m's header k, "" when it has none.
