@@ -277,7 +277,7 @@ func (a *Admin) StableMembers(group string) int {
 // high watermarks it finds first. It waits out a partition without a
 // leader for up to two minutes, as a client would: on one node under load
 // the controller can fence its own broker for a few seconds when their
-// heartbeats fall behind the broker's session (4 s in the test broker).
+// heartbeats fall behind the broker's session (6 s in the test broker).
 func (a *Admin) ReadAll(t testing.TB, topic string) []kafkago.Message {
 	t.Helper()
 	ctx := testenv.Context(t, 2*time.Minute)
