@@ -5,8 +5,8 @@ import (
 	"embed"
 	"fmt"
 
-	"github.com/idemkit/idem/internal/sqlmigrate"
-	"github.com/idemkit/idem/internal/sqlmigrate/pgmigrate"
+	"github.com/idemkit/idem/internal/storekit/sqlmigrate"
+	"github.com/idemkit/idem/internal/storekit/sqlmigrate/pgmigrate"
 )
 
 //go:embed migrations/*.sql

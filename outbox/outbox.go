@@ -18,7 +18,7 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/internal/sqlmigrate"
+	"github.com/idemkit/idem/internal/storekit/sqlmigrate"
 )
 
 // Headers the relay puts on every message it publishes, after the message's

@@ -19,8 +19,8 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/internal/pgerr"
 	"github.com/idemkit/idem/internal/retry"
+	"github.com/idemkit/idem/internal/storekit/pgerr"
 )
 
 // RelayConfig configures a Relay. Zero values take the documented defaults.

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/internal/testenv/poll"
+	"github.com/idemkit/idem/internal/poll"
 )
 
 // RequestConfig is what RunRequests asks of a fresh store.

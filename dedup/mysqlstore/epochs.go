@@ -10,7 +10,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/internal/rowscan"
+	"github.com/idemkit/idem/internal/storekit/rowscan"
 )
 
 // Release epochs: the table <Table>_epochs (migration 002) holds one row

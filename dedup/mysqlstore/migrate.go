@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemkit/idem/internal/sqlmigrate"
+	"github.com/idemkit/idem/internal/storekit/sqlmigrate"
 )
 
 //go:embed migrations/*.sql

@@ -64,7 +64,7 @@ import (
 
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/internal/retention"
-	"github.com/idemkit/idem/internal/sqlmigrate"
+	"github.com/idemkit/idem/internal/storekit/sqlmigrate"
 )
 
 // Config configures a Store. Zero values take the defaults.

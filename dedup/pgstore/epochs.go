@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/internal/rowscan"
+	"github.com/idemkit/idem/internal/storekit/rowscan"
 )
 
 // Release epochs: the table <Table>_epochs (migration 004) holds one row

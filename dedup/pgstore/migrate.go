@@ -5,8 +5,8 @@ import (
 	"embed"
 	"fmt"
 
-	"github.com/idemkit/idem/internal/sqlmigrate"
-	"github.com/idemkit/idem/internal/sqlmigrate/pgmigrate"
+	"github.com/idemkit/idem/internal/storekit/sqlmigrate"
+	"github.com/idemkit/idem/internal/storekit/sqlmigrate/pgmigrate"
 )
 
 //go:embed migrations/*.sql
@@ -39,7 +39,7 @@ func (s *Store) migrations() ([]sqlmigrate.Migration, error) {
 // from many processes at once: it holds a transaction-scoped advisory lock and
 // records applied versions per table in idem_schema_migrations. In
 // distributed mode it holds a lock row with a lease instead and runs one DDL
-// statement per transaction (internal/sqlmigrate/pgmigrate), then checks
+// statement per transaction (internal/storekit/sqlmigrate/pgmigrate), then checks
 // that the table has the distributed mode's shard column.
 func (s *Store) Migrate(ctx context.Context) error {
 	ms, err := s.migrations()

@@ -6,7 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem/internal/sqlmigrate"
+	"github.com/idemkit/idem/internal/storekit/sqlmigrate"
 )
 
 // TestSplitStatements: distributed mode runs the embedded migrations

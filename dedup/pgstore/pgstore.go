@@ -39,9 +39,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/internal/pgerr"
 	"github.com/idemkit/idem/internal/retention"
-	"github.com/idemkit/idem/internal/sqlmigrate"
+	"github.com/idemkit/idem/internal/storekit/pgerr"
+	"github.com/idemkit/idem/internal/storekit/sqlmigrate"
 )
 
 // Config configures a Store. Zero values take the defaults.
@@ -791,7 +791,7 @@ func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 }
 
 // ClassifyError classifies Postgres errors by SQLSTATE (see
-// internal/pgerr: conflicts, unavailability, permanent and fatal codes), a
+// internal/storekit/pgerr: conflicts, unavailability, permanent and fatal codes), a
 // *dedup.ConnLostError as dedup.ClassUnavailable, and ErrDistributedHTTP,
 // ErrPartitionedHTTP, ErrPartitionedIsolation and ErrModeMismatch as
 // dedup.ClassFatal.

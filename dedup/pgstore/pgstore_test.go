@@ -111,7 +111,7 @@ func TestRetentionUsesDatabaseClock(t *testing.T) {
 }
 
 // TestClassifyStoreErrors: the store's own sentinels are fatal; the rest
-// is internal/pgerr's (TestClassify there).
+// is internal/storekit/pgerr's (TestClassify there).
 func TestClassifyStoreErrors(t *testing.T) {
 	st, err := pgstore.New(new(pgxpool.Pool), pgstore.Config{})
 	if err != nil {

@@ -11,7 +11,7 @@ import (
 	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/internal/rowscan"
+	"github.com/idemkit/idem/internal/storekit/rowscan"
 )
 
 // Release epochs: the table <Table>_epochs holds one row per scope that was

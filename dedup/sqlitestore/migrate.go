@@ -6,7 +6,7 @@ import (
 	"embed"
 	"fmt"
 
-	"github.com/idemkit/idem/internal/sqlmigrate"
+	"github.com/idemkit/idem/internal/storekit/sqlmigrate"
 )
 
 //go:embed migrations/*.sql

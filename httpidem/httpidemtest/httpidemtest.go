@@ -27,7 +27,7 @@ import (
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/deduptest"
 	"github.com/idemkit/idem/httpidem"
-	"github.com/idemkit/idem/internal/testenv/poll"
+	"github.com/idemkit/idem/internal/poll"
 )
 
 // Config is what the suite asks of a fresh store.

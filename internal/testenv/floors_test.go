@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"os/exec"
+	"path"
 	"slices"
 	"strings"
 	"testing"
@@ -15,32 +16,55 @@ import (
 // examples and the commands stand on it.
 var aboveDedup = []string{"consumer", "adapters", "outbox", "httpidem", "observe", "examples", "cmd"}
 
+// storeKit is the floor between dedup and the stores: the helpers every SQL
+// store shares (error classes, row scanning, the migration runner), which
+// speak dedup's types.
+const storeKit = "internal/storekit"
+
 // faultSuite tests the payments consumer of examples/payments: the one
 // package outside examples/ whose tests may import an example.
 const faultSuite = "internal/testenv/faults"
 
 // TestInternalFloors fails when a package stands on the wrong floor:
-//   - a helper in internal/ (outside internal/testenv, whose harnesses may
-//     use anything) depends on a package above dedup;
+//   - a ground helper in internal/ (outside internal/testenv, whose
+//     harnesses may use anything, and internal/storekit) depends on dedup or
+//     a package above it;
+//   - a store-kit helper (internal/storekit) depends on a package above
+//     dedup;
+//   - a public test kit (a package named *test outside internal/, such as
+//     dedup/deduptest, which users import) depends on internal/testenv;
 //   - a package under dedup/ depends on httpidem or net/http;
 //   - the tests of a package outside examples/ import an example.
 //
 // Dependencies are transitive (go list's Deps) and count the package's own
-// files, not its tests'; the third rule reads the tests' direct imports.
+// files, not its tests'; the last rule reads the tests' direct imports.
 func TestInternalFloors(t *testing.T) {
 	for _, p := range modulePackages(t) {
 		rel := p.rel()
 		switch {
-		case under(rel, "internal") && !under(rel, "internal/testenv"):
+		case under(rel, storeKit):
 			for _, d := range p.Deps {
 				if r, ok := inModule(d); ok && underAny(r, aboveDedup) {
-					t.Errorf("%s is a ground helper and depends on %s, above dedup", rel, r)
+					t.Errorf("%s is a store-kit helper and depends on %s, above dedup", rel, r)
+				}
+			}
+		case under(rel, "internal") && !under(rel, "internal/testenv"):
+			for _, d := range p.Deps {
+				if r, ok := inModule(d); ok && (under(r, "dedup") || underAny(r, aboveDedup)) {
+					t.Errorf("%s is a ground helper and depends on %s: ground stands below dedup (a helper that needs dedup belongs in %s)", rel, r, storeKit)
 				}
 			}
 		case under(rel, "dedup"):
 			for _, d := range p.Deps {
 				if r, ok := inModule(d); d == "net/http" || ok && under(r, "httpidem") {
 					t.Errorf("%s is under dedup and depends on %s", rel, d)
+				}
+			}
+		}
+		if publicKit(rel) {
+			for _, d := range p.Deps {
+				if r, ok := inModule(d); ok && under(r, "internal/testenv") {
+					t.Errorf("%s is a test kit users import and depends on %s, a harness of this repository's own tests", rel, r)
 				}
 			}
 		}
@@ -53,6 +77,12 @@ func TestInternalFloors(t *testing.T) {
 			}
 		}
 	}
+}
+
+// publicKit reports whether rel is a test kit users import: a package named
+// *test outside internal/ (dedup/deduptest, httpidem/httpidemtest).
+func publicKit(rel string) bool {
+	return !under(rel, "internal") && strings.HasSuffix(path.Base(rel), "test")
 }
 
 const module = "github.com/idemkit/idem"

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/poll"
 	"github.com/idemkit/idem/internal/retry"
-	"github.com/idemkit/idem/internal/testenv/poll"
 )
 
 // WaitUntil polls cond until it holds, failing the test after d with what it

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem/internal/sqlmigrate"
+	"github.com/idemkit/idem/internal/storekit/sqlmigrate"
 )
 
 // lockKey names the advisory lock every idem table of a database migrates

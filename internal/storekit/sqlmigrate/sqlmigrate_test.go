@@ -9,7 +9,7 @@ import (
 	"testing/fstest"
 
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/internal/sqlmigrate"
+	"github.com/idemkit/idem/internal/storekit/sqlmigrate"
 )
 
 func TestLoadRendersAndSorts(t *testing.T) {

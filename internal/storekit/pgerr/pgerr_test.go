@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/internal/pgerr"
+	"github.com/idemkit/idem/internal/storekit/pgerr"
 )
 
 func TestClassify(t *testing.T) {
