@@ -13,9 +13,10 @@ import (
 )
 
 // Drive runs a handler over a misbehaving broker: every message delivered one
-// to three times, deliveries reordered within a window of five, and every
-// third acknowledgement lost as if the process died between COMMIT and ack.
-// Then count the effects: each payment applied once.
+// to three times, deliveries reordered within a window of five, and an ack
+// lost, as if the process died between COMMIT and ack, each time three more
+// messages were acknowledged. Then count the effects: each payment applied
+// once.
 func ExampleDrive() {
 	var mu sync.Mutex // four partitions: four lanes commit concurrently
 	balances := map[string]int{}

@@ -29,9 +29,14 @@ type Script struct {
 	// ReorderWindow: each delivery is drawn at random from the next
 	// ReorderWindow queued ones; default 1 (in order).
 	ReorderWindow int
-	// CrashAfterCommitEvery: every n-th Ack is lost, as if the process died
-	// after the database commit and before the broker ack; the acked messages
-	// are delivered again. 0: never.
+	// CrashAfterCommitEvery: once n more messages have been acknowledged
+	// since the last crash, the Ack that brings the count to n is lost, as
+	// if the process died after the database commit and before the broker
+	// ack: every message of that Ack (the whole batch) is delivered again.
+	// Messages are counted, not Ack calls, so a consumer that commits
+	// batches crashes about as often as one that commits messages one by
+	// one; a message delivered again because its Ack was lost does not
+	// count again, so every run settles. 0: never.
 	CrashAfterCommitEvery int
 	// ProducerChosenIDs makes the source say that its message IDs are
 	// chosen by the producer, as RocketMQ's are
@@ -51,6 +56,8 @@ type Source struct {
 	acked    map[string]int // message ID -> acks
 	acks     int            // Ack calls
 	crashes  int
+	counted  int                        // messages acked since the last crash
+	lost     map[*consumer.Message]bool // delivered again by a crash: not counted again
 	released int
 	delivers int
 	stalled  []*consumer.Message // refused by a stopped lane
@@ -78,6 +85,7 @@ func NewSource(script Script) *Source {
 		script: script,
 		rng:    rand.New(rand.NewPCG(script.Seed, script.Seed^0x9e3779b97f4a7c15)),
 		acked:  make(map[string]int),
+		lost:   make(map[*consumer.Message]bool),
 		wake:   make(chan struct{}, 1),
 		idle:   idle,
 	}
@@ -202,10 +210,20 @@ func (s *Source) Ack(_ context.Context, msgs []*consumer.Message) error {
 	defer s.mu.Unlock()
 	s.acks++
 	s.inflight -= len(msgs)
-	if n := s.script.CrashAfterCommitEvery; n > 0 && s.acks%n == 0 {
+	for _, m := range msgs {
+		if s.lost[m] {
+			delete(s.lost, m)
+		} else {
+			s.counted++
+		}
+	}
+	if n := s.script.CrashAfterCommitEvery; n > 0 && s.counted >= n {
+		s.counted = 0
 		s.crashes++
 		for _, m := range msgs {
-			s.enqueue(copyWithAttempt(m, m.Attempt+1))
+			c := copyWithAttempt(m, m.Attempt+1)
+			s.lost[c] = true
+			s.enqueue(c)
 		}
 		return nil
 	}
