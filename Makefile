@@ -51,6 +51,7 @@ vet: ## go vet, a gofmt check, and no tracked file over 1 MiB outside testdata/
 	go vet ./...
 	go vet -tags soak ./internal/testenv/faults/ # the soak (make soak): keep it building
 	go vet -C cmd/idem-bench ./... # a module of its own: keep it building
+	go vet -C deploy ./... # a module of its own (Prometheus' parser): make test runs it
 
 bench-outbox: ## the outbox: what it costs a consumer, the relay against a raw producer (Kafka, RocketMQ), the relay's database side
 	@set -e; out=$$(scripts/testenv.sh up postgres kafka rocketmq); eval "$$out"; \
