@@ -124,8 +124,8 @@
 //     messages below are skipped (Kafka's own consumers do the same).
 //   - Keys made of coordinates recur with a recreated topic: its messages
 //     get the same topic/partition/offset IDs as the old topic's, and
-//     consumer.ByMessageID (the default key) skips them as duplicates for as
-//     long as the store retains the old keys. A topic that may be recreated
+//     consumer.ByMessageID, when it is the Key chosen, skips them as
+//     duplicates for as long as the store retains the old keys. A topic that may be recreated
 //     wants a business key (consumer.ByJSONField, ByHeader, ByRecordKey), or
 //     a key scope per incarnation of the topic: a new consumer Name, or a
 //     consumer Config.Tenant that names the incarnation.
