@@ -12,8 +12,8 @@ PKGS ?= ./...
 # Scenario 20 (scale-out) runs in make test-faults only: in one make test at
 # load 21 a consumer it stopped with SIGTERM had not exited 60 s later. The
 # cause found since (a delivery after its generation ended) is fixed; the
-# scenario comes back once runs under load show it holds (docs/reliability.md,
-# "A suite that does not flake").
+# scenario comes back once runs under load show it holds
+# (docs/records/reliability-runs.md, "A suite that does not flake").
 # Scenario 23 (nonblocking-retries: three runs, two with an outage of 90 s, about
 # 5 minutes per broker, on Kafka and on RocketMQ) runs in make test-faults
 # only too: make test keeps its time. So does scenario 24 (rebalance-storm,

@@ -2,7 +2,8 @@
 # What `make test` runs, in two phases, so that the clusters' five JVMs
 # never run beside the rest of the suite (on two cores, the load of the
 # fault suite's own child processes, compiles and the other packages was
-# what broke RocketMQ brokers' restarts and scenarios; docs/reliability.md):
+# what broke RocketMQ brokers' restarts and scenarios;
+# docs/records/reliability-runs.md):
 #
 #   1. every package under -race against the single services (Postgres,
 #      Kafka, RocketMQ, MariaDB, Redis), the cluster scenarios left out;

@@ -100,7 +100,7 @@ ensure_jars() {
 # the name server then forgets every topic of that broker until it
 # registers again (up to 30 s), so that consumers starting meanwhile find
 # no route; on two busy cores the suite's own load made that happen
-# (docs/reliability.md, "route info not found").
+# (docs/records/reliability-runs.md, "route info not found").
 common_jvm_opts() {
   printf '%s\n' \
     "-Duser.home=$2" \

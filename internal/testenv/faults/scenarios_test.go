@@ -290,7 +290,8 @@ func rebalance(t *testing.T, b, title string) {
 // so that queues (partitions) go back and forth between members while
 // their consume calls are still in flight. The checks are scenario 7's.
 // Written to bring back the stall of a fresh-clone run (two RocketMQ
-// queues left at a batch boundary; docs/reliability.md): it did not.
+// queues left at a batch boundary; docs/records/reliability-runs.md): it
+// did not.
 func rebalanceStorm(t *testing.T, b, title string) {
 	memberChurn(t, b, title, churn{payments: 4000, seed: 24, slow: 6 * time.Millisecond,
 		changes: 20, pace: 1200 * time.Millisecond, flashEvery: 3, midStream: 10})
