@@ -907,7 +907,8 @@ func ratiosOf(rows []Row) []ratio {
 	add("p1-idem-keylanes", "p1-idem", 2, ">=")
 	add("idem-offsets", "idem-b100", 1.5, ">=")
 	add("idem-offsets", "pg-ceiling-1row", 0.8, ">=")
-	// 1.5 × 0.19, the ratio in the run recorded on 2026-11-30 (docs/benchmarks.md)
+	// 1.5 × 0.19, the ratio in the run recorded on 2026-11-30
+	// (docs/records/benchmark-runs.md)
 	add("rmq-idem-b100", "rmq-raw", 0.285, ">=")
 	if v := perTxn["rmq-idem-b100"]; v > 0 {
 		met := v >= 90
