@@ -583,6 +583,9 @@ func (c *console) redriveDryRun(w http.ResponseWriter, r *http.Request) {
 		d.Plan = plan
 		d.Token = c.keep(pendingAction{kind: "redrive", plan: plan})
 		d.Confirm = fmt.Sprintf("Redrive %d letter(s)", counts[redrive.VerdictSend])
+		if counts[redrive.VerdictSend] == 0 {
+			d.Confirm = fmt.Sprintf("Pass %d letter(s) by", len(plan.Entries)-counts[redrive.VerdictStop])
+		}
 		d.Question = fmt.Sprintf("Execute this plan of %s: send %d letter(s) back to their topic with their lineage, pass %d by (duplicates or skipped)? "+
 			"Exactly these letters, as chosen below; if what a redrive would do with them changed since, nothing is done.",
 			c.topic, counts[redrive.VerdictSend], counts[redrive.VerdictDuplicate]+counts[redrive.VerdictSkip])
