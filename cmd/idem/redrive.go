@@ -117,12 +117,8 @@ func runRedrive(ctx context.Context, e *env, fs *flag.FlagSet, args []string) in
 		printJSON(e, out)
 	} else {
 		writeRedrive(e.stdout, f.topic, res, err)
-		if plan != nil && len(plan.Entries) > 0 {
-			verb := "executed"
-			if f.dry {
-				verb = "shown"
-			}
-			fmt.Fprintf(e.stdout, "plan %s %s (--json prints it; --plan FILE executes it as shown)\n", plan.Digest(), verb)
+		if f.dry && plan != nil && len(plan.Entries) > 0 {
+			fmt.Fprintf(e.stdout, "plan %s: --json prints it, and idem redrive --plan FILE executes it as shown\n", plan.Digest())
 		}
 	}
 	var wrong *redrive.WrongBrokerError
