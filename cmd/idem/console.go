@@ -7,6 +7,7 @@ import (
 	"crypto/subtle"
 	_ "embed"
 	"encoding/hex"
+	"errors"
 	"flag"
 	"fmt"
 	"html/template"
@@ -14,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -64,11 +66,10 @@ type console struct {
 
 // pendingAction is an action shown by its dry run and not confirmed yet.
 type pendingAction struct {
-	kind    string      // "release", "release-request", "redrive"
-	keys    []dedup.Key // release: the failed keys shown; release-request: one
-	lease   int64       // release-request: the lease token shown
-	group   string      // redrive
-	max     int         // redrive: at most the letters shown
+	kind    string        // "release", "release-request", "redrive"
+	keys    []dedup.Key   // release: the failed keys shown; release-request: one
+	lease   int64         // release-request: the lease token shown
+	plan    *redrive.Plan // redrive: the plan shown, executed as shown or refused as stale
 	expires time.Time
 }
 
@@ -438,6 +439,7 @@ type dryRun struct {
 	Confirm         string // the button; empty: nothing to confirm
 	Token           string
 	Back            string
+	Plan            *redrive.Plan // a redrive's: its letters, each with a choice
 }
 
 func (c *console) stuck(w http.ResponseWriter, r *http.Request) {
@@ -505,8 +507,8 @@ type letterGroup struct {
 	Letters []letterResult
 }
 
-func (c *console) redriveConfig(group string, dry bool, max int) redrive.Config {
-	return redrive.Config{Admin: c.admin, Topic: c.topic, Group: group, Max: max, MaxRedrives: c.maxRedrives, DryRun: dry}
+func (c *console) redriveConfig(group string, skip bool) redrive.Config {
+	return redrive.Config{Admin: c.admin, Topic: c.topic, Group: group, Max: c.max, MaxRedrives: c.maxRedrives, DryRun: true, Skip: skip}
 }
 
 func (c *console) groupParam(r *http.Request) string {
@@ -525,7 +527,7 @@ func (c *console) letters(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	group := c.groupParam(r)
-	res, err := redrive.Run(r.Context(), c.broker, c.redriveConfig(group, true, c.max))
+	_, res, err := redrive.Run(r.Context(), c.broker, c.redriveConfig(group, false))
 	if err != nil {
 		p.Error = err.Error()
 	}
@@ -549,8 +551,9 @@ func (c *console) letters(w http.ResponseWriter, r *http.Request) {
 	c.render(w, http.StatusOK, "letters", p)
 }
 
-// redriveDryRun shows what idem redrive --dry-run shows and keeps the
-// redrive of the letters it read.
+// redriveDryRun shows the plan of a redrive, as idem redrive --dry-run
+// prints it, with a choice for each letter (send, skip, hold), and keeps
+// the plan itself under the confirmation's token.
 func (c *console) redriveDryRun(w http.ResponseWriter, r *http.Request) {
 	p := page{Title: "Redrive dead letters", Nav: "letters"}
 	if c.broker == nil {
@@ -559,23 +562,69 @@ func (c *console) redriveDryRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	group := c.groupParam(r)
-	res, err := redrive.Run(r.Context(), c.broker, c.redriveConfig(group, true, c.max))
+	skip := r.URL.Query().Get("skip") != ""
+	plan, res, err := redrive.Run(r.Context(), c.broker, c.redriveConfig(group, skip))
 	var out bytes.Buffer
 	writeRedrive(&out, c.topic, res, err)
 	if err != nil {
 		fmt.Fprintln(&out, "error:", err)
 	}
-	d := dryRun{Command: fmt.Sprintf("idem redrive --dry-run --topic %s --group %s", c.topic, group), Output: out.String(), Back: "/letters?group=" + url.QueryEscape(group)}
-	if send := redriveCounts(res)[redrive.WouldSend]; send > 0 && err == nil {
-		d.Token = c.keep(pendingAction{kind: "redrive", group: group, max: len(res)})
-		d.Confirm = fmt.Sprintf("Redrive %d letter(s)", send)
-		d.Question = fmt.Sprintf("Send %d dead letter(s) of %s back to their topic, with their lineage?", send, c.topic)
-	} else if err == nil {
-		fmt.Fprintln(&out, "nothing would be sent: no letter to redrive, or every letter refused")
-		d.Output = out.String()
+	cmd := fmt.Sprintf("idem redrive --dry-run --topic %s --group %s --max %d", c.topic, group, c.max)
+	if skip {
+		cmd += " --skip"
 	}
+	d := dryRun{Command: cmd, Back: "/letters?group=" + url.QueryEscape(group)}
+	counts := map[string]int{}
+	if plan != nil {
+		counts = plan.Counts()
+	}
+	if err == nil && len(plan.Entries) > counts[redrive.VerdictStop] {
+		fmt.Fprintf(&out, "plan %s\n", plan.Digest())
+		d.Plan = plan
+		d.Token = c.keep(pendingAction{kind: "redrive", plan: plan})
+		d.Confirm = fmt.Sprintf("Redrive %d letter(s)", counts[redrive.VerdictSend])
+		if counts[redrive.VerdictSend] == 0 {
+			d.Confirm = fmt.Sprintf("Pass %d letter(s) by", len(plan.Entries)-counts[redrive.VerdictStop])
+		}
+		d.Question = fmt.Sprintf("Execute this plan of %s: send %d letter(s) back to their topic with their lineage, pass %d by (duplicates or skipped)? "+
+			"Exactly these letters, as chosen below; if what a redrive would do with them changed since, nothing is done.",
+			c.topic, counts[redrive.VerdictSend], counts[redrive.VerdictDuplicate]+counts[redrive.VerdictSkip])
+	} else if err == nil {
+		fmt.Fprintln(&out, "nothing to do: no letter to redrive, or the first letter of each partition refused (skip it below with --skip, or release its key)")
+	}
+	d.Output = out.String()
 	p.Data = d
 	c.render(w, http.StatusOK, "dryrun", p)
+}
+
+// chosen is the plan kept under a redrive's token with the operator's
+// choice for each letter (the confirmation's form field c<index>: send,
+// skip or hold) applied.
+func chosen(kept *redrive.Plan, form url.Values) (*redrive.Plan, error) {
+	p := *kept
+	p.Entries = slices.Clone(kept.Entries)
+	var hold []string
+	for i, e := range kept.Entries {
+		switch choice := form.Get("c" + strconv.Itoa(i)); choice {
+		case "", "send":
+		case "skip":
+			if err := p.SkipLetter(e.Letter); err != nil {
+				return nil, err
+			}
+		case "hold":
+			hold = append(hold, e.Letter)
+		default:
+			return nil, fmt.Errorf("letter %s: unknown choice %q (send, skip or hold)", e.Letter, choice)
+		}
+	}
+	for _, l := range hold {
+		if slices.ContainsFunc(p.Entries, func(e redrive.Entry) bool { return e.Letter == l }) {
+			if err := p.Hold(l); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return &p, nil
 }
 
 // confirm runs the action a dry run kept, once.
@@ -630,9 +679,22 @@ func (c *console) confirm(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprintf(&out, "not released: %s %s moved on since (its lease token is no longer %d, or it finished)\n", k.Scope, k.ID, a.lease)
 		}
 	case "redrive":
-		back = "/letters?group=" + url.QueryEscape(a.group)
-		res, err := redrive.Run(ctx, c.broker, c.redriveConfig(a.group, false, a.max))
+		back = "/letters?group=" + url.QueryEscape(a.plan.Group)
+		// The plan executed is the one shown with the operator's choices:
+		// executed (its Digest names it) is what an audit records.
+		executed, err := chosen(a.plan, r.PostForm)
+		if err != nil {
+			p.Title, p.Error, status = "Refused", err.Error()+": nothing changed", http.StatusBadRequest
+			break
+		}
+		res, err := redrive.Execute(ctx, c.broker, c.admin, executed)
+		var stale *redrive.StaleError
+		if errors.As(err, &stale) && len(res) == 0 {
+			p.Title, p.Error, status = "Refused", err.Error(), http.StatusConflict
+			break
+		}
 		writeRedrive(&out, c.topic, res, err)
+		fmt.Fprintf(&out, "plan %s executed\n", executed.Digest())
 		if err != nil {
 			p.Error, status = err.Error(), http.StatusInternalServerError
 		}

@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"time"
 
@@ -20,7 +22,19 @@ type redriveFlags struct {
 	topic, to, group         string
 	max, maxRedrives         int
 	release, dry, skip       bool
+	plan                     string
 	timeout                  time.Duration
+}
+
+// redriveOutput is idem redrive --json's output. A dry run's is the
+// --plan FILE of the run that executes it.
+type redriveOutput struct {
+	Letters []letterResult `json:"letters"`
+	Counts  map[string]int `json:"counts"`
+	DryRun  bool           `json:"dry_run"`
+	Plan    *redrive.Plan  `json:"plan,omitempty"` // the plan shown (dry run) or executed
+	Digest  string         `json:"digest,omitempty"`
+	Error   string         `json:"error,omitempty"`
 }
 
 func runRedrive(ctx context.Context, e *env, fs *flag.FlagSet, args []string) int {
@@ -30,17 +44,34 @@ func runRedrive(ctx context.Context, e *env, fs *flag.FlagSet, args []string) in
 	fs.StringVar(&f.broker, "broker", "", "the dead-letter topic's broker: kafka or rocketmq; default kafka, or rocketmq when only RocketMQ's name servers are given (--namesrv or IDEM_ROCKETMQ_NAMESRV)")
 	fs.StringVar(&f.brokers, "brokers", e.getenv("IDEM_KAFKA_BROKERS"), "Kafka brokers, host:port[,host:port] (env IDEM_KAFKA_BROKERS)")
 	fs.StringVar(&f.namesrv, "namesrv", e.getenv("IDEM_ROCKETMQ_NAMESRV"), "RocketMQ name servers, host:port[;host:port] (env IDEM_ROCKETMQ_NAMESRV)")
-	fs.StringVar(&f.topic, "topic", "", "the dead-letter topic to read; required")
+	fs.StringVar(&f.topic, "topic", "", "the dead-letter topic to read; required (with --plan, the plan's)")
 	fs.StringVar(&f.to, "to", "", "send to this topic; default each letter's original topic (idem-original-topic)")
 	fs.StringVar(&f.group, "group", redrive.DefaultGroup, "the consumer group whose committed offsets say where the last redrive stopped")
 	fs.IntVar(&f.max, "max", 1000, "handle at most this many letters in this run; 0: up to the end")
 	fs.IntVar(&f.maxRedrives, "max-redrives", redrive.DefaultMaxRedrives, "refuse a letter redriven this many times already")
 	fs.BoolVar(&f.release, "release", false, "release a letter's failed key on the way (as idem release does)")
-	fs.BoolVar(&f.dry, "dry-run", false, "show what would be done; send, release and commit nothing")
+	fs.BoolVar(&f.dry, "dry-run", false, "show the plan: what a run would do with each letter; send, release and commit nothing")
 	fs.BoolVar(&f.skip, "skip", false, "pass refused letters by (commit past them) instead of stopping their partition")
+	fs.StringVar(&f.plan, "plan", "", "execute this plan, a dry run's --json output, exactly, or refuse it as stale; the plan sets --topic, --group, --to, --max-redrives, --release and --skip")
 	fs.DurationVar(&f.timeout, "timeout", 10*time.Second, "bound of one broker request")
 	if _, code, ok := parse(fs, args); !ok {
 		return code
+	}
+	var shown *redrive.Plan
+	if f.plan != "" {
+		p, err := readPlan(f.plan)
+		if err != nil {
+			return usageErr(e, fs, "--plan %s: %v", f.plan, err)
+		}
+		switch {
+		case f.dry:
+			return usageErr(e, fs, "--plan executes a plan: it takes no --dry-run")
+		case f.topic != "" && f.topic != p.Topic:
+			return usageErr(e, fs, "--topic %s, but the plan is of %s", f.topic, p.Topic)
+		case f.broker != "" && f.broker != p.Broker:
+			return usageErr(e, fs, "--broker %s, but the plan is of %s", f.broker, p.Broker)
+		}
+		shown, f.topic, f.broker = p, p.Topic, p.Broker
 	}
 	switch {
 	case f.topic == "":
@@ -57,8 +88,15 @@ func runRedrive(ctx context.Context, e *env, fs *flag.FlagSet, args []string) in
 		return fail(e, err)
 	}
 	defer closeStore()
-	res, err := redrive.Run(ctx, broker, redrive.Config{Admin: admin, Topic: f.topic, To: f.to, Group: f.group,
-		Max: f.max, MaxRedrives: f.maxRedrives, Release: f.release, DryRun: f.dry, Skip: f.skip})
+	var plan *redrive.Plan
+	var res []letterResult
+	if shown != nil {
+		plan = shown
+		res, err = redrive.Execute(ctx, broker, admin, shown)
+	} else {
+		plan, res, err = redrive.Run(ctx, broker, redrive.Config{Admin: admin, Topic: f.topic, To: f.to, Group: f.group,
+			Max: f.max, MaxRedrives: f.maxRedrives, Release: f.release, DryRun: f.dry, Skip: f.skip})
+	}
 	refused := 0
 	for _, r := range res {
 		if r.Action == redrive.Refused || r.Action == redrive.Skipped {
@@ -66,15 +104,25 @@ func runRedrive(ctx context.Context, e *env, fs *flag.FlagSet, args []string) in
 		}
 	}
 	if sf.json {
-		out := map[string]any{"letters": res, "counts": redriveCounts(res), "dry_run": f.dry}
+		out := redriveOutput{Letters: res, Counts: redriveCounts(res), DryRun: f.dry, Plan: plan}
+		if out.Letters == nil {
+			out.Letters = []letterResult{}
+		}
+		if plan != nil {
+			out.Digest = plan.Digest()
+		}
 		if err != nil {
-			out["error"] = err.Error()
+			out.Error = err.Error()
 		}
 		printJSON(e, out)
 	} else {
 		writeRedrive(e.stdout, f.topic, res, err)
+		if f.dry && plan != nil && len(plan.Entries) > 0 {
+			fmt.Fprintf(e.stdout, "plan %s: --json prints it, and idem redrive --plan FILE executes it as shown\n", plan.Digest())
+		}
 	}
 	var wrong *redrive.WrongBrokerError
+	var stale *redrive.StaleError
 	switch {
 	case errors.As(err, &wrong):
 		fmt.Fprintf(e.stderr, "idem: %v\nidem redrive: %s\n", err, wrongBrokerHint(wrong))
@@ -82,15 +130,41 @@ func runRedrive(ctx context.Context, e *env, fs *flag.FlagSet, args []string) in
 	case errors.Is(err, redrive.ErrBrokerDeadLetterQueue) || errors.Is(err, redrive.ErrRetryTopic):
 		fmt.Fprintln(e.stderr, "idem:", err)
 		return exitUsage
+	case errors.As(err, &stale) && len(res) == 0:
+		fmt.Fprintln(e.stderr, "idem:", err)
+		return exitNotConfirmed
 	case err != nil:
 		return fail(e, err)
 	case refused > 0:
-		if !f.skip {
+		if !f.skip && (shown == nil || !shown.Skip) {
 			fmt.Fprintln(e.stderr, "idem: letters refused; their partitions stop there: release their keys (idem release) and run again, or --skip them")
 		}
 		return exitPartial
 	}
 	return exitOK
+}
+
+// readPlan reads a plan: a dry run's --json output, or the plan alone.
+func readPlan(name string) (*redrive.Plan, error) {
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return nil, err
+	}
+	var out redriveOutput
+	if err := json.Unmarshal(b, &out); err != nil {
+		return nil, err
+	}
+	if out.Plan == nil {
+		var p redrive.Plan
+		if err := json.Unmarshal(b, &p); err != nil || p.Topic == "" {
+			return nil, errors.New("no plan in it: give the output of idem redrive --dry-run --json")
+		}
+		return &p, nil
+	}
+	if out.Digest != "" && out.Digest != out.Plan.Digest() {
+		return nil, fmt.Errorf("the plan's digest is %s, not %s: it was changed", out.Plan.Digest(), out.Digest)
+	}
+	return out.Plan, nil
 }
 
 func redriveCounts(res []letterResult) map[string]int {

@@ -21,7 +21,8 @@ import (
 // between its send and its offset commit would run again). The payment is
 // applied once: the copies, at new offsets, are deduplicated by the
 // identity they were first delivered with (idem-original-*), and the
-// second redrive finds that identity's done row and refuses them.
+// second redrive finds that identity's done row and passes them by as
+// duplicates.
 func TestRedriveTwiceAppliesOnce(t *testing.T) {
 	for _, mode := range []struct {
 		name    string
@@ -73,10 +74,10 @@ func TestRedriveTwiceAppliesOnce(t *testing.T) {
 			}
 
 			// Redriven again (another group): both letters name an
-			// applied payment and are refused.
+			// applied payment and are passed by as duplicates.
 			rd := redrive("--group", "again")
 			for _, l := range rd.Letters {
-				if l.Action != "skipped" || !strings.Contains(l.Reason, "applied") {
+				if l.Action != "duplicate" || !strings.Contains(l.Reason, "applied") {
 					t.Errorf("second redrive of an applied letter: %+v", l)
 				}
 			}

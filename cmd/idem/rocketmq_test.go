@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/apache/rocketmq-client-go/v2/primitive"
+	"github.com/apache/rocketmq-client-go/v2/producer"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -31,7 +33,8 @@ import (
 // again, it consumes the whole topic: the payment is applied once, by the
 // copy's lineage (keyed by the original's message ID, or by the business
 // key). A redrive that resumes from the committed position finds nothing;
-// one set back to the letter again refuses it by the key's done row.
+// one set back to the letter again passes it by as a duplicate (the key's
+// done row).
 func TestRedriveRocketMQ(t *testing.T) {
 	for _, mode := range []struct {
 		name string
@@ -113,11 +116,11 @@ func TestRedriveRocketMQ(t *testing.T) {
 			}
 			p.stop()
 
-			// Set back to the letter once more: refused by the done row,
-			// nothing sent.
+			// Set back to the letter once more: passed by as a duplicate
+			// (its key is done), nothing sent.
 			p.setBack(letter.Letter)
-			rd = redrive(exitPartial)
-			if len(rd.Letters) != 1 || rd.Letters[0].Action != "refused" || !strings.Contains(rd.Letters[0].Reason, "applied") {
+			rd = redrive(exitOK)
+			if len(rd.Letters) != 1 || rd.Letters[0].Action != "duplicate" || !strings.Contains(rd.Letters[0].Reason, "applied") {
 				t.Errorf("redrive of an applied letter: %+v", rd)
 			}
 			if n := p.count(p.topic); n != topicCount+2 {
@@ -326,5 +329,90 @@ func (p *rocketPayments) checkCopies(l letterResult) {
 		if mx.GetTags() != "pay" || !strings.Contains(string(m.Value), `"T03"`) || m.ID == originalID {
 			p.t.Errorf("copy %s: tags %q, body %s", m.ID, mx.GetTags(), m.Value)
 		}
+	}
+}
+
+// toQueue is a queue selector that picks one queue ID.
+type toQueue int
+
+func (q toQueue) Select(_ *primitive.Message, mqs []*primitive.MessageQueue, _ string) *primitive.MessageQueue {
+	for _, mq := range mqs {
+		if mq.QueueId == int(q) {
+			return mq
+		}
+	}
+	return mqs[0]
+}
+
+// produceTo sends a tagged payment callback for id to queue q.
+func (p *rocketPayments) produceTo(q int, id string) {
+	p.t.Helper()
+	m := primitive.NewMessage(p.topic, fmt.Appendf(nil, `{"txn_id":%q,"amount":100}`, id))
+	m.WithKeys([]string{id})
+	m.WithTag("pay")
+	rmqtest.Send(p.t, p.b.NewProducer(p.t, producer.WithQueueSelector(toQueue(q))), m)
+}
+
+// TestRedriveRocketMQTwinsInTwoQueues: one payment, sent twice to two
+// queues of a blocked account, is dead-lettered twice (a permanent letter
+// and a failed_before one, in two queues of the dead-letter topic); then
+// another payment in the second queue. `idem failed` counts one incident.
+// Both fixed and released, a redrive of one letter applies the payment;
+// the next redrive passes its twin in the other queue by as a duplicate
+// and sends the letter after it (the twin used to be refused, "the key
+// was applied", and stop its queue for good).
+func TestRedriveRocketMQTwinsInTwoQueues(t *testing.T) {
+	p := newRocketPayments(t, consumer.ByJSONField("txn_id"))
+	ctx := context.Background()
+	if _, err := p.pool.Exec(ctx, `INSERT INTO blocked VALUES ('T03'), ('T05')`); err != nil {
+		t.Fatal(err)
+	}
+	p.produceTo(0, "T03")
+	p.produceTo(1, "T03")
+	p.start()
+	p.waitFor("T03's two dead-lettered", func(s consumer.Stats) bool { return s.DeadLettered == 2 })
+	p.produceTo(1, "T05")
+	p.waitFor("T05 dead-lettered", func(s consumer.Stats) bool { return s.DeadLettered == 3 })
+
+	code, out, _ := idem(t, "", p.envs, "failed", "--json", "--scope", "pay")
+	rows := decode[[]rowJSON](t, out)
+	if code != exitOK || len(rows) != 2 || rows[0].Key != "T03" || rows[0].Cause != "permanent" {
+		t.Errorf("idem failed: %d %+v, want T03 once and T05", code, rows)
+	}
+	if code, out, _ := idem(t, "", p.envs, "failed", "--scope", "pay"); code != exitOK || !strings.Contains(out, "2 failed keys, one incident each") {
+		t.Errorf("idem failed: %d %q", code, out)
+	}
+
+	if _, err := p.pool.Exec(ctx, `DELETE FROM blocked`); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, _ := idem(t, "", p.envs, "release", "--scope", "pay", "--yes", "T03", "T05"); code != exitOK {
+		t.Fatalf("release: exit %d", code)
+	}
+	redrive := func(wantCode int, args ...string) []string {
+		t.Helper()
+		code, out, errOut := idem(t, "", p.envs, append([]string{"redrive", "--broker", "rocketmq", "--topic", p.dlq, "--json"}, args...)...)
+		if code != wantCode {
+			t.Fatalf("redrive %v: exit %d, want %d\n%s%s", args, code, wantCode, out, errOut)
+		}
+		var got []string
+		for _, l := range decode[redriveJSON](t, out).Letters {
+			got = append(got, l.Key+" "+l.Action)
+		}
+		return got
+	}
+	if got := redrive(exitOK, "--max", "1"); fmt.Sprint(got) != "[T03 sent]" {
+		t.Fatalf("the first redrive: %v", got)
+	}
+	p.waitFor("T03 applied", func(s consumer.Stats) bool { return s.Applied == 1 })
+	// The letters of each original queue lie in one queue of the
+	// dead-letter topic (which one, the lane's hash says): T05's after a
+	// T03 letter, so that the first redrive sends a T03 letter.
+	if got := redrive(exitOK); fmt.Sprint(slices.Sorted(slices.Values(got))) != "[T03 duplicate T05 sent]" {
+		t.Errorf("the second redrive: %v, want T03's twin a duplicate and T05 sent", got)
+	}
+	p.waitFor("T05 applied", func(s consumer.Stats) bool { return s.Applied == 2 })
+	if got := p.ledger(); got["T03"] != 1 || got["T05"] != 1 {
+		t.Errorf("ledger %v", got)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strconv"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
@@ -143,6 +144,8 @@ func (s *kafkaSession) read(ctx context.Context, q queue, each func(letter) (boo
 	}
 	return nil
 }
+
+func (s *kafkaSession) name(q queue) string { return strconv.Itoa(q.ref.(int)) }
 
 func (s *kafkaSession) target(c *message) string { return fmt.Sprintf("%s/%d", c.topic, c.partition) }
 

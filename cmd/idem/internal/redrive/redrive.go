@@ -10,12 +10,13 @@ import (
 	"github.com/idemkit/idem/dedup"
 )
 
-// What Run did with a letter (Result.Action).
+// What Run or Execute did with a letter (Result.Action).
 const (
 	Sent      = "sent"
 	WouldSend = "would_send" // Config.DryRun
-	Refused   = "refused"    // its queue stops there
-	Skipped   = "skipped"    // refused, and passed by (Config.Skip)
+	Refused   = "refused"    // its queue stops there (VerdictStop)
+	Skipped   = "skipped"    // refused, and passed by (VerdictSkip)
+	Duplicate = "duplicate"  // its key is done: passed by, not sent (VerdictDuplicate)
 )
 
 // DefaultGroup is the group whose committed offsets say where the last
@@ -62,7 +63,7 @@ type Result struct {
 	Scope   string `json:"scope,omitempty"`
 	Key     string `json:"key,omitempty"`
 	To      string `json:"to,omitempty"`    // topic/partition (Kafka); topic, and once sent topic/broker/queue (RocketMQ)
-	Action  string `json:"action"`          // Sent, WouldSend, Refused, Skipped
+	Action  string `json:"action"`          // Sent, WouldSend, Refused, Skipped, Duplicate
 	Cause   string `json:"cause,omitempty"` // the letter's idem-cause (consumer.MetaCause): why it was dead-lettered
 	Reason  string `json:"reason,omitempty"`
 	Count   int    `json:"redrive_count,omitempty"`
@@ -79,6 +80,8 @@ type Broker interface {
 // session is one run's connection to a broker. Its methods are called from
 // one goroutine.
 type session interface {
+	// name is q's name in a Plan (Entry.Queue).
+	name(q queue) string
 	// queues returns the parts of the topic with letters this run reads:
 	// from the group's committed offset (or the first letter the broker
 	// still has) to the end as it is now, in a fixed order.
@@ -130,24 +133,92 @@ type message struct {
 	letter     *letter
 }
 
-// Run redrives cfg.Topic's letters on b: from where the last redrive of
-// cfg.Group stopped to the topic's end as it was when Run started, at most
-// cfg.Max of them. Each letter is refused or sent back with its lineage,
-// and the group's offset committed past it once it was sent (or skipped):
-// a run cut off between the two sends the letter again next time, which
-// the consumer deduplicates by the lineage (or Run refuses, by the
-// original's done row). A queue stops at a refused letter unless cfg.Skip.
-// The results say what was done even when Run returns an error.
-func Run(ctx context.Context, b Broker, cfg Config) ([]Result, error) {
+// Run redrives cfg.Topic's letters on b: it makes the plan (Prepare) and,
+// unless cfg.DryRun, executes it. A dry run and a run are one planner: the
+// run does what the dry run shows, letter for letter. Run returns the plan
+// it made (executed unless cfg.DryRun; nil when it could not make one) and
+// what it did with each letter, even when it returns an error.
+func Run(ctx context.Context, b Broker, cfg Config) (*Plan, []Result, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, nil, err
+	}
+	s, err := b.open(ctx, cfg.Topic, cfg.Group)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer s.close()
+	r := &run{cfg: cfg, s: s}
+	p, err := r.plan(ctx, b.Name())
+	if err != nil {
+		return nil, nil, err
+	}
+	if cfg.DryRun {
+		return p, p.results(), nil
+	}
+	res, err := r.execute(ctx, p, false)
+	return p, res, err
+}
+
+// Prepare makes the plan of a redrive of cfg.Topic on b and changes
+// nothing: from where the last redrive of cfg.Group stopped to the topic's
+// end as it is now, queue by queue, at most cfg.Max letters. A letter is
+// sent (VerdictSend); or passed by as a duplicate when its key is done
+// (VerdictDuplicate); or refused, and then its queue stops there
+// (VerdictStop) unless cfg.Skip passes it by (VerdictSkip). cfg.DryRun
+// does not matter.
+func Prepare(ctx context.Context, b Broker, cfg Config) (*Plan, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	s, err := b.open(ctx, cfg.Topic, cfg.Group)
+	if err != nil {
+		return nil, err
+	}
+	defer s.close()
+	return (&run{cfg: cfg, s: s}).plan(ctx, b.Name())
+}
+
+// Execute does what p says, exactly: each letter it lists, by its
+// position, and no other. It first makes the plan again for the letters
+// p lists (from the group's offset now to the last of them in each queue)
+// and refuses p with a *StaleError when that plan differs: another
+// redrive ran since, a letter's key was applied or released, a queue's
+// letters moved. Letters written after p was made are not in it and wait
+// for the next plan. The operator's changes (Plan.SkipLetter, Plan.Hold) are
+// kept. admin is the dedup store's (Config.Admin). The results say what
+// was done even when Execute returns an error.
+func Execute(ctx context.Context, b Broker, admin dedup.Admin, p *Plan) ([]Result, error) {
+	if err := p.check(); err != nil {
+		return nil, err
+	}
+	if p.Broker != b.Name() {
+		return nil, fmt.Errorf("redrive: the plan is of a %s topic, not %s", p.Broker, b.Name())
+	}
+	cfg, err := Config{Admin: admin, Topic: p.Topic, To: p.To, Group: p.Group, MaxRedrives: p.MaxRedrives,
+		Release: p.Release, Skip: p.Skip}.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	s, err := b.open(ctx, cfg.Topic, cfg.Group)
+	if err != nil {
+		return nil, err
+	}
+	defer s.close()
+	return (&run{cfg: cfg, s: s}).execute(ctx, p, true)
+}
+
+func (cfg Config) withDefaults() (Config, error) {
 	switch {
 	case cfg.Admin == nil:
-		return nil, errors.New("redrive: Config.Admin is required")
+		return cfg, errors.New("redrive: Config.Admin is required")
 	case cfg.Topic == "":
-		return nil, errors.New("redrive: Config.Topic (the dead-letter topic) is required")
+		return cfg, errors.New("redrive: Config.Topic (the dead-letter topic) is required")
 	case cfg.Max < 0:
-		return nil, fmt.Errorf("redrive: Config.Max %d is negative", cfg.Max)
+		return cfg, fmt.Errorf("redrive: Config.Max %d is negative", cfg.Max)
 	case cfg.MaxRedrives < 0:
-		return nil, fmt.Errorf("redrive: Config.MaxRedrives %d is negative", cfg.MaxRedrives)
+		return cfg, fmt.Errorf("redrive: Config.MaxRedrives %d is negative", cfg.MaxRedrives)
 	}
 	if cfg.Group == "" {
 		cfg.Group = DefaultGroup
@@ -155,31 +226,7 @@ func Run(ctx context.Context, b Broker, cfg Config) ([]Result, error) {
 	if cfg.MaxRedrives == 0 {
 		cfg.MaxRedrives = DefaultMaxRedrives
 	}
-	s, err := b.open(ctx, cfg.Topic, cfg.Group)
-	if err != nil {
-		return nil, err
-	}
-	defer s.close()
-	qs, err := s.queues(ctx)
-	if err != nil {
-		return nil, err
-	}
-	r := &run{cfg: cfg, s: s}
-	var out []Result
-	for _, q := range qs {
-		left := 0
-		if cfg.Max > 0 {
-			if left = cfg.Max - len(out); left == 0 {
-				break
-			}
-		}
-		res, err := r.queue(ctx, q, left)
-		out = append(out, res...)
-		if err != nil {
-			return out, err
-		}
-	}
-	return out, nil
+	return cfg, nil
 }
 
 type run struct {
@@ -187,42 +234,172 @@ type run struct {
 	s   session
 }
 
-// queue redrives the letters of q, at most limit of them (0: all), and
-// commits the group's offset past each one it sent or skipped.
-func (r *run) queue(ctx context.Context, q queue, limit int) ([]Result, error) {
-	var out []Result
-	err := r.s.read(ctx, q, func(l letter) (bool, error) {
-		res, err := r.letter(ctx, &l)
-		out = append(out, res)
-		if err != nil {
-			return false, err
+// plan reads the letters of each queue and decides about each.
+func (r *run) plan(ctx context.Context, broker string) (*Plan, error) {
+	qs, err := r.s.queues(ctx)
+	if err != nil {
+		return nil, err
+	}
+	p := &Plan{Broker: broker, Topic: r.cfg.Topic, Group: r.cfg.Group, To: r.cfg.To, MaxRedrives: r.cfg.MaxRedrives,
+		Release: r.cfg.Release, Skip: r.cfg.Skip, Entries: []Entry{}}
+	for _, q := range qs {
+		if r.cfg.Max > 0 && len(p.Entries) >= r.cfg.Max {
+			break
 		}
-		if !r.cfg.DryRun {
-			if res.Action == Refused {
-				return false, nil // the queue stops at a refused letter: the next run starts with it
+		err := r.s.read(ctx, q, func(l letter) (bool, error) {
+			e, _, err := r.decide(ctx, q, &l)
+			if err != nil {
+				return false, err
 			}
+			p.Entries = append(p.Entries, e)
+			return e.Verdict != VerdictStop && (r.cfg.Max == 0 || len(p.Entries) < r.cfg.Max), nil
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// execute does p's entries, queue by queue. With check, it first makes
+// the plan again for p's letters and refuses p if it differs; and it
+// checks each letter again as it reads it for the send.
+func (r *run) execute(ctx context.Context, p *Plan, check bool) ([]Result, error) {
+	qs, err := r.s.queues(ctx)
+	if err != nil {
+		return nil, err
+	}
+	byName := map[string]queue{}
+	for _, q := range qs {
+		byName[r.s.name(q)] = q
+	}
+	var order []string
+	shown := map[string][]Entry{}
+	for _, e := range p.Entries {
+		if _, ok := shown[e.Queue]; !ok {
+			order = append(order, e.Queue)
+		}
+		shown[e.Queue] = append(shown[e.Queue], e)
+	}
+	if check {
+		for _, name := range order {
+			if err := r.recheck(ctx, name, byName, shown[name]); err != nil {
+				return nil, err
+			}
+		}
+	}
+	var out []Result
+	for _, name := range order {
+		q, es := byName[name], shown[name]
+		i, stopped := 0, false
+		err := r.s.read(ctx, q, func(l letter) (bool, error) {
+			e := es[i]
+			fresh, c, err := r.decide(ctx, q, &l)
+			if err != nil {
+				return false, err
+			}
+			// The letter is the one planned. Its verdict was checked before
+			// (recheck); it may have changed since by this run's own doing
+			// (a key released, or applied, for an earlier letter of it).
+			if fresh.Letter != e.Letter || fresh.Scope != e.Scope || fresh.Key != e.Key || fresh.To != e.To || fresh.Count != e.Count ||
+				e.Verdict == VerdictSend && c == nil {
+				return false, &StaleError{Letter: fresh.Letter, Shown: describe(&e), Now: describe(&fresh)}
+			}
+			i++
+			res := e.result(false)
+			switch e.Verdict {
+			case VerdictStop:
+				out = append(out, res)
+				stopped = true
+				return false, nil // the queue stops at a refused letter: the next run starts with it
+			case VerdictSend:
+				if e.Release {
+					if _, err := r.cfg.Admin.Release(ctx, []dedup.Key{{Scope: e.Scope, ID: e.Key}}, false); err != nil {
+						return false, err
+					}
+				}
+				c.headers = lineage(&l, e.Count)
+				at, err := r.s.send(ctx, c)
+				if err != nil {
+					return false, err
+				}
+				res.To, res.Action = at, Sent
+			}
+			out = append(out, res)
 			if err := r.s.commit(ctx, q, l.offset+1); err != nil {
 				return false, err
 			}
+			return i < len(es), nil
+		})
+		if err != nil {
+			return out, err
 		}
-		return limit == 0 || len(out) < limit, nil
-	})
-	return out, err
+		if i < len(es) && !stopped {
+			return out, &StaleError{Letter: es[i].Letter, Shown: describe(&es[i]), Now: describe(nil)}
+		}
+	}
+	return out, nil
 }
 
-// letter decides about one dead letter and, unless refused, sends it back.
-func (r *run) letter(ctx context.Context, l *letter) (Result, error) {
-	res := Result{Letter: l.pos}
-	refuse := func(format string, args ...any) (Result, error) {
-		res.Action, res.Reason = Refused, fmt.Sprintf(format, args...)
-		if r.cfg.Skip && !r.cfg.DryRun {
-			res.Action = Skipped
-		}
-		return res, nil
+// recheck makes the plan of one queue again, from the group's offset now
+// to the last letter shown, and compares it with the shown entries.
+func (r *run) recheck(ctx context.Context, name string, byName map[string]queue, es []Entry) error {
+	q, ok := byName[name]
+	if !ok {
+		return &StaleError{Letter: es[0].Letter, Shown: describe(&es[0]), Now: "its queue " + name + " has no letter to redrive (another redrive passed it, or it was deleted)"}
 	}
-	res.Cause, _ = l.header(consumer.MetaCause)
-	res.Scope, _ = l.header(consumer.MetaKeyScope)
-	res.Key, _ = l.header(consumer.MetaKey)
+	if q.to > es[len(es)-1].Offset+1 {
+		q.to = es[len(es)-1].Offset + 1
+	}
+	var fresh []Entry
+	err := r.s.read(ctx, q, func(l letter) (bool, error) {
+		e, _, err := r.decide(ctx, q, &l)
+		if err != nil {
+			return false, err
+		}
+		fresh = append(fresh, e)
+		return e.Verdict != VerdictStop, nil
+	})
+	if err != nil {
+		return err
+	}
+	for i := range max(len(es), len(fresh)) {
+		var s, f *Entry
+		if i < len(es) {
+			s = &es[i]
+		}
+		if i < len(fresh) {
+			f = &fresh[i]
+		}
+		if s != nil && f != nil && same(*s, *f) {
+			continue
+		}
+		letter := "queue " + name
+		if s != nil {
+			letter = s.Letter
+		} else if f != nil {
+			letter = f.Letter
+		}
+		return &StaleError{Letter: letter, Shown: describe(s), Now: describe(f)}
+	}
+	return nil
+}
+
+// decide is the planner's verdict on one letter of q, and the copy it
+// would send (nil when its headers allow none, whatever the verdict).
+func (r *run) decide(ctx context.Context, q queue, l *letter) (Entry, *message, error) {
+	e := Entry{Letter: l.pos, Queue: r.s.name(q), Offset: l.offset}
+	var c *message // the copy, once the letter's headers allow one
+	refuse := func(format string, args ...any) (Entry, *message, error) {
+		e.Verdict, e.Reason = VerdictStop, fmt.Sprintf(format, args...)
+		if r.cfg.Skip {
+			e.Verdict = VerdictSkip
+		}
+		return e, c, nil
+	}
+	e.Cause, _ = l.header(consumer.MetaCause)
+	e.Scope, _ = l.header(consumer.MetaKeyScope)
+	e.Key, _ = l.header(consumer.MetaKey)
 	to := r.cfg.To
 	if to == "" {
 		to, _ = l.header(consumer.MetaTopic)
@@ -233,14 +410,14 @@ func (r *run) letter(ctx context.Context, l *letter) (Result, error) {
 	if c, ok := l.header(consumer.MetaRedriveCount); ok {
 		count, _ = strconv.Atoi(c)
 	}
-	res.Count = count + 1
+	e.Count = count + 1
 	_, leftOut := l.header(consumer.MetaValueSHA256)
 	switch {
 	case to == "":
 		return refuse("no %s header: not an idem dead letter (use --to)", consumer.MetaTopic)
 	case perr != nil:
 		return refuse("no valid %s header", consumer.MetaPartition)
-	case res.Scope == "" || res.Key == "":
+	case e.Scope == "" || e.Key == "":
 		return refuse("no key: it was dead-lettered before its key was known (bad input); it would fail the same way")
 	case count >= r.cfg.MaxRedrives:
 		// Before the value's case, so that a letter without a value (a
@@ -249,39 +426,52 @@ func (r *run) letter(ctx context.Context, l *letter) (Result, error) {
 	case leftOut:
 		return refuse("its value was left out of the dead letter (too large)")
 	}
-	c := &message{topic: to, partition: p, key: l.key, value: l.value, letter: l}
-	res.To = r.s.target(c)
-	rows, err := r.cfg.Admin.Find(ctx, res.Scope, res.Key)
+	c = &message{topic: to, partition: p, key: l.key, value: l.value, letter: l}
+	e.To = r.s.target(c)
+	rows, err := r.cfg.Admin.Find(ctx, e.Scope, e.Key)
 	if err != nil {
-		return res, err
+		return e, nil, err
 	}
 	for _, row := range rows {
 		switch row.Outcome {
 		case "done":
-			return refuse("the key was applied (a done row): sent back, it would be skipped as a duplicate or refused as a mismatch")
+			e.Verdict, e.Reason = VerdictDuplicate, "the key was applied (a done row): a copy would be a duplicate; passed by"
+			return e, c, nil
 		case "failed":
 			if !r.cfg.Release {
-				return refuse("the key is recorded as failed: release it first (idem release --scope %s %s), or use --release", res.Scope, res.Key)
+				return refuse("the key is recorded as failed: release it first (idem release --scope %s %s), or use --release", e.Scope, e.Key)
 			}
-			if !r.cfg.DryRun {
-				if _, err := r.cfg.Admin.Release(ctx, []dedup.Key{row.Key}, false); err != nil {
-					return res, err
-				}
-			}
-			res.Release = true
+			e.Release = true
 		}
 	}
-	if r.cfg.DryRun {
+	e.Verdict = VerdictSend
+	return e, c, nil
+}
+
+// results is what a dry run shows of p.
+func (p *Plan) results() []Result {
+	out := make([]Result, 0, len(p.Entries))
+	for _, e := range p.Entries {
+		out = append(out, e.result(true))
+	}
+	return out
+}
+
+// result is e as a Result: what a dry run shows, or (dry false) what a run
+// did with a letter it did not send.
+func (e Entry) result(dry bool) Result {
+	res := Result{Letter: e.Letter, Scope: e.Scope, Key: e.Key, To: e.To, Cause: e.Cause, Reason: e.Reason, Count: e.Count, Release: e.Release}
+	switch e.Verdict {
+	case VerdictSend:
 		res.Action = WouldSend
-		return res, nil
+	case VerdictDuplicate:
+		res.Action = Duplicate
+	case VerdictSkip:
+		res.Action = Skipped
+	case VerdictStop:
+		res.Action = Refused
 	}
-	c.headers = lineage(l, res.Count)
-	at, err := r.s.send(ctx, c)
-	if err != nil {
-		return res, err
-	}
-	res.To, res.Action = at, Sent
-	return res, nil
+	return res
 }
 
 // lineage returns the headers of a letter's copy: the message's own headers

@@ -39,6 +39,8 @@ func (b *fakeBroker) read(_ context.Context, q queue, each func(letter) (bool, e
 	return nil
 }
 
+func (b *fakeBroker) name(queue) string { return "0" }
+
 func (b *fakeBroker) target(c *message) string { return fmt.Sprintf("%s/%d", c.topic, c.partition) }
 
 func (b *fakeBroker) send(_ context.Context, c *message) (string, error) {
@@ -116,7 +118,6 @@ func TestRefusals(t *testing.T) {
 		{"no key", dl(0, "", consumer.MetaKey, ""), "", "no key"},
 		{"redriven too often", dl(0, "K", consumer.MetaRedriveCount, "3"), "", "redriven 3 times already"},
 		{"value left out", dl(0, "K", consumer.MetaValueSHA256, "ab"), "", "left out"},
-		{"applied", dl(0, "K"), "done", "the key was applied"},
 		{"failed", dl(0, "K"), "failed", "release it first"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -125,7 +126,7 @@ func TestRefusals(t *testing.T) {
 			if c.row != "" {
 				admin.rows["K"] = c.row
 			}
-			res, err := Run(context.Background(), b, Config{Admin: admin, Topic: "pay.dlq", MaxRedrives: 3})
+			res, err := run2(context.Background(), b, Config{Admin: admin, Topic: "pay.dlq", MaxRedrives: 3})
 			if err != nil || len(res) != 1 || res[0].Action != Refused || !strings.Contains(res[0].Reason, c.reason) {
 				t.Fatalf("results %+v, %v; want one refused: %q", res, err, c.reason)
 			}
@@ -133,7 +134,7 @@ func TestRefusals(t *testing.T) {
 				t.Errorf("a refused letter: sent %d, commits %v; want the queue stopped at it", len(b.sent), b.commits)
 			}
 			// --skip passes it by and goes on.
-			res, err = Run(context.Background(), b, Config{Admin: admin, Topic: "pay.dlq", MaxRedrives: 3, Skip: true})
+			res, err = run2(context.Background(), b, Config{Admin: admin, Topic: "pay.dlq", MaxRedrives: 3, Skip: true})
 			if err != nil || len(res) != 2 || res[0].Action != Skipped || res[1].Action != Sent || !slices.Equal(b.commits, []int64{1, 2}) {
 				t.Errorf("with Skip: %+v, %v, commits %v", res, err, b.commits)
 			}
@@ -146,7 +147,7 @@ func TestRefusals(t *testing.T) {
 // from; not the letter's reason, attempts or lane.
 func TestLineage(t *testing.T) {
 	b := &fakeBroker{letters: []letter{dl(0, "K", consumer.MetaRedriveCount, "1", consumer.MetaRedrivenFrom, "pay.dlq/0/9")}}
-	res, err := Run(context.Background(), b, Config{Admin: &fakeAdmin{}, Topic: "pay.dlq"})
+	res, err := run2(context.Background(), b, Config{Admin: &fakeAdmin{}, Topic: "pay.dlq"})
 	if err != nil || len(res) != 1 || res[0].Action != Sent || res[0].Count != 2 || res[0].To != "pay/2" {
 		t.Fatalf("results %+v, %v", res, err)
 	}
@@ -174,19 +175,127 @@ func TestCommitAfterSend(t *testing.T) {
 	ctx := context.Background()
 	b := &fakeBroker{letters: []letter{dl(0, "A"), dl(1, "B"), dl(2, "C")}, sendErr: errors.New("broker down")}
 	admin := &fakeAdmin{rows: map[string]string{"B": "failed"}}
-	if res, err := Run(ctx, b, Config{Admin: admin, Topic: "pay.dlq"}); err == nil || len(res) != 1 || len(b.commits) != 0 {
+	if res, err := run2(ctx, b, Config{Admin: admin, Topic: "pay.dlq"}); err == nil || len(res) != 0 || len(b.commits) != 0 {
 		t.Fatalf("a failed send: %+v, %v, commits %v", res, err, b.commits)
 	}
 	b.sendErr = nil
-	res, err := Run(ctx, b, Config{Admin: admin, Topic: "pay.dlq", Release: true, DryRun: true})
+	res, err := run2(ctx, b, Config{Admin: admin, Topic: "pay.dlq", Release: true, DryRun: true})
 	if err != nil || len(res) != 3 || res[1].Action != WouldSend || !res[1].Release || len(admin.released) != 0 || len(b.sent) != 0 || len(b.commits) != 0 {
 		t.Fatalf("dry run: %+v, %v; released %v, sent %d, commits %v", res, err, admin.released, len(b.sent), b.commits)
 	}
-	res, err = Run(ctx, b, Config{Admin: admin, Topic: "pay.dlq", Release: true, Max: 2})
+	res, err = run2(ctx, b, Config{Admin: admin, Topic: "pay.dlq", Release: true, Max: 2})
 	if err != nil || len(res) != 2 || res[1].Action != Sent || !res[1].Release || !slices.Equal(admin.released, []string{"B"}) || !slices.Equal(b.commits, []int64{1, 2}) {
 		t.Fatalf("Max 2 with Release: %+v, %v; released %v, commits %v", res, err, admin.released, b.commits)
 	}
-	if res, err := Run(ctx, b, Config{Admin: admin, Topic: "pay.dlq"}); err != nil || len(res) != 1 || res[0].Letter != "pay.dlq/0/2" {
+	if res, err := run2(ctx, b, Config{Admin: admin, Topic: "pay.dlq"}); err != nil || len(res) != 1 || res[0].Letter != "pay.dlq/0/2" {
 		t.Errorf("the next run: %+v, %v; want it to start at the third letter", res, err)
 	}
+}
+
+// TestDryRunIsTheRun: a queue with a refused letter in the middle. The dry
+// run lists what the run does, letter for letter: the letters before it
+// sent, the queue stopped at it, nothing after it.
+func TestDryRunIsTheRun(t *testing.T) {
+	ctx := context.Background()
+	b := &fakeBroker{letters: []letter{dl(0, "A"), dl(1, "B"), dl(2, "C")}}
+	admin := &fakeAdmin{rows: map[string]string{"B": "failed"}}
+	dry, err := run2(ctx, b, Config{Admin: admin, Topic: "pay.dlq", DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := run2(ctx, b, Config{Admin: admin, Topic: "pay.dlq"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	actions := func(rs []Result) (out []string) {
+		for _, r := range rs {
+			out = append(out, r.Letter+" "+strings.Replace(r.Action, WouldSend, Sent, 1))
+		}
+		return out
+	}
+	if got, want := actions(dry), actions(res); !slices.Equal(got, want) {
+		t.Errorf("the dry run shows %v, the run did %v", got, want)
+	}
+	if len(b.sent) != 1 || !slices.Equal(b.commits, []int64{1}) {
+		t.Errorf("sent %d, commits %v; want A sent, the queue stopped at B", len(b.sent), b.commits)
+	}
+}
+
+// TestDuplicateIsPassedBy: a letter whose key is done is a duplicate:
+// committed past, not sent, and the letters after it go on.
+func TestDuplicateIsPassedBy(t *testing.T) {
+	b := &fakeBroker{letters: []letter{dl(0, "K"), dl(1, "K", consumer.MetaCause, "failed_before"), dl(2, "L")}}
+	admin := &fakeAdmin{rows: map[string]string{"K": "done"}}
+	res, err := run2(context.Background(), b, Config{Admin: admin, Topic: "pay.dlq"})
+	if err != nil || len(res) != 3 || res[0].Action != Duplicate || res[1].Action != Duplicate || res[2].Action != Sent {
+		t.Fatalf("results %+v, %v", res, err)
+	}
+	if len(b.sent) != 1 || string(b.sent[0].key) != "L" || !slices.Equal(b.commits, []int64{1, 2, 3}) {
+		t.Errorf("sent %d, commits %v; want L sent, the two K letters passed by", len(b.sent), b.commits)
+	}
+}
+
+// TestExecuteDoesThePlan: Execute sends the letters the plan lists and no
+// later one; it refuses a plan that no longer holds (a key applied since,
+// another redrive passed a letter) and then does nothing; the operator's
+// SkipLetter and Hold are done as shown.
+func TestExecuteDoesThePlan(t *testing.T) {
+	ctx := context.Background()
+	admin := &fakeAdmin{rows: map[string]string{}}
+	cfg := Config{Admin: admin, Topic: "pay.dlq"}
+	b := &fakeBroker{letters: []letter{dl(0, "A"), dl(1, "B")}}
+	p, err := Prepare(ctx, b, cfg)
+	if err != nil || len(p.Entries) != 2 {
+		t.Fatalf("plan %+v, %v", p, err)
+	}
+	b.letters = append(b.letters, dl(2, "C")) // written after the plan
+	res, err := Execute(ctx, b, admin, p)
+	if err != nil || len(res) != 2 || len(b.sent) != 2 || !slices.Equal(b.commits, []int64{1, 2}) {
+		t.Fatalf("execute: %+v, %v; sent %d, commits %v", res, err, len(b.sent), b.commits)
+	}
+
+	for name, change := range map[string]func(b *fakeBroker){
+		"key applied":      func(*fakeBroker) { admin.rows["D"] = "done" },
+		"group moved past": func(b *fakeBroker) { b.committed++ },
+	} {
+		t.Run(name, func(t *testing.T) {
+			clear(admin.rows)
+			b := &fakeBroker{letters: []letter{dl(0, "D"), dl(1, "E")}}
+			p, err := Prepare(ctx, b, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			change(b)
+			var stale *StaleError
+			res, err := Execute(ctx, b, admin, p)
+			if !errors.As(err, &stale) || !strings.HasPrefix(err.Error(), "stale plan: pay.dlq/0/0") || len(res) != 0 || len(b.sent) != 0 {
+				t.Errorf("execute: %+v, %v; sent %d", res, err, len(b.sent))
+			}
+		})
+	}
+
+	clear(admin.rows)
+	b = &fakeBroker{letters: []letter{dl(0, "F"), dl(1, "G"), dl(2, "H")}}
+	if p, err = Prepare(ctx, b, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.SkipLetter("pay.dlq/0/0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Hold("pay.dlq/0/2"); err != nil || len(p.Entries) != 2 {
+		t.Fatalf("hold: %v %+v", err, p.Entries)
+	}
+	res, err = Execute(ctx, b, admin, p)
+	if err != nil || len(res) != 2 || res[0].Action != Skipped || res[1].Action != Sent || len(b.sent) != 1 || !slices.Equal(b.commits, []int64{1, 2}) {
+		t.Errorf("the operator's plan: %+v, %v; sent %d, commits %v", res, err, len(b.sent), b.commits)
+	}
+	if d := p.Digest(); len(d) != 16 || d == (&Plan{}).Digest() {
+		t.Errorf("digest %q", d)
+	}
+}
+
+// run2 is Run without its plan.
+func run2(ctx context.Context, b Broker, cfg Config) ([]Result, error) {
+	_, res, err := Run(ctx, b, cfg)
+	return res, err
 }

@@ -211,6 +211,11 @@ func rocketLetter(topic string, q rmqremoting.Queue, m *primitive.MessageExt) le
 	return l
 }
 
+func (s *rocketSession) name(q queue) string {
+	rq := q.ref.(rmqremoting.Queue)
+	return fmt.Sprintf("%s/%d", rq.Broker, rq.ID)
+}
+
 func (s *rocketSession) target(c *message) string { return c.topic }
 
 func (s *rocketSession) send(ctx context.Context, c *message) (string, error) {
