@@ -76,8 +76,9 @@ func runConsole(ctx context.Context, e *env, fs *flag.FlagSet, args []string) in
 	var sf storeFlags
 	sf.register(fs, e)
 	addr := fs.String("addr", "127.0.0.1:7464", "listen on host:port; off loopback, --token is required")
-	token := fs.String("token", e.getenv("IDEM_CONSOLE_TOKEN"), "require this token of every request: open the console once with ?token=… (env IDEM_CONSOLE_TOKEN)")
-	metrics := fs.String("metrics", e.getenv("IDEM_METRICS_URL"), "a consumer's Prometheus endpoint for the duplicate ages, as idem retention (env IDEM_METRICS_URL)")
+	token, metrics := new(string), new(string)
+	registerSecret(fs, e, token, "token", "IDEM_CONSOLE_TOKEN", "require this token of every request: open the console once with ?token=…")
+	registerSecret(fs, e, metrics, "metrics", "IDEM_METRICS_URL", "a consumer's Prometheus endpoint for the duplicate ages, as idem retention")
 	margin := fs.Float64("margin", 2, "retention should be at least this many times the 99.9th percentile of duplicate ages")
 	var f redriveFlags
 	fs.StringVar(&f.broker, "broker", "", "the dead-letter topic's broker: kafka or rocketmq (as idem redrive)")

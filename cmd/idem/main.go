@@ -147,10 +147,19 @@ func run(ctx context.Context, args []string, e *env) int {
 func parse(fs *flag.FlagSet, args []string) ([]string, int, bool) {
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
+		// The flag package's own message quotes the value given, which
+		// may be a secret typed into the wrong flag: say it without.
+		out := fs.Output()
+		fs.SetOutput(io.Discard)
+		err := fs.Parse(args)
+		fs.SetOutput(out)
+		if err != nil {
 			if errors.Is(err, flag.ErrHelp) {
+				fs.Usage()
 				return nil, exitOK, false
 			}
+			fmt.Fprintf(out, "%s: %s\n", fs.Name(), flagError(err))
+			fs.Usage()
 			return nil, exitUsage, false
 		}
 		args = fs.Args()
