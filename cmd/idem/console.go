@@ -29,6 +29,7 @@ var consoleHTML string
 
 var consoleTemplates = template.Must(template.New("console").Funcs(template.FuncMap{
 	"age":      age,
+	"inert":    inert,
 	"duration": duration,
 	"oneLine":  oneLine,
 	"utc":      func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
@@ -415,9 +416,9 @@ func (c *console) releaseDryRun(w http.ResponseWriter, r *http.Request) {
 	}
 	writeReleased(&out, rows, true)
 	if missing := notReleased(ids, rows); len(missing) > 0 {
-		fmt.Fprintf(&out, "not released, no failed row in %s (not found, or done): %s\n", scope, strings.Join(missing, " "))
+		fmt.Fprintf(&out, "not released, no failed row in %s (not found, or done): %s\n", inert(scope), strings.Join(inertAll(missing), " "))
 	}
-	d := dryRun{Command: "idem release --dry-run --scope " + scope + " " + strings.Join(ids, " "), Output: out.String(), Back: "/failed"}
+	d := dryRun{Command: "idem release --dry-run --scope " + inert(scope) + " " + strings.Join(inertAll(ids), " "), Output: out.String(), Back: "/failed"}
 	if len(rows) > 0 {
 		found := make([]dedup.Key, len(rows))
 		for i, row := range rows {
@@ -482,16 +483,16 @@ func (c *console) releaseRequestDryRun(w http.ResponseWriter, r *http.Request) {
 		c.render(w, http.StatusInternalServerError, "dryrun", p)
 		return
 	}
-	d := dryRun{Command: fmt.Sprintf("release request %s %s (lease token %d)", k.Scope, k.ID, lease), Back: "/stuck"}
+	d := dryRun{Command: fmt.Sprintf("release request %s %s (lease token %d)", inert(k.Scope), inert(k.ID), lease), Back: "/stuck"}
 	switch {
 	case !ok:
-		d.Output = fmt.Sprintf("%s %s is not stuck: its request finished, holds a lease that runs, or is gone; nothing to release\n", k.Scope, k.ID)
+		d.Output = fmt.Sprintf("%s %s is not stuck: its request finished, holds a lease that runs, or is gone; nothing to release\n", inert(k.Scope), inert(k.ID))
 	case rec.Token != lease:
-		d.Output = fmt.Sprintf("%s %s moved on: its lease token is %d now, not %d; nothing to release (look again)\n", k.Scope, k.ID, rec.Token, lease)
+		d.Output = fmt.Sprintf("%s %s moved on: its lease token is %d now, not %d; nothing to release (look again)\n", inert(k.Scope), inert(k.ID), rec.Token, lease)
 	default:
 		d.Output = fmt.Sprintf("would release request %s %s: lease token %d, lease ran out %s ago, first seen %s ago\n"+
 			"its next request takes the key over with a larger token; its holder, should it be alive, is fenced out\n",
-			k.Scope, k.ID, rec.Token, duration(-rec.LeaseLeft), age(rec.FirstAt))
+			inert(k.Scope), inert(k.ID), rec.Token, duration(-rec.LeaseLeft), age(rec.FirstAt))
 		d.Token = c.keep(pendingAction{kind: "release-request", keys: []dedup.Key{k}, lease: rec.Token})
 		d.Confirm = "Release the request"
 		d.Question = fmt.Sprintf("Release the stuck request %s %s (lease token %d)? Its outcome is unknown: the next request with the key runs the handler again.", k.Scope, k.ID, rec.Token)
@@ -566,7 +567,7 @@ func (c *console) redriveDryRun(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		fmt.Fprintln(&out, "error:", err)
 	}
-	d := dryRun{Command: fmt.Sprintf("idem redrive --dry-run --topic %s --group %s", c.topic, group), Output: out.String(), Back: "/letters?group=" + url.QueryEscape(group)}
+	d := dryRun{Command: fmt.Sprintf("idem redrive --dry-run --topic %s --group %s", inert(c.topic), inert(group)), Output: out.String(), Back: "/letters?group=" + url.QueryEscape(group)}
 	if send := redriveCounts(res)[redrive.WouldSend]; send > 0 && err == nil {
 		d.Token = c.keep(pendingAction{kind: "redrive", group: group, max: len(res)})
 		d.Confirm = fmt.Sprintf("Redrive %d letter(s)", send)
@@ -609,7 +610,7 @@ func (c *console) confirm(w http.ResponseWriter, r *http.Request) {
 			ids[i] = k.ID
 		}
 		if missing := notReleased(ids, rows); len(missing) > 0 {
-			fmt.Fprintf(&out, "not released, no failed row in %s any more: %s\n", a.keys[0].Scope, strings.Join(missing, " "))
+			fmt.Fprintf(&out, "not released, no failed row in %s any more: %s\n", inert(a.keys[0].Scope), strings.Join(inertAll(missing), " "))
 			status = http.StatusConflict
 		}
 	case "release-request":
@@ -625,10 +626,10 @@ func (c *console) confirm(w http.ResponseWriter, r *http.Request) {
 		case err != nil:
 			p.Error, status = err.Error(), http.StatusInternalServerError
 		case released:
-			fmt.Fprintf(&out, "released request %s %s (lease token %d): its next request takes over\n", k.Scope, k.ID, a.lease)
+			fmt.Fprintf(&out, "released request %s %s (lease token %d): its next request takes over\n", inert(k.Scope), inert(k.ID), a.lease)
 		default:
 			p.Title, status = "Refused", http.StatusConflict
-			fmt.Fprintf(&out, "not released: %s %s moved on since (its lease token is no longer %d, or it finished)\n", k.Scope, k.ID, a.lease)
+			fmt.Fprintf(&out, "not released: %s %s moved on since (its lease token is no longer %d, or it finished)\n", inert(k.Scope), inert(k.ID), a.lease)
 		}
 	case "redrive":
 		back = "/letters?group=" + url.QueryEscape(a.group)

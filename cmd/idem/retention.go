@@ -196,7 +196,7 @@ func runRetention(ctx context.Context, e *env, fs *flag.FlagSet, args []string) 
 			case r.Duplicates > 0:
 				p = "≤ " + duration(time.Duration(r.P999Sec*float64(time.Second)))
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s: %s\n", r.Scope, r.Kind, ret, r.Duplicates, p, r.Advice, r.AdviceText)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s: %s\n", inert(r.Scope), r.Kind, ret, r.Duplicates, p, r.Advice, r.AdviceText)
 		}
 		tw.Flush()
 	}

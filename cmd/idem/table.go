@@ -9,6 +9,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup"
@@ -60,15 +61,16 @@ func writeRows(w io.Writer, rows []dedup.Row) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "SCOPE\tKEY\tOUTCOME\tAGE\tSOURCE\tREASON")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Key.Scope, r.Key.ID, r.Outcome, age(r.CreatedAt), r.Source, oneLine(r.Reason, 80))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", inert(r.Key.Scope), inert(r.Key.ID), r.Outcome, age(r.CreatedAt), inert(r.Source), oneLine(r.Reason, 80))
 	}
 	tw.Flush()
 }
 
+// oneLine is s on one line, inert, cut to n characters.
 func oneLine(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > n {
-		s = s[:n-1] + "…"
+	s = inert(strings.Join(strings.Fields(s), " "))
+	if utf8.RuneCountInString(s) > n {
+		s = string([]rune(s)[:n-1]) + "…"
 	}
 	return s
 }
@@ -139,7 +141,7 @@ func runStatus(ctx context.Context, e *env, fs *flag.FlagSet, args []string) int
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "SCOPE\tOUTCOME\tROWS\tEXPIRED\tOLDEST\tRETENTION\t OLDEST KEY\t")
 	for _, s := range sum {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t %s\t\n", s.Scope, s.Outcome, s.Rows, s.Expired, age(s.OldestAt), retention(s), s.OldestKey)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t %s\t\n", inert(s.Scope), s.Outcome, s.Rows, s.Expired, age(s.OldestAt), retention(s), inert(s.OldestKey))
 	}
 	tw.Flush()
 	printRequests(e, sum)
@@ -166,7 +168,7 @@ func printRequests(e *env, sum []dedup.ScopeSummary) {
 	fmt.Fprintln(tw, "HTTP SCOPE\tFINISHED\tPROCESSING\tSTUCK\t")
 	for _, name := range names {
 		s := scopes[name]
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t\n", name, s.Finished, s.Processing, s.Stuck)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t\n", inert(name), s.Finished, s.Processing, s.Stuck)
 	}
 	tw.Flush()
 	if stuck > 0 {
@@ -217,9 +219,9 @@ func runShow(ctx context.Context, e *env, fs *flag.FlagSet, args []string) int {
 				exp = r.ExpiresAt.UTC().Format(time.RFC3339) + " (in " + duration(time.Until(r.ExpiresAt)) + ")"
 			}
 			fmt.Fprintf(e.stdout, "scope        %s\nkey          %s\noutcome      %s\ncreated      %s (%s ago)\nexpires      %s\nfingerprint  %x\nsource       %s\n",
-				r.Key.Scope, r.Key.ID, r.Outcome, r.CreatedAt.UTC().Format(time.RFC3339), age(r.CreatedAt), exp, r.Fingerprint[:], r.Source)
+				inert(r.Key.Scope), inert(r.Key.ID), r.Outcome, r.CreatedAt.UTC().Format(time.RFC3339), age(r.CreatedAt), exp, r.Fingerprint[:], inert(r.Source))
 			if r.Reason != "" {
-				fmt.Fprintf(e.stdout, "reason       %s\n", r.Reason)
+				fmt.Fprintf(e.stdout, "reason       %s\n", inert(r.Reason))
 			}
 		}
 	}
@@ -297,7 +299,7 @@ func runRelease(ctx context.Context, e *env, fs *flag.FlagSet, args []string) in
 			if !sf.json {
 				printRows(e, rows)
 			}
-			if !confirm(e, fmt.Sprintf("release %d failed key(s) in %s, so that their next message runs the handler again?", len(rows), *scope)) {
+			if !confirm(e, fmt.Sprintf("release %d failed key(s) in %s, so that their next message runs the handler again?", len(rows), inert(*scope))) {
 				fmt.Fprintln(e.stderr, "idem: not confirmed; nothing released (--yes does not ask)")
 				return exitNotConfirmed
 			}
@@ -313,7 +315,7 @@ func runRelease(ctx context.Context, e *env, fs *flag.FlagSet, args []string) in
 		writeReleased(e.stdout, rows, *dry)
 	}
 	if len(missing) > 0 {
-		fmt.Fprintf(e.stderr, "idem: not released, no failed row in %s (not found, or done): %s\n", *scope, strings.Join(missing, " "))
+		fmt.Fprintf(e.stderr, "idem: not released, no failed row in %s (not found, or done): %s\n", inert(*scope), strings.Join(inertAll(missing), " "))
 		return exitPartial
 	}
 	return exitOK
@@ -343,7 +345,7 @@ func writeReleased(w io.Writer, rows []dedup.Row, dry bool) {
 		verb = "would release"
 	}
 	for _, r := range rows {
-		fmt.Fprintf(w, "%s %s %s (failed %s ago: %s)\n", verb, r.Key.Scope, r.Key.ID, age(r.CreatedAt), oneLine(r.Reason, 100))
+		fmt.Fprintf(w, "%s %s %s (failed %s ago: %s)\n", verb, inert(r.Key.Scope), inert(r.Key.ID), age(r.CreatedAt), oneLine(r.Reason, 100))
 	}
 }
 
