@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/hex"
 	"flag"
 	"fmt"
 	"io"
+	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -335,6 +337,20 @@ func notReleased(ids []string, rows []dedup.Row) []string {
 		}
 	}
 	return missing
+}
+
+// rowsDigest identifies rows as shown: each one's key, outcome, creation,
+// fingerprint, source and reason. A release confirmed from a dry run
+// goes ahead only while the rows' digest is the one shown.
+func rowsDigest(rows []dedup.Row) string {
+	parts := make([]string, len(rows))
+	for i, r := range rows {
+		parts[i] = strings.Join([]string{r.Key.Scope, r.Key.ID, r.Outcome, r.CreatedAt.UTC().Format(time.RFC3339Nano),
+			hex.EncodeToString(r.Fingerprint[:]), r.Source, r.Reason}, "\x00")
+	}
+	sort.Strings(parts)
+	sum := sha256.Sum256([]byte(strings.Join(parts, "\x01")))
+	return hex.EncodeToString(sum[:])
 }
 
 // writeReleased prints the failed rows released (dry: that would be):
