@@ -56,8 +56,9 @@ type console struct {
 	max, maxRedrives int
 	metrics          string // a consumer's /metrics; empty: no duplicate ages
 	margin           float64
-	auth             *consoleAuth // every request's token (console_auth.go)
-	checkHost        bool         // only loopback names in Host (DNS rebinding)
+	auth             *consoleAuth    // every request's token (console_auth.go)
+	metricsOut       *consoleMetrics // the actions executed, on /metrics (audit.go)
+	checkHost        bool            // only loopback names in Host (DNS rebinding)
 
 	mu      sync.Mutex
 	pending map[string]pendingAction
@@ -186,6 +187,8 @@ func (c *console) handler() http.Handler {
 	mux.HandleFunc("GET /letters", c.letters)
 	mux.HandleFunc("GET /redrive", c.redriveDryRun)
 	mux.HandleFunc("POST /confirm", c.confirm)
+	mux.HandleFunc("GET /audit", c.auditPage)
+	mux.Handle("GET /metrics", c.metricsHandler())
 	return c.guard(http.NewCrossOriginProtection().Handler(mux))
 }
 
@@ -646,6 +649,7 @@ func (c *console) confirm(w http.ResponseWriter, r *http.Request) {
 			p.Error, status = err.Error(), http.StatusInternalServerError
 		}
 	}
+	c.recordConfirmed(ctx, r, a, status, p.Error, out.String()) // the audit log (audit.go)
 	p.Data = map[string]any{"Output": out.String(), "Back": back}
 	c.render(w, status, "done", p)
 }

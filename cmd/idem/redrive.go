@@ -65,6 +65,11 @@ func runRedrive(ctx context.Context, e *env, fs *flag.FlagSet, args []string) in
 			refused++
 		}
 	}
+	if !f.dry && (len(res) > 0 || err != nil) {
+		if code := cliRecordRedrive(ctx, e, admin, f, res, err); code != exitOK {
+			return code
+		}
+	}
 	if sf.json {
 		out := map[string]any{"letters": res, "counts": redriveCounts(res), "dry_run": f.dry}
 		if err != nil {

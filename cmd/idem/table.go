@@ -305,12 +305,34 @@ func runRelease(ctx context.Context, e *env, fs *flag.FlagSet, args []string) in
 				fmt.Fprintln(e.stderr, "idem: not confirmed; nothing released (--yes does not ask)")
 				return exitNotConfirmed
 			}
+			// Bound to the rows shown, as the console's release is: a
+			// row recorded again while the question waited is not
+			// released unseen.
+			now, err := admin.Release(ctx, keys, true)
+			if err != nil {
+				return fail(e, err)
+			}
+			if rowsDigest(now) != rowsDigest(rows) {
+				fmt.Fprintln(e.stderr, "idem: the failed rows changed since they were shown (a new incident, or released already); nothing released: run again")
+				return exitPartial
+			}
 		}
 		if rows, err = admin.Release(ctx, keys, false); err != nil {
 			return fail(e, err)
 		}
 	}
 	missing := notReleased(pos, rows)
+	code = exitOK
+	if len(missing) > 0 {
+		code = exitPartial
+	}
+	if !*dry && len(rows) > 0 {
+		outcome := outcomeOK
+		if len(missing) > 0 {
+			outcome = outcomePartial + ": not released, no failed row: " + strings.Join(missing, " ")
+		}
+		code = cliRecord(ctx, e, admin, "release", map[string]any{"scope": *scope, "keys": pos, "released": toJSON(rows)}, outcome, code)
+	}
 	if sf.json {
 		printJSON(e, map[string]any{"dry_run": *dry, "released": toJSON(rows), "not_failed": missing})
 	} else {
@@ -318,9 +340,8 @@ func runRelease(ctx context.Context, e *env, fs *flag.FlagSet, args []string) in
 	}
 	if len(missing) > 0 {
 		fmt.Fprintf(e.stderr, "idem: not released, no failed row in %s (not found, or done): %s\n", inert(*scope), strings.Join(inertAll(missing), " "))
-		return exitPartial
 	}
-	return exitOK
+	return code
 }
 
 // notReleased returns the ids that rows, the released rows, do not hold:
@@ -386,13 +407,17 @@ func runPurge(ctx context.Context, e *env, fs *flag.FlagSet, args []string) int 
 		n, err := admin.Purge(ctx, *limit)
 		if err != nil {
 			fmt.Fprintf(e.stderr, "idem: purged %d rows before: %v\n", total, err)
-			return exitError
+			return cliRecord(ctx, e, admin, "purge", map[string]any{"limit": *limit, "max_batches": *maxBatches, "purged": total, "batches": batches},
+				outcomeError+": "+err.Error(), exitError)
 		}
 		total += n
 		batches++
 		if n < *limit {
 			break
 		}
+	}
+	if code := cliRecord(ctx, e, admin, "purge", map[string]any{"limit": *limit, "max_batches": *maxBatches, "purged": total, "batches": batches}, outcomeOK, exitOK); code != exitOK {
+		return code
 	}
 	if sf.json {
 		printJSON(e, map[string]any{"purged": total, "batches": batches})
