@@ -23,12 +23,18 @@ type secretFlag struct {
 	fromEnv bool
 	warn    io.Writer // where a value given on the command line is warned about
 	name    string
+	// secret reports whether a value holds a secret (a URL's password);
+	// nil: every value is one (a token).
+	secret func(string) bool
 }
 
 // registerSecret defines --name and --name-file, with the default from the
 // environment variable env.
 func registerSecret(fs *flag.FlagSet, e *env, p *string, name, envVar, usage string) {
 	s := &secretFlag{value: p, env: envVar, warn: e.stderr, name: name}
+	if name != "token" {
+		s.secret = holdsCredentials
+	}
 	if v := e.getenv(envVar); v != "" {
 		*p, s.fromEnv = v, true
 	}
@@ -55,7 +61,7 @@ func (s *secretFlag) String() string {
 
 func (s *secretFlag) Set(v string) error {
 	*s.value, s.fromEnv = v, false
-	if s.warn != nil && v != "" {
+	if s.warn != nil && v != "" && (s.secret == nil || s.secret(v)) {
 		fmt.Fprintf(s.warn, "idem: warning: --%s given as an argument is readable by every local user (ps): use $%s or --%s-file\n", s.name, s.env, s.name)
 	}
 	return nil
@@ -74,6 +80,20 @@ func readSecretFile(path string) (string, error) {
 		return "", errors.New("the file is empty")
 	}
 	return line, nil
+}
+
+// holdsCredentials reports whether a URL (or a Postgres key=value
+// connection string) holds a password or a query that may carry a token.
+func holdsCredentials(s string) bool {
+	if strings.Contains(strings.ToLower(s), "password=") {
+		return true
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return true // cannot tell: assume it does
+	}
+	_, hasPassword := u.User.Password()
+	return hasPassword || u.RawQuery != ""
 }
 
 // redactURL is a URL as it may be shown: without its password and query

@@ -64,6 +64,10 @@ func TestHelpAndUsageErrorsPrintNoSecret(t *testing.T) {
 	if !strings.Contains(errOut, "ps") || !strings.Contains(errOut, "--pg-file") {
 		t.Errorf("--pg as an argument: no warning:\n%s", errOut)
 	}
+	// A URL without credentials is no secret: no warning.
+	if _, _, errOut := idem(t, "", nil, "retention", "--metrics", "http://127.0.0.1:1/metrics"); strings.Contains(errOut, "warning") {
+		t.Errorf("--metrics without credentials warned:\n%s", errOut)
+	}
 }
 
 // TestPgFile: --pg-file reads the Postgres URL from a file, the way to
