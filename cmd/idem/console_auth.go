@@ -146,22 +146,31 @@ func (a *consoleAuth) sessionOK(v string) bool {
 // ok is false without valid credentials; presented tells whether wrong
 // ones were given (counted against the client).
 func (a *consoleAuth) authenticate(r *http.Request) (session string, ok, presented bool) {
+	if s, ok := a.sessionCookie(r); ok {
+		return s, true, true
+	}
 	if b, found := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); found {
 		if a.tokenOK(b) {
 			return "bearer", true, true
 		}
 		presented = true
 	}
-	if ck, err := r.Cookie(a.cookie); err == nil {
-		if a.sessionOK(ck.Value) {
-			return ck.Value, true, true
-		}
-		presented = true
+	if _, err := r.Cookie(a.cookie); err == nil {
+		presented = true // and not valid
 	}
 	if r.URL.Query().Has("token") {
 		presented = true
 	}
 	return "", false, presented
+}
+
+// sessionCookie returns the request's session cookie, if it is valid.
+func (a *consoleAuth) sessionCookie(r *http.Request) (string, bool) {
+	ck, err := r.Cookie(a.cookie)
+	if err != nil || !a.sessionOK(ck.Value) {
+		return "", false
+	}
+	return ck.Value, true
 }
 
 // client is who a request's failures are counted against: its address.
@@ -270,12 +279,19 @@ func (c *console) guard(next http.Handler) http.Handler {
 			http.Error(w, "idem console: no token configured", http.StatusInternalServerError)
 			return
 		}
-		if a.limited(client(r)) {
+		// A valid session cookie passes even while its client is limited:
+		// guessing one is guessing an HMAC, and on a shared host another
+		// local user's wrong tokens must not lock the operator out.
+		session, ok := a.sessionCookie(r)
+		if !ok && a.limited(client(r)) {
 			h.Set("Retry-After", strconv.Itoa(int(authFailEvery/time.Second)))
 			http.Error(w, "idem console: too many wrong tokens from "+client(r)+"; try again later", http.StatusTooManyRequests)
 			return
 		}
-		session, ok, presented := a.authenticate(r)
+		presented := false
+		if !ok {
+			session, ok, presented = a.authenticate(r)
+		}
 		if !ok && r.Method == http.MethodGet {
 			if q := r.URL.Query().Get("token"); q != "" && a.tokenOK(q) {
 				http.SetCookie(w, &http.Cookie{Name: a.cookie, Value: a.session(), Path: "/", MaxAge: int(consoleSessionTTL / time.Second),

@@ -106,6 +106,7 @@ func TestConsoleRequiresToken(t *testing.T) {
 // logged; then the right token works again.
 func TestConsoleRateLimitsWrongTokens(t *testing.T) {
 	f := newConsoleFixture(t)
+	session := f.visit(t, "/?token="+testConsoleToken).Result().Cookies()[0]
 	wrong := func(r *http.Request) { r.Header.Set("Authorization", "Bearer guess") }
 	limited := 0
 	for range 50 {
@@ -118,6 +119,10 @@ func TestConsoleRateLimitsWrongTokens(t *testing.T) {
 	}
 	if code, _ := f.do(t, http.MethodGet, "/", nil, nil); code != http.StatusTooManyRequests {
 		t.Errorf("the right token while limited: %d, want 429", code)
+	}
+	// A session opened before goes on: the guesses do not lock it out.
+	if w := f.visit(t, "/", session); w.Code != http.StatusOK {
+		t.Errorf("a valid session while its client is limited: %d, want 200", w.Code)
 	}
 	log := f.authLog.String()
 	if !strings.Contains(log, "wrong token") || !strings.Contains(log, "client=192.0.2.1") || !strings.Contains(log, "too many wrong tokens") {
