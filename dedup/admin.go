@@ -62,4 +62,32 @@ type Admin interface {
 	Release(ctx context.Context, keys []Key, dryRun bool) ([]Row, error)
 	// Purge deletes at most limit expired rows (see Purger).
 	Purge(ctx context.Context, limit int) (int, error)
+	// Auditor records and lists what operators executed.
+	Auditor
+}
+
+// Action is one entry of the operators' audit log: an action the idem
+// command or its console executed on the store or a dead-letter topic.
+type Action struct {
+	ID    int64     // the store's, growing; set by Actions
+	At    time.Time // when it was recorded, by the store's clock; set by Actions
+	Actor string    // who: "console:<token name>@<client>" or "cli:<OS user>"
+	// Kind is what was done: release, release-request, redrive, skip, purge.
+	Kind string
+	// Plan is what was executed, as one JSON document: the keys released,
+	// the letters sent or skipped, the batches purged.
+	Plan []byte
+	// Outcome is how it ended: "ok", or "partial: …", "refused: …",
+	// "error: …" with the reason.
+	Outcome string
+}
+
+// Auditor is the operators' audit log of a store: what the idem command
+// and its console executed, by whom, when and with what outcome. The
+// stores that implement Admin implement it too (Admin embeds it).
+type Auditor interface {
+	// RecordAction appends a to the log; ID and At are the store's.
+	RecordAction(ctx context.Context, a Action) error
+	// Actions lists the log, newest first: at most limit entries (0: 100).
+	Actions(ctx context.Context, limit int) ([]Action, error)
 }

@@ -4,13 +4,13 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/subtle"
 	_ "embed"
 	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
 	"html/template"
+	"log/slog"
 	"math"
 	"net"
 	"net/http"
@@ -31,6 +31,7 @@ var consoleHTML string
 
 var consoleTemplates = template.Must(template.New("console").Funcs(template.FuncMap{
 	"age":      age,
+	"inert":    inert,
 	"duration": duration,
 	"oneLine":  oneLine,
 	"utc":      func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
@@ -57,8 +58,9 @@ type console struct {
 	max, maxRedrives int
 	metrics          string // a consumer's /metrics; empty: no duplicate ages
 	margin           float64
-	token            string // required of every request when set
-	checkHost        bool   // only loopback names in Host (DNS rebinding)
+	auth             *consoleAuth    // every request's token (console_auth.go)
+	metricsOut       *consoleMetrics // the actions executed, on /metrics (audit.go)
+	checkHost        bool            // only loopback names in Host (DNS rebinding)
 
 	mu      sync.Mutex
 	pending map[string]pendingAction
@@ -70,6 +72,8 @@ type pendingAction struct {
 	keys    []dedup.Key   // release: the failed keys shown; release-request: one
 	lease   int64         // release-request: the lease token shown
 	plan    *redrive.Plan // redrive: the plan shown, executed as shown or refused as stale
+	shown   string        // release: the digest of the rows shown (rowsDigest)
+	session string        // who saw the dry run: only they confirm it
 	expires time.Time
 }
 
@@ -77,8 +81,11 @@ func runConsole(ctx context.Context, e *env, fs *flag.FlagSet, args []string) in
 	var sf storeFlags
 	sf.register(fs, e)
 	addr := fs.String("addr", "127.0.0.1:7464", "listen on host:port; off loopback, --token is required")
-	token := fs.String("token", e.getenv("IDEM_CONSOLE_TOKEN"), "require this token of every request: open the console once with ?token=… (env IDEM_CONSOLE_TOKEN)")
-	metrics := fs.String("metrics", e.getenv("IDEM_METRICS_URL"), "a consumer's Prometheus endpoint for the duplicate ages, as idem retention (env IDEM_METRICS_URL)")
+	tokenName := fs.String("token-name", or(e.getenv("IDEM_CONSOLE_TOKEN_NAME"), "console"), "who the token is, as the audit log records its actions (env IDEM_CONSOLE_TOKEN_NAME)")
+	secureCookie := fs.Bool("secure-cookie", false, "behind an HTTPS proxy: the session cookie is Secure and named __Host-idem_console")
+	token, metrics := new(string), new(string)
+	registerSecret(fs, e, token, "token", "IDEM_CONSOLE_TOKEN", "require this token of every request: open the console once with ?token=…")
+	registerSecret(fs, e, metrics, "metrics", "IDEM_METRICS_URL", "a consumer's Prometheus endpoint for the duplicate ages, as idem retention")
 	margin := fs.Float64("margin", 2, "retention should be at least this many times the 99.9th percentile of duplicate ages")
 	var f redriveFlags
 	fs.StringVar(&f.broker, "broker", "", "the dead-letter topic's broker: kafka or rocketmq (as idem redrive)")
@@ -92,19 +99,19 @@ func runConsole(ctx context.Context, e *env, fs *flag.FlagSet, args []string) in
 	if _, code, ok := parse(fs, args); !ok {
 		return code
 	}
-	host, _, err := net.SplitHostPort(*addr)
-	if err != nil {
-		return usageErr(e, fs, "--addr %q: %v", *addr, err)
-	}
-	loopback := isLoopbackName(host)
-	if !loopback && *token == "" {
-		return usageErr(e, fs, "--addr %s is not loopback: set --token or IDEM_CONSOLE_TOKEN", *addr)
+	if _, _, err := net.SplitHostPort(*addr); err != nil {
+		return usageErr(e, fs, "--addr: want host:port")
 	}
 	if f.max < 1 || f.maxRedrives < 1 {
 		return usageErr(e, fs, "--max and --max-redrives must be positive")
 	}
+	if *token != "" {
+		if err := checkToken(*token); err != nil {
+			return usageErr(e, fs, "%v", err)
+		}
+	}
 	c := &console{topic: f.topic, group: f.group, max: f.max, maxRedrives: f.maxRedrives,
-		metrics: *metrics, margin: *margin, token: *token, checkHost: loopback}
+		metrics: *metrics, margin: *margin}
 	if f.topic != "" {
 		broker, code, ok := f.chooseBroker(e, fs)
 		if !ok {
@@ -122,10 +129,31 @@ func runConsole(ctx context.Context, e *env, fs *flag.FlagSet, args []string) in
 	if err != nil {
 		return fail(e, err)
 	}
-	srv := &http.Server{Handler: c.handler(), ReadHeaderTimeout: 10 * time.Second}
+	defer ln.Close()
+	// Loopback is what the listener got, not what --addr's name says:
+	// DNS chooses where a name binds.
+	bound := ln.Addr().(*net.TCPAddr)
+	c.checkHost = bound.IP.IsLoopback()
+	generated := false
+	if *token == "" {
+		if !c.checkHost {
+			return usageErr(e, fs, "--addr binds %s, not loopback: set --token-file or IDEM_CONSOLE_TOKEN", bound.IP)
+		}
+		*token, generated = newToken(), true
+	}
+	if c.auth, err = newConsoleAuth(*token, *tokenName, strconv.Itoa(bound.Port), *secureCookie, slog.New(slog.NewTextHandler(e.stderr, nil))); err != nil {
+		return usageErr(e, fs, "%v", err)
+	}
+	srv := newConsoleServer(c.handler())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
-	fmt.Fprintf(e.stderr, "idem console: http://%s/\n", ln.Addr())
+	if generated {
+		// Printed once, as Jupyter does: the first visit trades it for a
+		// session cookie and takes it out of the address bar.
+		fmt.Fprintf(e.stderr, "idem console: http://%s/?token=%s\n", ln.Addr(), *token)
+	} else {
+		fmt.Fprintf(e.stderr, "idem console: http://%s/ (open it once with ?token=TOKEN)\n", ln.Addr())
+	}
 	select {
 	case err := <-done:
 		return fail(e, err)
@@ -160,94 +188,68 @@ func (c *console) handler() http.Handler {
 	mux.HandleFunc("GET /letters", c.letters)
 	mux.HandleFunc("GET /redrive", c.redriveDryRun)
 	mux.HandleFunc("POST /confirm", c.confirm)
+	mux.HandleFunc("GET /audit", c.auditPage)
+	mux.Handle("GET /metrics", c.metricsHandler())
 	return c.guard(http.NewCrossOriginProtection().Handler(mux))
 }
 
-func (c *console) guard(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h := w.Header()
-		h.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
-		h.Set("X-Frame-Options", "DENY")
-		h.Set("X-Content-Type-Options", "nosniff")
-		h.Set("Referrer-Policy", "no-referrer")
-		h.Set("Cache-Control", "no-store")
-		if c.checkHost {
-			host := r.Host
-			if hh, _, err := net.SplitHostPort(host); err == nil {
-				host = hh
-			}
-			if !isLoopbackName(host) {
-				http.Error(w, "idem console: Host "+strconv.Quote(r.Host)+" is not a loopback name (the console listens on loopback)", http.StatusMisdirectedRequest)
-				return
-			}
-		}
-		if c.token != "" {
-			if q := r.URL.Query().Get("token"); q != "" && r.Method == http.MethodGet && c.tokenOK(q) {
-				http.SetCookie(w, &http.Cookie{Name: consoleCookie, Value: q, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
-				u := *r.URL
-				v := u.Query()
-				v.Del("token")
-				u.RawQuery = v.Encode()
-				http.Redirect(w, r, u.RequestURI(), http.StatusSeeOther)
-				return
-			}
-			ok := false
-			if ck, err := r.Cookie(consoleCookie); err == nil && c.tokenOK(ck.Value) {
-				ok = true
-			}
-			if b, found := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); found && c.tokenOK(b) {
-				ok = true
-			}
-			if !ok {
-				http.Error(w, "idem console: a token is required: open the console with ?token=…", http.StatusUnauthorized)
-				return
-			}
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
-func (c *console) tokenOK(s string) bool {
-	return subtle.ConstantTimeCompare([]byte(s), []byte(c.token)) == 1
-}
-
-// keep stores a dry run's action and returns its one-time token.
-func (c *console) keep(a pendingAction) string {
+// keep stores a dry run's action for the session that saw it and returns
+// its one-time token. A session keeps at most consolePerSession actions
+// and the console consolePending: past either, the oldest is forgotten.
+// Only an authenticated request reaches here, so another site cannot
+// fill the map (the session cookie is SameSite=Strict).
+func (c *console) keep(r *http.Request, a pendingAction) string {
 	b := make([]byte, 24)
 	_, _ = rand.Read(b)
 	tok := hex.EncodeToString(b)
 	now := time.Now()
 	a.expires = now.Add(consoleConfirmTTL)
+	a.session = sessionOf(r)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.pending == nil {
 		c.pending = map[string]pendingAction{}
+	}
+	oldest := func(of func(pendingAction) bool) (string, int) {
+		var k string
+		n := 0
+		for t, p := range c.pending {
+			if !of(p) {
+				continue
+			}
+			n++
+			if k == "" || p.expires.Before(c.pending[k].expires) {
+				k = t
+			}
+		}
+		return k, n
 	}
 	for k, p := range c.pending {
 		if now.After(p.expires) {
 			delete(c.pending, k)
 		}
 	}
-	if len(c.pending) >= consolePending {
-		var oldest string
-		for k, p := range c.pending {
-			if oldest == "" || p.expires.Before(c.pending[oldest].expires) {
-				oldest = k
-			}
-		}
-		delete(c.pending, oldest)
+	if k, n := oldest(func(p pendingAction) bool { return p.session == a.session }); n >= consolePerSession {
+		delete(c.pending, k)
+	}
+	if k, n := oldest(func(pendingAction) bool { return true }); n >= consolePending {
+		delete(c.pending, k)
 	}
 	c.pending[tok] = a
 	return tok
 }
 
-// take removes and returns the action of a token: each token once.
-func (c *console) take(tok string) (pendingAction, bool) {
+// take removes and returns the action of a token, if the session of r
+// kept it: each token once.
+func (c *console) take(r *http.Request, tok string) (pendingAction, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	a, ok := c.pending[tok]
+	if !ok || a.session != sessionOf(r) {
+		return pendingAction{}, false
+	}
 	delete(c.pending, tok)
-	if !ok || time.Now().After(a.expires) {
+	if time.Now().After(a.expires) {
 		return pendingAction{}, false
 	}
 	return a, true
@@ -415,15 +417,15 @@ func (c *console) releaseDryRun(w http.ResponseWriter, r *http.Request) {
 	}
 	writeReleased(&out, rows, true)
 	if missing := notReleased(ids, rows); len(missing) > 0 {
-		fmt.Fprintf(&out, "not released, no failed row in %s (not found, or done): %s\n", scope, strings.Join(missing, " "))
+		fmt.Fprintf(&out, "not released, no failed row in %s (not found, or done): %s\n", inert(scope), strings.Join(inertAll(missing), " "))
 	}
-	d := dryRun{Command: "idem release --dry-run --scope " + scope + " " + strings.Join(ids, " "), Output: out.String(), Back: "/failed"}
+	d := dryRun{Command: "idem release --dry-run --scope " + inert(scope) + " " + strings.Join(inertAll(ids), " "), Output: out.String(), Back: "/failed"}
 	if len(rows) > 0 {
 		found := make([]dedup.Key, len(rows))
 		for i, row := range rows {
 			found[i] = row.Key
 		}
-		d.Token = c.keep(pendingAction{kind: "release", keys: found})
+		d.Token = c.keep(r, pendingAction{kind: "release", keys: found, shown: rowsDigest(rows)})
 		d.Confirm = fmt.Sprintf("Release %d failed key(s) in %s", len(rows), scope)
 		d.Question = fmt.Sprintf("Release %d failed key(s) in %s, so that their next message runs the handler again?", len(rows), scope)
 	}
@@ -483,17 +485,17 @@ func (c *console) releaseRequestDryRun(w http.ResponseWriter, r *http.Request) {
 		c.render(w, http.StatusInternalServerError, "dryrun", p)
 		return
 	}
-	d := dryRun{Command: fmt.Sprintf("release request %s %s (lease token %d)", k.Scope, k.ID, lease), Back: "/stuck"}
+	d := dryRun{Command: fmt.Sprintf("release request %s %s (lease token %d)", inert(k.Scope), inert(k.ID), lease), Back: "/stuck"}
 	switch {
 	case !ok:
-		d.Output = fmt.Sprintf("%s %s is not stuck: its request finished, holds a lease that runs, or is gone; nothing to release\n", k.Scope, k.ID)
+		d.Output = fmt.Sprintf("%s %s is not stuck: its request finished, holds a lease that runs, or is gone; nothing to release\n", inert(k.Scope), inert(k.ID))
 	case rec.Token != lease:
-		d.Output = fmt.Sprintf("%s %s moved on: its lease token is %d now, not %d; nothing to release (look again)\n", k.Scope, k.ID, rec.Token, lease)
+		d.Output = fmt.Sprintf("%s %s moved on: its lease token is %d now, not %d; nothing to release (look again)\n", inert(k.Scope), inert(k.ID), rec.Token, lease)
 	default:
 		d.Output = fmt.Sprintf("would release request %s %s: lease token %d, lease ran out %s ago, first seen %s ago\n"+
 			"its next request takes the key over with a larger token; its holder, should it be alive, is fenced out\n",
-			k.Scope, k.ID, rec.Token, duration(-rec.LeaseLeft), age(rec.FirstAt))
-		d.Token = c.keep(pendingAction{kind: "release-request", keys: []dedup.Key{k}, lease: rec.Token})
+			inert(k.Scope), inert(k.ID), rec.Token, duration(-rec.LeaseLeft), age(rec.FirstAt))
+		d.Token = c.keep(r, pendingAction{kind: "release-request", keys: []dedup.Key{k}, lease: rec.Token})
 		d.Confirm = "Release the request"
 		d.Question = fmt.Sprintf("Release the stuck request %s %s (lease token %d)? Its outcome is unknown: the next request with the key runs the handler again.", k.Scope, k.ID, rec.Token)
 	}
@@ -569,7 +571,7 @@ func (c *console) redriveDryRun(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		fmt.Fprintln(&out, "error:", err)
 	}
-	cmd := fmt.Sprintf("idem redrive --dry-run --topic %s --group %s --max %d", c.topic, group, c.max)
+	cmd := fmt.Sprintf("idem redrive --dry-run --topic %s --group %s --max %d", inert(c.topic), inert(group), c.max)
 	if skip {
 		cmd += " --skip"
 	}
@@ -581,7 +583,7 @@ func (c *console) redriveDryRun(w http.ResponseWriter, r *http.Request) {
 	if err == nil && len(plan.Entries) > counts[redrive.VerdictStop] {
 		fmt.Fprintf(&out, "plan %s\n", plan.Digest())
 		d.Plan = plan
-		d.Token = c.keep(pendingAction{kind: "redrive", plan: plan})
+		d.Token = c.keep(r, pendingAction{kind: "redrive", plan: plan})
 		d.Confirm = fmt.Sprintf("Redrive %d letter(s)", counts[redrive.VerdictSend])
 		if counts[redrive.VerdictSend] == 0 {
 			d.Confirm = fmt.Sprintf("Pass %d letter(s) by", len(plan.Entries)-counts[redrive.VerdictStop])
@@ -630,7 +632,7 @@ func chosen(kept *redrive.Plan, form url.Values) (*redrive.Plan, error) {
 // confirm runs the action a dry run kept, once.
 func (c *console) confirm(w http.ResponseWriter, r *http.Request) {
 	p := page{Title: "Done", Nav: "overview"}
-	a, ok := c.take(r.PostFormValue("action"))
+	a, ok := c.take(r, r.PostFormValue("action"))
 	if !ok {
 		p.Title = "Refused"
 		p.Error = "this confirmation is unknown, used already or expired: nothing changed. Start again from its dry run."
@@ -646,6 +648,16 @@ func (c *console) confirm(w http.ResponseWriter, r *http.Request) {
 	switch a.kind {
 	case "release":
 		back = "/failed"
+		// Bound to the rows shown: a row that changed since (a new
+		// incident recorded, another reason) is not released unseen.
+		if now, err := c.admin.Release(ctx, a.keys, true); err != nil {
+			p.Error, status = err.Error(), http.StatusInternalServerError
+			break
+		} else if rowsDigest(now) != a.shown {
+			p.Title, status = "Refused", http.StatusConflict
+			fmt.Fprintln(&out, "not released: the failed rows changed since the dry run (a new incident, or released already); nothing changed. Look again.")
+			break
+		}
 		rows, err := c.admin.Release(ctx, a.keys, false)
 		if err != nil {
 			p.Error, status = err.Error(), http.StatusInternalServerError
@@ -657,7 +669,7 @@ func (c *console) confirm(w http.ResponseWriter, r *http.Request) {
 			ids[i] = k.ID
 		}
 		if missing := notReleased(ids, rows); len(missing) > 0 {
-			fmt.Fprintf(&out, "not released, no failed row in %s any more: %s\n", a.keys[0].Scope, strings.Join(missing, " "))
+			fmt.Fprintf(&out, "not released, no failed row in %s any more: %s\n", inert(a.keys[0].Scope), strings.Join(inertAll(missing), " "))
 			status = http.StatusConflict
 		}
 	case "release-request":
@@ -673,10 +685,10 @@ func (c *console) confirm(w http.ResponseWriter, r *http.Request) {
 		case err != nil:
 			p.Error, status = err.Error(), http.StatusInternalServerError
 		case released:
-			fmt.Fprintf(&out, "released request %s %s (lease token %d): its next request takes over\n", k.Scope, k.ID, a.lease)
+			fmt.Fprintf(&out, "released request %s %s (lease token %d): its next request takes over\n", inert(k.Scope), inert(k.ID), a.lease)
 		default:
 			p.Title, status = "Refused", http.StatusConflict
-			fmt.Fprintf(&out, "not released: %s %s moved on since (its lease token is no longer %d, or it finished)\n", k.Scope, k.ID, a.lease)
+			fmt.Fprintf(&out, "not released: %s %s moved on since (its lease token is no longer %d, or it finished)\n", inert(k.Scope), inert(k.ID), a.lease)
 		}
 	case "redrive":
 		back = "/letters?group=" + url.QueryEscape(a.plan.Group)
@@ -687,6 +699,7 @@ func (c *console) confirm(w http.ResponseWriter, r *http.Request) {
 			p.Title, p.Error, status = "Refused", err.Error()+": nothing changed", http.StatusBadRequest
 			break
 		}
+		a.plan = executed // what the audit log records
 		res, err := redrive.Execute(ctx, c.broker, c.admin, executed)
 		var stale *redrive.StaleError
 		if errors.As(err, &stale) && len(res) == 0 {
@@ -699,6 +712,7 @@ func (c *console) confirm(w http.ResponseWriter, r *http.Request) {
 			p.Error, status = err.Error(), http.StatusInternalServerError
 		}
 	}
+	c.recordConfirmed(ctx, r, a, status, p.Error, out.String()) // the audit log (audit.go)
 	p.Data = map[string]any{"Output": out.String(), "Back": back}
 	c.render(w, status, "done", p)
 }

@@ -111,8 +111,17 @@ func TestConsoleInTheBrowser(t *testing.T) {
 		return s
 	}
 
+	// Without the token, nothing; the first visit with it trades it for a
+	// session cookie and takes it out of the address bar.
+	do("no token", chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS(`body`)))
+	if s := text("no token", "body"); !strings.Contains(s, "a token is required") {
+		t.Errorf("the console without its token:\n%s", s)
+	}
 	// The overview: pay's rows, its chart, the retention advice.
-	do("the overview", chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS(`#scope-pay svg rect`)))
+	do("the overview", chromedp.Navigate(srv.URL+"/?token="+testConsoleToken), chromedp.WaitVisible(chromedp.CSS(`#scope-pay svg rect`)))
+	if loc, err := chromedp.Run(ctx, chromedp.Location()); err != nil || loc != srv.URL+"/" {
+		t.Errorf("the address after the first visit: %q, %v; want %s/, without the token", loc, err, srv.URL)
+	}
 	screenshot("console-overview.png")
 	if s := text("the overview", "#scope-pay"); !strings.Contains(s, "failed") || !strings.Contains(s, "Retention:") || !strings.Contains(s, "490 seen") {
 		t.Errorf("the overview's pay:\n%s", s)

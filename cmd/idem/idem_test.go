@@ -48,7 +48,7 @@ func idem(t *testing.T, stdin string, envs map[string]string, args ...string) (i
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	code := run(ctx, args, e)
-	t.Logf("idem %s -> %d\n%s%s", strings.Join(args, " "), code, out.String(), errOut.String())
+	t.Logf("idem %q -> %d\n%s%s", args, code, out.String(), errOut.String()) // %q: the arguments may be hostile
 	return code, out.String(), errOut.String()
 }
 

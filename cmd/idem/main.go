@@ -7,11 +7,16 @@
 //	idem redrive --topic pay.dlq     send dead letters whose keys were released back
 //	idem redrive --broker rocketmq --namesrv 127.0.0.1:9876 --topic pay_DLQ
 //	idem retries --topic pay --group pay   copies waiting in retry, by delay (Kafka)
+//	idem audit                       the actions executed: who, when, the plan, the outcome
 //
 // Run `idem --help` for every subcommand and its flags. Postgres is chosen
 // with --pg or IDEM_PG_URL, SQLite with --sqlite or IDEM_SQLITE; Kafka's
 // brokers with --brokers or IDEM_KAFKA_BROKERS, RocketMQ's name servers
 // with --namesrv or IDEM_ROCKETMQ_NAMESRV (redrive --broker rocketmq).
+// Secrets (the Postgres URL, the console's token, a metrics URL with
+// credentials) come from the environment or a file (--pg-file,
+// --token-file, --metrics-file), never printed; as arguments, ps shows
+// them to every local user.
 //
 // Exit status: 0 done; 1 an error (the database or broker failed); 2 a
 // usage error; 3 done in part: a key not found or not released, a dead
@@ -72,7 +77,8 @@ func commands() []command {
 		{"redrive", "", "send dead letters back to their topic", "Reads a Kafka or RocketMQ dead-letter topic (--broker) from where the last redrive stopped (a consumer group's offsets, --group) to its end as it was at the start, and sends each letter back to its original topic with lineage headers (idem-original-*, idem-redrive-count, idem-redriven-from), by which a consumer keyed by message ID or by offsets deduplicates the copy as the original: a letter redriven twice is applied once. On Kafka a letter goes back to its original partition; on RocketMQ (idem's <topic>_DLQ letters, not the broker's %DLQ%<group>) to its original queue when the topic still has it, else to any queue, and the consumer keys it by the original's message ID. The group's offset passes a letter only once its copy was sent. A letter whose key is done (applied) is a duplicate: passed by, not sent. A letter whose key is failed and not released (unless --release) is refused: its partition or queue stops there, so that a later run starts with it. A letter without a key, or whose value was left out, is refused too (--skip passes refused letters by). --dry-run prints the plan — each letter by position with its verdict — and a run executes the plan it makes; --plan FILE executes a dry run's --json plan exactly, or refuses it as stale (exit 4). An address that answers like the other broker is named as such.", runRedrive},
 		{"retries", "", "messages waiting in retry, by delay (Kafka)", "Lists the retry topics of --topic (<topic>.retry.<delay>, consumer.NonBlocking with kafka.Config.RetryDelays) and, per partition, the copies waiting: the end offset less the consumer group's committed offset (--group), and when the oldest of them is due (idem-retry-due). It changes nothing. There is no redrive of retry copies: they come back when due (see docs/retries.md).", runRetries},
 		{"purge", "", "delete expired rows now", "Deletes the rows past their retention in bounded batches, as a cron job calling Purge would.", runPurge},
-		{"console", "", "the store and dead letters in a browser", "Serves an operator console on --addr (127.0.0.1:7464): per scope the rows by state, the duplicate-age histogram and idem retention's advice (--metrics); failed keys with Release; stuck leased HTTP requests with Release; the dead letters of --topic by cause with Redrive (--brokers or --namesrv, as idem redrive). A page never changes anything: each action shows its dry run first, and runs on a confirmation carrying a one-time token bound to what was shown. Off loopback, --token (IDEM_CONSOLE_TOKEN) is required; open the console once with ?token=TOKEN.", runConsole},
+		{"console", "", "the store and dead letters in a browser", "Serves an operator console on --addr (127.0.0.1:7464): per scope the rows by state, the duplicate-age histogram and idem retention's advice (--metrics); failed keys with Release; stuck leased HTTP requests with Release; the dead letters of --topic by cause with Redrive (--brokers or --namesrv, as idem redrive). A page never changes anything: each action shows its dry run first, and runs on a confirmation carrying a one-time token bound to the session and to what was shown; every action it runs goes to the audit log (idem audit). Every request needs the console's token, on loopback too: IDEM_CONSOLE_TOKEN or --token-file (at least 16 characters), or, on loopback without one, a token it draws and prints once with the URL to open; off loopback it does not start without one. The first visit with ?token=TOKEN trades it for a session cookie; scripts send Authorization: Bearer TOKEN.", runConsole},
+		{"audit", "", "the operator actions executed, newest first", "Lists the audit log: every action idem or its console executed (release, redrive and the letters it skipped, purge), who ran it (the OS user, or the console's token name), when, the plan it executed (JSON) and its outcome. It changes nothing.", runAudit},
 		{"retention", "", "check retention against the ages of duplicates", "Compares each scope's retention with the ages at which duplicates arrived: from a consumer's Prometheus /metrics (--metrics URL, the histogram idem_consumer_duplicate_age_seconds of consumer/otelconsumer) or, for an HTTP scope, the ages of the retries an HTTP service answered with the stored response (idem_http_replay_age_seconds of httpidem/otelhttpidem). Retention should stay above the 99.9th percentile of those ages, with a margin.", runRetention},
 	}
 }
@@ -106,6 +112,9 @@ Kafka (redrive): --brokers or IDEM_KAFKA_BROKERS, host:port[,host:port].
 RocketMQ (redrive --broker rocketmq): --namesrv or IDEM_ROCKETMQ_NAMESRV,
 host:port[;host:port].
 Every command takes --json: one JSON document on stdout.
+Secrets (IDEM_PG_URL, IDEM_CONSOLE_TOKEN, IDEM_METRICS_URL) go in the
+environment or a file (--pg-file, --token-file, --metrics-file), not in
+arguments, which ps shows to every local user.
 
 Exit status: 0 done; 1 an error; 2 a usage error; 3 done in part (a key not
 found or not released, a dead letter refused, retention too short); 4 not
@@ -147,10 +156,19 @@ func run(ctx context.Context, args []string, e *env) int {
 func parse(fs *flag.FlagSet, args []string) ([]string, int, bool) {
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
+		// The flag package's own message quotes the value given, which
+		// may be a secret typed into the wrong flag: say it without.
+		out := fs.Output()
+		fs.SetOutput(io.Discard)
+		err := fs.Parse(args)
+		fs.SetOutput(out)
+		if err != nil {
 			if errors.Is(err, flag.ErrHelp) {
+				fs.Usage()
 				return nil, exitOK, false
 			}
+			fmt.Fprintf(out, "%s: %s\n", fs.Name(), flagError(err))
+			fs.Usage()
 			return nil, exitUsage, false
 		}
 		args = fs.Args()

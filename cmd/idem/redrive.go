@@ -103,6 +103,11 @@ func runRedrive(ctx context.Context, e *env, fs *flag.FlagSet, args []string) in
 			refused++
 		}
 	}
+	if !f.dry && (len(res) > 0 || err != nil) {
+		if code := cliRecordRedrive(ctx, e, admin, f, plan, res, err); code != exitOK {
+			return code
+		}
+	}
 	if sf.json {
 		out := redriveOutput{Letters: res, Counts: redriveCounts(res), DryRun: f.dry, Plan: plan}
 		if out.Letters == nil {
@@ -179,7 +184,7 @@ func redriveCounts(res []letterResult) map[string]int {
 // letter of topic, and the counts: idem redrive's output, the console's too.
 func writeRedrive(w io.Writer, topic string, res []letterResult, err error) {
 	for _, r := range res {
-		fmt.Fprintln(w, redriveLine(r))
+		fmt.Fprintln(w, inert(redriveLine(r))) // a letter's fields come from outside
 	}
 	counts := redriveCounts(res)
 	var parts []string
@@ -190,7 +195,7 @@ func writeRedrive(w io.Writer, topic string, res []letterResult, err error) {
 		parts = append(parts, "nothing to redrive")
 	}
 	if len(parts) > 0 {
-		fmt.Fprintf(w, "%s: %s\n", topic, strings.Join(parts, ", "))
+		fmt.Fprintf(w, "%s: %s\n", inert(topic), strings.Join(parts, ", "))
 	}
 }
 

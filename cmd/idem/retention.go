@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"math"
 	"net/http"
+	neturl "net/url"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -64,18 +66,23 @@ type scraped struct {
 
 // scrape reads the age histograms from a Prometheus endpoint.
 func scrape(ctx context.Context, url string) (scraped, error) {
+	// The URL may hold a password or a token: it is shown redacted only.
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return scraped{}, err
+		return scraped{}, fmt.Errorf("metrics URL %s: not a URL", redactURL(url))
 	}
 	req.Header.Set("Accept", "text/plain")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return scraped{}, err
+		var uerr *neturl.Error
+		if errors.As(err, &uerr) {
+			return scraped{}, fmt.Errorf("%s %s: %w", uerr.Op, redactURL(url), uerr.Err)
+		}
+		return scraped{}, fmt.Errorf("%s: %w", redactURL(url), err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return scraped{}, fmt.Errorf("%s: %s", url, resp.Status)
+		return scraped{}, fmt.Errorf("%s: %s", redactURL(url), resp.Status)
 	}
 	return parseScrape(resp.Body)
 }
@@ -153,7 +160,8 @@ type retentionJSON struct {
 func runRetention(ctx context.Context, e *env, fs *flag.FlagSet, args []string) int {
 	var sf storeFlags
 	sf.register(fs, e)
-	metrics := fs.String("metrics", e.getenv("IDEM_METRICS_URL"), "a consumer's or an HTTP service's Prometheus endpoint, e.g. http://host:9464/metrics (env IDEM_METRICS_URL)")
+	metrics := new(string)
+	registerSecret(fs, e, metrics, "metrics", "IDEM_METRICS_URL", "a consumer's or an HTTP service's Prometheus endpoint, e.g. http://host:9464/metrics")
 	margin := fs.Float64("margin", 2, "retention should be at least this many times the 99.9th percentile of duplicate ages")
 	admin, closeStore, code, ok := sf.parseOpen(ctx, e, fs, args, false)
 	if !ok {
@@ -188,7 +196,7 @@ func runRetention(ctx context.Context, e *env, fs *flag.FlagSet, args []string) 
 			case r.Duplicates > 0:
 				p = "≤ " + duration(time.Duration(r.P999Sec*float64(time.Second)))
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s: %s\n", r.Scope, r.Kind, ret, r.Duplicates, p, r.Advice, r.AdviceText)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s: %s\n", inert(r.Scope), r.Kind, ret, r.Duplicates, p, r.Advice, r.AdviceText)
 		}
 		tw.Flush()
 	}

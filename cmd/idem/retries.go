@@ -192,7 +192,7 @@ func dueAt(ctx context.Context, client *kafkago.Client, topic string, partition 
 // the copies waiting and when the oldest is due.
 func writeRetries(w io.Writer, topic string, res []retryTopicJSON) {
 	if len(res) == 0 {
-		fmt.Fprintf(w, "%s: no retry topics (%s)\n", topic, kafka.RetryTopic(topic, 10*time.Second))
+		fmt.Fprintf(w, "%s: no retry topics (%s)\n", inert(topic), inert(kafka.RetryTopic(topic, 10*time.Second)))
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -209,10 +209,10 @@ func writeRetries(w io.Writer, topic string, res []retryTopicJSON) {
 					due += " (" + duration(-d) + " ago)"
 				}
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", rt.Topic, rt.Delay, p.Partition, p.Waiting, due)
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", inert(rt.Topic), rt.Delay, p.Partition, p.Waiting, due)
 		}
 		total += rt.Waiting
 	}
 	_ = tw.Flush()
-	fmt.Fprintf(w, "%s: %d in retry\n", topic, total)
+	fmt.Fprintf(w, "%s: %d in retry\n", inert(topic), total)
 }

@@ -23,7 +23,7 @@ type storeFlags struct {
 }
 
 func (f *storeFlags) register(fs *flag.FlagSet, e *env) {
-	fs.StringVar(&f.pg, "pg", e.getenv("IDEM_PG_URL"), "Postgres URL (env IDEM_PG_URL)")
+	registerSecret(fs, e, &f.pg, "pg", "IDEM_PG_URL", "Postgres URL")
 	fs.StringVar(&f.sqlite, "sqlite", e.getenv("IDEM_SQLITE"), "SQLite database file (env IDEM_SQLITE)")
 	fs.StringVar(&f.schema, "schema", or(e.getenv("IDEM_PG_SCHEMA"), "public"), "Postgres schema of the table (env IDEM_PG_SCHEMA)")
 	fs.StringVar(&f.table, "table", or(e.getenv("IDEM_TABLE"), "idem_dedup"), "the dedup table (env IDEM_TABLE)")

@@ -2,13 +2,16 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/hex"
 	"flag"
 	"fmt"
 	"io"
+	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup"
@@ -60,15 +63,16 @@ func writeRows(w io.Writer, rows []dedup.Row) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "SCOPE\tKEY\tOUTCOME\tAGE\tSOURCE\tREASON")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Key.Scope, r.Key.ID, r.Outcome, age(r.CreatedAt), r.Source, oneLine(r.Reason, 80))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", inert(r.Key.Scope), inert(r.Key.ID), r.Outcome, age(r.CreatedAt), inert(r.Source), oneLine(r.Reason, 80))
 	}
 	tw.Flush()
 }
 
+// oneLine is s on one line, inert, cut to n characters.
 func oneLine(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > n {
-		s = s[:n-1] + "…"
+	s = inert(strings.Join(strings.Fields(s), " "))
+	if utf8.RuneCountInString(s) > n {
+		s = string([]rune(s)[:n-1]) + "…"
 	}
 	return s
 }
@@ -139,7 +143,7 @@ func runStatus(ctx context.Context, e *env, fs *flag.FlagSet, args []string) int
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "SCOPE\tOUTCOME\tROWS\tEXPIRED\tOLDEST\tRETENTION\t OLDEST KEY\t")
 	for _, s := range sum {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t %s\t\n", s.Scope, s.Outcome, s.Rows, s.Expired, age(s.OldestAt), retention(s), s.OldestKey)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t %s\t\n", inert(s.Scope), s.Outcome, s.Rows, s.Expired, age(s.OldestAt), retention(s), inert(s.OldestKey))
 	}
 	tw.Flush()
 	printRequests(e, sum)
@@ -166,7 +170,7 @@ func printRequests(e *env, sum []dedup.ScopeSummary) {
 	fmt.Fprintln(tw, "HTTP SCOPE\tFINISHED\tPROCESSING\tSTUCK\t")
 	for _, name := range names {
 		s := scopes[name]
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t\n", name, s.Finished, s.Processing, s.Stuck)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t\n", inert(name), s.Finished, s.Processing, s.Stuck)
 	}
 	tw.Flush()
 	if stuck > 0 {
@@ -217,9 +221,9 @@ func runShow(ctx context.Context, e *env, fs *flag.FlagSet, args []string) int {
 				exp = r.ExpiresAt.UTC().Format(time.RFC3339) + " (in " + duration(time.Until(r.ExpiresAt)) + ")"
 			}
 			fmt.Fprintf(e.stdout, "scope        %s\nkey          %s\noutcome      %s\ncreated      %s (%s ago)\nexpires      %s\nfingerprint  %x\nsource       %s\n",
-				r.Key.Scope, r.Key.ID, r.Outcome, r.CreatedAt.UTC().Format(time.RFC3339), age(r.CreatedAt), exp, r.Fingerprint[:], r.Source)
+				inert(r.Key.Scope), inert(r.Key.ID), r.Outcome, r.CreatedAt.UTC().Format(time.RFC3339), age(r.CreatedAt), exp, r.Fingerprint[:], inert(r.Source))
 			if r.Reason != "" {
-				fmt.Fprintf(e.stdout, "reason       %s\n", r.Reason)
+				fmt.Fprintf(e.stdout, "reason       %s\n", inert(r.Reason))
 			}
 		}
 	}
@@ -297,9 +301,20 @@ func runRelease(ctx context.Context, e *env, fs *flag.FlagSet, args []string) in
 			if !sf.json {
 				printRows(e, rows)
 			}
-			if !confirm(e, fmt.Sprintf("release %d failed key(s) in %s, so that their next message runs the handler again?", len(rows), *scope)) {
+			if !confirm(e, fmt.Sprintf("release %d failed key(s) in %s, so that their next message runs the handler again?", len(rows), inert(*scope))) {
 				fmt.Fprintln(e.stderr, "idem: not confirmed; nothing released (--yes does not ask)")
 				return exitNotConfirmed
+			}
+			// Bound to the rows shown, as the console's release is: a
+			// row recorded again while the question waited is not
+			// released unseen.
+			now, err := admin.Release(ctx, keys, true)
+			if err != nil {
+				return fail(e, err)
+			}
+			if rowsDigest(now) != rowsDigest(rows) {
+				fmt.Fprintln(e.stderr, "idem: the failed rows changed since they were shown (a new incident, or released already); nothing released: run again")
+				return exitPartial
 			}
 		}
 		if rows, err = admin.Release(ctx, keys, false); err != nil {
@@ -307,16 +322,26 @@ func runRelease(ctx context.Context, e *env, fs *flag.FlagSet, args []string) in
 		}
 	}
 	missing := notReleased(pos, rows)
+	code = exitOK
+	if len(missing) > 0 {
+		code = exitPartial
+	}
+	if !*dry && len(rows) > 0 {
+		outcome := outcomeOK
+		if len(missing) > 0 {
+			outcome = outcomePartial + ": not released, no failed row: " + strings.Join(missing, " ")
+		}
+		code = cliRecord(ctx, e, admin, "release", map[string]any{"scope": *scope, "keys": pos, "released": toJSON(rows)}, outcome, code)
+	}
 	if sf.json {
 		printJSON(e, map[string]any{"dry_run": *dry, "released": toJSON(rows), "not_failed": missing})
 	} else {
 		writeReleased(e.stdout, rows, *dry)
 	}
 	if len(missing) > 0 {
-		fmt.Fprintf(e.stderr, "idem: not released, no failed row in %s (not found, or done): %s\n", *scope, strings.Join(missing, " "))
-		return exitPartial
+		fmt.Fprintf(e.stderr, "idem: not released, no failed row in %s (not found, or done): %s\n", inert(*scope), strings.Join(inertAll(missing), " "))
 	}
-	return exitOK
+	return code
 }
 
 // notReleased returns the ids that rows, the released rows, do not hold:
@@ -335,6 +360,20 @@ func notReleased(ids []string, rows []dedup.Row) []string {
 	return missing
 }
 
+// rowsDigest identifies rows as shown: each one's key, outcome, creation,
+// fingerprint, source and reason. A release confirmed from a dry run
+// goes ahead only while the rows' digest is the one shown.
+func rowsDigest(rows []dedup.Row) string {
+	parts := make([]string, len(rows))
+	for i, r := range rows {
+		parts[i] = strings.Join([]string{r.Key.Scope, r.Key.ID, r.Outcome, r.CreatedAt.UTC().Format(time.RFC3339Nano),
+			hex.EncodeToString(r.Fingerprint[:]), r.Source, r.Reason}, "\x00")
+	}
+	sort.Strings(parts)
+	sum := sha256.Sum256([]byte(strings.Join(parts, "\x01")))
+	return hex.EncodeToString(sum[:])
+}
+
 // writeReleased prints the failed rows released (dry: that would be):
 // idem release's output, the console's too.
 func writeReleased(w io.Writer, rows []dedup.Row, dry bool) {
@@ -343,7 +382,7 @@ func writeReleased(w io.Writer, rows []dedup.Row, dry bool) {
 		verb = "would release"
 	}
 	for _, r := range rows {
-		fmt.Fprintf(w, "%s %s %s (failed %s ago: %s)\n", verb, r.Key.Scope, r.Key.ID, age(r.CreatedAt), oneLine(r.Reason, 100))
+		fmt.Fprintf(w, "%s %s %s (failed %s ago: %s)\n", verb, inert(r.Key.Scope), inert(r.Key.ID), age(r.CreatedAt), oneLine(r.Reason, 100))
 	}
 }
 
@@ -368,13 +407,17 @@ func runPurge(ctx context.Context, e *env, fs *flag.FlagSet, args []string) int 
 		n, err := admin.Purge(ctx, *limit)
 		if err != nil {
 			fmt.Fprintf(e.stderr, "idem: purged %d rows before: %v\n", total, err)
-			return exitError
+			return cliRecord(ctx, e, admin, "purge", map[string]any{"limit": *limit, "max_batches": *maxBatches, "purged": total, "batches": batches},
+				outcomeError+": "+err.Error(), exitError)
 		}
 		total += n
 		batches++
 		if n < *limit {
 			break
 		}
+	}
+	if code := cliRecord(ctx, e, admin, "purge", map[string]any{"limit": *limit, "max_batches": *maxBatches, "purged": total, "batches": batches}, outcomeOK, exitOK); code != exitOK {
+		return code
 	}
 	if sf.json {
 		printJSON(e, map[string]any{"purged": total, "batches": batches})

@@ -1,6 +1,8 @@
 package deduptest
 
 import (
+	"encoding/json"
+	"reflect"
 	"testing"
 	"time"
 
@@ -102,5 +104,48 @@ func RunAdmin[TTx any](t *testing.T, newStore AdminFactory[TTx]) {
 	}
 	if n, err := admin.Purge(ctx, 100); err != nil || n != 0 {
 		t.Errorf("Purge with nothing expired: %d, %v", n, err)
+	}
+	runAudit(t, admin)
+}
+
+// runAudit checks the audit log (dedup.Auditor): what is recorded comes
+// back newest first, every field kept, stamped by the store.
+func runAudit(t *testing.T, admin dedup.Admin) {
+	ctx := ctxFor(t)
+	if acts, err := admin.Actions(ctx, 0); err != nil || len(acts) != 0 {
+		t.Fatalf("Actions of a new store: %+v, %v", acts, err)
+	}
+	start := time.Now().Add(-time.Minute)
+	recorded := []dedup.Action{
+		{Actor: "cli:alice", Kind: "release", Plan: []byte(`{"keys":[{"scope":"pay","key":"f1"}]}`), Outcome: "ok"},
+		{Actor: "console:ops@127.0.0.1", Kind: "redrive", Plan: []byte(`{"letters":["pay.dlq/0/7"]}`), Outcome: "partial: 1 refused"},
+	}
+	for _, a := range recorded {
+		if err := admin.RecordAction(ctx, a); err != nil {
+			t.Fatalf("RecordAction(%+v): %v", a, err)
+		}
+	}
+	acts, err := admin.Actions(ctx, 0)
+	if err != nil || len(acts) != 2 {
+		t.Fatalf("Actions: %+v, %v", acts, err)
+	}
+	for i, want := range []dedup.Action{recorded[1], recorded[0]} {
+		got := acts[i]
+		if got.Actor != want.Actor || got.Kind != want.Kind || got.Outcome != want.Outcome || got.At.Before(start) || got.At.After(time.Now().Add(time.Minute)) {
+			t.Errorf("action %d: %+v, want %+v", i, got, want)
+		}
+		var g, w any
+		if json.Unmarshal(got.Plan, &g) != nil || json.Unmarshal(want.Plan, &w) != nil || !reflect.DeepEqual(g, w) {
+			t.Errorf("action %d's plan: %s, want %s", i, got.Plan, want.Plan)
+		}
+	}
+	if acts[0].ID <= acts[1].ID {
+		t.Errorf("IDs do not grow: %d after %d", acts[0].ID, acts[1].ID)
+	}
+	if acts, err := admin.Actions(ctx, 1); err != nil || len(acts) != 1 || acts[0].Kind != "redrive" {
+		t.Errorf("Actions(1): %+v, %v", acts, err)
+	}
+	if err := admin.RecordAction(ctx, dedup.Action{Actor: "cli:bob", Kind: "purge", Plan: []byte(`not json`), Outcome: "ok"}); err == nil {
+		t.Error("RecordAction took a plan that is not JSON")
 	}
 }

@@ -18,6 +18,7 @@ func (s *Store) migrations() ([]sqlmigrate.Migration, error) {
 		Table       string
 		Offsets     string
 		Epochs      string
+		Audit       string
 		Distributed bool
 		Partitioned bool
 		Index       func(string) string
@@ -25,6 +26,7 @@ func (s *Store) migrations() ([]sqlmigrate.Migration, error) {
 		Table:       s.table,
 		Offsets:     s.offsets,
 		Epochs:      s.epochs,
+		Audit:       s.audit,
 		Distributed: s.cfg.Distributed,
 		Partitioned: s.part != nil,
 		Index:       pgmigrate.Index(s.cfg.Table),

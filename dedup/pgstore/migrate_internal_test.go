@@ -27,6 +27,7 @@ func TestSplitStatements(t *testing.T) {
 		2: {"ALTER TABLE", "ALTER TABLE", "CREATE INDEX IF NOT EXISTS"},
 		3: {"CREATE TABLE IF NOT EXISTS"},
 		4: {"CREATE TABLE IF NOT EXISTS"},
+		5: {"CREATE TABLE IF NOT EXISTS"},
 	}
 	for _, m := range ms {
 		got := sqlmigrate.Split(m.SQL)

@@ -105,6 +105,7 @@ type Store struct {
 	offsets string // sanitized schema.table_offsets: see offsets.go
 	offSQL  offsetQueries
 	epochs  string      // sanitized schema.table_epochs: see epochs.go
+	audit   string      // sanitized schema.table_audit: see audit.go
 	part    *partitions // partitioned mode (partitions.go); nil without
 	lockSQL string      // partitioned mode: the claim's key locks
 	plainOK atomic.Bool // without partitions: the table was found not partitioned
@@ -233,6 +234,7 @@ SELECT ctid FROM ` + t + ` WHERE ` + purgeable + ` LIMIT $1 FOR UPDATE SKIP LOCK
 	st.offsets = pgx.Identifier{cfg.Schema, cfg.Table + "_offsets"}.Sanitize()
 	st.offSQL = newOffsetQueries(st.offsets)
 	st.epochs = pgx.Identifier{cfg.Schema, cfg.Table + "_epochs"}.Sanitize()
+	st.audit = pgx.Identifier{cfg.Schema, cfg.Table + "_audit"}.Sanitize()
 	st.epoch = time.Now()
 	return st, nil
 }
