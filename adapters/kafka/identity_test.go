@@ -1,0 +1,82 @@
+package kafka_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idem/adapters/kafka"
+	"github.com/idemkit/idem/consumer"
+)
+
+// Identity is decided once, at first delivery, and travels with every copy:
+// these tests hold the two holes of issue 37 shut on real Kafka and
+// Postgres.
+
+// TestKafkaRetryTopicStartsAtFirstRecord: StartFrom is LastOffset; a
+// payment fails, goes to a retry topic, and the consumer restarts while its
+// copy waits out its delay, before any copy of that retry partition was
+// acknowledged. The new member must read the copy (its original was
+// acknowledged when the copy was written), not start at the partition's
+// end: the payment is applied once.
+func TestKafkaRetryTopicStartsAtFirstRecord(t *testing.T) {
+	delays := []time.Duration{3 * time.Second}
+	brokers, a, topic, group := retryTest(t, 1, delays)
+	retryTopic := kafka.RetryTopic(topic, delays[0])
+	b := newTestBank(t)
+
+	var release atomic.Bool
+	run := func() (*running, *kafka.Source) {
+		scfg := realSourceConfig(t, brokers, topic, group)
+		scfg.RetryDelays = delays
+		scfg.StartFrom = kafka.LastOffset
+		src := newSource(t, scfg)
+		cfg := b.config(src, src)
+		cfg.Logger = testLogger(t)
+		cfg.Retry = consumer.RetryPolicy{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond, MaxAttempts: 1000, MaxElapsed: time.Minute}
+		cfg.Retries = consumer.NonBlocking{Attempts: 1, Delays: delays, Sink: src}
+		inner := cfg.Handler
+		cfg.Handler = consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			if !release.Load() {
+				return consumer.Retryable(fmt.Errorf("the account service is down"))
+			}
+			return inner.Handle(ctx, tx, m)
+		})
+		return start(t, cfg), src
+	}
+	r, src := run()
+	// LastOffset: produce once both partitions were fetched from, so that
+	// the topic's start (its end) lies before the payment.
+	waitUntil(t, time.Minute, "both partitions fetched from", func() bool {
+		lanes := src.Lanes()
+		for _, l := range lanes {
+			if l.LastFetch.IsZero() {
+				return false
+			}
+		}
+		return len(lanes) == 2
+	})
+	v, _ := json.Marshal(payment{TxnID: "p-1", Amount: 7})
+	a.Produce(t, topic, kafkago.Message{Key: []byte("p-1"), Value: v})
+	waitUntil(t, time.Minute, "the payment sent to retry", func() bool { return r.Stats().RetriedLater >= 1 })
+	a.WaitNoLag(t, group, topic)
+	r.Stop(t) // before the copy is due: nothing of the retry partition was acknowledged
+	if got := a.committed(t, group, retryTopic); got[0] >= 0 {
+		t.Fatalf("the retry partition's committed offset is %d before the restart; the test needs none", got[0])
+	}
+
+	release.Store(true)
+	r, _ = run()
+	waitUntil(t, 30*time.Second, "the payment applied after the restart", func() bool { rows, _ := b.rows(t); return rows >= 1 })
+	waitSettled(t, a, group, retryTopic)
+	r.Stop(t)
+	if rows, _ := b.rows(t); rows != 1 {
+		t.Fatalf("%d ledger rows for one payment, want 1", rows)
+	}
+}
