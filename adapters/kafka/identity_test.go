@@ -13,11 +13,55 @@ import (
 
 	"github.com/idemkit/idem/adapters/kafka"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/testenv/retrytest"
 )
 
 // Identity is decided once, at first delivery, and travels with every copy:
 // these tests hold the two holes of issue 37 shut on real Kafka and
 // Postgres.
+
+// TestKafkaRetryCopyKeepsTopicTenant: the tenant is taken from the topic
+// (as docs/keys.md suggests); a payment is applied and its COMMIT reported
+// failed every time, so its in-lane attempts run out and it goes to retry.
+// Its copy arrives on pay.retry.<delay>, yet it must be keyed in its
+// original's scope (payments/<topic>) and skipped: one ledger row.
+func TestKafkaRetryCopyKeepsTopicTenant(t *testing.T) {
+	delays := []time.Duration{300 * time.Millisecond}
+	brokers, a, topic, group := retryTest(t, 1, delays)
+	b := newTestBank(t)
+	v, _ := json.Marshal(payment{TxnID: "uncertain", Amount: 42})
+	a.Produce(t, topic, kafkago.Message{Key: []byte("uncertain"), Value: v})
+
+	scfg := realSourceConfig(t, brokers, topic, group)
+	scfg.RetryDelays = delays
+	src := newSource(t, scfg)
+	store := retrytest.NewLyingStore(b.store)
+	cfg := b.config(src, src)
+	cfg.Store = store
+	cfg.Logger = testLogger(t)
+	cfg.Tenant = func(m *consumer.Message) (string, error) { return m.Topic, nil }
+	cfg.Retry = consumer.RetryPolicy{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond, MaxAttempts: 1000, MaxElapsed: time.Minute}
+	cfg.Retries = consumer.NonBlocking{Attempts: 2, Delays: delays, Sink: src}
+	inner := cfg.Handler
+	cfg.Handler = consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.Topic == topic {
+			store.Target(m.Ref()) // the original's COMMITs are reported failed
+		}
+		return inner.Handle(ctx, tx, m)
+	})
+	r := start(t, cfg)
+	waitUntil(t, time.Minute, "the payment sent to retry", func() bool { return r.Stats().RetriedLater >= 1 })
+	a.WaitNoLag(t, group, topic)
+	waitSettled(t, a, group, kafka.RetryTopic(topic, delays[0]))
+	r.Stop(t)
+
+	if rows, _ := b.rows(t); rows != 1 {
+		t.Fatalf("%d ledger rows for one payment, want 1 (the retry copy was keyed in another scope)", rows)
+	}
+	if st := r.Stats(); st.Duplicates < 1 || store.Lies() == 0 {
+		t.Fatalf("stats %+v, %d COMMITs reported failed: want the copy skipped as a duplicate", st, store.Lies())
+	}
+}
 
 // TestKafkaRetryTopicStartsAtFirstRecord: StartFrom is LastOffset; a
 // payment fails, goes to a retry topic, and the consumer restarts while its
