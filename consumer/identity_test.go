@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -133,5 +134,48 @@ func TestRedrivenCopyCannotChangeItsTenant(t *testing.T) {
 	eff.check(t, []string{"T00000"})
 	if res.Stats.Duplicates != 1 {
 		t.Errorf("%d duplicates, want 1 (the copy)", res.Stats.Duplicates)
+	}
+}
+
+// TestNonBlockingRefusesAShorterRetention: a copy that comes back after its
+// applied original's key was purged would be applied again, so New refuses
+// a store that keeps a scope's keys for less than the retries' horizon
+// (the sum of the delays plus RetryMargin), naming both.
+func TestNonBlockingRefusesAShorterRetention(t *testing.T) {
+	delays := []time.Duration{time.Minute, 5 * time.Minute} // horizon: 6m + 15m = 21m
+	for _, c := range []struct {
+		name     string
+		tenant   bool
+		def      time.Duration
+		perScope map[string]time.Duration
+		want     string // "" : accepted
+	}{
+		{name: "forever", def: 0},
+		{name: "a day", def: 24 * time.Hour},
+		{name: "ten minutes", def: 10 * time.Minute, want: `a horizon of 21m0s (their sum plus 15m0s), but the store keeps the keys of scope "payments" for 10m0s`},
+		{name: "own scope shorter", def: 0, perScope: map[string]time.Duration{"payments": 20 * time.Minute, "other": time.Minute},
+			want: `keeps the keys of scope "payments" for 20m0s`},
+		{name: "another scope shorter", def: 0, perScope: map[string]time.Duration{"other": time.Minute}},
+		{name: "tenant default", tenant: true, def: time.Hour, perScope: map[string]time.Duration{"payments/acme": time.Minute},
+			want: `keeps the keys of scope "payments/acme" for 1m0s`},
+		{name: "tenant forever", tenant: true, def: 0, perScope: map[string]time.Duration{"payments": time.Minute}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := baseConfig(newEffects().apply)
+			cfg.Store = memstore.New(memstore.Config{Retention: c.def, ScopeRetention: c.perScope})
+			src := &retrySource{Source: consumertest.NewSource(consumertest.Script{}), lineage: true}
+			cfg.Source, cfg.DeadLetter = src, &consumertest.DeadLetters{}
+			cfg.Retries = consumer.NonBlocking{Delays: delays, Sink: &retrySink{src: src}}
+			if c.tenant {
+				cfg.Tenant = func(m *consumer.Message) (string, error) { return m.Topic, nil }
+			}
+			_, err := consumer.New(cfg)
+			switch {
+			case c.want == "" && err != nil:
+				t.Fatalf("New: %v, want it accepted", err)
+			case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+				t.Fatalf("New: %v, want %q", err, c.want)
+			}
+		})
 	}
 }

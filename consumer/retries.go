@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -182,7 +184,7 @@ func (c *Config[TTx]) validateRetries(add func(format string, args ...any)) {
 	}
 }
 
-func (nb NonBlocking) validate(c interface{ nonBlockingConflicts() []string }, add func(format string, args ...any)) {
+func (nb NonBlocking) validate(c interface{ nonBlockingConflicts(NonBlocking) []string }, add func(format string, args ...any)) {
 	if nb.Sink == nil {
 		add("Retries.Sink is nil: a message going to retry must be written somewhere")
 	}
@@ -205,13 +207,14 @@ func (nb NonBlocking) validate(c interface{ nonBlockingConflicts() []string }, a
 			}
 		}
 	}
-	for _, msg := range c.nonBlockingConflicts() {
+	for _, msg := range c.nonBlockingConflicts(nb) {
 		add("%s", msg)
 	}
 }
 
-func (c *Config[TTx]) nonBlockingConflicts() []string {
+func (c *Config[TTx]) nonBlockingConflicts(nb NonBlocking) []string {
 	var out []string
+	out = append(out, c.retentionConflicts(nb)...)
 	if c.Offsets != nil && c.Key == nil {
 		out = append(out, "Retries is NonBlocking with Offsets and no Key: a retry copy is deduplicated by a key row, "+
 			"which an original applied through the offsets does not leave; set Key (ByMessageID() will do)")
@@ -219,6 +222,66 @@ func (c *Config[TTx]) nonBlockingConflicts() []string {
 	if c.OnExhausted == StopLaneOnExhausted {
 		out = append(out, "Retries is NonBlocking with OnExhausted StopLaneOnExhausted: a lane that must stop rather than "+
 			"pass a message cannot let it go to retry either")
+	}
+	return out
+}
+
+// KeyRetention is a Store that keeps keys for a limited time and says
+// how long: def for a scope perScope does not name; zero or less is for
+// ever. pgstore, sqlitestore, mysqlstore and memstore are. New refuses a
+// NonBlocking whose horizon (RetryHorizon) a scope of the consumer's does
+// not keep its keys for; a Store that is not a KeyRetention is not checked.
+type KeyRetention interface {
+	Retention() (def time.Duration, perScope map[string]time.Duration)
+}
+
+// RetryMargin is what RetryHorizon adds to the sum of the delays: the time
+// a copy may wait beyond its delay — behind other copies of its retry
+// partition, through a deploy or a rebalance — and its attempts take.
+const RetryMargin = 15 * time.Minute
+
+// RetryHorizon is how long after its first failure a message may still
+// come back from retry with delays: the sum of the delays plus
+// RetryMargin. Its original's key must outlive it: a copy that comes back
+// after the key row of its applied original was purged is applied again.
+func RetryHorizon(delays []time.Duration) time.Duration {
+	h := RetryMargin
+	for _, d := range delays {
+		h += d
+	}
+	return h
+}
+
+// retentionConflicts names each scope of the consumer's (Name, Name/tenant)
+// whose keys the store keeps for less than nb's horizon.
+func (c *Config[TTx]) retentionConflicts(nb NonBlocking) []string {
+	kr, ok := any(c.Store).(KeyRetention)
+	if !ok || len(nb.Delays) == 0 {
+		return nil
+	}
+	horizon := RetryHorizon(nb.Delays)
+	def, perScope := kr.Retention()
+	var out []string
+	check := func(what string, d time.Duration) {
+		if d > 0 && d < horizon {
+			out = append(out, fmt.Sprintf("Retries is NonBlocking with delays %v, a horizon of %v (their sum plus %v), "+
+				"but the store keeps the keys of %s for %v: a copy of an applied message that comes back after its key was purged "+
+				"is applied again; keep keys longer or shorten the delays", nb.Delays, horizon, RetryMargin, what, d))
+		}
+	}
+	if c.Tenant == nil {
+		own, ok := perScope[c.Name]
+		if !ok {
+			own = def
+		}
+		check("scope "+strconv.Quote(c.Name), own)
+		return out
+	}
+	check("scope "+strconv.Quote(c.Name+"/<tenant>")+" (Retention)", def)
+	for _, scope := range slices.Sorted(maps.Keys(perScope)) {
+		if strings.HasPrefix(scope, c.Name+"/") {
+			check("scope "+strconv.Quote(scope), perScope[scope])
+		}
 	}
 	return out
 }
