@@ -56,17 +56,24 @@ func holdsOf(nb *NonBlocking) *holds {
 }
 
 // heldKeyOf returns the record key m is ordered by, scoped by its
-// original's topic, and the original's identity; false when m has no
-// record key (it is not ordered).
+// original's topic, and the original's identity: its lane and offset —
+// the lane names the broker on RocketMQ (topic/broker/queueId), where two
+// brokers each have a queue of one number, and so two messages of one key
+// may share a topic, queue ID and offset — or its topic, partition and
+// offset when the lane is not known. False when m has no record key (it
+// is not ordered).
 func heldKeyOf(m *Message) (key, id string, ok bool) {
 	if len(m.Key) == 0 {
 		return "", "", false
 	}
-	topic, part, off := m.Topic, m.Partition, m.Offset
+	topic, part, off, lane := m.Topic, m.Partition, m.Offset, m.Lane
 	if o, ok := m.Origin(); ok {
-		topic, part, off = o.Topic, o.Partition, o.Offset
+		topic, part, off, lane = o.Topic, o.Partition, o.Offset, o.Lane
 	}
-	return topic + "\x00" + string(m.Key), topic + "/" + strconv.Itoa(int(part)) + "/" + strconv.FormatInt(off, 10), true
+	if lane == "" {
+		lane = topic + "/" + strconv.Itoa(int(part))
+	}
+	return topic + "\x00" + string(m.Key), lane + "/" + strconv.FormatInt(off, 10), true
 }
 
 // sentToRetry records that it went to retry with delay: its key is held,

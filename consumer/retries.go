@@ -138,8 +138,18 @@ func RetryDelayName(d time.Duration) string {
 
 // Record lays r out for a broker: Letter.Record (the whole value, never
 // left out: a retry copy must carry its payload), then the retry headers.
+// MetaLane is the original's lane on every trip (a dead letter's is the
+// lane the message was delivered on), so that a copy names the original
+// it stands for with its broker (KeyOrdered's holds).
 func (r RetryLetter) Record() (headers []Header, value []byte) {
 	headers, value = r.Letter.Record(math.MaxInt)
+	if o, ok := r.Message.Origin(); ok && o.Lane != "" {
+		for i := range headers {
+			if headers[i].Key == MetaLane {
+				headers[i].Value = []byte(clean(o.Lane))
+			}
+		}
+	}
 	add := func(k, v string) { headers = append(headers, Header{Key: k, Value: []byte(v)}) }
 	add(MetaRetryAttempt, strconv.Itoa(r.Attempt))
 	add(MetaRetryDue, r.Due.UTC().Format(time.RFC3339Nano))
