@@ -2,9 +2,12 @@ package consumer_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -177,5 +180,42 @@ func TestNonBlockingRefusesAShorterRetention(t *testing.T) {
 				t.Fatalf("New: %v, want %q", err, c.want)
 			}
 		})
+	}
+}
+
+// tooLargeSink refuses every copy for its size, as a broker would refuse
+// one past its limit.
+type tooLargeSink struct{ calls atomic.Int32 }
+
+func (s *tooLargeSink) Retry(context.Context, consumer.RetryLetter) error {
+	s.calls.Add(1)
+	return fmt.Errorf("broker: %w", consumer.ErrRetryTooLarge)
+}
+
+// TestRetryCopyTooLargeIsDeadLettered: a copy the broker refuses for its
+// size cannot be written however often the write is retried: the message
+// is dead-lettered (exhausted, the reason saying why), once, and the lane
+// goes on.
+func TestRetryCopyTooLargeIsDeadLettered(t *testing.T) {
+	eff := newEffects()
+	cfg := baseConfig(eff.failOn("T00001", consumer.Retryable(errors.New("the bank is down"))))
+	base := consumertest.NewSource(consumertest.Script{})
+	sink := &tooLargeSink{}
+	dl := &consumertest.DeadLetters{}
+	cfg.Source, cfg.DeadLetter, cfg.Clock = &retrySource{Source: base, lineage: true}, dl, consumertest.NewClock()
+	cfg.Retries = consumer.NonBlocking{Attempts: 1, Delays: []time.Duration{time.Second}, Sink: sink}
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base.Push(payments(3)...)
+	drive(t, c, base)
+	eff.check(t, txnIDs(3, 1))
+	letters := dl.Letters()
+	if len(letters) != 1 || letters[0].Cause != consumer.CauseExhausted || !errors.Is(letters[0].Reason, consumer.ErrRetryTooLarge) {
+		t.Fatalf("letters %+v, want one, exhausted, for a copy too large", letters)
+	}
+	if n := sink.calls.Load(); n != 1 {
+		t.Errorf("the sink was called %d times, want 1", n)
 	}
 }

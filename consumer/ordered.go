@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -182,7 +183,6 @@ func (c *Consumer[TTx]) follow(ctx context.Context, its []*item) ([]*item, error
 // (MetaRetryFollowing): its next trip stays the one it was to be on, so
 // following spends none of its trips.
 func (c *Consumer[TTx]) sendFollower(ctx context.Context, it *item, delay time.Duration) error {
-	nb := c.nonBlocking
 	done, first := c.retryAttempt(it.msg)
 	now := c.cfg.Clock.Now()
 	if first.IsZero() {
@@ -193,8 +193,12 @@ func (c *Consumer[TTx]) sendFollower(ctx context.Context, it *item, delay time.D
 		Letter:  Letter{Message: it.msg, Key: it.claim.Key, Fingerprint: it.claim.Fingerprint, Cause: CauseExhausted, Reason: reason, Attempts: it.attempts},
 		Attempt: done + 1, Delay: delay, Due: now.Add(delay), FirstFailure: first, Following: true,
 	}
-	if err := c.untilDone(ctx, nil, "retry sink", func() error { return nb.Sink.Retry(ctx, r) }, nil); err != nil {
+	tooLarge, err := c.writeRetry(ctx, r)
+	if err != nil {
 		return err
+	}
+	if tooLarge != nil {
+		return c.fail(ctx, it, fmt.Errorf("%w; it followed its key to retry: %w", tooLarge, reason), false)
 	}
 	c.stats.retriedLater.Add(1)
 	c.settled(ctx, Settlement{Message: it.msg, Key: it.claim.Key, Outcome: OutcomeRetryLater, Reason: reason, Attempts: it.attempts, RetryDelay: delay})

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -362,9 +363,12 @@ func (c *Consumer[TTx]) retryLater(ctx context.Context, it *item, reason error) 
 		Letter:  Letter{Message: it.msg, Key: it.claim.Key, Fingerprint: it.claim.Fingerprint, Cause: CauseExhausted, Reason: reason, Attempts: it.attempts},
 		Attempt: done + 1, Delay: delay, Due: now.Add(delay), FirstFailure: first,
 	}
-	err := c.untilDone(ctx, nil, "retry sink", func() error { return nb.Sink.Retry(ctx, r) }, nil)
+	tooLarge, err := c.writeRetry(ctx, r)
 	if err != nil {
 		return err
+	}
+	if tooLarge != nil {
+		return c.fail(ctx, it, fmt.Errorf("%w; it went to retry after: %w", tooLarge, reason), false)
 	}
 	c.stats.retriedLater.Add(1)
 	c.settled(ctx, Settlement{Message: it.msg, Key: it.claim.Key, Outcome: OutcomeRetryLater, Reason: reason, Attempts: it.attempts, RetryDelay: delay})
@@ -372,6 +376,28 @@ func (c *Consumer[TTx]) retryLater(ctx context.Context, it *item, reason error) 
 	c.cfg.Logger.Info("idem: message sent to retry", append(refAttrs(it.msg, it.claim.Key),
 		slog.Int("trip", r.Attempt), slog.Duration("delay", delay), slog.Int("attempts", it.attempts), slog.String("reason", reason.Error()))...)
 	return nil
+}
+
+// ErrRetryTooLarge is what a RetrySink's error wraps when the broker (or
+// its client) refuses a copy for its size, which no retry of the write can
+// change. The consumer then dead-letters the message (CauseExhausted, its
+// Reason wrapping the sink's error) instead of retrying the write for
+// ever: a dead letter leaves out a value past the adapter's limit, so it
+// fits where the copy did not.
+var ErrRetryTooLarge = errors.New("the retry copy is too large for the broker")
+
+// writeRetry writes r to the retry sink, retrying a failed write until it
+// succeeds or ctx ends (err), except one the sink says is too large
+// (ErrRetryTooLarge), which it returns as tooLarge.
+func (c *Consumer[TTx]) writeRetry(ctx context.Context, r RetryLetter) (tooLarge, err error) {
+	err = c.untilDone(ctx, nil, "retry sink", func() error { return c.nonBlocking.Sink.Retry(ctx, r) }, func(err error) (error, bool) {
+		if errors.Is(err, ErrRetryTooLarge) {
+			tooLarge = err
+			return nil, true
+		}
+		return nil, false
+	})
+	return tooLarge, err
 }
 
 // returnedFrom is the wait of the retry trip m came back from (its

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/idemkit/idem/adapters/kafka"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/testenv/kafkatest"
 	"github.com/idemkit/idem/internal/testenv/retrytest"
 )
 
@@ -123,4 +125,57 @@ func TestKafkaRetryTopicStartsAtFirstRecord(t *testing.T) {
 	if rows, _ := b.rows(t); rows != 1 {
 		t.Fatalf("%d ledger rows for one payment, want 1", rows)
 	}
+}
+
+// TestKafkaRetryCopyTooLargeIsDeadLettered: a payment of 1.2 MB on a topic
+// that takes 3 MB records fails and goes to retry, but its copy is past
+// the retry writer's limit (1 MiB): no retry of the write can help, so it
+// is dead-lettered — the letter without its value, cause exhausted — and
+// the partition goes on, instead of retrying the write for ever.
+func TestKafkaRetryCopyTooLargeIsDeadLettered(t *testing.T) {
+	delays := []time.Duration{300 * time.Millisecond}
+	brokers, a, topic, group := kafkaTest(t, 1)
+	big := topic + ".big"
+	a.CreateTopicWith(t, big, 1, []kafkago.ConfigEntry{{ConfigName: "max.message.bytes", ConfigValue: "3000000"}})
+	for _, d := range delays {
+		a.CreateTopic(t, kafka.RetryTopic(big, d), 1)
+	}
+	a.CreateTopic(t, big+".dlq", 1)
+	b := newTestBank(t)
+	v, _ := json.Marshal(map[string]any{"txn_id": "big", "amount": 1, "pad": strings.Repeat("x", 1200<<10)})
+	ok, _ := json.Marshal(payment{TxnID: "after", Amount: 2})
+	tr := &kafkago.Transport{}
+	defer tr.CloseIdleConnections()
+	w := &kafkago.Writer{Addr: kafkago.TCP(brokers...), BatchBytes: 4 << 20, RequiredAcks: kafkago.RequireAll, Transport: tr}
+	if err := w.WriteMessages(ctxTimeout(t, 30*time.Second),
+		kafkago.Message{Topic: big, Key: []byte("big"), Value: v}, kafkago.Message{Topic: big, Key: []byte("after"), Value: ok}); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+
+	scfg := realSourceConfig(t, brokers, big, group)
+	scfg.RetryDelays = delays
+	src := newSource(t, scfg)
+	cfg := b.config(src, src)
+	cfg.Logger = testLogger(t)
+	cfg.Retry = consumer.RetryPolicy{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond, MaxAttempts: 1000, MaxElapsed: time.Minute}
+	cfg.Retries = consumer.NonBlocking{Attempts: 1, Delays: delays, Sink: src}
+	inner := cfg.Handler
+	cfg.Handler = consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if string(m.Key) == "big" {
+			return consumer.Retryable(fmt.Errorf("the account service is down"))
+		}
+		return inner.Handle(ctx, tx, m)
+	})
+	r := start(t, cfg)
+	waitUntil(t, 30*time.Second, "the big payment dead-lettered", func() bool { return r.Stats().DeadLettered >= 1 })
+	a.WaitNoLag(t, group, big)
+	r.Stop(t)
+	b.requireLedger(t, map[string]bool{"after": true})
+	letters := a.ReadAll(t, big+".dlq")
+	if len(letters) != 1 || kafkatest.Header(letters[0], consumer.MetaCause) != "exhausted" || len(letters[0].Value) != 0 {
+		t.Fatalf("%d letters (first: cause %q, %d bytes of value), want one, exhausted, its value left out", len(letters),
+			kafkatest.Header(letters[0], consumer.MetaCause), len(letters[0].Value))
+	}
+	t.Logf("reason: %s", kafkatest.Header(letters[0], consumer.MetaReason))
 }
