@@ -3,6 +3,7 @@ package kafka_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -178,4 +179,52 @@ func TestKafkaRetryCopyTooLargeIsDeadLettered(t *testing.T) {
 			kafkatest.Header(letters[0], consumer.MetaCause), len(letters[0].Value))
 	}
 	t.Logf("reason: %s", kafkatest.Header(letters[0], consumer.MetaReason))
+}
+
+// TestKafkaRefusesARetiredRetryTopicWithCopies: the 1s delay was taken out
+// of RetryDelays while pay.retry.1s still holds two copies the group has
+// not read: Run refuses to start, naming the topic and the count, rather
+// than leave them unread for good (their originals were acknowledged). Once
+// the group has read them, it starts.
+func TestKafkaRefusesARetiredRetryTopicWithCopies(t *testing.T) {
+	brokers, a, topic, group := retryTest(t, 1, []time.Duration{300 * time.Millisecond, time.Second})
+	retired := kafka.RetryTopic(topic, time.Second)
+	a.Produce(t, retired, kafkago.Message{Key: []byte("a"), Value: []byte("{}")}, kafkago.Message{Key: []byte("b"), Value: []byte("{}")})
+	scfg := sourceConfig(t, brokers, topic, group)
+	scfg.RetryDelays = []time.Duration{300 * time.Millisecond}
+	deliver := func(context.Context, *consumer.Message) error { return nil }
+	err := newSource(t, scfg).Run(ctxTimeout(t, 30*time.Second), deliver)
+	if !errors.Is(err, kafka.ErrRetiredRetryTopic) || !strings.Contains(err.Error(), retired+" holds 2") {
+		t.Fatalf("Run: %v, want ErrRetiredRetryTopic naming %s and its 2 copies", err, retired)
+	}
+	scfg.RetryDelays = nil // Blocking again: the same
+	if err := newSource(t, scfg).Run(ctxTimeout(t, 30*time.Second), deliver); !errors.Is(err, kafka.ErrRetiredRetryTopic) {
+		t.Fatalf("Run without retry delays: %v, want ErrRetiredRetryTopic", err)
+	}
+	// The group read them (as it does with the delay put back): no refusal.
+	commitOffset(t, brokers, group, retired, 0, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if err := newSource(t, scfg).Run(ctx, deliver); err != nil {
+		t.Fatalf("Run once the copies were read: %v", err)
+	}
+}
+
+// commitOffset commits offset as group's offset of topic's partition, as a
+// member of no generation (the group must have no members).
+func commitOffset(t *testing.T, brokers []string, group, topic string, partition int, offset int64) {
+	t.Helper()
+	tr := &kafkago.Transport{}
+	defer tr.CloseIdleConnections()
+	cl := &kafkago.Client{Addr: kafkago.TCP(brokers...), Transport: tr}
+	res, err := cl.OffsetCommit(ctxTimeout(t, 10*time.Second), &kafkago.OffsetCommitRequest{GroupID: group, GenerationID: -1,
+		Topics: map[string][]kafkago.OffsetCommit{topic: {{Partition: partition, Offset: offset}}}})
+	if err == nil {
+		for _, p := range res.Topics[topic] {
+			err = errors.Join(err, p.Error)
+		}
+	}
+	if err != nil {
+		t.Fatalf("commit %s/%d at %d for %s: %v", topic, partition, offset, group, err)
+	}
 }
