@@ -126,7 +126,11 @@ type Config[TTx any] struct {
 	OnDuplicate func(ctx context.Context, d Duplicate)
 	// Tenant, when set, derives a tenant that becomes part of the key's scope
 	// (Name + "/" + tenant), so equal IDs of two tenants never collide. Take
-	// it from a trusted source (topic, a header set by the platform).
+	// it from a trusted source (topic, a header set by the platform). Like
+	// Key and Fingerprint it sees a message as first delivered: a copy
+	// (retry copy, redriven letter) is keyed by the identity it carries,
+	// and one that carries none is shown as its original (its topic and
+	// coordinates, without idem's metadata headers). See docs/keys.md.
 	Tenant KeyFunc
 
 	// MaxPayloadBytes dead-letters larger payloads before any parsing, with

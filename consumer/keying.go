@@ -2,9 +2,12 @@ package consumer
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 
 	"github.com/idemkit/idem/dedup"
 )
@@ -79,6 +82,19 @@ func (c *Consumer[TTx]) validate(ctx context.Context, l *lane[TTx], m *Message, 
 // letter carries it when the fingerprint fails), the fingerprint and the
 // source. refused: the message is dead-lettered whatever comes of it, so a
 // fallback to the message ID is neither counted nor logged.
+//
+// It is the one place a message's identity is decided. A message is
+// keyed, and fingerprinted, at its first delivery; every copy of it —
+// retry copy, dead letter, redriven letter — carries the result
+// (MetaKeyScope, MetaKey, MetaFingerprint: Letter.Record), and a copy
+// whose lineage the consumer honours (Message.Origin) is keyed from what
+// it carries (carriedIdentity), never again from its own topic or
+// headers as delivered: a retry copy arrives on a retry topic, and a
+// tenant taken from the topic would put it in another scope, where its
+// applied original would not stop it. A copy that carries no identity (a
+// copy written by an older version) is keyed from its original's view
+// (originalView): Key, Tenant and Fingerprint see the original's topic,
+// partition, offset and message ID, never the copy's.
 func (c *Consumer[TTx]) deriveKey(it *item, refused bool) error {
 	m := it.msg
 	src := m.Ref()
@@ -115,6 +131,17 @@ func (c *Consumer[TTx]) deriveKey(it *item, refused bool) error {
 			return nil
 		}
 	}
+	if k, fp, ok := c.carriedIdentity(m); ok {
+		it.claim = dedup.Claim{Key: k, Fingerprint: fp, Source: src}
+		if fp == (dedup.Fingerprint{}) {
+			var err error
+			if it.claim.Fingerprint, err = c.cfg.Fingerprint(originalView(m)); err != nil {
+				return fmt.Errorf("fingerprint: %w", err)
+			}
+		}
+		return nil
+	}
+	m = originalView(m) // what Key, Tenant and Fingerprint see: the original, never a copy's topic
 	id, err := c.cfg.Key(m)
 	if err != nil && errors.Is(err, ErrNoKey) && c.cfg.OnMissingKey == FallBackToMessageID && m.identity() != "" {
 		if !refused {
@@ -145,4 +172,81 @@ func (c *Consumer[TTx]) deriveKey(it *item, refused bool) error {
 	}
 	it.claim.Fingerprint = fp
 	return nil
+}
+
+// carriedIdentity returns the key, and the fingerprint when it carries
+// one, that m carries from its first delivery (MetaKeyScope, MetaKey,
+// MetaFingerprint); ok is false when m is not a copy whose lineage the
+// consumer honours, carries no identity, or carries one the consumer
+// refuses (logged): m is then keyed from its original's view.
+//
+// Headers are the producer's to write: a carried identity counts only
+// with honoured lineage, and its scope must be this consumer's — its Name,
+// or Name + "/" + a tenant when Config.Tenant is set. A retry copy lies on
+// a retry topic only the consumer writes to (RetryReader), so its tenant
+// is taken as carried. A redriven copy lies on its original's own topic,
+// which anyone who can produce there can write: its carried tenant must be
+// the one Config.Tenant derives from it, so that a forged copy cannot
+// write into another tenant's scope.
+func (c *Consumer[TTx]) carriedIdentity(m *Message) (dedup.Key, dedup.Fingerprint, bool) {
+	if !m.hasOrigin {
+		return dedup.Key{}, dedup.Fingerprint{}, false
+	}
+	scope, ok := m.Header(MetaKeyScope)
+	id, ok2 := m.Header(MetaKey)
+	if !ok || !ok2 {
+		return dedup.Key{}, dedup.Fingerprint{}, false
+	}
+	k := dedup.Key{Scope: string(scope), ID: string(id)}
+	refuse := func(why string) (dedup.Key, dedup.Fingerprint, bool) {
+		c.cfg.Logger.Warn("idem: the identity a copy carries is not honoured; it is keyed from its original's view",
+			slog.String("message", m.Ref()), slog.String("scope", k.Scope), slog.String("why", why))
+		return dedup.Key{}, dedup.Fingerprint{}, false
+	}
+	if err := k.Validate(); err != nil {
+		return refuse(err.Error())
+	}
+	tenant, hasTenant := strings.CutPrefix(k.Scope, c.cfg.Name+"/")
+	switch {
+	case c.cfg.Tenant == nil && k.Scope != c.cfg.Name:
+		return refuse("the scope is not the consumer's Name " + strconv.Quote(c.cfg.Name))
+	case c.cfg.Tenant != nil && (!hasTenant || tenant == ""):
+		return refuse("the scope is not the consumer's Name and a tenant (" + strconv.Quote(c.cfg.Name+"/<tenant>") + ")")
+	case c.cfg.Tenant != nil && !m.origin.Retry:
+		t, err := c.cfg.Tenant(originalView(m))
+		if err != nil {
+			return refuse("tenant: " + err.Error())
+		}
+		if t != tenant {
+			return refuse("a redriven copy's tenant must be the one Tenant derives from it, " + strconv.Quote(t))
+		}
+	}
+	var fp dedup.Fingerprint
+	if v, ok := m.Header(MetaFingerprint); ok {
+		if n, err := hex.Decode(fp[:], v); err != nil || n != len(fp) {
+			return refuse(MetaFingerprint + " is not a hex SHA-256")
+		}
+	}
+	return k, fp, true
+}
+
+// originalView returns m as its original was delivered, for Key, Tenant
+// and Fingerprint: for a copy whose lineage the consumer honours, m with
+// its original's topic, partition, offset and message ID and without the
+// metadata idem wrote on the copy (dead-letter, retry and redrive
+// headers); else m itself.
+func originalView(m *Message) *Message {
+	if !m.hasOrigin {
+		return m
+	}
+	v := *m
+	o := m.origin
+	v.Topic, v.Partition, v.Offset, v.ID = o.Topic, o.Partition, o.Offset, o.ID
+	v.Headers = make([]Header, 0, len(m.Headers))
+	for _, h := range m.Headers {
+		if !isMeta(h.Key) && h.Key != MetaRedriveCount && h.Key != MetaRedrivenFrom {
+			v.Headers = append(v.Headers, h)
+		}
+	}
+	return &v
 }

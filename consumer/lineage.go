@@ -65,6 +65,10 @@ type Origin struct {
 	// Retry: the copy came back from a retry destination (NonBlocking),
 	// on a retry topic of the original's (RetryReader).
 	Retry bool
+	// Lane is the original's lane (Message.Lane: topic/partition on Kafka,
+	// topic/broker/queueId on RocketMQ), from a retry copy's MetaLane;
+	// empty when the copy does not say (a redriven copy, an older copy).
+	Lane string
 }
 
 // RetryReader is a Source that reads retry copies (NonBlocking) beside
@@ -190,7 +194,8 @@ func retryLineage(m *Message, orig string, producerIDs bool) (Origin, string) {
 	part, _ := m.Header(MetaPartition)
 	off, _ := m.Header(MetaOffset)
 	id, _ := m.Header(MetaMessageID)
-	o.Topic, o.ID = string(topic), string(id)
+	lane, _ := m.Header(MetaLane)
+	o.Topic, o.ID, o.Lane = string(topic), string(id), string(lane)
 	attempt, aerr := strconv.Atoi(string(n))
 	p, perr := strconv.ParseInt(string(part), 10, 32)
 	o.Partition = int32(p)

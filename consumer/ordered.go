@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -56,17 +57,24 @@ func holdsOf(nb *NonBlocking) *holds {
 }
 
 // heldKeyOf returns the record key m is ordered by, scoped by its
-// original's topic, and the original's identity; false when m has no
-// record key (it is not ordered).
+// original's topic, and the original's identity: its lane and offset —
+// the lane names the broker on RocketMQ (topic/broker/queueId), where two
+// brokers each have a queue of one number, and so two messages of one key
+// may share a topic, queue ID and offset — or its topic, partition and
+// offset when the lane is not known. False when m has no record key (it
+// is not ordered).
 func heldKeyOf(m *Message) (key, id string, ok bool) {
 	if len(m.Key) == 0 {
 		return "", "", false
 	}
-	topic, part, off := m.Topic, m.Partition, m.Offset
+	topic, part, off, lane := m.Topic, m.Partition, m.Offset, m.Lane
 	if o, ok := m.Origin(); ok {
-		topic, part, off = o.Topic, o.Partition, o.Offset
+		topic, part, off, lane = o.Topic, o.Partition, o.Offset, o.Lane
 	}
-	return topic + "\x00" + string(m.Key), topic + "/" + strconv.Itoa(int(part)) + "/" + strconv.FormatInt(off, 10), true
+	if lane == "" {
+		lane = topic + "/" + strconv.Itoa(int(part))
+	}
+	return topic + "\x00" + string(m.Key), lane + "/" + strconv.FormatInt(off, 10), true
 }
 
 // sentToRetry records that it went to retry with delay: its key is held,
@@ -175,7 +183,6 @@ func (c *Consumer[TTx]) follow(ctx context.Context, its []*item) ([]*item, error
 // (MetaRetryFollowing): its next trip stays the one it was to be on, so
 // following spends none of its trips.
 func (c *Consumer[TTx]) sendFollower(ctx context.Context, it *item, delay time.Duration) error {
-	nb := c.nonBlocking
 	done, first := c.retryAttempt(it.msg)
 	now := c.cfg.Clock.Now()
 	if first.IsZero() {
@@ -186,8 +193,12 @@ func (c *Consumer[TTx]) sendFollower(ctx context.Context, it *item, delay time.D
 		Letter:  Letter{Message: it.msg, Key: it.claim.Key, Fingerprint: it.claim.Fingerprint, Cause: CauseExhausted, Reason: reason, Attempts: it.attempts},
 		Attempt: done + 1, Delay: delay, Due: now.Add(delay), FirstFailure: first, Following: true,
 	}
-	if err := c.untilDone(ctx, nil, "retry sink", func() error { return nb.Sink.Retry(ctx, r) }, nil); err != nil {
+	tooLarge, err := c.writeRetry(ctx, r)
+	if err != nil {
 		return err
+	}
+	if tooLarge != nil {
+		return c.fail(ctx, it, fmt.Errorf("%w; it followed its key to retry: %w", tooLarge, reason), false)
 	}
 	c.stats.retriedLater.Add(1)
 	c.settled(ctx, Settlement{Message: it.msg, Key: it.claim.Key, Outcome: OutcomeRetryLater, Reason: reason, Attempts: it.attempts, RetryDelay: delay})

@@ -69,3 +69,44 @@ func TestHoldsKeepAKeysOrder(t *testing.T) {
 		t.Fatal("a key whose head was lost stays held")
 	}
 }
+
+// TestHeldMessagesOfTwoBrokers: on RocketMQ two brokers each have a queue
+// 0, so two messages of one key can share topic, queue ID and offset; the
+// held ids tell them apart by their lanes, and a retry copy (which
+// carries its original's lane on every trip) is its original again.
+func TestHeldMessagesOfTwoBrokers(t *testing.T) {
+	a := &Message{Topic: "pay", Partition: 0, Offset: 5, Key: []byte("k"), Lane: "pay/broker-a/0", ID: "A"}
+	b := &Message{Topic: "pay", Partition: 0, Offset: 5, Key: []byte("k"), Lane: "pay/broker-b/0"}
+	_, ida, _ := heldKeyOf(a)
+	_, idb, _ := heldKeyOf(b)
+	if ida == idb {
+		t.Fatalf("two messages of two brokers share the held id %q", ida)
+	}
+	// The copy of a's first trip, then the copy written on its second.
+	r := RetryLetter{Letter: Letter{Message: a}, Attempt: 1, Delay: time.Second}
+	trip1 := &Message{Topic: "pay_RETRY", Partition: 0, Offset: 9, Key: a.Key, Lane: "pay_RETRY/broker-b/0"}
+	trip1.Headers, _ = r.Record()
+	o, why := lineageOf(trip1, true, retryOf{"pay_RETRY": "pay"})
+	if why != "" {
+		t.Fatal(why)
+	}
+	trip1.origin, trip1.hasOrigin = o, true
+	r2 := RetryLetter{Letter: Letter{Message: trip1}, Attempt: 2, Delay: time.Second}
+	trip2 := &Message{Topic: "pay_RETRY", Partition: 0, Offset: 10, Key: a.Key, Lane: "pay_RETRY/broker-a/0"}
+	trip2.Headers, _ = r2.Record()
+	o2, why := lineageOf(trip2, true, retryOf{"pay_RETRY": "pay"})
+	if why != "" {
+		t.Fatal(why)
+	}
+	trip2.origin, trip2.hasOrigin = o2, true
+	for i, c := range []*Message{trip1, trip2} {
+		if _, id, _ := heldKeyOf(c); id != ida {
+			t.Errorf("the copy of trip %d is held as %q, want its original's %q", i+1, id, ida)
+		}
+	}
+}
+
+// retryOf is a RetryReader of a fixed map: retry topic -> its topic.
+type retryOf map[string]string
+
+func (r retryOf) RetryOf(topic string) (string, bool) { t, ok := r[topic]; return t, ok }

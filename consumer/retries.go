@@ -2,11 +2,14 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -136,8 +139,18 @@ func RetryDelayName(d time.Duration) string {
 
 // Record lays r out for a broker: Letter.Record (the whole value, never
 // left out: a retry copy must carry its payload), then the retry headers.
+// MetaLane is the original's lane on every trip (a dead letter's is the
+// lane the message was delivered on), so that a copy names the original
+// it stands for with its broker (KeyOrdered's holds).
 func (r RetryLetter) Record() (headers []Header, value []byte) {
 	headers, value = r.Letter.Record(math.MaxInt)
+	if o, ok := r.Message.Origin(); ok && o.Lane != "" {
+		for i := range headers {
+			if headers[i].Key == MetaLane {
+				headers[i].Value = []byte(clean(o.Lane))
+			}
+		}
+	}
 	add := func(k, v string) { headers = append(headers, Header{Key: k, Value: []byte(v)}) }
 	add(MetaRetryAttempt, strconv.Itoa(r.Attempt))
 	add(MetaRetryDue, r.Due.UTC().Format(time.RFC3339Nano))
@@ -182,7 +195,7 @@ func (c *Config[TTx]) validateRetries(add func(format string, args ...any)) {
 	}
 }
 
-func (nb NonBlocking) validate(c interface{ nonBlockingConflicts() []string }, add func(format string, args ...any)) {
+func (nb NonBlocking) validate(c interface{ nonBlockingConflicts(NonBlocking) []string }, add func(format string, args ...any)) {
 	if nb.Sink == nil {
 		add("Retries.Sink is nil: a message going to retry must be written somewhere")
 	}
@@ -205,13 +218,14 @@ func (nb NonBlocking) validate(c interface{ nonBlockingConflicts() []string }, a
 			}
 		}
 	}
-	for _, msg := range c.nonBlockingConflicts() {
+	for _, msg := range c.nonBlockingConflicts(nb) {
 		add("%s", msg)
 	}
 }
 
-func (c *Config[TTx]) nonBlockingConflicts() []string {
+func (c *Config[TTx]) nonBlockingConflicts(nb NonBlocking) []string {
 	var out []string
+	out = append(out, c.retentionConflicts(nb)...)
 	if c.Offsets != nil && c.Key == nil {
 		out = append(out, "Retries is NonBlocking with Offsets and no Key: a retry copy is deduplicated by a key row, "+
 			"which an original applied through the offsets does not leave; set Key (ByMessageID() will do)")
@@ -219,6 +233,66 @@ func (c *Config[TTx]) nonBlockingConflicts() []string {
 	if c.OnExhausted == StopLaneOnExhausted {
 		out = append(out, "Retries is NonBlocking with OnExhausted StopLaneOnExhausted: a lane that must stop rather than "+
 			"pass a message cannot let it go to retry either")
+	}
+	return out
+}
+
+// KeyRetention is a Store that keeps keys for a limited time and says
+// how long: def for a scope perScope does not name; zero or less is for
+// ever. pgstore, sqlitestore, mysqlstore and memstore are. New refuses a
+// NonBlocking whose horizon (RetryHorizon) a scope of the consumer's does
+// not keep its keys for; a Store that is not a KeyRetention is not checked.
+type KeyRetention interface {
+	Retention() (def time.Duration, perScope map[string]time.Duration)
+}
+
+// RetryMargin is what RetryHorizon adds to the sum of the delays: the time
+// a copy may wait beyond its delay — behind other copies of its retry
+// partition, through a deploy or a rebalance — and its attempts take.
+const RetryMargin = 15 * time.Minute
+
+// RetryHorizon is how long after its first failure a message may still
+// come back from retry with delays: the sum of the delays plus
+// RetryMargin. Its original's key must outlive it: a copy that comes back
+// after the key row of its applied original was purged is applied again.
+func RetryHorizon(delays []time.Duration) time.Duration {
+	h := RetryMargin
+	for _, d := range delays {
+		h += d
+	}
+	return h
+}
+
+// retentionConflicts names each scope of the consumer's (Name, Name/tenant)
+// whose keys the store keeps for less than nb's horizon.
+func (c *Config[TTx]) retentionConflicts(nb NonBlocking) []string {
+	kr, ok := any(c.Store).(KeyRetention)
+	if !ok || len(nb.Delays) == 0 {
+		return nil
+	}
+	horizon := RetryHorizon(nb.Delays)
+	def, perScope := kr.Retention()
+	var out []string
+	check := func(what string, d time.Duration) {
+		if d > 0 && d < horizon {
+			out = append(out, fmt.Sprintf("Retries is NonBlocking with delays %v, a horizon of %v (their sum plus %v), "+
+				"but the store keeps the keys of %s for %v: a copy of an applied message that comes back after its key was purged "+
+				"is applied again; keep keys longer or shorten the delays", nb.Delays, horizon, RetryMargin, what, d))
+		}
+	}
+	if c.Tenant == nil {
+		own, ok := perScope[c.Name]
+		if !ok {
+			own = def
+		}
+		check("scope "+strconv.Quote(c.Name), own)
+		return out
+	}
+	check("scope "+strconv.Quote(c.Name+"/<tenant>")+" (Retention)", def)
+	for _, scope := range slices.Sorted(maps.Keys(perScope)) {
+		if strings.HasPrefix(scope, c.Name+"/") {
+			check("scope "+strconv.Quote(scope), perScope[scope])
+		}
 	}
 	return out
 }
@@ -289,9 +363,12 @@ func (c *Consumer[TTx]) retryLater(ctx context.Context, it *item, reason error) 
 		Letter:  Letter{Message: it.msg, Key: it.claim.Key, Fingerprint: it.claim.Fingerprint, Cause: CauseExhausted, Reason: reason, Attempts: it.attempts},
 		Attempt: done + 1, Delay: delay, Due: now.Add(delay), FirstFailure: first,
 	}
-	err := c.untilDone(ctx, nil, "retry sink", func() error { return nb.Sink.Retry(ctx, r) }, nil)
+	tooLarge, err := c.writeRetry(ctx, r)
 	if err != nil {
 		return err
+	}
+	if tooLarge != nil {
+		return c.fail(ctx, it, fmt.Errorf("%w; it went to retry after: %w", tooLarge, reason), false)
 	}
 	c.stats.retriedLater.Add(1)
 	c.settled(ctx, Settlement{Message: it.msg, Key: it.claim.Key, Outcome: OutcomeRetryLater, Reason: reason, Attempts: it.attempts, RetryDelay: delay})
@@ -299,6 +376,28 @@ func (c *Consumer[TTx]) retryLater(ctx context.Context, it *item, reason error) 
 	c.cfg.Logger.Info("idem: message sent to retry", append(refAttrs(it.msg, it.claim.Key),
 		slog.Int("trip", r.Attempt), slog.Duration("delay", delay), slog.Int("attempts", it.attempts), slog.String("reason", reason.Error()))...)
 	return nil
+}
+
+// ErrRetryTooLarge is what a RetrySink's error wraps when the broker (or
+// its client) refuses a copy for its size, which no retry of the write can
+// change. The consumer then dead-letters the message (CauseExhausted, its
+// Reason wrapping the sink's error) instead of retrying the write for
+// ever: a dead letter leaves out a value past the adapter's limit, so it
+// fits where the copy did not.
+var ErrRetryTooLarge = errors.New("the retry copy is too large for the broker")
+
+// writeRetry writes r to the retry sink, retrying a failed write until it
+// succeeds or ctx ends (err), except one the sink says is too large
+// (ErrRetryTooLarge), which it returns as tooLarge.
+func (c *Consumer[TTx]) writeRetry(ctx context.Context, r RetryLetter) (tooLarge, err error) {
+	err = c.untilDone(ctx, nil, "retry sink", func() error { return c.nonBlocking.Sink.Retry(ctx, r) }, func(err error) (error, bool) {
+		if errors.Is(err, ErrRetryTooLarge) {
+			tooLarge = err
+			return nil, true
+		}
+		return nil, false
+	})
+	return tooLarge, err
 }
 
 // returnedFrom is the wait of the retry trip m came back from (its

@@ -53,6 +53,7 @@ type retrySink struct {
 	mu      sync.Mutex
 	offset  int64
 	letters []consumer.RetryLetter
+	edit    func([]consumer.Header) []consumer.Header // when set, rewrites a copy's headers
 }
 
 func (s *retrySink) Retry(_ context.Context, r consumer.RetryLetter) error {
@@ -62,6 +63,9 @@ func (s *retrySink) Retry(_ context.Context, r consumer.RetryLetter) error {
 	m := consumertest.Message("pay.retry", 0, s.offset, "", string(value))
 	s.offset++
 	s.mu.Unlock()
+	if s.edit != nil {
+		headers = s.edit(headers)
+	}
 	m.Headers = headers
 	s.src.Push(m)
 	return nil

@@ -54,7 +54,10 @@ type Config struct {
 
 	// StartFrom is where a partition without a committed offset starts;
 	// default FirstOffset. It is also where a committed offset past the
-	// log's end is reset to (Kafka's auto.offset.reset).
+	// log's end is reset to (Kafka's auto.offset.reset). It applies to
+	// Topics only: their retry topics (RetryDelays) always start at their
+	// first record, since each copy there stands for an original that was
+	// acknowledged when the copy was written.
 	StartFrom StartFrom
 
 	// StartOffsets, when set, is asked on every assignment where the

@@ -197,8 +197,8 @@ func (s *Source) resolve(conn *protocol.Conn, offset int64, p *partition) (int64
 		return offset, fmt.Errorf("list offsets: %w", err)
 	}
 	reset := first
-	if s.cfg.StartFrom == LastOffset {
-		reset = last
+	if _, retry := s.retryOf[p.topic]; s.cfg.StartFrom == LastOffset && !retry {
+		reset = last // a retry topic starts over at its first record (see startGeneration)
 	}
 	switch {
 	case offset == kafkago.FirstOffset:

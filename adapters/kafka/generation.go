@@ -46,6 +46,14 @@ func (s *Source) startGeneration(ctx context.Context, kg *kafkago.Generation, de
 		stored := s.startOffsets(ctx, topic, assignments)
 		for _, a := range assignments {
 			p := newPartition(g, topic, a)
+			if _, retry := s.retryOf[topic]; retry && a.Offset < 0 {
+				// A retry partition without a committed offset: none of its
+				// copies was acknowledged yet, and each stands for an
+				// original that was (it was acknowledged once its copy was
+				// durable). Config.StartFrom is for the user's topics; a
+				// retry topic starts at its first record, whatever it says.
+				p.start = kafkago.FirstOffset
+			}
 			if next, ok := stored[int32(a.ID)]; ok && next > a.Offset {
 				// Below the store's next offset everything is settled: fetch
 				// from there, and bring the group's (advisory) offset up to

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	kafkago "github.com/segmentio/kafka-go"
+
 	"github.com/idemkit/idem/adapters/internal/retrytopic"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/retry"
@@ -61,10 +63,32 @@ func (s *Source) Retry(ctx context.Context, r consumer.RetryLetter) error {
 	}
 	headers, value := r.Record()
 	err := s.writeLetter(ctx, outRecord(RetryTopic(topic, r.Delay), partition, m.Key, headers, value))
+	if tooLarge(err) {
+		return fmt.Errorf("kafka: retry of %s: %w: %w", m.Ref(), consumer.ErrRetryTooLarge, err)
+	}
 	if err != nil {
 		return fmt.Errorf("kafka: retry of %s: %w", m.Ref(), err)
 	}
 	return nil
+}
+
+// tooLarge reports whether err is a write refused for the record's size:
+// by the writer (a record past its batch size), or by the broker
+// (MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE: past the topic's
+// max.message.bytes).
+func tooLarge(err error) bool {
+	if err == nil {
+		return false
+	}
+	var werrs kafkago.WriteErrors
+	if errors.As(err, &werrs) {
+		for _, e := range werrs {
+			if tooLarge(e) {
+				return true
+			}
+		}
+	}
+	return errors.Is(err, kafkago.MessageSizeTooLarge) || errors.Is(err, kafkago.RecordListTooLarge)
 }
 
 // waitDue waits until m, a record of a retry topic, is due

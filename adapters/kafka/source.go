@@ -93,6 +93,9 @@ func (s *Source) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
 		return errors.New("kafka: Source.Run is already running")
 	}
 	defer s.running.Store(false)
+	if err := s.checkRetiredRetryTopics(ctx); err != nil {
+		return err
+	}
 	s.openDeadLetters()
 	defer s.closeDeadLetters()
 

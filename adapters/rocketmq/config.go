@@ -70,7 +70,9 @@ type Config struct {
 	// once and order within a queue is not kept.
 	Orderly bool
 	// StartFrom is where a group without a committed offset starts; default
-	// FirstOffset.
+	// FirstOffset. It applies to Topics only: with RetryDelays, Run commits
+	// the first offset of every retry queue the group has none for before
+	// it starts, so that a retry topic starts at its first message.
 	StartFrom StartFrom
 
 	// BatchMaxSize is the most messages the client hands to one consume call

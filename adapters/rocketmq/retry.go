@@ -66,13 +66,17 @@ func (s *Source) Retry(ctx context.Context, r consumer.RetryLetter) error {
 	if !slices.Contains(s.cfg.RetryDelays, r.Delay) {
 		return fmt.Errorf("rocketmq: retry of %s: delay %v is not one of Config.RetryDelays %v", m.Ref(), r.Delay, s.cfg.RetryDelays)
 	}
+	msg := s.retryCopy(r, time.Now())
+	if n := len(msg.MarshallProperties()); n > maxPropertiesLen {
+		return fmt.Errorf("rocketmq: retry of %s to %s: %w: its properties take %d bytes, the broker's limit is %d",
+			m.Ref(), msg.Topic, consumer.ErrRetryTooLarge, n, maxPropertiesLen)
+	}
 	s.mu.Lock()
 	running, p := s.cur != nil, s.dlq
 	s.mu.Unlock()
 	if !running || p == nil {
 		return ErrNotRunning
 	}
-	msg := s.retryCopy(r, time.Now())
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.DeadLetterTimeout)
 	defer cancel()
 	res, err := p.SendSync(ctx, msg)
@@ -112,6 +116,19 @@ func (s *Source) retryCopy(r consumer.RetryLetter, now time.Time) *primitive.Mes
 	msg.Queue = &primitive.MessageQueue{Topic: msg.Topic, QueueId: int(queue)} // read by sameQueue only
 	return msg
 }
+
+// maxPropertiesLen is the most bytes a message's encoded properties may
+// take: the broker stores their length in 2 bytes (Short.MAX_VALUE) and
+// answers a larger message with MESSAGE_ILLEGAL, which retrying cannot
+// change. A retry copy adds its lineage and retry properties to its
+// original's, so an original near the limit makes a copy past it: Retry
+// refuses that copy with consumer.ErrRetryTooLarge and the consumer
+// dead-letters the message instead of retrying the send for ever. The
+// body needs no check: it is the original's, which the broker already
+// took (maxMessageSize, 4 MiB by default, is a broker's setting for every
+// topic; brokers of one cluster set alike are assumed). The client reports a broker's refusal as text
+// only, so the limit is checked here rather than read from its answer.
+const maxPropertiesLen = 32767
 
 // timerDelayMs is the property of a RocketMQ 5 timer message that delays
 // its delivery by so many milliseconds after the broker stored it.

@@ -116,11 +116,14 @@ func (s *Source) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
 	}()
 
 	topics := slices.Clone(s.cfg.Topics)
+	var retryTopics []string
 	for _, t := range s.cfg.Topics {
 		if len(s.retryOf) > 0 {
-			topics = append(topics, RetryTopic(t)) // consumed beside their topics
+			retryTopics = append(retryTopics, RetryTopic(t))
 		}
 	}
+	topics = append(topics, retryTopics...) // consumed beside their topics
+	s.seedRetryOffsets(ctx, retryTopics)    // retry topics start at their first message (retrystart.go)
 	pc, started, err := startConsumer(ctx, s, instance, topics, r, rmq.NewPushConsumer)
 	if !started {
 		return err // nil: ctx ended while a route was missing

@@ -293,3 +293,27 @@ func TestRetryCopy(t *testing.T) {
 		t.Errorf("letter of a retry-topic message to %s, want t_DLQ", l.Topic)
 	}
 }
+
+// TestRetryCopyPastThePropertiesLimit: an original whose properties are
+// near the broker's limit makes a copy past it (the copy adds its lineage
+// and retry properties). The broker would refuse it (MESSAGE_ILLEGAL)
+// however often it is sent: Retry refuses it with ErrRetryTooLarge, so the
+// consumer dead-letters the message.
+func TestRetryCopyPastThePropertiesLimit(t *testing.T) {
+	s := &Source{cfg: *testConfig(false, DeadLetterTopic), retryOf: map[string]string{"t_RETRY": "t"}}
+	s.cfg.RetryDelays = []time.Duration{time.Second}
+	mx := batch(1, 3)[0]
+	mx.WithProperty("note", strings.Repeat("n", maxPropertiesLen-200)) // fits, alone
+	m := toMessage(mx, laneOf(mx.Queue))
+	now := time.Now()
+	r := consumer.RetryLetter{Letter: consumer.Letter{Message: m, Key: dedup.Key{Scope: "ledger", ID: "K1"}, Reason: errors.New("down")},
+		Attempt: 1, Delay: time.Second, Due: now.Add(time.Second), FirstFailure: now}
+	if err := s.Retry(context.Background(), r); !errors.Is(err, consumer.ErrRetryTooLarge) {
+		t.Fatalf("Retry: %v, want ErrRetryTooLarge", err)
+	}
+	mx.WithProperty("note", "short")
+	if err := s.Retry(context.Background(), consumer.RetryLetter{Letter: consumer.Letter{Message: toMessage(mx, laneOf(mx.Queue))},
+		Attempt: 1, Delay: time.Second, Due: now.Add(time.Second), FirstFailure: now}); !errors.Is(err, ErrNotRunning) {
+		t.Fatalf("Retry of a small copy outside Run: %v, want ErrNotRunning", err)
+	}
+}

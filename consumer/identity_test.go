@@ -1,0 +1,221 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/consumertest"
+	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/dedup/memstore"
+)
+
+// A message's identity is decided at its first delivery and travels with
+// its copies: these tests key copies under a tenant taken from the topic,
+// which a copy on a retry topic would otherwise change.
+
+// tenantRun runs payments 0..4 of topic pay with the tenant taken from the
+// topic; payment 2's first COMMIT is reported failed after it committed,
+// so it goes to retry and its copy comes back on pay.retry. edit rewrites
+// the copy's headers (nil: as written). It returns the effects, the
+// consumer's stats and every topic the Tenant function saw.
+func tenantRun(t *testing.T, edit func([]consumer.Header) []consumer.Header) (*effects, consumer.Stats, []string) {
+	t.Helper()
+	eff := newEffects()
+	store := &lyingStore{Store: memstore.New(memstore.Config{})}
+	cfg := baseConfig(func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
+		if m.Offset == 2 && m.Topic == "pay" {
+			store.target.Store(true)
+		}
+		return eff.apply(ctx, tx, m)
+	})
+	var mu sync.Mutex
+	var seen []string
+	cfg.Tenant = func(m *consumer.Message) (string, error) {
+		mu.Lock()
+		seen = append(seen, m.Topic)
+		mu.Unlock()
+		return m.Topic, nil
+	}
+	base := consumertest.NewSource(consumertest.Script{})
+	src := &retrySource{Source: base, lineage: true}
+	sink := &retrySink{src: src, edit: edit}
+	cfg.Store, cfg.Source, cfg.DeadLetter, cfg.Clock = store, src, &consumertest.DeadLetters{}, consumertest.NewClock()
+	cfg.BatchSize = 1
+	cfg.Retries = consumer.NonBlocking{Attempts: 1, Delays: []time.Duration{time.Second}, Sink: sink}
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base.Push(payments(5)...)
+	drive(t, c, base)
+	if trips := sink.trips(); len(trips) != 1 || trips[0].Key != (dedup.Key{Scope: "payments/pay", ID: "T00002"}) {
+		t.Fatalf("trips %+v, want one, of payments/pay T00002", trips)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return eff, c.Stats(), slices.Compact(slices.Sorted(slices.Values(seen)))
+}
+
+// withHeader returns hs with header k set to v (removed when v is "").
+func withHeader(hs []consumer.Header, k, v string) []consumer.Header {
+	out := slices.DeleteFunc(slices.Clone(hs), func(h consumer.Header) bool { return h.Key == k })
+	if v != "" {
+		out = append(out, consumer.Header{Key: k, Value: []byte(v)})
+	}
+	return out
+}
+
+// TestRetryCopyKeyedByItsCarriedIdentity: the copy carries its
+// original's scope (payments/pay) and key, and is keyed by them, not by
+// its own topic: skipped, the payment applied once.
+func TestRetryCopyKeyedByItsCarriedIdentity(t *testing.T) {
+	eff, st, _ := tenantRun(t, nil)
+	eff.check(t, txnIDs(5))
+	if st.Duplicates != 1 {
+		t.Errorf("%d duplicates, want 1 (the copy)", st.Duplicates)
+	}
+}
+
+// TestRetryCopyWithoutIdentityKeyedFromItsOriginal: a copy written before
+// copies carried their identity is keyed from its original's view: the
+// Tenant function sees the original's topic, never the retry topic.
+func TestRetryCopyWithoutIdentityKeyedFromItsOriginal(t *testing.T) {
+	eff, st, seen := tenantRun(t, func(hs []consumer.Header) []consumer.Header {
+		for _, k := range []string{consumer.MetaKeyScope, consumer.MetaKey, consumer.MetaFingerprint} {
+			hs = withHeader(hs, k, "")
+		}
+		return hs
+	})
+	eff.check(t, txnIDs(5))
+	if st.Duplicates != 1 {
+		t.Errorf("%d duplicates, want 1 (the copy)", st.Duplicates)
+	}
+	if !slices.Equal(seen, []string{"pay"}) {
+		t.Errorf("the Tenant function saw topics %q, want only the original's, pay", seen)
+	}
+}
+
+// TestRetryCopyOfAnotherScopeRefused: a copy carrying a scope that is not
+// this consumer's (another consumer's name) is not keyed by it: it is
+// keyed from its original's view, and skipped.
+func TestRetryCopyOfAnotherScopeRefused(t *testing.T) {
+	for _, scope := range []string{"ledger/pay", "payments", "payments/"} {
+		t.Run(scope, func(t *testing.T) {
+			eff, st, _ := tenantRun(t, func(hs []consumer.Header) []consumer.Header {
+				hs = withHeader(hs, consumer.MetaKeyScope, scope)
+				return withHeader(hs, consumer.MetaKey, "forged")
+			})
+			eff.check(t, txnIDs(5))
+			if st.Duplicates != 1 {
+				t.Errorf("%d duplicates, want 1 (the copy)", st.Duplicates)
+			}
+		})
+	}
+}
+
+// TestRedrivenCopyCannotChangeItsTenant: a redriven copy lies on its
+// original's topic, which any producer there can write. A copy naming
+// another tenant's scope is keyed by the tenant its topic gives: a
+// duplicate of its original, never a claim in the other tenant's scope.
+func TestRedrivenCopyCannotChangeItsTenant(t *testing.T) {
+	orig := consumertest.Message("pay", 0, 0, "", payment(0))
+	copy := redriven(orig, 1, 1)
+	copy.Headers = withHeader(copy.Headers, consumer.MetaKeyScope, "payments/other")
+	copy.Headers = withHeader(copy.Headers, consumer.MetaKey, "T00000")
+	eff := newEffects()
+	cfg := baseConfig(eff.apply)
+	cfg.Tenant = func(m *consumer.Message) (string, error) { return m.Topic, nil }
+	res := consumertest.Run(t, cfg, consumertest.Script{}, orig, copy)
+	eff.check(t, []string{"T00000"})
+	if res.Stats.Duplicates != 1 {
+		t.Errorf("%d duplicates, want 1 (the copy)", res.Stats.Duplicates)
+	}
+}
+
+// TestNonBlockingRefusesAShorterRetention: a copy that comes back after its
+// applied original's key was purged would be applied again, so New refuses
+// a store that keeps a scope's keys for less than the retries' horizon
+// (the sum of the delays plus RetryMargin), naming both.
+func TestNonBlockingRefusesAShorterRetention(t *testing.T) {
+	delays := []time.Duration{time.Minute, 5 * time.Minute} // horizon: 6m + 15m = 21m
+	for _, c := range []struct {
+		name     string
+		tenant   bool
+		def      time.Duration
+		perScope map[string]time.Duration
+		want     string // "" : accepted
+	}{
+		{name: "forever", def: 0},
+		{name: "a day", def: 24 * time.Hour},
+		{name: "ten minutes", def: 10 * time.Minute, want: `a horizon of 21m0s (their sum plus 15m0s), but the store keeps the keys of scope "payments" for 10m0s`},
+		{name: "own scope shorter", def: 0, perScope: map[string]time.Duration{"payments": 20 * time.Minute, "other": time.Minute},
+			want: `keeps the keys of scope "payments" for 20m0s`},
+		{name: "another scope shorter", def: 0, perScope: map[string]time.Duration{"other": time.Minute}},
+		{name: "tenant default", tenant: true, def: time.Hour, perScope: map[string]time.Duration{"payments/acme": time.Minute},
+			want: `keeps the keys of scope "payments/acme" for 1m0s`},
+		{name: "tenant forever", tenant: true, def: 0, perScope: map[string]time.Duration{"payments": time.Minute}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := baseConfig(newEffects().apply)
+			cfg.Store = memstore.New(memstore.Config{Retention: c.def, ScopeRetention: c.perScope})
+			src := &retrySource{Source: consumertest.NewSource(consumertest.Script{}), lineage: true}
+			cfg.Source, cfg.DeadLetter = src, &consumertest.DeadLetters{}
+			cfg.Retries = consumer.NonBlocking{Delays: delays, Sink: &retrySink{src: src}}
+			if c.tenant {
+				cfg.Tenant = func(m *consumer.Message) (string, error) { return m.Topic, nil }
+			}
+			_, err := consumer.New(cfg)
+			switch {
+			case c.want == "" && err != nil:
+				t.Fatalf("New: %v, want it accepted", err)
+			case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+				t.Fatalf("New: %v, want %q", err, c.want)
+			}
+		})
+	}
+}
+
+// tooLargeSink refuses every copy for its size, as a broker would refuse
+// one past its limit.
+type tooLargeSink struct{ calls atomic.Int32 }
+
+func (s *tooLargeSink) Retry(context.Context, consumer.RetryLetter) error {
+	s.calls.Add(1)
+	return fmt.Errorf("broker: %w", consumer.ErrRetryTooLarge)
+}
+
+// TestRetryCopyTooLargeIsDeadLettered: a copy the broker refuses for its
+// size cannot be written however often the write is retried: the message
+// is dead-lettered (exhausted, the reason saying why), once, and the lane
+// goes on.
+func TestRetryCopyTooLargeIsDeadLettered(t *testing.T) {
+	eff := newEffects()
+	cfg := baseConfig(eff.failOn("T00001", consumer.Retryable(errors.New("the bank is down"))))
+	base := consumertest.NewSource(consumertest.Script{})
+	sink := &tooLargeSink{}
+	dl := &consumertest.DeadLetters{}
+	cfg.Source, cfg.DeadLetter, cfg.Clock = &retrySource{Source: base, lineage: true}, dl, consumertest.NewClock()
+	cfg.Retries = consumer.NonBlocking{Attempts: 1, Delays: []time.Duration{time.Second}, Sink: sink}
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base.Push(payments(3)...)
+	drive(t, c, base)
+	eff.check(t, txnIDs(3, 1))
+	letters := dl.Letters()
+	if len(letters) != 1 || letters[0].Cause != consumer.CauseExhausted || !errors.Is(letters[0].Reason, consumer.ErrRetryTooLarge) {
+		t.Fatalf("letters %+v, want one, exhausted, for a copy too large", letters)
+	}
+	if n := sink.calls.Load(); n != 1 {
+		t.Errorf("the sink was called %d times, want 1", n)
+	}
+}
