@@ -219,3 +219,52 @@ func TestRetryCopyTooLargeIsDeadLettered(t *testing.T) {
 		t.Errorf("the sink was called %d times, want 1", n)
 	}
 }
+
+// TestForgedCarriedKeyNeverSkipsAGenuineMessage: a redriven copy lies on
+// its original's topic, which any producer there can write. Its lineage
+// passes (it names an earlier offset of its own partition), but the key it
+// carries (idem-key) names a later message that has not been seen yet.
+// Honouring that key claims the later message's key first: the genuine
+// message at offset 2 is then a duplicate and never applied. The carried
+// key of a copy on the original topic must be the key its lineage gives
+// (here ByMessageID: the original's position), never any other.
+func TestForgedCarriedKeyNeverSkipsAGenuineMessage(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		tenant bool
+		scope  string
+	}{
+		{name: "no tenant", scope: "payments"},
+		{name: "tenant from the topic", tenant: true, scope: "payments/pay"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			genuine := consumertest.Message("pay", 0, 2, "", payment(2))
+			forged := redriven(consumertest.Message("pay", 0, 0, "", payment(0)), 1, 1)
+			forged.Value = []byte(payment(2)) // the attacker knows, or guesses, the payload
+			forged.Headers = withHeader(forged.Headers, consumer.MetaKeyScope, c.scope)
+			forged.Headers = withHeader(forged.Headers, consumer.MetaKey, genuine.ID)
+			forged.Headers = withHeader(forged.Headers, consumer.MetaFingerprint, "")
+			var mu sync.Mutex
+			applied := map[int64]int{}
+			cfg := consumer.Config[*memstore.Tx]{
+				Name: "payments", Store: memstore.New(memstore.Config{}), Key: consumer.ByMessageID(), Logger: quiet,
+				DeadLetter: &consumertest.DeadLetters{},
+				Handler: consumer.HandlerFunc[*memstore.Tx](func(_ context.Context, tx *memstore.Tx, m *consumer.Message) error {
+					tx.OnCommit(func() { mu.Lock(); applied[m.Offset]++; mu.Unlock() })
+					return nil
+				}),
+			}
+			if c.tenant {
+				cfg.Tenant = func(m *consumer.Message) (string, error) { return m.Topic, nil }
+			}
+			orig := consumertest.Message("pay", 0, 0, "", payment(0))
+			res := consumertest.Run(t, cfg, consumertest.Script{}, orig, forged, genuine)
+			mu.Lock()
+			defer mu.Unlock()
+			if applied[2] != 1 {
+				t.Errorf("the genuine message pay/0/2 applied %d times, want 1: a forged redriven copy at pay/0/1 "+
+					"carrying idem-key %q made it a duplicate before it was seen (stats %+v)", applied[2], genuine.ID, res.Stats)
+			}
+		})
+	}
+}
