@@ -299,3 +299,40 @@ func run2(ctx context.Context, b Broker, cfg Config) ([]Result, error) {
 	_, res, err := Run(ctx, b, cfg)
 	return res, err
 }
+
+// TestExecuteRefusesAVerdictThePlannerNeverGave: a plan passed back
+// (`idem redrive --plan FILE`) may have been edited by hand. The
+// operator's one change of a verdict is to skip a letter (SkipLetter:
+// Verdict skip, Planned the planner's). A file that says Verdict send
+// with Planned stop (a key recorded failed, not released) or Planned
+// skip_duplicate (a key applied) passes the recheck, which compares
+// Planned with a fresh plan, and Execute then sends what the planner
+// refused: an operator action must execute the plan shown, nothing the
+// planner never said.
+func TestExecuteRefusesAVerdictThePlannerNeverGave(t *testing.T) {
+	for _, c := range []struct {
+		name, outcome, planned string
+	}{
+		{"a refused letter sent", "failed", VerdictStop},
+		{"a duplicate sent", "done", VerdictDuplicate},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			admin := &fakeAdmin{rows: map[string]string{"A": c.outcome}}
+			b := &fakeBroker{letters: []letter{dl(0, "A")}}
+			p, err := Prepare(ctx, b, Config{Admin: admin, Topic: "pay.dlq"})
+			if err != nil || len(p.Entries) != 1 || p.Entries[0].Verdict != c.planned {
+				t.Fatalf("plan %+v, %v; want one letter, %s", p, err, c.planned)
+			}
+			p.Entries[0].Verdict, p.Entries[0].Planned = VerdictSend, c.planned // edited by hand
+			res, err := Execute(ctx, b, admin, p)
+			if len(b.sent) != 0 {
+				t.Errorf("Execute sent %d copies of a letter the planner said %s of (a plan edited to verdict send, planned %s); "+
+					"results %+v, err %v", len(b.sent), c.planned, c.planned, res, err)
+			}
+			if err == nil {
+				t.Errorf("Execute accepted a verdict the planner never gives (send over planned %s)", c.planned)
+			}
+		})
+	}
+}
