@@ -228,3 +228,45 @@ func commitOffset(t *testing.T, brokers []string, group, topic string, partition
 		t.Fatalf("commit %s/%d at %d for %s: %v", topic, partition, offset, group, err)
 	}
 }
+
+// TestKafkaForgedRedrivenCopyCannotTakeALaterKey: keyed by the message ID
+// (a Kafka position no producer chooses), a payment at offset 2 must be
+// applied whatever was produced before it. A forged "redriven copy" at
+// offset 1 names the record at offset 0 as its original (which passes the
+// lineage checks: an earlier offset of its own partition) but carries
+// idem-key <topic>/0/2. Honoured, that key is claimed for the forgery, and
+// the genuine record at offset 2 is refused as a fingerprint mismatch
+// (or skipped, were the payloads equal): never applied.
+func TestKafkaForgedRedrivenCopyCannotTakeALaterKey(t *testing.T) {
+	brokers, a, topic, group := retryTest(t, 1, nil)
+	b := newTestBank(t)
+	pay := func(id string) []byte { v, _ := json.Marshal(payment{TxnID: id, Amount: 5}); return v }
+	h := func(k, v string) kafkago.Header { return kafkago.Header{Key: k, Value: []byte(v)} }
+	a.Produce(t, topic,
+		kafkago.Message{Value: pay("p-0")},
+		kafkago.Message{Value: pay("forged"), Headers: []kafkago.Header{
+			h(consumer.MetaRedriveCount, "1"), h(consumer.MetaTopic, topic), h(consumer.MetaPartition, "0"),
+			h(consumer.MetaOffset, "0"), h(consumer.MetaMessageID, topic+"/0/0"),
+			h(consumer.MetaKeyScope, "payments"), h(consumer.MetaKey, topic+"/0/2")}},
+		kafkago.Message{Value: pay("p-2")})
+	src := newSource(t, realSourceConfig(t, brokers, topic, group))
+	cfg := b.config(src, src)
+	cfg.Key = consumer.ByMessageID()
+	cfg.Logger = testLogger(t)
+	r := start(t, cfg)
+	waitUntil(t, time.Minute, "three records settled", func() bool {
+		st := r.Stats()
+		return st.Applied+st.Duplicates+st.DeadLettered >= 3
+	})
+	a.WaitNoLag(t, group, topic)
+	r.Stop(t)
+	var genuine int
+	if err := b.pool.QueryRow(ctxTimeout(t, 10*time.Second), `SELECT count(*) FROM `+b.table+` WHERE source = $1`,
+		topic+"/0/2").Scan(&genuine); err != nil {
+		t.Fatal(err)
+	}
+	if genuine != 1 {
+		t.Fatalf("the genuine payment at %s/0/2: %d ledger rows, want 1: a forged redriven copy carrying its key took it first (stats %+v)",
+			topic, genuine, r.Stats())
+	}
+}
