@@ -268,3 +268,63 @@ func TestForgedCarriedKeyNeverSkipsAGenuineMessage(t *testing.T) {
 		})
 	}
 }
+
+// TestRetryCopyPastItsHorizonAfterThePurge: New checks that a store keeps
+// keys longer than the retries' horizon (RetryHorizon), which holds only
+// while copies come back within it. They need not: retry topics start at
+// their first record (a group whose offsets expired, a renamed group, a
+// consumer stopped for a day). A payment is applied at t0 (its COMMIT's
+// outcome unknown, so a copy went to retry); the store keeps keys 1h and
+// purges; the copy arrives 2h after its first failure, carrying its
+// original's identity and its first-failure time. Its key is gone, and it
+// is applied a second time: a copy past its horizon must not be applied
+// blind (dead-lettered, say), since its original may have been applied.
+func TestRetryCopyPastItsHorizonAfterThePurge(t *testing.T) {
+	var mu sync.Mutex
+	t0 := time.Now()
+	now := t0
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	store := memstore.New(memstore.Config{Retention: time.Hour, Now: clock})
+	eff := newEffects()
+	newConsumer := func() (*consumer.Consumer[*memstore.Tx], *consumertest.Source) {
+		cfg := baseConfig(eff.apply)
+		base := consumertest.NewSource(consumertest.Script{})
+		src := &retrySource{Source: base, lineage: true}
+		cfg.Store, cfg.Source, cfg.DeadLetter = store, src, &consumertest.DeadLetters{}
+		cfg.Retries = consumer.NonBlocking{Attempts: 1, Delays: []time.Duration{time.Second}, Sink: &retrySink{src: src}}
+		c, err := consumer.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c, base
+	}
+	orig := consumertest.Message("pay", 0, 0, "", payment(0))
+	c, base := newConsumer()
+	base.Push(orig)
+	drive(t, c, base)
+	eff.check(t, []string{"T00000"})
+
+	// The copy its unknown COMMIT sent to retry, as the sink wrote it at t0.
+	k, fp := dedup.Key{Scope: "payments", ID: "T00000"}, dedup.FingerprintOf([]byte(payment(0)))
+	headers, value := consumer.RetryLetter{
+		Letter:  consumer.Letter{Message: orig, Key: k, Fingerprint: fp, Cause: consumer.CauseExhausted, Reason: fmt.Errorf("commit: outcome unknown"), Attempts: 1},
+		Attempt: 1, Delay: time.Second, Due: t0.Add(time.Second), FirstFailure: t0,
+	}.Record()
+	copy := consumertest.Message("pay.retry", 0, 0, "", string(value))
+	copy.Headers = headers
+
+	mu.Lock()
+	now = t0.Add(2 * time.Hour)
+	mu.Unlock()
+	if n, err := store.Purge(context.Background(), 100); err != nil || n != 1 {
+		t.Fatalf("purge: %d rows, %v; want the payment's key purged", n, err)
+	}
+	c, base = newConsumer()
+	base.Push(copy)
+	drive(t, c, base)
+	if n := eff.count("T00000"); n != 1 {
+		t.Errorf("payment T00000 applied %d times, want 1: its retry copy came back 2h after its first failure, "+
+			"past the horizon %v and the store's 1h retention, and was applied again (stats %+v)",
+			n, consumer.RetryHorizon([]time.Duration{time.Second}), c.Stats())
+	}
+}
