@@ -2,6 +2,9 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -79,5 +82,41 @@ func TestRedrivePlanConfirmedTwiceAtOnce(t *testing.T) {
 	p.waitFor("T02 applied", func(s consumer.Stats) bool { return s.Applied == 1 })
 	if got := p.ledger(); got["T02"] != 1 {
 		t.Errorf("ledger %v", got)
+	}
+}
+
+// TestRedrivePlanFileEditedToSend: a plan file is the operator's to keep
+// and give back, and a text file anyone can edit. T02's key is recorded
+// failed and not released: the dry run says stop. The file is edited to
+// verdict send with planned stop (the shape SkipLetter writes, with send
+// for skip), its digest left out (readPlan checks one only when present).
+// `idem redrive --plan` must refuse it, not send the letter the planner
+// refused.
+func TestRedrivePlanFileEditedToSend(t *testing.T) {
+	p := newPayments(t)
+	p.start()
+	p.deadLetter("T02") // failed, not released
+	_, shown, _ := idem(t, "", p.envs, "redrive", "--topic", p.dlq, "--dry-run", "--json")
+	out := decode[redriveOutput](t, shown)
+	if out.Plan == nil || len(out.Plan.Entries) != 1 || out.Plan.Entries[0].Verdict != redrive.VerdictStop {
+		t.Fatalf("the dry run's plan %+v, want T02's letter stopped at", out.Plan)
+	}
+	out.Plan.Entries[0].Verdict, out.Plan.Entries[0].Planned = redrive.VerdictSend, redrive.VerdictStop
+	out.Digest = ""
+	b, err := json.Marshal(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan := filepath.Join(t.TempDir(), "plan.json")
+	if err := os.WriteFile(plan, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	topicEnd := p.end(p.topic)
+	code, _, _ := idem(t, "", p.envs, "redrive", "--plan", plan, "--json")
+	if end := p.end(p.topic); end != topicEnd {
+		t.Errorf("an edited plan (verdict send over planned stop) sent %d copies of a letter whose key is failed and not released (exit %d)", end-topicEnd, code)
+	}
+	if code == exitOK {
+		t.Errorf("an edited plan was executed: exit %d, want it refused", code)
 	}
 }
