@@ -110,3 +110,36 @@ func TestHeldMessagesOfTwoBrokers(t *testing.T) {
 type retryOf map[string]string
 
 func (r retryOf) RetryOf(topic string) (string, bool) { t, ok := r[topic]; return t, ok }
+
+// TestHeldRedrivenCopyIsItsCopyAgain: KeyOrdered × a redriven copy on
+// RocketMQ. A redriven copy's origin has no lane (Origin.Lane is "" for a
+// redriven copy), so when it goes to retry its key is held under
+// "pay/0/5" (topic, queue ID, offset: the lane-less form). Its retry copy
+// carries MetaLane, which RetryLetter.Record leaves as the lane the
+// redriven copy was delivered on ("pay/broker-b/0"), and comes back held
+// as "pay/broker-b/0/5": not the id its key is held under. It is then not
+// the key's head but a message behind it: it follows its own hold into
+// retry, untried, trip after trip, until the hold expires (holdFor), and
+// then the key's order is let go.
+func TestHeldRedrivenCopyIsItsCopyAgain(t *testing.T) {
+	red := &Message{Topic: "pay", Partition: 0, Offset: 12, Key: []byte("k"), Lane: "pay/broker-b/0", ID: "R",
+		Headers: []Header{{Key: MetaTopic, Value: []byte("pay")}, {Key: MetaPartition, Value: []byte("0")},
+			{Key: MetaOffset, Value: []byte("5")}, {Key: MetaMessageID, Value: []byte("A")}, {Key: MetaRedriveCount, Value: []byte("1")}}}
+	o, why := lineageOf(red, true, retryOf{"pay_RETRY": "pay"})
+	if why != "" {
+		t.Fatal(why)
+	}
+	red.origin, red.hasOrigin = o, true
+	_, held, _ := heldKeyOf(red) // the id sentToRetry holds its key under
+	r := RetryLetter{Letter: Letter{Message: red}, Attempt: 1, Delay: time.Second}
+	trip1 := &Message{Topic: "pay_RETRY", Partition: 0, Offset: 9, Key: red.Key, Lane: "pay_RETRY/broker-a/0"}
+	trip1.Headers, _ = r.Record()
+	o1, why := lineageOf(trip1, true, retryOf{"pay_RETRY": "pay"})
+	if why != "" {
+		t.Fatal(why)
+	}
+	trip1.origin, trip1.hasOrigin = o1, true
+	if _, id, _ := heldKeyOf(trip1); id != held {
+		t.Errorf("the retry copy of a redriven copy is held as %q, its key was held under %q: it follows itself into retry until the hold expires", id, held)
+	}
+}
