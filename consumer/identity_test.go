@@ -328,3 +328,59 @@ func TestRetryCopyPastItsHorizonAfterThePurge(t *testing.T) {
 			n, consumer.RetryHorizon([]time.Duration{time.Second}), c.Stats())
 	}
 }
+
+// TestKeyOrderedRedrivenCopyComesBackFromRetry: KeyOrdered, messages on
+// lanes that name their broker (RocketMQ: topic/broker/queueId). A
+// redriven copy of a payment fails once and goes to retry; its copy must
+// come back and be applied. Its key was held under the lane-less id of
+// its original (a redriven copy's origin has no lane), while the retry
+// copy carries the lane the redriven copy was delivered on: the copy is
+// not the key's head, follows its own hold into retry, untried, trip after
+// trip, and is applied only once the hold expires (2 × delay + 1 minute).
+func TestKeyOrderedRedrivenCopyComesBackFromRetry(t *testing.T) {
+	orig := consumertest.Message("pay", 0, 5, "k", payment(5))
+	red := redriven(orig, 12, 1)
+	red.Lane = "pay/broker-b/0"
+	var failed atomic.Bool
+	eff := newEffects()
+	cfg := baseConfig(func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
+		if m.Topic == "pay" && !failed.Swap(true) {
+			return consumer.Retryable(errors.New("the account service is down"))
+		}
+		return eff.apply(ctx, tx, m)
+	})
+	base := consumertest.NewSource(consumertest.Script{})
+	src := &retrySource{Source: base, lineage: true}
+	sink := &keyedRetrySink{retrySink{src: src}}
+	cfg.Source, cfg.DeadLetter = src, &consumertest.DeadLetters{}
+	cfg.Key = consumer.ByMessageID()
+	cfg.BatchSize = 1
+	cfg.Retry = consumer.RetryPolicy{MaxAttempts: 1}
+	cfg.Retries = consumer.NonBlocking{Attempts: 1, Delays: []time.Duration{10 * time.Millisecond, 10 * time.Millisecond}, Sink: sink, KeyOrdered: true}
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base.Push(red)
+	runUntil(t, c, func() bool { return eff.count("T00005") > 0 })
+	if applied, trips := eff.count("T00005"), len(sink.trips()); applied != 1 || trips != 1 {
+		t.Errorf("the redriven copy's payment applied %d times after %d trips to retry, want once after 1: "+
+			"its retry copy followed its own hold (stats %+v)", applied, trips, c.Stats())
+	}
+}
+
+// keyedRetrySink is retrySink keeping the record key on the copy, as the
+// brokers' sinks do (KeyOrdered orders by it).
+type keyedRetrySink struct{ retrySink }
+
+func (s *keyedRetrySink) Retry(_ context.Context, r consumer.RetryLetter) error {
+	headers, value := r.Record()
+	s.mu.Lock()
+	s.letters = append(s.letters, r)
+	m := consumertest.Message("pay.retry", 0, s.offset, string(r.Message.Key), string(value))
+	s.offset++
+	s.mu.Unlock()
+	m.Headers = headers
+	s.src.Push(m)
+	return nil
+}
