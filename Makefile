@@ -20,7 +20,7 @@ PKGS ?= ./...
 # twenty member changes, about 4 minutes per broker).
 SKIP ?= TestFaults/.*/scale-out|TestFaults/.*/nonblocking-retries|TestFaults/.*/rebalance-storm
 
-.PHONY: help test test-short testenv-up testenv-down bench bench-outbox bench-e2e fmt vet
+.PHONY: help test test-short testenv-up testenv-down bench bench-outbox bench-e2e fmt vet api-baseline
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -44,7 +44,7 @@ bench: ## go test benchmarks of the claim path, the engine and its telemetry, an
 fmt: ## gofmt the tree
 	gofmt -w $$(git ls-files '*.go')
 
-vet: ## go vet, a gofmt check, and no tracked file over 1 MiB outside testdata/
+vet: ## go vet, a gofmt check, no tracked file over 1 MiB outside testdata/, and the API check against the last release (internal/apicheck)
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 	@big=$$(git ls-files -z | xargs -0 -r stat -c '%s %n' 2>/dev/null | awk '$$1 > 1048576 && $$0 !~ /^[0-9]+ (.*\/)?testdata\//'); \
 	test -z "$$big" || { echo "tracked files over 1 MiB outside testdata/ (bytes, path):"; echo "$$big"; exit 1; }
@@ -52,6 +52,11 @@ vet: ## go vet, a gofmt check, and no tracked file over 1 MiB outside testdata/
 	go vet -tags soak ./internal/testenv/faults/ # the soak (make soak): keep it building
 	go vet -C cmd/idem-bench ./... # a module of its own: keep it building
 	go vet -C deploy ./... # a module of its own (Prometheus' parser): make test runs it
+	go vet -C internal/apicheck ./... # a module of its own (apidiff stays out of the library's go.mod)
+	go run -C internal/apicheck . -root $(CURDIR) # the exported API against testdata/api/BASE's tag, or its text baseline
+
+api-baseline: ## accept the tree's exported API: rewrite testdata/api/<BASE>.txt (and <BASE>.accepted when the tag exists); docs/development.md
+	go run -C internal/apicheck . -root $(CURDIR) -write
 
 bench-outbox: ## the outbox: what it costs a consumer, the relay against a raw producer (Kafka, RocketMQ), the relay's database side
 	@set -e; out=$$(scripts/testenv.sh up postgres kafka rocketmq); eval "$$out"; \

@@ -2,7 +2,6 @@ package dedup
 
 import (
 	"context"
-	"github.com/idemkit/idem/internal/shorten"
 	"time"
 )
 
@@ -114,6 +113,6 @@ type Purger interface {
 	Purge(ctx context.Context, limit int) (int, error)
 }
 
-// MaxReasonLen bounds a recorded failure reason; longer reasons are cut
-// (on a rune boundary).
-const MaxReasonLen = shorten.MaxLen
+// MaxReasonLen bounds a recorded failure reason, in bytes; longer reasons
+// are cut (on a rune boundary).
+const MaxReasonLen = 500

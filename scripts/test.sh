@@ -49,9 +49,11 @@ rc=0
 skip="TestFaults/(kafka-cluster|rocketmq-cluster)${SKIP:+|${SKIP}}"
 go test -race -count=1 -timeout 20m -skip "${skip}" "${pkgs[@]}" 2>&1 | tee -a "${log}" || rc=1
 # deploy/ is a module of its own, so that Prometheus' server module (its
-# PromQL parser) stays out of the library's go.mod; ./... runs it too.
+# PromQL parser) stays out of the library's go.mod; ./... runs it too. So
+# is internal/apicheck (apidiff, go/packages).
 if printf '%s\n' "${pkgs[@]}" | grep -qx '\./\.\.\.'; then
   go test -C deploy -race -count=1 -timeout 20m ./... 2>&1 | tee -a "${log}" || rc=1
+  go test -C internal/apicheck -race -count=1 -timeout 5m ./... 2>&1 | tee -a "${log}" || rc=1
 fi
 
 # The clusters' scenarios live in internal/testenv/faults; a PKGS without it runs none.

@@ -13,6 +13,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
 
+	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/internal/hostport"
 )
 
@@ -319,35 +320,26 @@ func (c *Config) groupConfig(d *kafkago.Dialer, log *slog.Logger) kafkago.Consum
 	return gc
 }
 
-// OffsetSource is a store that keeps offsets (dedup.OffsetStore's
-// NextOffsets; pgstore.Store has it).
-type OffsetSource interface {
-	NextOffsets(ctx context.Context, scope, topic string) (map[int32]int64, error)
-}
-
 // OffsetStarter says where the partitions of topic start
-// (Config.StartOffsets): the offsets of the partitions it knows.
+// (Config.StartOffsets): the offsets of the partitions it knows. StoreOffsets
+// makes the one a consumer with offsets in its store wants.
 type OffsetStarter interface {
 	StartOffsets(ctx context.Context, topic string) (map[int32]int64, error)
 }
 
-// StartOffsetsFunc adapts a function to OffsetStarter.
-type StartOffsetsFunc func(ctx context.Context, topic string) (map[int32]int64, error)
-
-func (f StartOffsetsFunc) StartOffsets(ctx context.Context, topic string) (map[int32]int64, error) {
-	return f(ctx, topic)
-}
-
 // StoreOffsets returns a Config.StartOffsets that starts each partition at
-// the next offset store keeps for the consumer named scope. The Source
-// says which scope it reads (consumer.ScopeReader), and consumer.New
-// refuses it unless scope is its Config.Name.
-func StoreOffsets(store OffsetSource, scope string) OffsetStarter {
+// the next offset store (the consumer's Config.Offsets: *pgstore.Store)
+// keeps for the consumer named scope. The Source says which scope it reads
+// (consumer.ScopeReader), and consumer.New refuses it unless scope is its
+// Config.Name.
+func StoreOffsets[TTx any](store dedup.OffsetStore[TTx], scope string) OffsetStarter {
 	return storeOffsets{store: store, scope: scope}
 }
 
 type storeOffsets struct {
-	store OffsetSource
+	store interface {
+		NextOffsets(ctx context.Context, scope, topic string) (map[int32]int64, error)
+	} // dedup.OffsetStore's, whatever its transaction type
 	scope string
 }
 

@@ -406,53 +406,6 @@ WHERE ` + absent("$1::text", "$2::text")
 SELECT scope, key, expires_at FROM ` + t + ` WHERE ` + purgeable + ` LIMIT $1 FOR UPDATE SKIP LOCKED)`
 }
 
-// sendClaim is sendBounded for a claim's INSERT, whose first two
-// arguments are the scopes and keys: in partitioned mode the keys' locks
-// go first, in a statement of their own (so that the INSERT's snapshot is
-// taken after them), in the same round trip.
-func (s *Store) sendClaim(ctx context.Context, tx pgx.Tx, sql string, args ...any) (pgx.BatchResults, error) {
-	if s.part == nil {
-		return s.sendBounded(ctx, tx, sql, args...)
-	}
-	var b pgx.Batch
-	b.Queue(`SELECT set_config('lock_timeout', $1, true)`, s.lockTimeout)
-	b.Queue(s.lockSQL, args[0], args[1])
-	b.Queue(sql, args...)
-	br := tx.SendBatch(ctx, &b)
-	_, err := br.Exec()
-	var n int64
-	var iso string
-	if err == nil {
-		err = br.QueryRow().Scan(&n, &iso)
-	}
-	if err == nil && iso != "read committed" {
-		err = fmt.Errorf("%w, not %s: the look for a key after its lock needs a snapshot taken after the lock", ErrPartitionedIsolation, iso)
-	}
-	if err != nil {
-		br.Close()
-		return nil, err
-	}
-	return br, nil
-}
-
-// ErrPartitionedIsolation: a claim of a store with PartitionWidth in a
-// transaction that is not READ COMMITTED (InTx begins its transactions
-// so): under REPEATABLE READ the INSERT's snapshot would be older than the
-// key's lock, and miss the row the lock's previous holder committed.
-var ErrPartitionedIsolation = errors.New("pgstore: Config.PartitionWidth claims in READ COMMITTED transactions")
-
-// recordFailurePartitioned is RecordFailure's transaction in partitioned
-// mode: the key's lock, then the row where no partition holds the key.
-func (s *Store) recordFailurePartitioned(ctx context.Context, args ...any) error {
-	return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, s.lockSQL, args[0], args[1]); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, s.failSQL, args...)
-		return err
-	})
-}
-
 // purgeLayout refuses, once per store, to purge a partitioned table
 // without PartitionWidth (idem purge, say): the plain purge deletes by
 // ctid, which a partitioned table repeats in each partition.

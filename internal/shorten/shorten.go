@@ -1,8 +1,10 @@
 // Package shorten shortens a failure reason to what the stores record.
 package shorten
 
-// MaxLen bounds a recorded failure reason (dedup.MaxReasonLen).
-const MaxLen = 500
+import "github.com/idemkit/idem/dedup"
+
+// MaxLen bounds a recorded failure reason: dedup.MaxReasonLen.
+const MaxLen = dedup.MaxReasonLen
 
 // Reason cuts s to MaxLen bytes on a rune boundary.
 func Reason(s string) string {
