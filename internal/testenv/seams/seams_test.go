@@ -127,17 +127,25 @@ func TestSeams(t *testing.T) {
 	}
 	t.Logf("seams: %v; checks that failed, by seed and mode:\n%s", time.Since(start).Round(time.Millisecond), found.summary())
 	if expect {
-		for _, hole := range []string{hole1, hole2, hole7} {
-			var checks []string
-			for c, h := range holeChecks {
-				if h == hole {
-					checks = append(checks, c)
-				}
+		expectHoles(t, found, hole1, hole2, hole7)
+	}
+}
+
+// expectHoles fails t unless each of holes was found by a check of
+// holeChecks (IDEM_SEAMS_EXPECT_HOLES), and says which seeds found each.
+func expectHoles(t testing.TB, found *findings, holes ...string) {
+	for _, hole := range holes {
+		var checks []string
+		for c, h := range holeChecks {
+			if h == hole {
+				checks = append(checks, c)
 			}
-			sort.Strings(checks)
-			if !found.any(checks...) {
-				t.Errorf("seams: IDEM_SEAMS_EXPECT_HOLES: %s was not found (checks %s) by any seed", hole, strings.Join(checks, ", "))
-			}
+		}
+		sort.Strings(checks)
+		if by := found.by(checks...); len(by) > 0 {
+			t.Logf("seams: IDEM_SEAMS_EXPECT_HOLES: %s found by %s", hole, strings.Join(by, ", "))
+		} else {
+			t.Errorf("seams: IDEM_SEAMS_EXPECT_HOLES: %s was not found (checks %s) by any seed", hole, strings.Join(checks, ", "))
 		}
 	}
 }
@@ -145,11 +153,14 @@ func TestSeams(t *testing.T) {
 // reporter reports violations of the checks, each once per subject, with
 // the seed, mode and step, and the command that replays them.
 type reporter struct {
-	t      testing.TB
-	seed   uint64
-	mode   string
-	expect bool
-	found  *findings
+	t    testing.TB
+	seed uint64
+	mode string
+	// config is the configuration the run has now, when the mode draws
+	// one; drawn is the one it started with.
+	config, drawn string
+	expect        bool
+	found         *findings
 
 	mu   sync.Mutex
 	step int    // the op running now, numbered from 1
@@ -186,8 +197,16 @@ func (r *reporter) violation(check, subject, format string, args ...any) {
 		return
 	}
 	line := fmt.Sprintf("seams: seed=%d mode=%s step=%d [%s] check=%s: %s", r.seed, r.mode, step, op, check, fmt.Sprintf(format, args...))
+	if r.config != "" {
+		line += "\n\tconfig: " + r.config
+	}
 	if hole, ok := holeChecks[check]; ok && r.expect {
 		r.t.Logf("HOLE FOUND, %s: %s", hole, line)
+		return
+	}
+	if r.mode == "kafka" {
+		r.t.Errorf("%s\n\treplay: go test -race -count=1 ./internal/testenv/seams/ -run 'TestSeamsKafka/^seed=%d$' -seams.seed=%d",
+			line, r.seed, r.seed)
 		return
 	}
 	r.t.Errorf("%s\n\treplay: go test -race -count=1 ./internal/testenv/seams/ -run 'TestSeams/^seed=%d$/^%s$' -seams.seed=%d",
@@ -213,17 +232,21 @@ func (f *findings) add(seed uint64, mode, check string) {
 	f.m[k][check] = true
 }
 
-func (f *findings) any(checks ...string) bool {
+// by returns the seeds (and modes) in which one of checks failed.
+func (f *findings) by(checks ...string) []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for _, cs := range f.m {
+	var out []string
+	for k, cs := range f.m {
 		for _, c := range checks {
 			if cs[c] {
-				return true
+				out = append(out, k)
+				break
 			}
 		}
 	}
-	return false
+	sort.Strings(out)
+	return out
 }
 
 func (f *findings) summary() string {
