@@ -1,25 +1,46 @@
 // Package seams_test is a model-based test of where idem's features meet
-// (issue 25): a seeded, randomised sequence of operations — deliver,
+// (issues 25 and 37). It has two parts.
+//
+// TestSeams runs a seeded, randomised sequence of operations — deliver,
 // redeliver, reorder across partitions, crash before and after commit,
 // rebalance with a zombie, dead-letter, release, redrive (twice), Redis
 // flush, restart and restore from an old snapshot, and on the HTTP side
-// leases extended, run out, taken over and purged — against real Postgres
-// and a private redis-server, in every key mode (message ID, business key,
-// offsets, offsets with a business key, key lanes, the Redis front), each
-// step checked against a small model of what should be true.
+// leases extended, run out, taken over and purged — against real Postgres,
+// a private redis-server and a simulated broker (broker_test.go), in
+// every key mode (message ID, business key, offsets, offsets with a
+// business key, key lanes, the Redis front), each step checked against a
+// small model of what should be true.
+//
+// TestSeamsKafka (kafka_test.go) draws the whole configuration from the
+// seed (config_test.go: key mode, tenant source, Offsets, KeyLanes,
+// BatchSize, Blocking or NonBlocking retries, StartFrom, the store, the
+// Redis front) and drives the real kafka.Source, consumer.Consumer and
+// pgstore over an in-process Kafka (kfake) of its own: retry topics, start
+// offsets, generations and rebalances are the real code's. Its ops crash
+// a process after a retry copy is durable and before the original's
+// commit, lose a COMMIT's outcome, restart with a changed configuration
+// (a delay added or removed, Blocking ↔ NonBlocking, KeyLanes), add and
+// remove a member, redrive dead letters. With IDEM_SEAMS_KAFKA=real it
+// runs on the test environment's Kafka instead (`make seams-kafka`).
 //
 // The fixed seeds run in `go test` (and so `make test`); `make seams
-// SEEDS=…` runs more. A failure prints its seed, mode and step and the
+// SEEDS=…` runs more (KAFKA=kfake, real or off chooses the Kafka mode's
+// broker). A failure prints its seed, mode, step, configuration and the
 // command that replays it:
 //
 //	go test -race -count=1 ./internal/testenv/seams/ -run 'TestSeams/^seed=7$/^msgid$' -seams.seed=7
+//	go test -race -count=1 ./internal/testenv/seams/ -run 'TestSeamsKafka/^seed=7$' -seams.seed=7
 //
 // With -v, IDEM_SEAMS_TRACE=1 logs every op as it runs (=redis: also the
 // Redis front's counters and keys after each).
 //
-// IDEM_SEAMS_EXPECT_HOLES=1 turns the checks that find the holes of issue
-// 25 (holeChecks) into logged findings and fails unless every one of them
-// was found: the proof that the test finds them, on code that has them.
+// IDEM_SEAMS_EXPECT_HOLES=1 turns the checks that find the holes of
+// issues 25 and 37 (holeChecks) into logged findings and fails unless
+// every one of them was found: the proof that the test finds them, on code
+// that has them.
+//
+// Rule (docs/development.md): a setting that changes which messages are
+// applied lands with its dimension in config_test.go.
 package seams_test
 
 import (
