@@ -185,7 +185,9 @@ func (r *kafkaRunner) precommit() {
 	for p := range partitions {
 		commits = append(commits, kafkago.OffsetCommit{Partition: p, Offset: 0})
 	}
-	c := &kafkago.Client{Addr: kafkago.TCP(r.brokers...)}
+	tr := &kafkago.Transport{}
+	defer tr.CloseIdleConnections()
+	c := &kafkago.Client{Addr: kafkago.TCP(r.brokers...), Transport: tr}
 	for {
 		res, err := c.OffsetCommit(ctx, &kafkago.OffsetCommitRequest{
 			Addr: kafkago.TCP(r.brokers...), GroupID: r.group, GenerationID: -1,
@@ -618,7 +620,11 @@ func (r *kafkaRunner) run(ctx context.Context, ops []kop) {
 	}
 	ok, left := r.settle(ctx, true, wait)
 	r.check(ctx, true)
-	if !ok && !strings.HasPrefix(left, "payments not applied") { // those the check reported
+	switch {
+	case ok, strings.HasPrefix(left, "payments not applied"): // those the check reported
+	case strings.Contains(left, ".retry."):
+		r.rep.violation(checkRetryTopicRead, "drain", "a retry topic not read to its end after %v: %s", wait, left)
+	default:
 		r.rep.violation(checkDrained, "drain", "not drained after %v: %s", wait, left)
 	}
 	r.stopAll()
@@ -680,8 +686,9 @@ type kopResend struct{ pay string }
 func (o kopResend) String() string                          { return "resend " + o.pay }
 func (o kopResend) apply(_ context.Context, r *kafkaRunner) { r.resend(o.pay) }
 
-// kopRestart kills a process and starts a new one, with cfg (a changed
-// configuration when change says what changed).
+// kopRestart kills a process (A when B is not running) and starts a new
+// one with cfg; when change says what changed, a deploy: every running
+// process is restarted with it.
 type kopRestart struct {
 	slot   int
 	cfg    config
@@ -696,23 +703,24 @@ func (o kopRestart) String() string {
 }
 
 func (o kopRestart) apply(_ context.Context, r *kafkaRunner) {
-	running := r.procs[o.slot] != nil
-	r.kill(o.slot)
+	slot := o.slot
+	if r.procs[slot] == nil {
+		slot = 0 // B is not running: A is restarted
+	}
+	r.kill(slot)
 	r.cfg = o.cfg
 	if o.change != "" {
 		r.rep.config = fmt.Sprintf("%v (drawn: %s)", r.cfg, r.rep.drawn)
 		// A deploy: every process runs the new configuration.
 		for i := range r.procs {
-			if i != o.slot && r.procs[i] != nil {
+			if i != slot && r.procs[i] != nil {
 				r.kill(i)
 				r.start(i)
 			}
 		}
 		r.count("configuration changes")
 	}
-	if running || o.slot == 0 {
-		r.start(o.slot)
-	}
+	r.start(slot)
 	r.count("restarts")
 }
 
@@ -900,8 +908,11 @@ func kafkaSeedConfig(seed uint64) config {
 	return drawConfig(rand.New(rand.NewPCG(seed, seed^0xc0f1637)))
 }
 
-// kafkaFixedSeeds run in `go test`.
-var kafkaFixedSeeds = []uint64{1, 7, 14, 16, 25}
+// kafkaFixedSeeds run in `go test`: on the code issue 37 was filed
+// against, 4 and 27 find its hole 1, 7 and 27 its hole 2 (in every run
+// so far: the windows are the real adapter's, not simulated); 6, 14, 16
+// and 25 draw offsets alone, KeyOrdered, the Redis front and three delays.
+var kafkaFixedSeeds = []uint64{4, 6, 7, 14, 16, 25, 27}
 
 func TestSeamsKafka(t *testing.T) {
 	if testing.Short() {

@@ -101,6 +101,11 @@ const (
 	// dead-lettered is applied in the end — hole 2 of issue 37
 	// (NonBlocking × StartFrom LastOffset) shows here.
 	checkRetryCopyApplied = "retry-copy-applied"
+	// checkRetryTopicRead: once the stream drains, every retry topic's
+	// partition is committed to its end — a copy skipped while its
+	// payment was applied from its original (hole 2 of issue 37 again)
+	// shows here.
+	checkRetryTopicRead = "retry-topic-read"
 )
 
 // The holes of issues 25 and 37 this test must find on code that has them.
@@ -126,6 +131,7 @@ var holeChecks = map[string]string{
 
 	checkRetryCopyOnce:    hole37x1,
 	checkRetryCopyApplied: hole37x2,
+	checkRetryTopicRead:   hole37x2,
 }
 
 // checkApplied compares the database's applied payments (rows: payment →
