@@ -68,7 +68,7 @@ stress: ## run packages again and again under -race, with extra CPU load: make s
 	scripts/stress.sh -n $(or $(RUNS),10) -load $(or $(LOAD),0) $(if $(RUN),-run '$(RUN)') $(PKGS)
 
 .PHONY: seams
-seams: ## the model-based test of where the features meet, over many seeds: make seams SEEDS=200 (seeds 1..200) or SEEDS="3 7 19"; STEPS=ops a run (60 a mode; the Kafka mode 14); KAFKA=kfake (default: the Kafka mode on kfake), real (on the test broker) or off; EXPECT_HOLES=1 logs the holes of issues 25 and 37 and fails unless each is found
+seams: ## the model-based test of where the features meet, over many seeds: make seams SEEDS=200 (seeds 1..200) or SEEDS="3 7 19"; STEPS=ops a run (60 a mode; the Kafka mode 14); KAFKA=kfake (default: the Kafka mode on kfake), real (on the test broker) or off; EXPECT_HOLES=1 logs the holes of issues 25 and 37 and fails unless each is found (=25, =37: one issue's)
 	@set -e; out=$$(scripts/testenv.sh up postgres redis $(if $(filter real,$(KAFKA)),kafka)); eval "$$out"; \
 	IDEM_SEAMS_SEEDS='$(or $(SEEDS),100)' IDEM_SEAMS_STEPS='$(STEPS)' IDEM_SEAMS_EXPECT_HOLES='$(EXPECT_HOLES)' \
 	IDEM_SEAMS_KAFKA='$(KAFKA)' \

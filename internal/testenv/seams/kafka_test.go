@@ -919,7 +919,7 @@ func TestSeamsKafka(t *testing.T) {
 		t.Skip("needs Postgres")
 	}
 	testenv.PostgresURL(t)
-	expect := os.Getenv("IDEM_SEAMS_EXPECT_HOLES") == "1"
+	expect := expectHolesOf("37")
 	found := &findings{}
 	seeds := seedList(t)
 	if *seedFlag == 0 && *seedsFlag == "" && os.Getenv("IDEM_SEAMS_SEEDS") == "" {

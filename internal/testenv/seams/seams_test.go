@@ -35,9 +35,10 @@
 // Redis front's counters and keys after each).
 //
 // IDEM_SEAMS_EXPECT_HOLES=1 turns the checks that find the holes of
-// issues 25 and 37 (holeChecks) into logged findings and fails unless
-// every one of them was found: the proof that the test finds them, on code
-// that has them.
+// issues 25 (TestSeams) and 37 (TestSeamsKafka) (holeChecks) into logged
+// findings and fails unless every one of them was found: the proof that
+// the test finds them, on code that has them. =25 or =37 expects one
+// issue's holes only; the other test then checks as usual.
 //
 // Rule (docs/development.md): a setting that changes which messages are
 // applied lands with its dimension in config_test.go.
@@ -127,7 +128,7 @@ func TestSeams(t *testing.T) {
 		t.Skip("needs Postgres and redis-server")
 	}
 	testenv.PostgresURL(t)
-	expect := os.Getenv("IDEM_SEAMS_EXPECT_HOLES") == "1"
+	expect := expectHolesOf("25")
 	found := &findings{}
 	start := time.Now()
 	for _, seed := range seedList(t) {
@@ -150,6 +151,13 @@ func TestSeams(t *testing.T) {
 	if expect {
 		expectHoles(t, found, hole1, hole2, hole7)
 	}
+}
+
+// expectHolesOf reports whether IDEM_SEAMS_EXPECT_HOLES asks for the holes
+// of issue: "1" asks for every issue's.
+func expectHolesOf(issue string) bool {
+	v := os.Getenv("IDEM_SEAMS_EXPECT_HOLES")
+	return v == "1" || v == issue
 }
 
 // expectHoles fails t unless each of holes was found by a check of
