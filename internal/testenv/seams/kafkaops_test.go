@@ -133,6 +133,26 @@ func (o kopCrashAfterCopy) apply(_ context.Context, r *kafkaRunner) {
 	}
 }
 
+// kopCrashInFlight produces payments and at once kills the processes
+// while they are being handled — before or after their commits, as the
+// timing falls — and starts new ones.
+type kopCrashInFlight struct{ produce kopProduce }
+
+func (o kopCrashInFlight) String() string {
+	return strings.TrimPrefix(o.produce.String(), "produce ") + " produced, the processes killed in flight, restarted"
+}
+
+func (o kopCrashInFlight) apply(ctx context.Context, r *kafkaRunner) {
+	o.produce.apply(ctx, r)
+	for i := range r.procs {
+		if r.procs[i] != nil {
+			r.kill(i)
+			r.start(i)
+		}
+	}
+	r.count("crashes in flight")
+}
+
 // kopRedrive fixes a payment's cause and redrives one of its dead letters,
 // as `idem redrive --release` does.
 // TODO(issue 37): an operator plan through cmd/idem's planner, checked as
@@ -244,6 +264,7 @@ func generateKafka(seed uint64, cfg config, steps int) []kop {
 			return o
 		})
 		add(3, func() kop { return kopMember{} })
+		add(3, func() kop { return kopCrashInFlight{produce: produce(1 + rng.IntN(4)).(kopProduce)} })
 		if cfg.nonBlocking {
 			add(5, func() kop {
 				p := newp()
