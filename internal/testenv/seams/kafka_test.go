@@ -35,8 +35,8 @@ import (
 // Kafka of its own — an in-process kfake cluster, or with
 // IDEM_SEAMS_KAFKA=real the test environment's broker — so that retry
 // topics, start offsets, generations and rebalances are the real code's.
-// Its ops produce and re-send payments, crash a process after a retry
-// copy is durable and before the original's commit, lose a COMMIT's
+// Its ops produce and re-send payments, crash processes in flight, and
+// after a retry copy is durable and before the original's commit, lose a COMMIT's
 // outcome, restart with a changed configuration, add and remove a second
 // member, redrive dead letters and flush the Redis front; after each the
 // model checks that no payment was applied twice, and after the last that
@@ -55,7 +55,7 @@ type kpay struct {
 	poisoned  bool // the handler fails permanently for it, until a redrive fixes it
 	flaky     int  // it fails transiently this many times first
 	uncertain bool // the COMMITs of its first record's transactions are reported failed
-	copies    int  // retry copies written
+	copies    int  // retry copies the consumer set out to write (one cut short may be durable)
 	letters   int  // dead letters written
 	// dead: its latest record was dead-lettered and not redriven since;
 	// it need not be applied.
@@ -290,10 +290,12 @@ type copySink struct {
 }
 
 func (s copySink) Retry(ctx context.Context, l consumer.RetryLetter) error {
+	// Counted before the write: a write cut short (the process killed in
+	// flight) may have made the copy durable all the same.
+	s.r.note(l.Message.Value, func(p *kpay) { p.copies++ })
 	if err := s.src.Retry(ctx, l); err != nil {
 		return err
 	}
-	s.r.note(l.Message.Value, func(p *kpay) { p.copies++ })
 	if s.r.crashArmed.CompareAndSwap(true, false) {
 		s.cancel() // the process dies here: the copy is durable, the original not committed
 		s.r.crashed <- s.slot

@@ -17,8 +17,8 @@
 // Redis front) and drives the real kafka.Source, consumer.Consumer and
 // pgstore over an in-process Kafka (kfake) of its own: retry topics, start
 // offsets, generations and rebalances are the real code's. Its ops crash
-// a process after a retry copy is durable and before the original's
-// commit, lose a COMMIT's outcome, restart with a changed configuration
+// processes in flight, and after a retry copy is durable and before the
+// original's commit, lose a COMMIT's outcome, restart with a changed configuration
 // (a delay added or removed, Blocking ↔ NonBlocking, KeyLanes), add and
 // remove a member, redrive dead letters. With IDEM_SEAMS_KAFKA=real it
 // runs on the test environment's Kafka instead (`make seams-kafka`).
