@@ -303,8 +303,9 @@ func kafkaSeedConfig(seed uint64) config {
 	return drawConfig(rand.New(rand.NewPCG(seed, seed^0xc0f1637)))
 }
 
-// kafkaFixedSeeds run in `go test`: on the code issue 37 was filed
-// against, 4 and 27 find its hole 1, 7 and 27 its hole 2 (in every run
-// so far: the windows are the real adapter's, not simulated); 6, 14, 16
-// and 25 draw offsets alone, KeyOrdered, the Redis front and three delays.
-var kafkaFixedSeeds = []uint64{4, 6, 7, 14, 16, 25, 27}
+// kafkaFixedSeeds run in `go test`. On the code issue 37 was filed
+// against, 1, 7 and 26 found both its holes in every run so far, 4 hole 1
+// (the windows are the real adapter's, not simulated: a seed finds a hole
+// by timing too); 6, 14, 16 and 25 draw offsets alone, KeyOrdered and a
+// changed configuration, the Redis front, three delays.
+var kafkaFixedSeeds = []uint64{1, 4, 6, 7, 14, 16, 25, 26}
