@@ -36,11 +36,11 @@ import (
 // IDEM_SEAMS_KAFKA=real the test environment's broker — so that retry
 // topics, start offsets, generations and rebalances are the real code's.
 // Its ops produce and re-send payments, crash processes in flight, and
-// after a retry copy is durable and before the original's commit, lose a COMMIT's
-// outcome, restart with a changed configuration, add and remove a second
-// member, redrive dead letters and flush the Redis front; after each the
-// model checks that no payment was applied twice, and after the last that
-// every payment not dead-lettered was applied once.
+// after a retry copy is durable and before the original's commit, lose a
+// COMMIT's outcome, restart with a changed configuration, add and remove
+// a second member, redrive dead letters and flush the Redis front; after
+// each the model checks that no payment was applied twice, and after the
+// last that every payment not dead-lettered was applied once.
 
 // kafkaSettle bounds a step's wait for its messages to settle, and the
 // drain's: a hang, not a measure.
@@ -606,7 +606,8 @@ func (r *kafkaRunner) run(ctx context.Context, ops []kop) {
 		}
 		o.apply(ctx, r)
 		if ok, left := r.settle(ctx, false, kafkaSettle); !ok {
-			r.t.Fatalf("seams: seed=%d mode=kafka step=%d [%v]: not settled after %v: %s\n\tconfig: %v", r.rep.seed, i+1, o, kafkaSettle, left, r.cfg)
+			r.t.Fatalf("seams: seed=%d mode=kafka step=%d [%v]: not settled after %v: %s\n\tconfig: %v\n\treplay: go test -race -count=1 ./internal/testenv/seams/ -run 'TestSeamsKafka/^seed=%d$' -seams.seed=%d",
+				r.rep.seed, i+1, o, kafkaSettle, left, r.cfg, r.rep.seed, r.rep.seed)
 		}
 		r.check(ctx, false)
 	}
