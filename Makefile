@@ -74,10 +74,18 @@ stress: ## run packages again and again under -race, with extra CPU load: make s
 	scripts/stress.sh -n $(or $(RUNS),10) -load $(or $(LOAD),0) $(if $(RUN),-run '$(RUN)') $(PKGS)
 
 .PHONY: seams
-seams: ## the model-based test of where the features meet, over many seeds: make seams SEEDS=200 (seeds 1..200) or SEEDS="3 7 19"; STEPS=ops a mode (60); EXPECT_HOLES=1 logs the holes of issue 25 and fails unless each is found
-	@set -e; out=$$(scripts/testenv.sh up postgres redis); eval "$$out"; \
+seams: ## the model-based test of where the features meet, over many seeds: make seams SEEDS=200 (seeds 1..200) or SEEDS="3 7 19"; STEPS=ops a run (60 a mode; the Kafka mode 14); KAFKA=kfake (default: the Kafka mode on kfake), real (on the test broker) or off; EXPECT_HOLES=1 logs the holes of issues 25 and 37 and fails unless each is found (=25, =37: one issue's)
+	@set -e; out=$$(scripts/testenv.sh up postgres redis $(if $(filter real,$(KAFKA)),kafka)); eval "$$out"; \
 	IDEM_SEAMS_SEEDS='$(or $(SEEDS),100)' IDEM_SEAMS_STEPS='$(STEPS)' IDEM_SEAMS_EXPECT_HOLES='$(EXPECT_HOLES)' \
-	go test -race -count=1 -timeout $(or $(TIMEOUT),3h) -run '^TestSeams$$' ./internal/testenv/seams/
+	IDEM_SEAMS_KAFKA='$(KAFKA)' \
+	go test -race -count=1 -timeout $(or $(TIMEOUT),3h) -run '$(if $(filter off,$(KAFKA)),^TestSeams$$,^TestSeams(Kafka)?$$)' ./internal/testenv/seams/
+
+.PHONY: seams-kafka
+seams-kafka: ## the Kafka mode of the seams test alone, long, on the test environment's real Kafka: make seams-kafka SEEDS=300 (default 200); STEPS, EXPECT_HOLES as for seams
+	@set -e; out=$$(scripts/testenv.sh up postgres redis kafka); eval "$$out"; \
+	IDEM_SEAMS_SEEDS='$(or $(SEEDS),200)' IDEM_SEAMS_STEPS='$(STEPS)' IDEM_SEAMS_EXPECT_HOLES='$(EXPECT_HOLES)' \
+	IDEM_SEAMS_KAFKA=real \
+	go test -race -count=1 -timeout $(or $(TIMEOUT),3h) -run '^TestSeamsKafka$$' ./internal/testenv/seams/
 
 .PHONY: test-faults
 test-faults: ## the fault-injection suite alone (child consumers, SIGKILLs, restarts; failovers on a three-node Kafka and a two-broker RocketMQ) with its summary table, and the outbox relay's faults (examples/twohop)

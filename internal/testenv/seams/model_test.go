@@ -90,11 +90,32 @@ const (
 	checkLeaseStored = "lease-stored"
 )
 
-// The holes of issue 25 this test must find on code that has them.
+// The checks of the Kafka mode (kafka_test.go) beside applied-once,
+// acked-applied and drained.
+const (
+	// checkRetryCopyOnce: a payment that went to retry (NonBlocking) is
+	// applied once, original and copies together — hole 1 of issue 37
+	// (NonBlocking × a tenant taken from the topic) shows here.
+	checkRetryCopyOnce = "retry-copy-once"
+	// checkRetryCopyApplied: a payment that went to retry and was not
+	// dead-lettered is applied in the end — hole 2 of issue 37
+	// (NonBlocking × StartFrom LastOffset) shows here.
+	checkRetryCopyApplied = "retry-copy-applied"
+	// checkRetryTopicRead: once the stream drains, every retry topic's
+	// partition is committed to its end — a copy skipped while its
+	// payment was applied from its original (hole 2 of issue 37 again)
+	// shows here.
+	checkRetryTopicRead = "retry-topic-read"
+)
+
+// The holes of issues 25 and 37 this test must find on code that has them.
 const (
 	hole1 = "hole 1 (redrive × message-ID keys and offsets)"
 	hole2 = "hole 2 (purge × an extended lease)"
 	hole7 = "hole 7 (Redis front × release)"
+
+	hole37x1 = "issue 37 hole 1 (NonBlocking × Tenant from the topic: a copy applied beside its original)"
+	hole37x2 = "issue 37 hole 2 (NonBlocking × StartFrom LastOffset: a copy skipped)"
 )
 
 // holeChecks maps the checks that find the holes to the holes. Hole 2
@@ -107,6 +128,10 @@ var holeChecks = map[string]string{
 	checkLeaseLive:   hole2,
 	checkLeaseStored: hole2,
 	checkReleasedKey: hole7,
+
+	checkRetryCopyOnce:    hole37x1,
+	checkRetryCopyApplied: hole37x2,
+	checkRetryTopicRead:   hole37x2,
 }
 
 // checkApplied compares the database's applied payments (rows: payment →

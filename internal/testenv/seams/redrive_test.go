@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"testing"
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/dedup/pgstore"
 )
 
 // maxRedrives is `idem redrive`'s default --max-redrives.
@@ -40,13 +42,32 @@ func (r *runner) redrive(ctx context.Context, pay string, pick int) {
 }
 
 // redriveLetter does with one letter what `idem redrive --release` does
-// (cmd/idem/redrive.go, redriver.letter): refuse a letter that is not
-// idem's, has no key, was redriven --max-redrives times, or whose key is
-// done; release the key's failed row; send the value back to the original
-// partition — a new offset — with the letter's headers (the message's own,
-// its original coordinates and key) less the letter's own, and the lineage:
-// idem-redrive-count, idem-redriven-from.
+// (redriveRecord), sending the copy to the original partition of the
+// simulated broker.
 func (r *runner) redriveLetter(ctx context.Context, l *letter) (action, reason string) {
+	headers, part, reason := redriveRecord(ctx, r.t, r.pg, l, topic)
+	if reason != "" {
+		return "refused", reason
+	}
+	pay := ""
+	for _, rec := range r.b.records() {
+		if rec.id == l.from {
+			pay = rec.pay
+		}
+	}
+	r.b.append(int32(part), l.key, l.value, headers, pay, true)
+	return "sent", ""
+}
+
+// redriveRecord does with one letter of topic's dead-letter topic what
+// `idem redrive --release` does (cmd/idem/redrive.go, redriver.letter):
+// refuse a letter that is not idem's, has no key, was redriven
+// --max-redrives times, or whose key is done (reason says why); release
+// the key's failed row; and return the headers of the copy to send back
+// to the original partition part — a new offset —: the letter's headers
+// (the message's own, its original coordinates and key) less the
+// letter's own, and the lineage: idem-redrive-count, idem-redriven-from.
+func redriveRecord(ctx context.Context, t testing.TB, pg *pgstore.Store, l *letter, topic string) (headers []consumer.Header, part int, reason string) {
 	hdr := func(k string) (string, bool) {
 		for _, h := range l.headers {
 			if h.Key == k {
@@ -66,29 +87,28 @@ func (r *runner) redriveLetter(ctx context.Context, l *letter) (action, reason s
 	}
 	switch {
 	case to != topic:
-		return "refused", "no " + consumer.MetaTopic
+		return nil, 0, "no " + consumer.MetaTopic
 	case perr != nil:
-		return "refused", "no " + consumer.MetaPartition
+		return nil, 0, "no " + consumer.MetaPartition
 	case scope == "" || key == "":
-		return "refused", "no key"
+		return nil, 0, "no key"
 	case count >= maxRedrives:
-		return "refused", "max redrives"
+		return nil, 0, "max redrives"
 	}
-	rows, err := r.pg.Admin().Find(ctx, scope, key)
+	rows, err := pg.Admin().Find(ctx, scope, key)
 	if err != nil {
-		r.t.Fatalf("redrive: find %s/%s: %v", scope, key, err)
+		t.Fatalf("redrive: find %s/%s: %v", scope, key, err)
 	}
 	for _, row := range rows {
 		switch row.Outcome {
 		case "done":
-			return "refused", "the key was applied"
+			return nil, 0, "the key was applied"
 		case "failed":
-			if _, err := r.pg.Admin().Release(ctx, []dedup.Key{row.Key}, false); err != nil {
-				r.t.Fatalf("redrive: release: %v", err)
+			if _, err := pg.Admin().Release(ctx, []dedup.Key{row.Key}, false); err != nil {
+				t.Fatalf("redrive: release: %v", err)
 			}
 		}
 	}
-	var headers []consumer.Header
 	for _, h := range l.headers {
 		switch h.Key {
 		case consumer.MetaReason, consumer.MetaAttempts, consumer.MetaAttempt, consumer.MetaLane,
@@ -100,12 +120,5 @@ func (r *runner) redriveLetter(ctx context.Context, l *letter) (action, reason s
 	headers = append(headers,
 		consumer.Header{Key: consumer.MetaRedriveCount, Value: []byte(strconv.Itoa(count + 1))},
 		consumer.Header{Key: consumer.MetaRedrivenFrom, Value: []byte(fmt.Sprintf("%s.dlq/%d/%d", topic, l.at.part, l.at.off))})
-	pay := ""
-	for _, rec := range r.b.records() {
-		if rec.id == l.from {
-			pay = rec.pay
-		}
-	}
-	r.b.append(int32(part), l.key, l.value, headers, pay, true)
-	return "sent", ""
+	return headers, part, ""
 }

@@ -1,0 +1,674 @@
+package seams_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/idemkit/idem/adapters/kafka"
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/dedup/pgstore"
+	"github.com/idemkit/idem/dedup/redisfront"
+	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/kafkatest"
+)
+
+// The Kafka mode (issue 37): each seed draws a configuration (config_test.go)
+// and runs the real kafka.Source, consumer.Consumer and pgstore against a
+// Kafka of its own — an in-process kfake cluster, or with
+// IDEM_SEAMS_KAFKA=real the test environment's broker — so that retry
+// topics, start offsets, generations and rebalances are the real code's.
+// Its ops produce and re-send payments, crash processes in flight, and
+// after a retry copy is durable and before the original's commit, lose a
+// COMMIT's outcome, restart with a changed configuration, add and remove
+// a second member, redrive dead letters and flush the Redis front; after
+// each the model checks that no payment was applied twice, and after the
+// last that every payment not dead-lettered was applied once.
+
+// kafkaSettle bounds a step's wait for its messages to settle, and the
+// drain's: a hang, not a measure.
+const kafkaSettle = time.Minute
+
+// kpay is the model of one payment in the Kafka mode.
+type kpay struct {
+	id        string
+	part      int
+	tenant    string
+	value     []byte
+	poisoned  bool // the handler fails permanently for it, until a redrive fixes it
+	flaky     int  // it fails transiently this many times first
+	uncertain bool // the COMMITs of its first record's transactions are reported failed
+	copies    int  // retry copies the consumer set out to write (one cut short may be durable)
+	letters   int  // dead letters written
+	// dead: its latest record was dead-lettered and not redriven since;
+	// it need not be applied.
+	dead     bool
+	redrives int
+}
+
+// kproc is one consumer process: a kafka.Source and a Consumer on it.
+type kproc struct {
+	src    *kafka.Source
+	cancel context.CancelFunc
+	done   chan error
+}
+
+type kafkaRunner struct {
+	t    testing.TB
+	rep  *reporter
+	cfg  config // the configuration the processes run now
+	real bool
+
+	brokers []string
+	admin   *kafkatest.Admin
+	topic   string
+	group   string
+
+	pool  *pgxpool.Pool
+	pg    *pgstore.Store
+	lying *uncertainStore
+	store dedup.Store[pgx.Tx]
+	front *redisfront.Store[pgx.Tx]
+	rdb   *redis.Client
+	table string
+	beh   *behaviour
+	dlq   *dlq
+	log   *slog.Logger
+
+	mu     sync.Mutex
+	pays   map[string]*kpay
+	order  []string
+	counts map[string]int
+
+	procs [2]*kproc
+	// crashArmed: the next retry copy written kills its process once the
+	// copy is durable, before the original is committed; crashed names
+	// the process it killed.
+	crashArmed atomic.Bool
+	crashed    chan int
+}
+
+func newKafkaRunner(t testing.TB, cfg config, rep *reporter) *kafkaRunner {
+	r := &kafkaRunner{t: t, rep: rep, cfg: cfg, beh: newBehaviour(), dlq: &dlq{},
+		pays: map[string]*kpay{}, counts: map[string]int{}, crashed: make(chan int, 2)}
+	r.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	if os.Getenv("IDEM_TEST_LOG") != "" {
+		r.log = testenv.Logger(t)
+	}
+	r.topic, r.group = topic, "seams"
+	if os.Getenv("IDEM_SEAMS_KAFKA") == "real" {
+		r.real = true
+		r.brokers = testenv.KafkaBrokers(t)
+		r.topic = fmt.Sprintf("seams-%d-%d-%d", rep.seed, os.Getpid(), time.Now().UnixNano()%1e6)
+		r.group = r.topic
+	} else {
+		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Close)
+		r.brokers = c.ListenAddrs()
+	}
+	r.admin = kafkatest.NewAdmin(t, r.brokers)
+	r.admin.CreateTopic(t, r.topic, partitions)
+	r.admin.CreateTopic(t, r.topic+".dlq", partitions)
+	for _, d := range retryDelayPool {
+		r.admin.CreateTopic(t, kafka.RetryTopic(r.topic, d), partitions)
+	}
+	r.precommit()
+
+	ctx := context.Background()
+	r.pool = pool(t)
+	schema := testenv.Schema(t, r.pool)
+	pcfg := pgstore.Config{Schema: schema, LockTimeout: 2 * time.Second}
+	if cfg.store == "pg-partitioned" {
+		pcfg.PartitionWidth = 24 * time.Hour
+	}
+	st, err := pgstore.New(r.pool, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.pg = st
+	r.lying = newUncertainStore(st)
+	r.store = r.lying
+	r.table = pgx.Identifier{schema, "business"}.Sanitize()
+	if _, err := r.pool.Exec(ctx, `CREATE TABLE `+r.table+` (id bigserial PRIMARY KEY, pay text NOT NULL,
+		topic text NOT NULL, part int NOT NULL, off bigint NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.redis {
+		rds := testenv.NewPrivateRedis(t)
+		r.rdb = redis.NewClient(&redis.Options{Addr: rds.Addr(), ContextTimeoutEnabled: true, DialTimeout: time.Second})
+		t.Cleanup(func() { r.rdb.Close() })
+		f, err := redisfront.New[pgx.Tx](st, redisfront.Config{Client: r.rdb, Logger: r.log,
+			Timeout: 10 * time.Second, RetryAfter: time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.front, r.store = f, f
+	}
+	r.start(0)
+	return r
+}
+
+// precommit commits offset 0 of the topic's partitions for the group: the
+// group has been running (with StartFrom LastOffset, a partition without
+// a committed offset starts at its end, and skips what was produced
+// before — the setting's documented meaning, not a hole). The product's
+// own topics (retry topics) are left without one, as a new group has them.
+func (r *kafkaRunner) precommit() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var commits []kafkago.OffsetCommit
+	for p := range partitions {
+		commits = append(commits, kafkago.OffsetCommit{Partition: p, Offset: 0})
+	}
+	tr := &kafkago.Transport{}
+	defer tr.CloseIdleConnections()
+	c := &kafkago.Client{Addr: kafkago.TCP(r.brokers...), Transport: tr}
+	for {
+		res, err := c.OffsetCommit(ctx, &kafkago.OffsetCommitRequest{
+			Addr: kafkago.TCP(r.brokers...), GroupID: r.group, GenerationID: -1,
+			Topics: map[string][]kafkago.OffsetCommit{r.topic: commits},
+		})
+		if err == nil {
+			for _, ps := range res.Topics {
+				for _, p := range ps {
+					if p.Error != nil {
+						err = p.Error
+					}
+				}
+			}
+		}
+		if err == nil {
+			return
+		}
+		if ctx.Err() != nil {
+			r.t.Fatalf("seams: commit the group's first offsets: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond) // the coordinator is loading
+	}
+}
+
+// start starts process i with the runner's configuration.
+func (r *kafkaRunner) start(i int) {
+	c := r.cfg
+	kc := kafka.Config{
+		Brokers: r.brokers, Topics: []string{r.topic}, Group: r.group,
+		StartFrom: c.startFrom, RetryDelays: c.readDelays,
+		MaxWait: 50 * time.Millisecond, RequestTimeout: 3 * time.Second, ReconnectBackoff: 200 * time.Millisecond,
+		SessionTimeout: 6 * time.Second, HeartbeatInterval: 100 * time.Millisecond, RebalanceTimeout: 10 * time.Second,
+		JoinGroupBackoff: 100 * time.Millisecond, PartitionWatchInterval: -1, CloseTimeout: 10 * time.Second,
+		Logger: r.log,
+	}
+	if c.startAt {
+		kc.StartOffsets = kafka.StoreOffsets(r.pg, consumerName)
+	}
+	src, err := kafka.New(kc)
+	if err != nil {
+		r.t.Fatalf("seams: %v: %v", c, err)
+	}
+	cc := consumer.Config[pgx.Tx]{
+		Name: consumerName, Source: src, Store: r.store, Handler: r.handler(),
+		DeadLetter: letterSink{r: r, src: src},
+		Key:        c.keyFunc(), Tenant: c.tenantFunc(), KeyLanes: c.keyLanes, BatchSize: c.batch,
+		Retry:  consumer.RetryPolicy{Initial: time.Millisecond, Max: 5 * time.Millisecond, MaxAttempts: 5},
+		Logger: r.log,
+	}
+	if c.offsets {
+		cc.Offsets = r.pg
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if c.nonBlocking {
+		cc.Retries = consumer.NonBlocking{Attempts: c.attempts, Delays: c.delays, KeyOrdered: c.keyOrdered,
+			Sink: copySink{r: r, src: src, slot: i, cancel: cancel}}
+	}
+	cons, err := consumer.New(cc)
+	if err != nil {
+		cancel()
+		r.t.Fatalf("seams: %v: %v", c, err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cons.Run(ctx) }()
+	r.procs[i] = &kproc{src: src, cancel: cancel, done: done}
+}
+
+// kill stops process i hard: what it has in flight rolls back.
+func (r *kafkaRunner) kill(i int) {
+	p := r.procs[i]
+	if p == nil {
+		return
+	}
+	p.cancel()
+	select {
+	case err := <-p.done:
+		if err != nil && !errors.Is(err, context.Canceled) {
+			r.rep.violation(checkConsumer, "run", "consumer %s stopped: %v", slotName(i), err)
+		}
+	case <-time.After(kafkaSettle):
+		r.t.Fatalf("seams: seed=%d mode=kafka step=%d: consumer %s did not stop", r.rep.seed, r.rep.stepNow(), slotName(i))
+	}
+	r.procs[i] = nil
+}
+
+func (r *kafkaRunner) stopAll() {
+	for i := range r.procs {
+		r.kill(i)
+	}
+}
+
+// --- sinks and the handler ----------------------------------------------------
+
+// copySink is the Source's RetrySink, watched: it counts each copy, and
+// when the runner armed it, kills the process once the copy is durable
+// and before the original's commit.
+type copySink struct {
+	r      *kafkaRunner
+	src    *kafka.Source
+	slot   int
+	cancel context.CancelFunc // the process's
+}
+
+func (s copySink) Retry(ctx context.Context, l consumer.RetryLetter) error {
+	// Counted before the write: a write cut short (the process killed in
+	// flight) may have made the copy durable all the same.
+	s.r.note(l.Message.Value, func(p *kpay) { p.copies++ })
+	if err := s.src.Retry(ctx, l); err != nil {
+		return err
+	}
+	if s.r.crashArmed.CompareAndSwap(true, false) {
+		s.cancel() // the process dies here: the copy is durable, the original not committed
+		s.r.crashed <- s.slot
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return nil
+}
+
+// letterSink is the Source's DeadLetter, watched.
+type letterSink struct {
+	r   *kafkaRunner
+	src *kafka.Source
+}
+
+func (s letterSink) DeadLetter(ctx context.Context, l consumer.Letter) error {
+	if err := s.src.DeadLetter(ctx, l); err != nil {
+		return err
+	}
+	_ = s.r.dlq.DeadLetter(ctx, l)
+	s.r.note(l.Message.Value, func(p *kpay) { p.letters++; p.dead = true })
+	return nil
+}
+
+// note applies f to the payment value carries.
+func (r *kafkaRunner) note(value []byte, f func(*kpay)) {
+	var pl payload
+	_ = json.Unmarshal(value, &pl)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if p := r.pays[pl.Pay]; p != nil {
+		f(p)
+	}
+}
+
+func (r *kafkaRunner) handler() consumer.Handler[pgx.Tx] {
+	return consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		var pl payload
+		if err := json.Unmarshal(m.Value, &pl); err != nil || pl.Pay == "" {
+			return consumer.Permanent(fmt.Errorf("bad payload %q: %v", m.Value, err))
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO `+r.table+` (pay, topic, part, off) VALUES ($1, $2, $3, $4)`,
+			pl.Pay, m.Topic, m.Partition, m.Offset); err != nil {
+			return err
+		}
+		r.mu.Lock()
+		uncertain := r.pays[pl.Pay] != nil && r.pays[pl.Pay].uncertain
+		r.mu.Unlock()
+		if uncertain && m.Topic == r.topic {
+			r.lying.target(m.Ref())
+		}
+		err, _ := r.beh.fault(pl.Pay, recID{})
+		return err
+	})
+}
+
+// uncertainStore reports a transient failure for every transaction that
+// claimed one of its targets (a message's Ref) — after the transaction
+// committed: a COMMIT whose outcome the client did not learn.
+type uncertainStore struct {
+	*pgstore.Store
+	mu      sync.Mutex
+	targets map[string]bool
+	claims  map[pgx.Tx][]string
+	lies    atomic.Int32
+}
+
+func newUncertainStore(s *pgstore.Store) *uncertainStore {
+	return &uncertainStore{Store: s, targets: map[string]bool{}, claims: map[pgx.Tx][]string{}}
+}
+
+func (s *uncertainStore) target(ref string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.targets[ref] = true
+}
+
+func (s *uncertainStore) Claim(ctx context.Context, tx pgx.Tx, claims []dedup.Claim, results []dedup.Result) error {
+	s.mu.Lock()
+	for _, c := range claims {
+		s.claims[tx] = append(s.claims[tx], c.Source)
+	}
+	s.mu.Unlock()
+	return s.Store.Claim(ctx, tx, claims, results)
+}
+
+func (s *uncertainStore) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	var in pgx.Tx
+	err := s.Store.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		in = tx
+		return fn(ctx, tx)
+	})
+	s.mu.Lock()
+	sources := s.claims[in]
+	delete(s.claims, in)
+	lie := false
+	for _, src := range sources {
+		lie = lie || s.targets[src]
+	}
+	s.mu.Unlock()
+	if err == nil && lie {
+		s.lies.Add(1)
+		return consumer.Retryable(errors.New("seams: connection reset during COMMIT"))
+	}
+	return err
+}
+
+// --- producing ------------------------------------------------------------------
+
+func (r *kafkaRunner) record(p *kpay) kafkago.Message {
+	return kafkago.Message{Partition: p.part, Key: []byte(p.id), Value: p.value, Headers: []kafkago.Header{
+		{Key: idemKeyHeader, Value: []byte(p.id)},
+		{Key: tenantHeader, Value: []byte(p.tenant)},
+	}}
+}
+
+func (r *kafkaRunner) produce(np newPay, uncertain bool) {
+	v, _ := json.Marshal(payload{np.id, np.amount})
+	p := &kpay{id: np.id, part: int(partitionOf(np.id)), value: v, poisoned: np.poisoned, flaky: np.flaky,
+		uncertain: uncertain && r.front == nil, tenant: "t" + np.id[len(np.id)-1:]}
+	r.mu.Lock()
+	r.pays[p.id] = p
+	r.order = append(r.order, p.id)
+	r.mu.Unlock()
+	r.beh.set(p.id, p.poisoned, p.flaky)
+	r.admin.Produce(r.t, r.topic, r.record(p))
+}
+
+func (r *kafkaRunner) resend(pay string) {
+	r.mu.Lock()
+	p := r.pays[pay]
+	r.mu.Unlock()
+	r.admin.Produce(r.t, r.topic, r.record(p))
+	r.count("resends")
+}
+
+func (r *kafkaRunner) count(what string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.counts[what]++
+}
+
+// --- settling and checking ------------------------------------------------------
+
+// rows returns how often each payment was applied.
+func (r *kafkaRunner) rows(ctx context.Context) map[string]int {
+	rows := map[string]int{}
+	res, err := r.pool.Query(ctx, `SELECT pay, count(*) FROM `+r.table+` GROUP BY pay`)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	for res.Next() {
+		var pay string
+		var n int
+		if err := res.Scan(&pay, &n); err != nil {
+			r.t.Fatal(err)
+		}
+		rows[pay] = n
+	}
+	if err := res.Err(); err != nil {
+		r.t.Fatal(err)
+	}
+	return rows
+}
+
+// lag returns the partitions of topic whose group offset is behind their
+// end (with the offset, -1 for none), "" when none is.
+func (r *kafkaRunner) lag(ctx context.Context, topic string) string {
+	hwm, err := r.admin.HighWatermarks(ctx, topic)
+	if err != nil {
+		return err.Error()
+	}
+	got, err := r.admin.Committed(ctx, r.group, topic)
+	if err != nil || len(got) != len(hwm) {
+		return fmt.Sprintf("committed offsets unreadable: %v", err)
+	}
+	var s []string
+	for i := range hwm {
+		if hwm[i] > 0 && got[i] < hwm[i] {
+			s = append(s, fmt.Sprintf("%s/%d committed %d, end %d", topic, i, got[i], hwm[i]))
+		}
+	}
+	return strings.Join(s, "; ")
+}
+
+// unsettled says what a step still waits for: a payment neither applied,
+// dead-lettered nor in retry, or a record of the topic not committed; ""
+// when nothing. final: the drain — every payment applied or
+// dead-lettered, every retry topic committed too.
+func (r *kafkaRunner) unsettled(ctx context.Context, final bool) string {
+	rows := r.rows(ctx)
+	r.mu.Lock()
+	var waiting []string
+	for _, id := range r.order {
+		p := r.pays[id]
+		if rows[id] > 0 || p.dead || !final && p.copies > 0 {
+			continue
+		}
+		waiting = append(waiting, id)
+	}
+	r.mu.Unlock()
+	if len(waiting) > 0 {
+		return "payments not applied: " + strings.Join(waiting, " ")
+	}
+	topics := []string{r.topic}
+	if final {
+		for _, d := range r.cfg.readDelays {
+			topics = append(topics, kafka.RetryTopic(r.topic, d))
+		}
+	}
+	for _, tp := range topics {
+		if l := r.lag(ctx, tp); l != "" {
+			return l
+		}
+	}
+	return ""
+}
+
+// settle waits until the step's messages are settled; false, with what
+// is left, when they are not within d.
+func (r *kafkaRunner) settle(ctx context.Context, final bool, d time.Duration) (bool, string) {
+	deadline := time.Now().Add(d)
+	for {
+		left := r.unsettled(ctx, final)
+		if left == "" {
+			return true, ""
+		}
+		if time.Now().After(deadline) {
+			return false, left
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// check: no payment applied twice; with final, every payment that is not
+// dead-lettered applied.
+func (r *kafkaRunner) check(ctx context.Context, final bool) {
+	rows := r.rows(ctx)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, id := range r.order {
+		p := r.pays[id]
+		n := rows[id]
+		switch {
+		case n > 1 && p.copies > 0:
+			r.rep.violation(checkRetryCopyOnce, id, "payment %s applied %d times; %s", id, n, r.describe(ctx, p))
+		case n > 1:
+			r.rep.violation(checkAppliedOnce, id, "payment %s applied %d times; %s", id, n, r.describe(ctx, p))
+		case final && n == 0 && !p.dead && p.copies > 0:
+			r.rep.violation(checkRetryCopyApplied, id, "payment %s went to retry and was never applied nor dead-lettered; %s", id, r.describe(ctx, p))
+		case final && n == 0 && !p.dead:
+			r.rep.violation(checkAckedApplied, id, "payment %s was never applied nor dead-lettered; %s", id, r.describe(ctx, p))
+		}
+	}
+}
+
+// describe says what the model and the database know of a payment; r.mu
+// is held.
+func (r *kafkaRunner) describe(ctx context.Context, p *kpay) string {
+	var parts []string
+	for _, x := range []struct {
+		on   bool
+		what string
+	}{{p.poisoned, "poisoned"}, {p.flaky > 0, fmt.Sprintf("flaky %d", p.flaky)}, {p.uncertain, "COMMIT outcome lost"},
+		{p.copies > 0, fmt.Sprintf("%d retry copies", p.copies)}, {p.letters > 0, fmt.Sprintf("%d dead letters", p.letters)},
+		{p.redrives > 0, fmt.Sprintf("%d redrives", p.redrives)}} {
+		if x.on {
+			parts = append(parts, x.what)
+		}
+	}
+	res, err := r.pool.Query(ctx, `SELECT topic, part, off FROM `+r.table+` WHERE pay = $1 ORDER BY id`, p.id)
+	if err == nil {
+		for res.Next() {
+			var tp string
+			var part int
+			var off int64
+			if res.Scan(&tp, &part, &off) == nil {
+				parts = append(parts, fmt.Sprintf("applied from %s/%d/%d", tp, part, off))
+			}
+		}
+		res.Close()
+	}
+	var keys []string
+	if kr, err := r.pool.Query(ctx, `SELECT scope || ' ' || key || ' ' || outcome FROM `+r.pg.Table()+` WHERE key LIKE '%' || $1 || '%'`, p.id); err == nil {
+		for kr.Next() {
+			var s string
+			if kr.Scan(&s) == nil {
+				keys = append(keys, s)
+			}
+		}
+		kr.Close()
+	}
+	sort.Strings(keys)
+	if len(keys) > 0 {
+		parts = append(parts, "key rows: "+strings.Join(keys, ", "))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// run applies ops one by one, settling and checking after each, then
+// drains with the last configuration and checks that nothing was lost.
+func (r *kafkaRunner) run(ctx context.Context, ops []kop) {
+	trace := os.Getenv("IDEM_SEAMS_TRACE") != ""
+	for i, o := range ops {
+		r.rep.at(i+1, o.String())
+		if trace {
+			r.t.Logf("step %d: %v", i+1, o)
+		}
+		o.apply(ctx, r)
+		if ok, left := r.settle(ctx, false, kafkaSettle); !ok {
+			r.t.Fatalf("seams: seed=%d mode=kafka step=%d [%v]: not settled after %v: %s\n\tconfig: %v\n\treplay: go test -race -count=1 ./internal/testenv/seams/ -run 'TestSeamsKafka/^seed=%d$' -seams.seed=%d",
+				r.rep.seed, i+1, o, kafkaSettle, left, r.cfg, r.rep.seed, r.rep.seed)
+		}
+		r.check(ctx, false)
+	}
+	r.rep.at(len(ops)+1, "drain")
+	r.crashArmed.Store(false)
+	// Copies wait out their delays, and may go to retry again: wait for
+	// the longest run of trips, then some.
+	wait := 20 * time.Second
+	for _, d := range r.cfg.readDelays {
+		wait += 3 * d
+	}
+	ok, left := r.settle(ctx, true, wait)
+	r.check(ctx, true)
+	switch {
+	case ok, strings.HasPrefix(left, "payments not applied"): // those the check reported
+	case strings.Contains(left, ".retry."):
+		r.rep.violation(checkRetryTopicRead, "drain", "a retry topic not read to its end after %v: %s", wait, left)
+	default:
+		r.rep.violation(checkDrained, "drain", "not drained after %v: %s", wait, left)
+	}
+	r.stopAll()
+	r.mu.Lock()
+	keys := make([]string, 0, len(r.counts))
+	for k := range r.counts {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d payments", len(r.pays))
+	for _, k := range keys {
+		fmt.Fprintf(&b, ", %s %d", k, r.counts[k])
+	}
+	r.mu.Unlock()
+	r.t.Logf("seams: seed=%d mode=kafka: %s; COMMITs reported failed %d; config at the end: %v", r.rep.seed, b.String(), r.lying.lies.Load(), r.cfg)
+}
+
+func TestSeamsKafka(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres")
+	}
+	testenv.PostgresURL(t)
+	expect := expectHolesOf("37")
+	found := &findings{}
+	seeds := seedList(t)
+	if *seedFlag == 0 && *seedsFlag == "" && os.Getenv("IDEM_SEAMS_SEEDS") == "" {
+		seeds = kafkaFixedSeeds
+	}
+	start := time.Now()
+	for _, seed := range seeds {
+		cfg := kafkaSeedConfig(seed)
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			t.Parallel()
+			rep := newReporter(t, seed, "kafka", expect, found)
+			rep.config, rep.drawn = cfg.String(), cfg.String()
+			newKafkaRunner(t, cfg, rep).run(context.Background(), generateKafka(seed, cfg, steps(14)))
+		})
+	}
+	t.Cleanup(func() {
+		t.Logf("seams kafka: %v; checks that failed, by seed:\n%s", time.Since(start).Round(time.Millisecond), found.summary())
+		if expect {
+			expectHoles(t, found, hole37x1, hole37x2)
+		}
+	})
+}

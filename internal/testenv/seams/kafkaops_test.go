@@ -1,0 +1,311 @@
+package seams_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+)
+
+// The Kafka mode's operations (kafka_test.go runs them) and their
+// generator.
+
+// A kop is one step of a Kafka-mode run; like op, its choices are made
+// from the seed when the sequence is generated.
+type kop interface {
+	String() string
+	apply(ctx context.Context, r *kafkaRunner)
+}
+
+// kopProduce produces new payments; uncertain[i]: the COMMITs of the
+// i-th one's first record are reported failed (the outcome lost).
+type kopProduce struct {
+	pays      []newPay
+	uncertain []bool
+}
+
+func (o kopProduce) String() string {
+	var s []string
+	for i, p := range o.pays {
+		x := p.id
+		if p.poisoned {
+			x += "(poisoned)"
+		}
+		if p.flaky > 0 {
+			x += fmt.Sprintf("(flaky %d)", p.flaky)
+		}
+		if o.uncertain[i] {
+			x += "(COMMIT outcome lost)"
+		}
+		s = append(s, x)
+	}
+	return "produce " + strings.Join(s, " ")
+}
+
+func (o kopProduce) apply(_ context.Context, r *kafkaRunner) {
+	for i, p := range o.pays {
+		r.produce(p, o.uncertain[i])
+	}
+}
+
+// kopResend is the producer (or the payment channel) sending a payment
+// again, with the same payload.
+type kopResend struct{ pay string }
+
+func (o kopResend) String() string                          { return "resend " + o.pay }
+func (o kopResend) apply(_ context.Context, r *kafkaRunner) { r.resend(o.pay) }
+
+// kopRestart kills a process (A when B is not running) and starts a new
+// one with cfg; when change says what changed, a deploy: every running
+// process is restarted with it.
+type kopRestart struct {
+	slot   int
+	cfg    config
+	change string
+}
+
+func (o kopRestart) String() string {
+	if o.change != "" {
+		return fmt.Sprintf("restart consumer %s, %s", slotName(o.slot), o.change)
+	}
+	return "restart consumer " + slotName(o.slot)
+}
+
+func (o kopRestart) apply(_ context.Context, r *kafkaRunner) {
+	slot := o.slot
+	if r.procs[slot] == nil {
+		slot = 0 // B is not running: A is restarted
+	}
+	r.kill(slot)
+	r.cfg = o.cfg
+	if o.change != "" {
+		r.rep.config = fmt.Sprintf("%v (drawn: %s)", r.cfg, r.rep.drawn)
+		// A deploy: every process runs the new configuration.
+		for i := range r.procs {
+			if i != slot && r.procs[i] != nil {
+				r.kill(i)
+				r.start(i)
+			}
+		}
+		r.count("configuration changes")
+	}
+	r.start(slot)
+	r.count("restarts")
+}
+
+// kopMember adds consumer B to the group, or takes it away: a rebalance.
+type kopMember struct{}
+
+func (kopMember) String() string { return "consumer B joins the group, or leaves it" }
+func (kopMember) apply(_ context.Context, r *kafkaRunner) {
+	if r.procs[1] == nil {
+		r.start(1)
+	} else {
+		r.kill(1)
+	}
+	r.count("rebalances")
+}
+
+// kopCrashAfterCopy: the next message that goes to retry kills its
+// process once its copy is durable, before the original is committed;
+// the process is restarted.
+type kopCrashAfterCopy struct{ pay newPay }
+
+func (o kopCrashAfterCopy) String() string {
+	return fmt.Sprintf("produce %s (flaky %d), crash after its retry copy is durable, before its commit", o.pay.id, o.pay.flaky)
+}
+
+func (o kopCrashAfterCopy) apply(_ context.Context, r *kafkaRunner) {
+	r.crashArmed.Store(true)
+	r.produce(o.pay, false)
+	select {
+	case slot := <-r.crashed:
+		r.kill(slot)
+		r.start(slot)
+		r.count("crashes after a retry copy")
+	case <-time.After(kafkaSettle):
+		r.t.Fatalf("seams: seed=%d mode=kafka step=%d: no message went to retry within %v\n\tconfig: %v", r.rep.seed, r.rep.stepNow(), kafkaSettle, r.cfg)
+	}
+}
+
+// kopCrashInFlight produces payments and at once kills the processes
+// while they are being handled — before or after their commits, as the
+// timing falls — and starts new ones.
+type kopCrashInFlight struct{ produce kopProduce }
+
+func (o kopCrashInFlight) String() string {
+	return strings.TrimPrefix(o.produce.String(), "produce ") + " produced, the processes killed in flight, restarted"
+}
+
+func (o kopCrashInFlight) apply(ctx context.Context, r *kafkaRunner) {
+	o.produce.apply(ctx, r)
+	for i := range r.procs {
+		if r.procs[i] != nil {
+			r.kill(i)
+			r.start(i)
+		}
+	}
+	r.count("crashes in flight")
+}
+
+// kopRedrive fixes a payment's cause and redrives one of its dead letters,
+// as `idem redrive --release` does.
+// TODO(issue 37): an operator plan through cmd/idem's planner, checked as
+// executed as shown, once the planner lands (branch planner).
+type kopRedrive struct {
+	pay  string
+	pick int
+}
+
+func (o kopRedrive) String() string {
+	return fmt.Sprintf("redrive a letter of %s (pick %d)", o.pay, o.pick)
+}
+
+func (o kopRedrive) apply(ctx context.Context, r *kafkaRunner) {
+	r.mu.Lock()
+	p := r.pays[o.pay]
+	r.mu.Unlock()
+	r.beh.fix(o.pay)
+	r.beh.set(o.pay, false, 0)
+	var mine []*letter
+	for _, l := range r.dlq.all() {
+		var pl payload
+		if json.Unmarshal(l.value, &pl) == nil && pl.Pay == o.pay {
+			mine = append(mine, l)
+		}
+	}
+	if len(mine) == 0 {
+		r.count("redrives without a letter yet")
+		return
+	}
+	headers, part, reason := redriveRecord(ctx, r.t, r.pg, mine[o.pick%len(mine)], r.topic)
+	if reason != "" {
+		r.count("redrives refused (" + reason + ")")
+		return
+	}
+	msg := kafkago.Message{Partition: part, Key: mine[0].key, Value: mine[o.pick%len(mine)].value}
+	for _, h := range headers {
+		msg.Headers = append(msg.Headers, kafkago.Header{Key: h.Key, Value: h.Value})
+	}
+	r.mu.Lock()
+	p.poisoned, p.dead = false, false
+	p.redrives++
+	r.mu.Unlock()
+	r.admin.Produce(r.t, r.topic, msg)
+	r.count("redrives sent")
+}
+
+// kopRedisFlush empties the Redis front's server.
+type kopRedisFlush struct{}
+
+func (kopRedisFlush) String() string { return "redis flush" }
+func (kopRedisFlush) apply(ctx context.Context, r *kafkaRunner) {
+	if r.rdb == nil {
+		return
+	}
+	if err := r.rdb.FlushAll(ctx).Err(); err != nil {
+		r.t.Fatalf("redis flush: %v", err)
+	}
+	r.count("redis flushes")
+}
+
+// generateKafka makes a run's ops from the seed; cfg is the first
+// configuration (a restart may change it).
+func generateKafka(seed uint64, cfg config, steps int) []kop {
+	rng := rand.New(rand.NewPCG(seed, seed^0xcafe37))
+	var pays, poisoned []string
+	n := 0
+	newp := func() newPay {
+		n++
+		p := newPay{id: fmt.Sprintf("P%03d", n), amount: 1 + rng.IntN(100)}
+		switch x := rng.IntN(20); {
+		case x < 3:
+			p.poisoned = true
+			poisoned = append(poisoned, p.id)
+		case x < 9:
+			p.flaky = 1 + rng.IntN(3)
+		}
+		pays = append(pays, p.id)
+		return p
+	}
+	produce := func(k int) kop {
+		var o kopProduce
+		for range k {
+			p := newp()
+			o.pays = append(o.pays, p)
+			o.uncertain = append(o.uncertain, p.flaky == 0 && !p.poisoned && rng.IntN(4) == 0)
+		}
+		return o
+	}
+	ops := []kop{produce(3)}
+	for len(ops) < steps {
+		var cs []struct {
+			w int
+			f func() kop
+		}
+		add := func(w int, f func() kop) {
+			cs = append(cs, struct {
+				w int
+				f func() kop
+			}{w, f})
+		}
+		add(10, func() kop { return produce(1 + rng.IntN(3)) })
+		add(4, func() kop {
+			o := kopRestart{slot: rng.IntN(2), cfg: cfg}
+			if rng.IntN(2) == 0 {
+				o.cfg, o.change = cfg.change(rng)
+				cfg = o.cfg
+			}
+			return o
+		})
+		add(3, func() kop { return kopMember{} })
+		add(3, func() kop { return kopCrashInFlight{produce: produce(1 + rng.IntN(4)).(kopProduce)} })
+		if cfg.nonBlocking {
+			add(5, func() kop {
+				p := newp()
+				p.poisoned, p.flaky = false, 1+cfg.attempts // goes to retry at least once
+				poisoned = slices.DeleteFunc(poisoned, func(s string) bool { return s == p.id })
+				return kopCrashAfterCopy{pay: p}
+			})
+		}
+		if cfg.business() && len(pays) > 0 {
+			add(4, func() kop { return kopResend{pay: pays[rng.IntN(len(pays))]} })
+		}
+		if len(poisoned) > 0 {
+			add(4, func() kop { return kopRedrive{pay: poisoned[rng.IntN(len(poisoned))], pick: rng.IntN(3)} })
+		}
+		if cfg.redis {
+			add(2, func() kop { return kopRedisFlush{} })
+		}
+		total := 0
+		for _, c := range cs {
+			total += c.w
+		}
+		x := rng.IntN(total)
+		for _, c := range cs {
+			if x < c.w {
+				ops = append(ops, c.f())
+				break
+			}
+			x -= c.w
+		}
+	}
+	return ops
+}
+
+// kafkaSeedConfig is the first configuration of a seed's Kafka run.
+func kafkaSeedConfig(seed uint64) config {
+	return drawConfig(rand.New(rand.NewPCG(seed, seed^0xc0f1637)))
+}
+
+// kafkaFixedSeeds run in `go test`. On the code issue 37 was filed
+// against, 1, 7 and 26 found both its holes in every run so far, 4 hole 1
+// (the windows are the real adapter's, not simulated: a seed finds a hole
+// by timing too); 6, 14, 16 and 25 draw offsets alone, KeyOrdered and a
+// changed configuration, the Redis front, three delays.
+var kafkaFixedSeeds = []uint64{1, 4, 6, 7, 14, 16, 25, 26}
