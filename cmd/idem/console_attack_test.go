@@ -20,8 +20,11 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	kafkago "github.com/segmentio/kafka-go"
 
+	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/internal/testenv"
 )
 
@@ -362,4 +365,45 @@ func TestConsoleSameSitePageInTheBrowser(t *testing.T) {
 	if !strings.Contains(text, "released pay T03") {
 		t.Errorf("Chromium sent the session cookie with %d same-site <img> dry runs from %s; then the operator's confirmation: %q", withCookie.Load(), evil.URL, strings.TrimSpace(text))
 	}
+}
+
+// TestRedriveIsRecordedWhateverTheLetterHolds: a dead letter's headers
+// come from outside. A NUL in its idem-cause goes into the plan's JSON as
+// \u0000, which Postgres's jsonb refuses: the redrive sends the letter
+// back, then fails to record that it did. An action must not run without
+// its record (record first, or record what Postgres can hold).
+func TestRedriveIsRecordedWhateverTheLetterHolds(t *testing.T) {
+	p := newPayments(t)
+	ctx := testenv.Context(t, 2*time.Minute)
+	if code, _, _ := idem(t, "", p.envs, "migrate"); code != exitOK {
+		t.Fatalf("migrate: exit %d", code)
+	}
+	w := &kafkago.Writer{Addr: kafkago.TCP(p.brokers...), Topic: p.dlq, RequiredAcks: kafkago.RequireAll, BatchTimeout: time.Millisecond, Transport: p.tr}
+	defer w.Close()
+	h := func(k, v string) kafkago.Header { return kafkago.Header{Key: k, Value: []byte(v)} }
+	if err := w.WriteMessages(ctx, kafkago.Message{Key: []byte("N1"), Value: []byte(`{"txn_id":"N1","amount":1}`), Headers: []kafkago.Header{
+		h(consumer.MetaTopic, p.topic), h(consumer.MetaPartition, "0"), h(consumer.MetaKeyScope, "pay"), h(consumer.MetaKey, "N1"),
+		h(consumer.MetaCause, "permanent\x00"), h(consumer.MetaReason, "boom"),
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	before := p.end(p.topic)
+	code, _, errOut := idem(t, "", p.envs, "redrive", "--topic", p.dlq)
+	sent := p.end(p.topic) - before
+	acts, err := testStore(t, p).Admin().Actions(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sent > 0 && len(acts) == 0 {
+		t.Errorf("idem redrive sent %d letter(s) and the audit log holds no record of it (exit %d): %s", sent, code, strings.TrimSpace(errOut))
+	}
+}
+
+func testStore(t *testing.T, p *payments) *pgstore.Store {
+	t.Helper()
+	s, err := pgstore.New(p.pool, pgstore.Config{Schema: p.schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
