@@ -58,11 +58,13 @@ func TestConsoleTokenRedirectStaysOnTheConsole(t *testing.T) {
 	defer evil.Close()
 	evilHost := strings.TrimPrefix(evil.URL, "http://")
 	base, _ := url.Parse(srv.URL)
+	tr := &http.Transport{DisableKeepAlives: true}
+	defer tr.CloseIdleConnections()
 	for _, p := range []string{"/%09/" + evilHost + "/x", "/%0A/" + evilHost + "/x", "/%0D%09/" + evilHost + "/x", "/%5C%09" + evilHost} {
 		// The transport, not a client: Go's client refuses to parse such a
 		// Location; a browser does not.
 		req, _ := http.NewRequest(http.MethodGet, srv.URL+p+"?token="+testConsoleToken, nil)
-		resp, err := http.DefaultTransport.RoundTrip(req)
+		resp, err := tr.RoundTrip(req)
 		if err != nil {
 			t.Fatal(err)
 		}
