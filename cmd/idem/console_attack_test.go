@@ -28,8 +28,8 @@ import (
 	"github.com/idemkit/idem/internal/testenv"
 )
 
-// authOnlyConsole is a console with its guard and nothing behind it that
-// the test reaches: what the guard does before any page runs.
+// authOnlyConsole is a console's guard with a page behind it that only
+// says "console": what the guard does before any page runs.
 func authOnlyConsole(t *testing.T, log io.Writer) (*console, *httptest.Server) {
 	t.Helper()
 	auth, err := newConsoleAuth(testConsoleToken, "tester", "7464", false, slog.New(slog.NewTextHandler(log, nil)))
@@ -37,7 +37,9 @@ func authOnlyConsole(t *testing.T, log io.Writer) (*console, *httptest.Server) {
 		t.Fatal(err)
 	}
 	c := &console{auth: auth, checkHost: true}
-	srv := httptest.NewServer(c.handler()) // on 127.0.0.1
+	srv := httptest.NewServer(c.guard(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		io.WriteString(w, "<title>console</title>console")
+	}))) // on 127.0.0.1
 	t.Cleanup(srv.Close)
 	return c, srv
 }
