@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 )
 
 // The console's authentication and limits.
@@ -238,7 +239,9 @@ func (a *consoleAuth) fail(r *http.Request) {
 // the same path on this console, without the token; never another host.
 func safeRedirect(u *url.URL) string {
 	p := path.Clean("/" + strings.TrimLeft(u.Path, "/\\"))
-	if strings.ContainsAny(p, "\\") {
+	// A browser drops tabs and newlines from a Location before resolving
+	// it: /<TAB>/host would be //host, another host.
+	if strings.ContainsAny(p, "\\") || strings.ContainsFunc(p, unicode.IsControl) {
 		p = "/"
 	}
 	q := u.Query()
