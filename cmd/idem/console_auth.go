@@ -184,11 +184,21 @@ func client(r *http.Request) string {
 	return host
 }
 
+// limitedAs is the bucket a client's failures go to: its address, and
+// every loopback address one bucket, since any local user sends from all
+// of 127.0.0.0/8.
+func limitedAs(c string) string {
+	if ip := net.ParseIP(c); ip != nil && ip.IsLoopback() {
+		return "loopback"
+	}
+	return c
+}
+
 // limited reports whether a client has used up its wrong guesses.
 func (a *consoleAuth) limited(c string) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	b := a.bucket(c)
+	b := a.bucket(limitedAs(c))
 	return b.tokens < 1
 }
 
@@ -222,7 +232,7 @@ func (a *consoleAuth) bucket(c string) *failBucket {
 func (a *consoleAuth) fail(r *http.Request) {
 	c := client(r)
 	a.mu.Lock()
-	b := a.bucket(c)
+	b := a.bucket(limitedAs(c))
 	b.tokens--
 	limited := b.tokens < 1 && !b.logged
 	if limited {
