@@ -14,6 +14,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -410,4 +411,54 @@ func testStore(t *testing.T, p *payments) *pgstore.Store {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// TestConsoleTokenFileReadableByOthers: --token-file is the way the docs
+// give to keep the token from other local users; a file they can read
+// (mode 0644, what a plain echo > file makes) gives it to them all the
+// same. The console should say so, as ssh does of a key file. Its
+// trailing newline (CRLF too) is not part of the token: that part holds.
+func TestConsoleTokenFileReadableByOthers(t *testing.T) {
+	_, schema := testenv.SchemaPool(t)
+	envs := map[string]string{"IDEM_PG_URL": testenv.PostgresURL(t), "IDEM_PG_SCHEMA": schema}
+	if code, _, _ := idem(t, "", envs, "migrate"); code != exitOK {
+		t.Fatal("migrate")
+	}
+	file := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, []byte(testConsoleToken+"\r\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(file, 0o644); err != nil { // whatever the umask
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errOut := &syncBuffer{}
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"console", "--addr", "127.0.0.1:0", "--token-file", file}, &env{stdin: strings.NewReader(""), stdout: io.Discard, stderr: errOut,
+			getenv: func(k string) string { return envs[k] }})
+	}()
+	testenv.WaitUntil(t, 30*time.Second, "the console's address", func() bool { return strings.Contains(errOut.String(), "idem console: http://") })
+	line := strings.TrimSpace(errOut.String())
+	line = line[strings.Index(line, "http://"):]
+	addr, _, _ := strings.Cut(line, " ")
+	req, _ := http.NewRequest(http.MethodGet, strings.TrimSuffix(addr, "/")+"/audit", nil)
+	req.Header.Set("Authorization", "Bearer "+testConsoleToken)
+	tr := &http.Transport{DisableKeepAlives: true}
+	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	tr.CloseIdleConnections()
+	cancel()
+	if code := <-done; code != exitOK {
+		t.Errorf("console: exit %d", code)
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("the token from a file ending in CRLF: %d, want 200", resp.StatusCode)
+	}
+	if out := errOut.String(); !strings.Contains(out, file) || !strings.Contains(out, "readable") {
+		t.Errorf("--token-file %s, mode 0644: the console says nothing of other users reading it:\n%s", file, out)
+	}
 }
