@@ -23,6 +23,7 @@ import (
 	"github.com/chromedp/chromedp"
 	kafkago "github.com/segmentio/kafka-go"
 
+	"github.com/idemkit/idem/cmd/idem/internal/redrive"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/pgstore"
@@ -460,5 +461,65 @@ func TestConsoleTokenFileReadableByOthers(t *testing.T) {
 	}
 	if out := errOut.String(); !strings.Contains(out, file) || !strings.Contains(out, "readable") {
 		t.Errorf("--token-file %s, mode 0644: the console says nothing of other users reading it:\n%s", file, out)
+	}
+}
+
+// TestStalePlanRefusalIsInert: a letter's key comes from its headers;
+// a stale plan's refusal quotes it ("shown send of key pay/…"), and
+// idem redrive --plan prints that refusal as it is: an OSC sequence in
+// the key retitles the operator's terminal. The console shows the same
+// refusal in its error box.
+func TestStalePlanRefusalIsInert(t *testing.T) {
+	p := newPayments(t)
+	ctx := testenv.Context(t, 2*time.Minute)
+	if code, _, _ := idem(t, "", p.envs, "migrate"); code != exitOK {
+		t.Fatalf("migrate: exit %d", code)
+	}
+	hostile := "N1\x1b]0;pwned\x07\u202e"
+	w := &kafkago.Writer{Addr: kafkago.TCP(p.brokers...), Topic: p.dlq, RequiredAcks: kafkago.RequireAll, BatchTimeout: time.Millisecond, Transport: p.tr}
+	defer w.Close()
+	h := func(k, v string) kafkago.Header { return kafkago.Header{Key: k, Value: []byte(v)} }
+	if err := w.WriteMessages(ctx, kafkago.Message{Key: []byte("N1"), Value: []byte(`{"txn_id":"N1","amount":1}`), Headers: []kafkago.Header{
+		h(consumer.MetaTopic, p.topic), h(consumer.MetaPartition, "0"), h(consumer.MetaKeyScope, "pay"), h(consumer.MetaKey, hostile),
+		h(consumer.MetaCause, "permanent"), h(consumer.MetaReason, "boom"),
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	code, plan, _ := idem(t, "", p.envs, "redrive", "--topic", p.dlq, "--dry-run", "--json")
+	if code != exitOK {
+		t.Fatalf("the dry run: exit %d", code)
+	}
+	file := filepath.Join(t.TempDir(), "plan.json")
+	if err := os.WriteFile(file, []byte(plan), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The console's dry run of the same plan, before it goes stale.
+	store := testStore(t, p)
+	c := &console{admin: store.Admin(), reqs: store, checkHost: true, broker: redrive.Kafka{Brokers: p.brokers, Timeout: 10 * time.Second},
+		topic: p.dlq, group: redrive.DefaultGroup, max: 1000, maxRedrives: redrive.DefaultMaxRedrives, margin: 2}
+	f := &consoleFixture{payments: p, store: store, console: c}
+	var err error
+	if c.auth, err = newConsoleAuth(testConsoleToken, "tester", "7464", false, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+		t.Fatal(err)
+	}
+	f.h = c.handler()
+	_, tok := f.dryRun(t, "/redrive")
+	// The key fails meanwhile: the plan (send) is stale.
+	if err := store.RecordFailure(ctx, dedup.Claim{Key: dedup.Key{Scope: "pay", ID: hostile}, Fingerprint: dedup.FingerprintOf([]byte("N1"))}, "boom"); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := idem(t, "", p.envs, "redrive", "--plan", file)
+	if code != exitNotConfirmed || !strings.Contains(errOut, "stale plan") {
+		t.Fatalf("idem redrive --plan of a stale plan: exit %d\n%q", code, errOut)
+	}
+	if strings.ContainsAny(errOut, "\x1b\x07\u202e") {
+		t.Errorf("idem redrive --plan prints the stale plan's key raw: %q", errOut)
+	}
+	code, body := f.do(t, http.MethodPost, "/confirm", url.Values{"action": {tok}}, nil)
+	if code != http.StatusConflict {
+		t.Fatalf("the console's confirmation of a stale plan: %d %s", code, errorLine(body))
+	}
+	if e := errorLine(body); strings.ContainsAny(e, "\x1b\x07\u202e") {
+		t.Errorf("the console shows the stale plan's key raw: %q", e)
 	}
 }
