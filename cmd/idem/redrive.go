@@ -136,7 +136,7 @@ func runRedrive(ctx context.Context, e *env, fs *flag.FlagSet, args []string) in
 		fmt.Fprintln(e.stderr, "idem:", err)
 		return exitUsage
 	case errors.As(err, &stale) && len(res) == 0:
-		fmt.Fprintln(e.stderr, "idem:", err)
+		fmt.Fprintln(e.stderr, "idem:", inert(err.Error())) // it quotes a letter's key
 		return exitNotConfirmed
 	case err != nil:
 		return fail(e, err)
