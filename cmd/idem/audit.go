@@ -161,6 +161,8 @@ func (c *console) recordConfirmed(ctx context.Context, r *http.Request, a pendin
 		outcome = outcomeError + ": " + errText
 	case status == http.StatusConflict && (strings.HasPrefix(output, "not released") || strings.HasPrefix(errText, "stale plan")):
 		outcome = outcomeRefused + ": " + strings.TrimSpace(output)
+	case status == http.StatusBadRequest: // the confirmation's form refused before anything ran
+		outcome = outcomeRefused + ": " + errText
 	case status >= 400:
 		outcome = outcomePartial + ": " + strings.TrimSpace(output)
 	}

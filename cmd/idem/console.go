@@ -426,8 +426,8 @@ func (c *console) releaseDryRun(w http.ResponseWriter, r *http.Request) {
 			found[i] = row.Key
 		}
 		d.Token = c.keep(r, pendingAction{kind: "release", keys: found, shown: rowsDigest(rows)})
-		d.Confirm = fmt.Sprintf("Release %d failed key(s) in %s", len(rows), scope)
-		d.Question = fmt.Sprintf("Release %d failed key(s) in %s, so that their next message runs the handler again?", len(rows), scope)
+		d.Confirm = fmt.Sprintf("Release %d failed key(s) in %s", len(rows), inert(scope))
+		d.Question = fmt.Sprintf("Release %d failed key(s) in %s, so that their next message runs the handler again?", len(rows), inert(scope))
 	}
 	p.Data = d
 	c.render(w, http.StatusOK, "dryrun", p)
@@ -497,7 +497,7 @@ func (c *console) releaseRequestDryRun(w http.ResponseWriter, r *http.Request) {
 			inert(k.Scope), inert(k.ID), rec.Token, duration(-rec.LeaseLeft), age(rec.FirstAt))
 		d.Token = c.keep(r, pendingAction{kind: "release-request", keys: []dedup.Key{k}, lease: rec.Token})
 		d.Confirm = "Release the request"
-		d.Question = fmt.Sprintf("Release the stuck request %s %s (lease token %d)? Its outcome is unknown: the next request with the key runs the handler again.", k.Scope, k.ID, rec.Token)
+		d.Question = fmt.Sprintf("Release the stuck request %s %s (lease token %d)? Its outcome is unknown: the next request with the key runs the handler again.", inert(k.Scope), inert(k.ID), rec.Token)
 	}
 	p.Data = d
 	c.render(w, http.StatusOK, "dryrun", p)
@@ -590,7 +590,7 @@ func (c *console) redriveDryRun(w http.ResponseWriter, r *http.Request) {
 		}
 		d.Question = fmt.Sprintf("Execute this plan of %s: send %d letter(s) back to their topic with their lineage, pass %d by (duplicates or skipped)? "+
 			"Exactly these letters, as chosen below; if what a redrive would do with them changed since, nothing is done.",
-			c.topic, counts[redrive.VerdictSend], counts[redrive.VerdictDuplicate]+counts[redrive.VerdictSkip])
+			inert(c.topic), counts[redrive.VerdictSend], counts[redrive.VerdictDuplicate]+counts[redrive.VerdictSkip])
 	} else if err == nil {
 		fmt.Fprintln(&out, "nothing to do: no letter to redrive, or the first letter of each partition refused (skip it below with --skip, or release its key)")
 	}

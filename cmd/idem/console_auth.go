@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 )
 
 // The console's authentication and limits.
@@ -183,11 +184,21 @@ func client(r *http.Request) string {
 	return host
 }
 
+// limitedAs is the bucket a client's failures go to: its address, and
+// every loopback address one bucket, since any local user sends from all
+// of 127.0.0.0/8.
+func limitedAs(c string) string {
+	if ip := net.ParseIP(c); ip != nil && ip.IsLoopback() {
+		return "loopback"
+	}
+	return c
+}
+
 // limited reports whether a client has used up its wrong guesses.
 func (a *consoleAuth) limited(c string) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	b := a.bucket(c)
+	b := a.bucket(limitedAs(c))
 	return b.tokens < 1
 }
 
@@ -221,7 +232,7 @@ func (a *consoleAuth) bucket(c string) *failBucket {
 func (a *consoleAuth) fail(r *http.Request) {
 	c := client(r)
 	a.mu.Lock()
-	b := a.bucket(c)
+	b := a.bucket(limitedAs(c))
 	b.tokens--
 	limited := b.tokens < 1 && !b.logged
 	if limited {
@@ -238,7 +249,9 @@ func (a *consoleAuth) fail(r *http.Request) {
 // the same path on this console, without the token; never another host.
 func safeRedirect(u *url.URL) string {
 	p := path.Clean("/" + strings.TrimLeft(u.Path, "/\\"))
-	if strings.ContainsAny(p, "\\") {
+	// A browser drops tabs and newlines from a Location before resolving
+	// it: /<TAB>/host would be //host, another host.
+	if strings.ContainsAny(p, "\\") || strings.ContainsFunc(p, unicode.IsControl) {
 		p = "/"
 	}
 	q := u.Query()

@@ -136,7 +136,7 @@ func runRedrive(ctx context.Context, e *env, fs *flag.FlagSet, args []string) in
 		fmt.Fprintln(e.stderr, "idem:", err)
 		return exitUsage
 	case errors.As(err, &stale) && len(res) == 0:
-		fmt.Fprintln(e.stderr, "idem:", err)
+		fmt.Fprintln(e.stderr, "idem:", inert(err.Error())) // it quotes a letter's key
 		return exitNotConfirmed
 	case err != nil:
 		return fail(e, err)
@@ -236,6 +236,8 @@ func (f *redriveFlags) chooseBroker(e *env, fs *flag.FlagSet) (redrive.Broker, i
 			return nil, usageErr(e, fs, "no Kafka brokers: set --brokers or IDEM_KAFKA_BROKERS (--namesrv is RocketMQ's: --broker rocketmq)"), false
 		case f.brokers == "":
 			return nil, usageErr(e, fs, "no brokers: set --brokers or IDEM_KAFKA_BROKERS"), false
+		case strings.Contains(f.brokers, "@"):
+			return nil, usageErr(e, fs, errBrokerCredentials), false
 		}
 		return redrive.Kafka{Brokers: addrs(f.brokers), Timeout: f.timeout}, 0, true
 	case "rocketmq":
@@ -252,6 +254,10 @@ func (f *redriveFlags) chooseBroker(e *env, fs *flag.FlagSet) (redrive.Broker, i
 
 // addrs splits host:port lists at commas and semicolons (RocketMQ's own
 // separator).
+// errBrokerCredentials refuses a broker list with user:password@ in it,
+// without repeating it: idem connects to brokers without credentials.
+const errBrokerCredentials = "--brokers: a broker is host:port, without user:password@ (not shown); idem does not log in to Kafka"
+
 func addrs(s string) []string {
 	var out []string
 	for _, a := range strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ';' }) {

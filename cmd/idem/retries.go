@@ -52,6 +52,8 @@ func runRetries(ctx context.Context, e *env, fs *flag.FlagSet, args []string) in
 		return usageErr(e, fs, "--topic and --group are required")
 	case brokers == "":
 		return usageErr(e, fs, "no brokers: set --brokers or IDEM_KAFKA_BROKERS")
+	case strings.Contains(brokers, "@"):
+		return usageErr(e, fs, errBrokerCredentials)
 	}
 	tr := &kafkago.Transport{DialTimeout: timeout}
 	defer tr.CloseIdleConnections()

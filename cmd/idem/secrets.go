@@ -44,6 +44,9 @@ func registerSecret(fs *flag.FlagSet, e *env, p *string, name, envVar, usage str
 		if err != nil {
 			return err
 		}
+		if fi, err := os.Stat(path); err == nil && fi.Mode().Perm()&0o077 != 0 && s.warn != nil {
+			fmt.Fprintf(s.warn, "idem: warning: --%s-file %s is readable by other users (mode %v): chmod 600 it\n", name, path, fi.Mode().Perm())
+		}
 		*p, s.fromEnv = v, false
 		return nil
 	})
