@@ -141,13 +141,15 @@ func RetryDelayName(d time.Duration) string {
 // left out: a retry copy must carry its payload), then the retry headers.
 // MetaLane is the original's lane on every trip (a dead letter's is the
 // lane the message was delivered on), so that a copy names the original
-// it stands for with its broker (KeyOrdered's holds).
+// it stands for with its broker (KeyOrdered's holds); for a redriven
+// copy, whose original's lane is not known, topic/partition, the lane its
+// key was held under.
 func (r RetryLetter) Record() (headers []Header, value []byte) {
 	headers, value = r.Letter.Record(math.MaxInt)
-	if o, ok := r.Message.Origin(); ok && o.Lane != "" {
+	if o, ok := r.Message.Origin(); ok {
 		for i := range headers {
 			if headers[i].Key == MetaLane {
-				headers[i].Value = []byte(clean(o.Lane))
+				headers[i].Value = []byte(clean(o.lane()))
 			}
 		}
 	}
