@@ -125,7 +125,7 @@ func (c *Consumer[TTx]) deriveKey(it *item, refused bool) error {
 			}
 			it.claim = dedup.Claim{Key: k, Source: src}
 			if it.lineage = m.hasOrigin; it.lineage {
-				fp, err := c.cfg.Fingerprint(m)
+				fp, err := c.cfg.Fingerprint(originalView(m))
 				if err != nil {
 					return fmt.Errorf("fingerprint: %w", err)
 				}
