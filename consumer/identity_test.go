@@ -286,11 +286,13 @@ func TestRetryCopyPastItsHorizonAfterThePurge(t *testing.T) {
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	store := memstore.New(memstore.Config{Retention: time.Hour, Now: clock})
 	eff := newEffects()
+	var dl *consumertest.DeadLetters
 	newConsumer := func() (*consumer.Consumer[*memstore.Tx], *consumertest.Source) {
 		cfg := baseConfig(eff.apply)
 		base := consumertest.NewSource(consumertest.Script{})
 		src := &retrySource{Source: base, lineage: true}
-		cfg.Store, cfg.Source, cfg.DeadLetter = store, src, &consumertest.DeadLetters{}
+		dl = &consumertest.DeadLetters{}
+		cfg.Store, cfg.Source, cfg.DeadLetter, cfg.Clock = store, src, dl, nowClock(clock) // one clock: the consumer's and the store's
 		cfg.Retries = consumer.NonBlocking{Attempts: 1, Delays: []time.Duration{time.Second}, Sink: &retrySink{src: src}}
 		c, err := consumer.New(cfg)
 		if err != nil {
@@ -326,6 +328,25 @@ func TestRetryCopyPastItsHorizonAfterThePurge(t *testing.T) {
 		t.Errorf("payment T00000 applied %d times, want 1: its retry copy came back 2h after its first failure, "+
 			"past the horizon %v and the store's 1h retention, and was applied again (stats %+v)",
 			n, consumer.RetryHorizon([]time.Duration{time.Second}), c.Stats())
+	}
+	if l := dl.Letters(); len(l) != 1 || l[0].Cause != consumer.CauseExhausted || !errors.Is(l[0].Reason, consumer.ErrRetryExpired) {
+		t.Errorf("dead letters %+v, want the copy's, cause exhausted, its reason wrapping ErrRetryExpired", l)
+	}
+}
+
+// nowClock is a Clock that tells the time now gives and waits for real.
+type nowClock func() time.Time
+
+func (c nowClock) Now() time.Time { return c() }
+
+func (nowClock) Sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
 }
 

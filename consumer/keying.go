@@ -42,6 +42,9 @@ func (c *Consumer[TTx]) keyItem(ctx context.Context, l *lane[TTx], it *item, flu
 	if err := c.deriveKey(it, false); err != nil {
 		return CauseBadInput, err
 	}
+	if err := c.pastRetention(it); err != nil {
+		return CauseExhausted, err
+	}
 	m.dedupKey = it.claim.Key
 	return 0, nil
 }
@@ -122,7 +125,7 @@ func (c *Consumer[TTx]) deriveKey(it *item, refused bool) error {
 			}
 			it.claim = dedup.Claim{Key: k, Source: src}
 			if it.lineage = m.hasOrigin; it.lineage {
-				fp, err := c.cfg.Fingerprint(m)
+				fp, err := c.cfg.Fingerprint(originalView(m))
 				if err != nil {
 					return fmt.Errorf("fingerprint: %w", err)
 				}
@@ -186,8 +189,9 @@ func (c *Consumer[TTx]) deriveKey(it *item, refused bool) error {
 // a retry topic only the consumer writes to (RetryReader), so its tenant
 // is taken as carried. A redriven copy lies on its original's own topic,
 // which anyone who can produce there can write: its carried tenant must be
-// the one Config.Tenant derives from it, so that a forged copy cannot
-// write into another tenant's scope.
+// the one Config.Tenant derives from it, and its carried key the one
+// Config.Key derives from its original's view, so that a forged copy can
+// neither write into another tenant's scope nor take another message's key.
 func (c *Consumer[TTx]) carriedIdentity(m *Message) (dedup.Key, dedup.Fingerprint, bool) {
 	if !m.hasOrigin {
 		return dedup.Key{}, dedup.Fingerprint{}, false
@@ -219,6 +223,23 @@ func (c *Consumer[TTx]) carriedIdentity(m *Message) (dedup.Key, dedup.Fingerprin
 		}
 		if t != tenant {
 			return refuse("a redriven copy's tenant must be the one Tenant derives from it, " + strconv.Quote(t))
+		}
+	}
+	if !m.origin.Retry {
+		// Its lineage names its original, not its key: the key the Key
+		// function gives the original's view must be the one it carries,
+		// so that a forged copy cannot claim the key of another message
+		// (under ByMessageID on Kafka, a later, unseen position).
+		v := originalView(m)
+		want, err := c.cfg.Key(v)
+		if err != nil && errors.Is(err, ErrNoKey) && c.cfg.OnMissingKey == FallBackToMessageID && v.identity() != "" {
+			want, err = v.identity(), nil
+		}
+		if err != nil {
+			return refuse("key: " + err.Error())
+		}
+		if want != k.ID {
+			return refuse("a redriven copy's key must be the one Key derives from its original, " + strconv.Quote(want))
 		}
 	}
 	var fp dedup.Fingerprint

@@ -67,14 +67,21 @@ func heldKeyOf(m *Message) (key, id string, ok bool) {
 	if len(m.Key) == 0 {
 		return "", "", false
 	}
-	topic, part, off, lane := m.Topic, m.Partition, m.Offset, m.Lane
-	if o, ok := m.Origin(); ok {
-		topic, part, off, lane = o.Topic, o.Partition, o.Offset, o.Lane
+	o, ok := m.Origin()
+	if !ok {
+		o = Origin{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Lane: m.Lane}
 	}
-	if lane == "" {
-		lane = topic + "/" + strconv.Itoa(int(part))
+	return o.Topic + "\x00" + string(m.Key), o.lane() + "/" + strconv.FormatInt(o.Offset, 10), true
+}
+
+// lane is the lane the original is held by (heldKeyOf) and that its retry
+// copies carry (RetryLetter.Record): its Lane, or topic/partition when
+// that is not known (a redriven copy).
+func (o Origin) lane() string {
+	if o.Lane != "" {
+		return o.Lane
 	}
-	return topic + "\x00" + string(m.Key), lane + "/" + strconv.FormatInt(off, 10), true
+	return o.Topic + "/" + strconv.Itoa(int(o.Partition))
 }
 
 // sentToRetry records that it went to retry with delay: its key is held,

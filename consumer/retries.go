@@ -141,13 +141,15 @@ func RetryDelayName(d time.Duration) string {
 // left out: a retry copy must carry its payload), then the retry headers.
 // MetaLane is the original's lane on every trip (a dead letter's is the
 // lane the message was delivered on), so that a copy names the original
-// it stands for with its broker (KeyOrdered's holds).
+// it stands for with its broker (KeyOrdered's holds); for a redriven
+// copy, whose original's lane is not known, topic/partition, the lane its
+// key was held under.
 func (r RetryLetter) Record() (headers []Header, value []byte) {
 	headers, value = r.Letter.Record(math.MaxInt)
-	if o, ok := r.Message.Origin(); ok && o.Lane != "" {
+	if o, ok := r.Message.Origin(); ok {
 		for i := range headers {
 			if headers[i].Key == MetaLane {
-				headers[i].Value = []byte(clean(o.Lane))
+				headers[i].Value = []byte(clean(o.lane()))
 			}
 		}
 	}
@@ -295,6 +297,39 @@ func (c *Config[TTx]) retentionConflicts(nb NonBlocking) []string {
 		}
 	}
 	return out
+}
+
+// ErrRetryExpired is what the Reason of a retry copy's dead letter wraps
+// when the copy came back later after its first failure than the store
+// keeps its key (KeyRetention): its original's key row may have been
+// purged, so an applied original would not stop it. It is dead-lettered
+// (CauseExhausted) for an operator to decide, never applied blind.
+var ErrRetryExpired = errors.New("the retry copy came back after the store's retention of its key")
+
+// pastRetention returns an error wrapping ErrRetryExpired when it is a
+// retry copy whose first failure (MetaRetryFirstFailure) is older than the
+// store keeps the keys of its scope. New checks that the retries' horizon
+// fits in the retention, but a copy may come back later: retry topics
+// start at their first unread record, after a long stop or lost offsets.
+func (c *Consumer[TTx]) pastRetention(it *item) error {
+	kr, ok := any(c.cfg.Store).(KeyRetention)
+	if !ok {
+		return nil
+	}
+	trip, first := c.retryAttempt(it.msg)
+	if trip == 0 || first.IsZero() {
+		return nil
+	}
+	keep, perScope := kr.Retention()
+	if d, ok := perScope[it.claim.Key.Scope]; ok {
+		keep = d
+	}
+	now := c.cfg.Clock.Now()
+	if keep <= 0 || now.Sub(first) <= keep {
+		return nil
+	}
+	return fmt.Errorf("%w: it first failed at %s and came back at %s, %v later; the store keeps the keys of scope %q for %v",
+		ErrRetryExpired, first.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339), now.Sub(first).Round(time.Second), it.claim.Key.Scope, keep)
 }
 
 // nonBlocking returns Config.Retries when it is NonBlocking, defaults set.
