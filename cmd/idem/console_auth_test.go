@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -303,5 +305,19 @@ func TestConsoleReleaseBoundToTheRowShown(t *testing.T) {
 	}
 	if rows, err := f.store.Admin().Find(ctx, "pay", "T03"); err != nil || len(rows) != 1 || rows[0].Reason != "account closed for fraud" {
 		t.Errorf("the new incident was released unseen: %v %+v", err, rows)
+	}
+}
+
+// TestConsoleAcceptsDrawnTokens: the strength check refuses guessable
+// tokens, not random ones: the console's own and openssl rand -hex 16's.
+func TestConsoleAcceptsDrawnTokens(t *testing.T) {
+	for range 2000 {
+		b := make([]byte, 16)
+		_, _ = rand.Read(b)
+		for _, tok := range []string{newToken(), hex.EncodeToString(b)} {
+			if err := checkToken(tok); err != nil {
+				t.Fatalf("a random token %q: %v", tok, err)
+			}
+		}
 	}
 }
