@@ -248,8 +248,9 @@ func (a *consoleAuth) authenticate(r *http.Request) (session string, ok, present
 	if s, ok := a.sessionCookie(r); ok {
 		return s, true, true
 	}
-	if b, found := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); found {
-		if a.tokenOK(b) {
+	// The scheme is case-insensitive (RFC 9110, section 11.1).
+	if scheme, b, found := strings.Cut(r.Header.Get("Authorization"), " "); found && strings.EqualFold(scheme, "Bearer") {
+		if a.tokenOK(strings.TrimLeft(b, " ")) {
 			return "bearer", true, true
 		}
 		presented = true
@@ -385,6 +386,11 @@ func (c *console) guard(next http.Handler) http.Handler {
 				return
 			}
 		}
+		if !fromConsoleOrNavigation(r) {
+			http.Error(w, "idem console: a request from another page (Sec-Fetch-Site "+strconv.Quote(r.Header.Get("Sec-Fetch-Site"))+", "+
+				strconv.Quote(r.Header.Get("Sec-Fetch-Dest"))+") is refused: open the console's pages from the console, or as a link in a browser tab", http.StatusForbidden)
+			return
+		}
 		a := c.auth
 		if a == nil {
 			http.Error(w, "idem console: no token configured", http.StatusInternalServerError)
@@ -425,6 +431,37 @@ func (c *console) guard(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), consoleSessionCtx, session)))
 	})
+}
+
+// fromConsoleOrNavigation reports whether a request comes from the
+// console's own pages, the operator's address bar, a client that is not a
+// browser, or a top-level navigation (a link followed in a tab). Anything
+// else a browser sends (an <img>, a <script>, a fetch, an <iframe>) from
+// another page is refused: SameSite=Strict keeps the session cookie from
+// other sites, but every port of the console's host is the same site, so
+// a page any local user serves on 127.0.0.1:8080 makes the operator's
+// browser send the cookie with its images. Browsers without Fetch
+// Metadata (Sec-Fetch-*, since 2020-2023) are not protected this way.
+func fromConsoleOrNavigation(r *http.Request) bool {
+	switch r.Header.Get("Sec-Fetch-Site") {
+	case "", "same-origin", "none":
+		return true
+	}
+	return r.Header.Get("Sec-Fetch-Mode") == "navigate" && r.Header.Get("Sec-Fetch-Dest") == "document"
+}
+
+// mayKeep reports whether a dry run may keep its action for a
+// confirmation: only when the console's own pages, the address bar or a
+// client that is not a browser asked for it. A same-site page can still
+// navigate the operator's tab to a dry run (fromConsoleOrNavigation); it
+// does not get to keep actions in the operator's session, which holds
+// consolePerSession and forgets the oldest past that.
+func mayKeep(r *http.Request) bool {
+	switch r.Header.Get("Sec-Fetch-Site") {
+	case "", "same-origin", "none":
+		return true
+	}
+	return false
 }
 
 // sessionOf is the session guard authenticated the request with.
