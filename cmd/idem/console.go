@@ -731,7 +731,12 @@ func (c *console) confirm(w http.ResponseWriter, r *http.Request) {
 			p.Error, status = err.Error(), http.StatusInternalServerError
 		}
 	}
-	c.recordConfirmed(ctx, r, a, status, p.Error, out.String()) // the audit log (audit.go)
+	if err := c.recordConfirmed(ctx, r, a, status, p.Error, out.String()); err != nil { // the audit log (audit.go)
+		// The action ran (or was refused) and the log does not say so:
+		// the operator must know, and see what ran.
+		p.Title, status = p.Title+", not recorded", http.StatusInternalServerError
+		p.Error = strings.TrimPrefix(strings.TrimSpace(p.Error+"; "+err.Error()), "; ")
+	}
 	p.Data = map[string]any{"Output": out.String(), "Back": back}
 	c.render(w, status, "done", p)
 }
