@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -48,9 +50,9 @@ func cliActor(e *env) string {
 func recordAction(ctx context.Context, admin dedup.Auditor, actor, kind string, plan any, outcome string) error {
 	b, err := json.Marshal(plan)
 	if err != nil {
-		return fmt.Errorf("audit log: %w", err)
+		return fmt.Errorf("the %s ran, but the audit log did not record it: %w", kind, err)
 	}
-	a := dedup.Action{Actor: cut(actor, 256), Kind: kind, Plan: b, Outcome: cut(or(outcome, outcomeOK), 2000)}
+	a := dedup.Action{Actor: storable(cut(actor, 256)), Kind: kind, Plan: storableJSON(b), Outcome: storable(cut(or(outcome, outcomeOK), 2000))}
 	// The action ran: record it even when the command is being stopped.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
@@ -58,6 +60,38 @@ func recordAction(ctx context.Context, admin dedup.Auditor, actor, kind string, 
 		return fmt.Errorf("the %s ran, but the audit log did not record it: %w", kind, err)
 	}
 	return nil
+}
+
+// storableJSON makes a plan's JSON storable whatever its strings hold:
+// a NUL in a string (a dead letter's header, a key from outside) is
+// written \u0000, which Postgres's jsonb refuses (SQLSTATE 22P05); it
+// becomes the six characters \u0000 in the string instead. Outside
+// strings JSON has no backslash, so every one starts an escape.
+func storableJSON(b []byte) []byte {
+	const nul = `\u0000`
+	if !bytes.Contains(b, []byte(nul)) {
+		return b
+	}
+	out := make([]byte, 0, len(b)+16)
+	for i := 0; i < len(b); i++ {
+		switch {
+		case b[i] != '\\' || i+1 >= len(b):
+			out = append(out, b[i])
+		case bytes.HasPrefix(b[i:], []byte(nul)):
+			out = append(out, `\\u0000`...)
+			i += len(nul) - 1
+		default: // another escape, kept whole: \\ is not the start of \u0000
+			out = append(out, b[i], b[i+1])
+			i++
+		}
+	}
+	return out
+}
+
+// storable is a text field as the audit log can hold it: valid UTF-8,
+// a NUL (which Postgres's text refuses) written \x00.
+func storable(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", `\x00`)
 }
 
 // cliRecord is recordAction for the command: a failure is printed, and
@@ -153,14 +187,17 @@ type keyJSON struct {
 }
 
 // recordConfirmed records an action the console executed (confirm), with
-// its outcome from the page's status, and counts it.
-func (c *console) recordConfirmed(ctx context.Context, r *http.Request, a pendingAction, status int, errText, output string) {
+// its outcome from the page's status, and counts it. Its error says the
+// action ran and was not recorded; the page must show it.
+func (c *console) recordConfirmed(ctx context.Context, r *http.Request, a pendingAction, status int, errText, output string) error {
 	outcome := outcomeOK
 	switch {
 	case status >= 500:
 		outcome = outcomeError + ": " + errText
-	case status == http.StatusConflict && (strings.HasPrefix(output, "not released") || strings.HasPrefix(errText, "stale plan")):
+	case status == http.StatusConflict && strings.HasPrefix(output, "not released"):
 		outcome = outcomeRefused + ": " + strings.TrimSpace(output)
+	case status == http.StatusConflict && strings.HasPrefix(errText, "stale plan"):
+		outcome = outcomeRefused + ": " + errText
 	case status == http.StatusBadRequest: // the confirmation's form refused before anything ran
 		outcome = outcomeRefused + ": " + errText
 	case status >= 400:
@@ -187,9 +224,11 @@ func (c *console) recordConfirmed(ctx context.Context, r *http.Request, a pendin
 	if c.auth != nil {
 		actor = "console:" + c.auth.name
 	}
-	if err := recordAction(ctx, c.admin, actor, a.kind, plan, outcome); err != nil && c.auth != nil {
+	err := recordAction(ctx, c.admin, actor, a.kind, plan, outcome)
+	if err != nil && c.auth != nil {
 		c.auth.log.Error("idem console: "+err.Error(), "action", a.kind)
 	}
+	return err
 }
 
 // consoleMetrics are the console's own: the operator actions it executed.
@@ -237,6 +276,8 @@ func cliRecordRedrive(ctx context.Context, e *env, admin dedup.Auditor, f redriv
 	counts := redriveCounts(res)
 	outcome := outcomeOK
 	switch {
+	case errors.As(runErr, new(*redrive.StaleError)) && len(res) == 0: // refused before any letter
+		outcome = outcomeRefused + ": " + runErr.Error()
 	case runErr != nil:
 		outcome = outcomeError + ": " + runErr.Error()
 	case counts[redrive.Refused] > 0:

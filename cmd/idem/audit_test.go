@@ -3,11 +3,14 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"maps"
 	"net/http"
 	"os/user"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/internal/testenv"
@@ -110,5 +113,44 @@ func TestAuditLog(t *testing.T) {
 		if code, _ := f.do(t, http.MethodGet, target, nil, noAuth); code != http.StatusUnauthorized {
 			t.Errorf("GET %s without the token: %d", target, code)
 		}
+	}
+}
+
+// TestStorableJSON: a NUL in a plan's strings becomes the text \u0000,
+// which jsonb holds; a backslash followed by u0000 in a string stays
+// what it was, and the rest of the JSON is untouched.
+func TestStorableJSON(t *testing.T) {
+	in := map[string]string{"cause": "permanent\x00", "key": `lit\u0000eral`, "ok": "plain"}
+	b, err := json.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out map[string]string
+	if err := json.Unmarshal(storableJSON(b), &out); err != nil {
+		t.Fatalf("storableJSON(%s) is not JSON: %v", b, err)
+	}
+	want := map[string]string{"cause": `permanent\u0000`, "key": `lit\u0000eral`, "ok": "plain"}
+	if !maps.Equal(out, want) || bytes.Contains(storableJSON(b), []byte(`"permanent\u0000"`)) {
+		t.Errorf("storableJSON(%s) = %s, want the strings %q", b, storableJSON(b), want)
+	}
+}
+
+// TestConsoleShowsAnActionNotRecorded: a confirmed action that ran and
+// could not be recorded (the audit table is gone here) says so, with a
+// 500, and still shows what ran: never Done with a 200.
+func TestConsoleShowsAnActionNotRecorded(t *testing.T) {
+	f := newConsoleFixture(t)
+	ctx := testenv.Context(t, time.Minute)
+	_, tok := f.dryRun(t, "/release?scope=pay&key=T03")
+	if _, err := f.pool.Exec(ctx, `DROP TABLE `+pgx.Identifier{f.schema, "idem_dedup_audit"}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	code, body := f.confirm(t, tok, nil)
+	if code != http.StatusInternalServerError || !strings.Contains(body, "released pay T03") || !strings.Contains(errorLine(body), "did not record it") {
+		t.Errorf("a release that ran and was not recorded: %d, want 500 with what ran and that it was not recorded: %s\n%s", code, errorLine(body), body)
+	}
+	rows, err := f.store.Admin().Release(ctx, []dedup.Key{{Scope: "pay", ID: "T03"}}, true)
+	if err != nil || len(rows) != 0 {
+		t.Errorf("the release did not run: %v, %d failed row(s) left", err, len(rows))
 	}
 }

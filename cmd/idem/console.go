@@ -196,9 +196,15 @@ func (c *console) handler() http.Handler {
 // keep stores a dry run's action for the session that saw it and returns
 // its one-time token. A session keeps at most consolePerSession actions
 // and the console consolePending: past either, the oldest is forgotten.
-// Only an authenticated request reaches here, so another site cannot
-// fill the map (the session cookie is SameSite=Strict).
+// Only an authenticated request from the console's pages, the address
+// bar or a client that is not a browser reaches here (mayKeep): another
+// page, even on another port of the same host (the same site, so the
+// SameSite=Strict cookie goes with its requests), cannot fill the map.
+// Without mayKeep it keeps nothing and returns "" (see unconfirmable).
 func (c *console) keep(r *http.Request, a pendingAction) string {
+	if !mayKeep(r) {
+		return ""
+	}
 	b := make([]byte, 24)
 	_, _ = rand.Read(b)
 	tok := hex.EncodeToString(b)
@@ -429,8 +435,19 @@ func (c *console) releaseDryRun(w http.ResponseWriter, r *http.Request) {
 		d.Confirm = fmt.Sprintf("Release %d failed key(s) in %s", len(rows), inert(scope))
 		d.Question = fmt.Sprintf("Release %d failed key(s) in %s, so that their next message runs the handler again?", len(rows), inert(scope))
 	}
+	d.unconfirmable()
 	p.Data = d
 	c.render(w, http.StatusOK, "dryrun", p)
+}
+
+// unconfirmable takes the confirmation off a dry run whose action was
+// not kept (keep refused a request from another page), and says why.
+func (d *dryRun) unconfirmable() {
+	if d.Confirm == "" || d.Token != "" {
+		return
+	}
+	d.Confirm, d.Question = "", ""
+	d.Output += "no confirmation: this dry run was opened from another page; open it from the console (or the address bar) to confirm it\n"
 }
 
 // dryRun is an action's dry-run page: the command's output, and the
@@ -499,6 +516,7 @@ func (c *console) releaseRequestDryRun(w http.ResponseWriter, r *http.Request) {
 		d.Confirm = "Release the request"
 		d.Question = fmt.Sprintf("Release the stuck request %s %s (lease token %d)? Its outcome is unknown: the next request with the key runs the handler again.", inert(k.Scope), inert(k.ID), rec.Token)
 	}
+	d.unconfirmable()
 	p.Data = d
 	c.render(w, http.StatusOK, "dryrun", p)
 }
@@ -595,6 +613,7 @@ func (c *console) redriveDryRun(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(&out, "nothing to do: no letter to redrive, or the first letter of each partition refused (skip it below with --skip, or release its key)")
 	}
 	d.Output = out.String()
+	d.unconfirmable()
 	p.Data = d
 	c.render(w, http.StatusOK, "dryrun", p)
 }
@@ -712,7 +731,12 @@ func (c *console) confirm(w http.ResponseWriter, r *http.Request) {
 			p.Error, status = err.Error(), http.StatusInternalServerError
 		}
 	}
-	c.recordConfirmed(ctx, r, a, status, p.Error, out.String()) // the audit log (audit.go)
+	if err := c.recordConfirmed(ctx, r, a, status, p.Error, out.String()); err != nil { // the audit log (audit.go)
+		// The action ran (or was refused) and the log does not say so:
+		// the operator must know, and see what ran.
+		p.Title, status = p.Title+", not recorded", http.StatusInternalServerError
+		p.Error = strings.TrimPrefix(strings.TrimSpace(p.Error+"; "+err.Error()), "; ")
+	}
 	p.Data = map[string]any{"Output": out.String(), "Back": back}
 	c.render(w, status, "done", p)
 }

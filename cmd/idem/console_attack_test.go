@@ -522,4 +522,14 @@ func TestStalePlanRefusalIsInert(t *testing.T) {
 	if e := errorLine(body); strings.ContainsAny(e, "\x1b\x07\u202e") {
 		t.Errorf("the console shows the stale plan's key raw: %q", e)
 	}
+	// Both refusals are recorded as such, with their reason.
+	acts, err := store.Admin().Actions(ctx, 2)
+	if err != nil || len(acts) != 2 {
+		t.Fatalf("the audit log: %v %+v", err, acts)
+	}
+	for _, a := range acts {
+		if !strings.HasPrefix(a.Outcome, outcomeRefused+": stale plan: ") {
+			t.Errorf("the audit log records %s's refusal of a stale plan as %q, want %q", a.Actor, a.Outcome, outcomeRefused+": stale plan: …")
+		}
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -24,6 +25,7 @@ import (
 const (
 	minTokenLen        = 16                // characters of a token given by the operator
 	minTokenDistinct   = 8                 // distinct characters among them
+	minTokenBits       = 80                // bits of entropy, as tokenBits estimates them
 	consoleSessionTTL  = 12 * time.Hour    // a session cookie is good this long
 	consoleBodyLimit   = 64 << 10          // bytes of a request body
 	authFailBurst      = 5                 // wrong credentials a client may present at once
@@ -35,9 +37,8 @@ const (
 
 type ctxKey string
 
-// errWeakToken is returned for a token too short or too uniform to stand
-// guessing.
-var errWeakToken = fmt.Errorf("the console token is weak: use at least %d characters, %d of them different (e.g. openssl rand -hex 24)", minTokenLen, minTokenDistinct)
+// errWeakToken is returned for a token that could be guessed.
+var errWeakToken = fmt.Errorf("the console token is weak: it needs about %d bits of entropy (32 random hex digits have 128; sequences, repeats, keyboard walks and common words count for little) and at least %d characters, %d of them different; draw one with openssl rand -hex 32, or start the console without a token to have it draw one", minTokenBits, minTokenLen, minTokenDistinct)
 
 // consoleAuth is the console's authentication: every request carries the
 // token, as a bearer token (Authorization: Bearer TOKEN) or a session
@@ -87,16 +88,113 @@ func newConsoleAuth(token, name, port string, secure bool, log *slog.Logger) (*c
 	return a, nil
 }
 
-// checkToken refuses a weak token.
+// checkToken refuses a token that could be guessed: shorter than
+// minTokenLen, with fewer than minTokenDistinct different characters, or
+// worth less than minTokenBits by tokenBits' estimate.
 func checkToken(token string) error {
 	distinct := map[rune]bool{}
 	for _, r := range token {
 		distinct[r] = true
 	}
-	if len([]rune(token)) < minTokenLen || len(distinct) < minTokenDistinct {
+	if len([]rune(token)) < minTokenLen || len(distinct) < minTokenDistinct || tokenBits(token) < minTokenBits {
 		return errWeakToken
 	}
 	return nil
+}
+
+// weakWords are words people put in passwords; in a token, each adds
+// next to nothing to a guesser's work.
+var weakWords = []string{"password", "passwd", "secret", "letmein", "admin", "changeme", "welcome", "qwerty", "azerty", "dragon", "monkey"}
+
+// keyboardRows are the rows of common keyboard layouts, for walks along
+// them.
+var keyboardRows = []string{"`1234567890-=", "qwertyuiop[]\\", "asdfghjkl;'", "zxcvbnm,./", "azertyuiop", "qsdfghjklm", "wxcvbn", "qwertzuiop", "yxcvbnm"}
+
+// tokenBits estimates a token's entropy in bits as a guesser who knows
+// people's habits would: each character is worth log2 of the alphabet
+// the token's characters span (alphabet), except that a character which
+// continues a run — the third and later of a repeat (aaaa), a sequence
+// (abcd, 4321) or a walk along a keyboard row (qwer) — and the letters of
+// a common password word after its first are worth one bit each.
+func tokenBits(token string) float64 {
+	rs := []rune(strings.ToLower(token))
+	cheap := make([]bool, len(rs))
+	for i := range rs {
+		for _, w := range weakWords {
+			if strings.HasPrefix(string(rs[i:]), w) {
+				for j := i + 1; j < i+len(w); j++ {
+					cheap[j] = true
+				}
+			}
+		}
+		if i >= 2 {
+			if s := step(rs[i-1], rs[i]); s != 0 && s == step(rs[i-2], rs[i-1]) {
+				cheap[i] = true
+			}
+		}
+	}
+	per := math.Log2(float64(alphabet(token)))
+	bits := 0.0
+	for _, c := range cheap {
+		if c {
+			bits++
+		} else {
+			bits += per
+		}
+	}
+	return bits
+}
+
+// step names how b follows a: a repeat (1), the next or the previous
+// code point (2, 3), the next or the previous key on keyboard row r
+// (4+2r, 5+2r); 0 for none of these.
+func step(a, b rune) int {
+	switch b - a {
+	case 0:
+		return 1
+	case 1:
+		return 2
+	case -1:
+		return 3
+	}
+	for r, row := range keyboardRows {
+		i, j := strings.IndexRune(row, a), strings.IndexRune(row, b)
+		switch {
+		case i < 0 || j < 0:
+		case j == i+1:
+			return 4 + 2*r
+		case j == i-1:
+			return 5 + 2*r
+		}
+	}
+	return 0
+}
+
+// alphabet is the size of the alphabet a token's characters come from:
+// 16 for hex digits (of one case), else the sum of the classes it uses
+// (26 lower-case letters, 26 upper-case, 10 digits, 33 others).
+func alphabet(token string) int {
+	notIn := func(set string) func(rune) bool {
+		return func(r rune) bool { return !strings.ContainsRune(set, r) }
+	}
+	if !strings.ContainsFunc(token, notIn("0123456789abcdef")) || !strings.ContainsFunc(token, notIn("0123456789ABCDEF")) {
+		return 16
+	}
+	n := 0
+	for _, class := range []struct {
+		in   func(rune) bool
+		size int
+	}{
+		{func(r rune) bool { return 'a' <= r && r <= 'z' }, 26},
+		{func(r rune) bool { return 'A' <= r && r <= 'Z' }, 26},
+		{func(r rune) bool { return '0' <= r && r <= '9' }, 10},
+		{func(r rune) bool { return !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9') }, 33},
+	} {
+		if strings.ContainsFunc(token, class.in) {
+			n += class.size
+		}
+	}
+	return n
 }
 
 // newToken draws a token for a console started without one.
@@ -150,8 +248,9 @@ func (a *consoleAuth) authenticate(r *http.Request) (session string, ok, present
 	if s, ok := a.sessionCookie(r); ok {
 		return s, true, true
 	}
-	if b, found := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); found {
-		if a.tokenOK(b) {
+	// The scheme is case-insensitive (RFC 9110, section 11.1).
+	if scheme, b, found := strings.Cut(r.Header.Get("Authorization"), " "); found && strings.EqualFold(scheme, "Bearer") {
+		if a.tokenOK(strings.TrimLeft(b, " ")) {
 			return "bearer", true, true
 		}
 		presented = true
@@ -287,6 +386,11 @@ func (c *console) guard(next http.Handler) http.Handler {
 				return
 			}
 		}
+		if !fromConsoleOrNavigation(r) {
+			http.Error(w, "idem console: a request from another page (Sec-Fetch-Site "+strconv.Quote(r.Header.Get("Sec-Fetch-Site"))+", "+
+				strconv.Quote(r.Header.Get("Sec-Fetch-Dest"))+") is refused: open the console's pages from the console, or as a link in a browser tab", http.StatusForbidden)
+			return
+		}
 		a := c.auth
 		if a == nil {
 			http.Error(w, "idem console: no token configured", http.StatusInternalServerError)
@@ -327,6 +431,37 @@ func (c *console) guard(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), consoleSessionCtx, session)))
 	})
+}
+
+// fromConsoleOrNavigation reports whether a request comes from the
+// console's own pages, the operator's address bar, a client that is not a
+// browser, or a top-level navigation (a link followed in a tab). Anything
+// else a browser sends (an <img>, a <script>, a fetch, an <iframe>) from
+// another page is refused: SameSite=Strict keeps the session cookie from
+// other sites, but every port of the console's host is the same site, so
+// a page any local user serves on 127.0.0.1:8080 makes the operator's
+// browser send the cookie with its images. Browsers without Fetch
+// Metadata (Sec-Fetch-*, since 2020-2023) are not protected this way.
+func fromConsoleOrNavigation(r *http.Request) bool {
+	switch r.Header.Get("Sec-Fetch-Site") {
+	case "", "same-origin", "none":
+		return true
+	}
+	return r.Header.Get("Sec-Fetch-Mode") == "navigate" && r.Header.Get("Sec-Fetch-Dest") == "document"
+}
+
+// mayKeep reports whether a dry run may keep its action for a
+// confirmation: only when the console's own pages, the address bar or a
+// client that is not a browser asked for it. A same-site page can still
+// navigate the operator's tab to a dry run (fromConsoleOrNavigation); it
+// does not get to keep actions in the operator's session, which holds
+// consolePerSession and forgets the oldest past that.
+func mayKeep(r *http.Request) bool {
+	switch r.Header.Get("Sec-Fetch-Site") {
+	case "", "same-origin", "none":
+		return true
+	}
+	return false
 }
 
 // sessionOf is the session guard authenticated the request with.

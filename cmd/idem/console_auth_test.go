@@ -3,6 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -303,5 +306,73 @@ func TestConsoleReleaseBoundToTheRowShown(t *testing.T) {
 	}
 	if rows, err := f.store.Admin().Find(ctx, "pay", "T03"); err != nil || len(rows) != 1 || rows[0].Reason != "account closed for fraud" {
 		t.Errorf("the new incident was released unseen: %v %+v", err, rows)
+	}
+}
+
+// TestConsoleSameSiteNavigationKeepsNothing: a link on another port of
+// the host, followed in a tab, still shows the dry run (the operator may
+// keep links to the console elsewhere) but keeps no action and offers no
+// confirmation; the same URL as an <img> from that page is refused.
+func TestConsoleSameSiteNavigationKeepsNothing(t *testing.T) {
+	f := newConsoleFixture(t)
+	from := func(mode, dest string) func(*http.Request) {
+		return func(r *http.Request) {
+			r.Header.Set("Sec-Fetch-Site", "same-site")
+			r.Header.Set("Sec-Fetch-Mode", mode)
+			r.Header.Set("Sec-Fetch-Dest", dest)
+		}
+	}
+	code, body := f.do(t, http.MethodGet, "/release?scope=pay&key=T03", nil, from("navigate", "document"))
+	if code != http.StatusOK || actionToken.MatchString(body) || !strings.Contains(body, "would release") || !strings.Contains(body, "no confirmation") {
+		t.Errorf("a same-site link to a dry run: %d, want the dry run without a confirmation:\n%s", code, body)
+	}
+	if code, body := f.do(t, http.MethodGet, "/release?scope=pay&key=T03", nil, from("no-cors", "image")); code != http.StatusForbidden {
+		t.Errorf("a same-site <img> of a dry run: %d, want 403: %s", code, errorLine(body))
+	}
+	f.console.mu.Lock()
+	n := len(f.console.pending)
+	f.console.mu.Unlock()
+	if n != 0 {
+		t.Errorf("%d actions kept for requests from another page, want 0", n)
+	}
+	// The console's own pages, the address bar and scripts keep theirs.
+	f.dryRun(t, "/release?scope=pay&key=T03")
+	for _, site := range []string{"none", ""} {
+		code, body := f.do(t, http.MethodGet, "/release?scope=pay&key=T03", nil, func(r *http.Request) { r.Header.Set("Sec-Fetch-Site", site) })
+		if code != http.StatusOK || !actionToken.MatchString(body) {
+			t.Errorf("a dry run with Sec-Fetch-Site %q: %d, no confirmation", site, code)
+		}
+	}
+}
+
+// TestConsoleBearerSchemeIsCaseInsensitive: the Authorization scheme is
+// case-insensitive (RFC 9110): "bearer TOKEN" is the token.
+func TestConsoleBearerSchemeIsCaseInsensitive(t *testing.T) {
+	_, srv := authOnlyConsole(t, io.Discard)
+	for _, scheme := range []string{"bearer", "BEARER", "Bearer"} {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+"/", nil)
+		req.Header.Set("Authorization", scheme+" "+testConsoleToken)
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("Authorization: %s TOKEN: %d, want 200", scheme, resp.StatusCode)
+		}
+	}
+}
+
+// TestConsoleAcceptsDrawnTokens: the strength check refuses guessable
+// tokens, not random ones: the console's own and openssl rand -hex 16's.
+func TestConsoleAcceptsDrawnTokens(t *testing.T) {
+	for range 2000 {
+		b := make([]byte, 16)
+		_, _ = rand.Read(b)
+		for _, tok := range []string{newToken(), hex.EncodeToString(b)} {
+			if err := checkToken(tok); err != nil {
+				t.Fatalf("a random token %q: %v", tok, err)
+			}
+		}
 	}
 }
