@@ -136,7 +136,8 @@ func (p *Plan) Hold(letter string) error {
 }
 
 // check says what is wrong with a plan that was not made by Prepare, or
-// was changed other than by SkipLetter and Hold.
+// was changed other than by SkipLetter and Hold: a verdict changed to
+// anything but a skip, letters out of order or after a stop.
 func (p *Plan) check() error {
 	switch {
 	case p == nil:
@@ -153,6 +154,13 @@ func (p *Plan) check() error {
 		case VerdictSend, VerdictDuplicate, VerdictSkip, VerdictStop:
 		default:
 			return fmt.Errorf("redrive: letter %s: unknown verdict %q", e.Letter, e.Verdict)
+		}
+		// The operator may only take letters out (SkipLetter, Hold): a
+		// verdict that differs from the planner's is a skip, and Execute
+		// checks the planner's (Planned) against a fresh plan.
+		if e.Planned != "" && e.Verdict != VerdictSkip {
+			return fmt.Errorf("redrive: letter %s: verdict %q over the planner's %q: an operator may only skip a letter, "+
+				"not send one the planner did not", e.Letter, e.Verdict, e.Planned)
 		}
 		if stopped[e.Queue] {
 			return fmt.Errorf("redrive: letter %s follows a stop in its queue %s", e.Letter, e.Queue)
