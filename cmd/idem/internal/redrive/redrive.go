@@ -187,7 +187,9 @@ func Prepare(ctx context.Context, b Broker, cfg Config) (*Plan, error) {
 // redrive ran since, a letter's key was applied or released, a queue's
 // letters moved. Letters written after p was made are not in it and wait
 // for the next plan. The operator's changes (Plan.SkipLetter, Plan.Hold) are
-// kept. admin is the dedup store's (Config.Admin). The results say what
+// kept. Executions of plans of one topic and group, in any process, run
+// one at a time (admin.Lock): of one plan confirmed twice at once, the
+// second is stale. admin is the dedup store's (Config.Admin). The results say what
 // was done even when Execute returns an error.
 func Execute(ctx context.Context, b Broker, admin dedup.Admin, p *Plan) ([]Result, error) {
 	if err := p.check(); err != nil {
@@ -201,6 +203,14 @@ func Execute(ctx context.Context, b Broker, admin dedup.Admin, p *Plan) ([]Resul
 	if err != nil {
 		return nil, err
 	}
+	// Two confirmations of one plan (two --plan runs, two console pages)
+	// must not both recheck it before either commits: one at a time, the
+	// second finds the group's offset moved and the plan stale.
+	unlock, err := admin.Lock(ctx, "redrive "+b.Name()+" "+cfg.Topic+" "+cfg.Group)
+	if err != nil {
+		return nil, fmt.Errorf("redrive: waiting for another execution of a plan of %s (group %s): %w", cfg.Topic, cfg.Group, err)
+	}
+	defer unlock()
 	s, err := b.open(ctx, cfg.Topic, cfg.Group)
 	if err != nil {
 		return nil, err

@@ -73,6 +73,9 @@ func (a *fakeAdmin) Find(_ context.Context, scope, id string) ([]dedup.Row, erro
 	return nil, nil
 }
 
+// Lock serializes nothing: these tests execute one plan at a time.
+func (a *fakeAdmin) Lock(context.Context, string) (func(), error) { return func() {}, nil }
+
 func (a *fakeAdmin) Release(_ context.Context, keys []dedup.Key, dry bool) ([]dedup.Row, error) {
 	if dry {
 		return nil, errors.New("redrive releases nothing in a dry run")
