@@ -310,9 +310,12 @@ func (r *run) execute(ctx context.Context, p *Plan, check bool) ([]Result, error
 			}
 			// The letter is the one planned. Its verdict was checked before
 			// (recheck); it may have changed since by this run's own doing
-			// (a key released, or applied, for an earlier letter of it).
+			// (a key released, or applied, for an earlier letter of it); a
+			// failed row it finds must be the one shown, if it is to release
+			// it.
 			if fresh.Letter != e.Letter || fresh.Scope != e.Scope || fresh.Key != e.Key || fresh.To != e.To || fresh.Count != e.Count ||
-				e.Verdict == VerdictSend && c == nil {
+				e.Verdict == VerdictSend && c == nil ||
+				e.Verdict == VerdictSend && e.Release && fresh.Release && !fresh.FailedAt.Equal(e.FailedAt) {
 				return false, &StaleError{Letter: fresh.Letter, Shown: describe(&e), Now: describe(&fresh)}
 			}
 			i++
@@ -451,7 +454,7 @@ func (r *run) decide(ctx context.Context, q queue, l *letter) (Entry, *message, 
 			if !r.cfg.Release {
 				return refuse("the key is recorded as failed: release it first (idem release --scope %s %s), or use --release", e.Scope, e.Key)
 			}
-			e.Release = true
+			e.Release, e.FailedAt = true, row.CreatedAt
 		}
 	}
 	e.Verdict = VerdictSend

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup"
@@ -62,13 +63,14 @@ func (b *fakeBroker) close() {}
 // fakeAdmin holds rows by key ID.
 type fakeAdmin struct {
 	dedup.Admin
-	rows     map[string]string // key ID → outcome
+	rows     map[string]string    // key ID → outcome
+	created  map[string]time.Time // key ID → its row's created time; zero when missing
 	released []string
 }
 
 func (a *fakeAdmin) Find(_ context.Context, scope, id string) ([]dedup.Row, error) {
 	if o, ok := a.rows[id]; ok {
-		return []dedup.Row{{Key: dedup.Key{Scope: scope, ID: id}, Outcome: o}}, nil
+		return []dedup.Row{{Key: dedup.Key{Scope: scope, ID: id}, Outcome: o, CreatedAt: a.created[id]}}, nil
 	}
 	return nil, nil
 }
@@ -337,5 +339,32 @@ func TestExecuteRefusesAVerdictThePlannerNeverGave(t *testing.T) {
 				t.Errorf("Execute accepted a verdict the planner never gives (send over planned %s)", c.planned)
 			}
 		})
+	}
+}
+
+// TestExecuteReleasesTheFailedRowShown: with --release, the plan shows a
+// letter whose key's failed row is released on the way. When that row was
+// released and the key failed again since (another row, recorded later),
+// Execute must not release the new failure, which the operator never saw:
+// the plan is stale, nothing is released or sent.
+func TestExecuteReleasesTheFailedRowShown(t *testing.T) {
+	ctx := context.Background()
+	t0 := time.Date(2026, 12, 7, 9, 0, 0, 0, time.UTC)
+	admin := &fakeAdmin{rows: map[string]string{"A": "failed"}, created: map[string]time.Time{"A": t0}}
+	b := &fakeBroker{letters: []letter{dl(0, "A")}}
+	p, err := Prepare(ctx, b, Config{Admin: admin, Topic: "pay.dlq", Release: true})
+	if err != nil || len(p.Entries) != 1 || !p.Entries[0].Release || !p.Entries[0].FailedAt.Equal(t0) {
+		t.Fatalf("plan %+v, %v; want A sent, its failed row of %v released", p, err, t0)
+	}
+	admin.created["A"] = t0.Add(time.Hour) // released, and failed again
+	var stale *StaleError
+	res, err := Execute(ctx, b, admin, p)
+	if !errors.As(err, &stale) || len(b.sent) != 0 || len(admin.released) != 0 {
+		t.Errorf("Execute over another failed row than shown: %+v, %v; sent %d, released %v; want it stale, nothing done",
+			res, err, len(b.sent), admin.released)
+	}
+	admin.created["A"] = t0 // the row shown
+	if res, err := Execute(ctx, b, admin, p); err != nil || len(b.sent) != 1 || !slices.Equal(admin.released, []string{"A"}) {
+		t.Errorf("Execute over the row shown: %+v, %v; sent %d, released %v", res, err, len(b.sent), admin.released)
 	}
 }
