@@ -137,11 +137,19 @@ type message struct {
 // unless cfg.DryRun, executes it. A dry run and a run are one planner: the
 // run does what the dry run shows, letter for letter. Run returns the plan
 // it made (executed unless cfg.DryRun; nil when it could not make one) and
-// what it did with each letter, even when it returns an error.
+// what it did with each letter, even when it returns an error. A run that
+// is not dry holds the lock Execute does (see there).
 func Run(ctx context.Context, b Broker, cfg Config) (*Plan, []Result, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, nil, err
+	}
+	if !cfg.DryRun {
+		unlock, err := lock(ctx, b, cfg)
+		if err != nil {
+			return nil, nil, err
+		}
+		defer unlock()
 	}
 	s, err := b.open(ctx, cfg.Topic, cfg.Group)
 	if err != nil {
@@ -206,9 +214,9 @@ func Execute(ctx context.Context, b Broker, admin dedup.Admin, p *Plan) ([]Resul
 	// Two confirmations of one plan (two --plan runs, two console pages)
 	// must not both recheck it before either commits: one at a time, the
 	// second finds the group's offset moved and the plan stale.
-	unlock, err := admin.Lock(ctx, "redrive "+b.Name()+" "+cfg.Topic+" "+cfg.Group)
+	unlock, err := lock(ctx, b, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("redrive: waiting for another execution of a plan of %s (group %s): %w", cfg.Topic, cfg.Group, err)
+		return nil, err
 	}
 	defer unlock()
 	s, err := b.open(ctx, cfg.Topic, cfg.Group)
@@ -217,6 +225,17 @@ func Execute(ctx context.Context, b Broker, admin dedup.Admin, p *Plan) ([]Resul
 	}
 	defer s.close()
 	return (&run{cfg: cfg, s: s}).execute(ctx, p, true)
+}
+
+// lock takes the store's lock of cfg's topic and group on b: runs and
+// executions of plans of one topic and group, in any process, send and
+// commit one at a time.
+func lock(ctx context.Context, b Broker, cfg Config) (func(), error) {
+	unlock, err := cfg.Admin.Lock(ctx, "redrive "+b.Name()+" "+cfg.Topic+" "+cfg.Group)
+	if err != nil {
+		return nil, fmt.Errorf("redrive: waiting for another redrive of %s (group %s): %w", cfg.Topic, cfg.Group, err)
+	}
+	return unlock, nil
 }
 
 func (cfg Config) withDefaults() (Config, error) {

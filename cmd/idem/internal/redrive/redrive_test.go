@@ -66,6 +66,8 @@ type fakeAdmin struct {
 	rows     map[string]string    // key ID → outcome
 	created  map[string]time.Time // key ID → its row's created time; zero when missing
 	released []string
+	locks    int // Lock calls
+	unlocks  int
 }
 
 func (a *fakeAdmin) Find(_ context.Context, scope, id string) ([]dedup.Row, error) {
@@ -75,8 +77,12 @@ func (a *fakeAdmin) Find(_ context.Context, scope, id string) ([]dedup.Row, erro
 	return nil, nil
 }
 
-// Lock serializes nothing: these tests execute one plan at a time.
-func (a *fakeAdmin) Lock(context.Context, string) (func(), error) { return func() {}, nil }
+// Lock serializes nothing (these tests execute one plan at a time); it
+// counts the locks taken and let go.
+func (a *fakeAdmin) Lock(context.Context, string) (func(), error) {
+	a.locks++
+	return func() { a.unlocks++ }, nil
+}
 
 func (a *fakeAdmin) Release(_ context.Context, keys []dedup.Key, dry bool) ([]dedup.Row, error) {
 	if dry {
@@ -366,5 +372,26 @@ func TestExecuteReleasesTheFailedRowShown(t *testing.T) {
 	admin.created["A"] = t0 // the row shown
 	if res, err := Execute(ctx, b, admin, p); err != nil || len(b.sent) != 1 || !slices.Equal(admin.released, []string{"A"}) {
 		t.Errorf("Execute over the row shown: %+v, %v; sent %d, released %v", res, err, len(b.sent), admin.released)
+	}
+}
+
+// TestRunsAndExecutionsTakeTheLock: a redrive that sends (Run, not dry;
+// Execute) holds the store's lock of its topic and group, so that two at
+// once — a plain run beside a confirmed plan — do not both read the
+// group's offset before either commits; a dry run (Prepare) takes none.
+func TestRunsAndExecutionsTakeTheLock(t *testing.T) {
+	ctx := context.Background()
+	admin := &fakeAdmin{rows: map[string]string{}}
+	b := &fakeBroker{letters: []letter{dl(0, "A"), dl(1, "B")}}
+	cfg := Config{Admin: admin, Topic: "pay.dlq", Max: 1}
+	p, err := Prepare(ctx, b, cfg)
+	if err != nil || admin.locks != 0 {
+		t.Fatalf("Prepare: %v; %d locks, want none", err, admin.locks)
+	}
+	if _, err := Execute(ctx, b, admin, p); err != nil || admin.locks != 1 || admin.unlocks != 1 {
+		t.Errorf("Execute: %v; %d locks, %d let go, want 1, 1", err, admin.locks, admin.unlocks)
+	}
+	if _, err := run2(ctx, b, cfg); err != nil || admin.locks != 2 || admin.unlocks != 2 || len(b.sent) != 2 {
+		t.Errorf("Run: %v; %d locks, %d let go, want 2, 2; sent %d", err, admin.locks, admin.unlocks, len(b.sent))
 	}
 }
