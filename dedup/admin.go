@@ -62,6 +62,12 @@ type Admin interface {
 	Release(ctx context.Context, keys []Key, dryRun bool) ([]Row, error)
 	// Purge deletes at most limit expired rows (see Purger).
 	Purge(ctx context.Context, limit int) (int, error)
+	// Lock takes the store's exclusive lock called name, waiting until
+	// whoever holds it — in this process or another — lets it go, or ctx
+	// ends; unlock lets it go. A lock whose holder dies (its connection
+	// ends) is let go. The idem command serializes the executions of a
+	// redrive of one dead-letter topic and group with it.
+	Lock(ctx context.Context, name string) (unlock func(), err error)
 	// Auditor records and lists what operators executed.
 	Auditor
 }

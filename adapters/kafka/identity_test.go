@@ -182,14 +182,16 @@ func TestKafkaRetryCopyTooLargeIsDeadLettered(t *testing.T) {
 }
 
 // TestKafkaRefusesARetiredRetryTopicWithCopies: the 1s delay was taken out
-// of RetryDelays while pay.retry.1s still holds two copies the group has
-// not read: Run refuses to start, naming the topic and the count, rather
-// than leave them unread for good (their originals were acknowledged). Once
-// the group has read them, it starts.
+// of RetryDelays while pay.retry.1s still holds two copies the group began
+// to read (it has an offset there) and has not: Run refuses to start,
+// naming the topic and the count, rather than leave them unread for good
+// (their originals were acknowledged). Once the group has read them, it
+// starts.
 func TestKafkaRefusesARetiredRetryTopicWithCopies(t *testing.T) {
 	brokers, a, topic, group := retryTest(t, 1, []time.Duration{300 * time.Millisecond, time.Second})
 	retired := kafka.RetryTopic(topic, time.Second)
 	a.Produce(t, retired, kafkago.Message{Key: []byte("a"), Value: []byte("{}")}, kafkago.Message{Key: []byte("b"), Value: []byte("{}")})
+	commitOffset(t, brokers, group, retired, 0, 0) // its retry reader's, before it read a copy
 	scfg := sourceConfig(t, brokers, topic, group)
 	scfg.RetryDelays = []time.Duration{300 * time.Millisecond}
 	deliver := func(context.Context, *consumer.Message) error { return nil }

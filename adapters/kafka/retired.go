@@ -14,21 +14,32 @@ import (
 )
 
 // ErrRetiredRetryTopic is what Run returns when a retry topic of one of
-// Config.Topics still holds copies the group has not read, but its delay
-// is no longer in Config.RetryDelays (taken out, or every delay with a
-// move back to Blocking retries): the Source would no longer read it, and
-// those copies' originals were acknowledged when the copies were written.
-// Put the delay back until the copies are read (`idem retries` shows
-// them), then take it out.
+// Config.Topics still holds copies the group began to read and has not
+// finished, but its delay is no longer in Config.RetryDelays (taken out,
+// or every delay with a move back to Blocking retries): the Source would
+// no longer read it, and those copies' originals were acknowledged when
+// the copies were written. Put the delay back until the copies are read
+// (`idem retries` shows them), then take it out.
 var ErrRetiredRetryTopic = errors.New("kafka: a retry topic whose delay is not in Config.RetryDelays holds unread copies")
 
 // checkRetiredRetryTopics looks, before Run joins the group, for retry
 // topics of Config.Topics (RetryTopic names: <topic>.retry.<delay>) whose
 // delay is not in Config.RetryDelays, and returns ErrRetiredRetryTopic,
-// naming each with its unread copies, when one holds any: its end offsets
-// less the group's committed offsets (less the log's start where the group
-// has none). A check that cannot reach the cluster is logged and skipped:
-// the group's join retries reaching it anyway.
+// naming each with its unread copies, when the group has a committed
+// offset on one of its partitions below that partition's end: the group
+// read copies there before, and some wait.
+//
+// Retry topics are named for the topic, not the group, and a copy does
+// not say which group wrote it: a partition the group has no offset on is
+// left out, so that another group of the topic (an audit service, a new
+// group with Blocking retries) is not refused for the copies of the group
+// that writes them. The limit: copies this group wrote to a partition it
+// never committed an offset on (its retry reader had not yet read one
+// copy there when the delay was retired) cannot be told from another
+// group's, and are not counted.
+//
+// A check that cannot reach the cluster is logged and skipped: the
+// group's join retries reaching it anyway.
 func (s *Source) checkRetiredRetryTopics(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*s.cfg.RequestTimeout)
 	defer cancel()
@@ -52,7 +63,8 @@ func (s *Source) checkRetiredRetryTopics(ctx context.Context) error {
 }
 
 // retiredCopies returns, by retry topic of a retired delay, how many of
-// its records the group has not read; topics with none are left out.
+// its records the group has not read on the partitions it has a committed
+// offset on; topics with none are left out.
 func (s *Source) retiredCopies(ctx context.Context, cl *kafkago.Client) (map[string]int64, error) {
 	md, err := cl.Metadata(ctx, &kafkago.MetadataRequest{})
 	if err != nil {
@@ -91,9 +103,10 @@ func (s *Source) retiredCopies(ctx context.Context, cl *kafkago.Client) (map[str
 				return nil, fmt.Errorf("offsets of %s/%d: %w", t.Name, p.Partition, p.Error)
 			}
 			from, ok := group[p.Partition]
-			if !ok || from < p.FirstOffset {
-				from = p.FirstOffset
+			if !ok {
+				continue // never read by this group: another group's copies, or the limit above
 			}
+			from = max(from, p.FirstOffset)
 			if n := p.LastOffset - from; n > 0 {
 				out[t.Name] += n
 			}

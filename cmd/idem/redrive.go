@@ -149,7 +149,10 @@ func runRedrive(ctx context.Context, e *env, fs *flag.FlagSet, args []string) in
 	return exitOK
 }
 
-// readPlan reads a plan: a dry run's --json output, or the plan alone.
+// readPlan reads a plan: a dry run's --json output, its digest included.
+// The digest catches a plan changed by hand or by accident; it is no
+// signature (anyone can compute one): what Execute does is bounded by its
+// own checks, which allow an operator only to take letters out.
 func readPlan(name string) (*redrive.Plan, error) {
 	b, err := os.ReadFile(name)
 	if err != nil {
@@ -159,14 +162,12 @@ func readPlan(name string) (*redrive.Plan, error) {
 	if err := json.Unmarshal(b, &out); err != nil {
 		return nil, err
 	}
-	if out.Plan == nil {
-		var p redrive.Plan
-		if err := json.Unmarshal(b, &p); err != nil || p.Topic == "" {
-			return nil, errors.New("no plan in it: give the output of idem redrive --dry-run --json")
-		}
-		return &p, nil
-	}
-	if out.Digest != "" && out.Digest != out.Plan.Digest() {
+	switch {
+	case out.Plan == nil:
+		return nil, errors.New("no plan in it: give the output of idem redrive --dry-run --json")
+	case out.Digest == "":
+		return nil, errors.New("no digest in it: give the output of idem redrive --dry-run --json as it was printed")
+	case out.Digest != out.Plan.Digest():
 		return nil, fmt.Errorf("the plan's digest is %s, not %s: it was changed", out.Plan.Digest(), out.Digest)
 	}
 	return out.Plan, nil

@@ -1,6 +1,7 @@
 package deduptest
 
 import (
+	"context"
 	"encoding/json"
 	"reflect"
 	"testing"
@@ -106,6 +107,40 @@ func RunAdmin[TTx any](t *testing.T, newStore AdminFactory[TTx]) {
 		t.Errorf("Purge with nothing expired: %d, %v", n, err)
 	}
 	runAudit(t, admin)
+	runLock(t, admin)
+}
+
+// runLock checks Admin.Lock: a lock held is not taken again until it is
+// let go, and then a waiter gets it; another name is another lock.
+func runLock(t *testing.T, admin dedup.Admin) {
+	ctx := ctxFor(t)
+	unlock, err := admin.Lock(ctx, "redrive pay.dlq idem-redrive")
+	if err != nil {
+		t.Fatalf("Lock: %v", err)
+	}
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	if u, err := admin.Lock(short, "redrive pay.dlq idem-redrive"); err == nil {
+		u()
+		t.Errorf("Lock of a lock held: taken, want it to wait until its context ends")
+	}
+	cancel()
+	other, err := admin.Lock(ctx, "redrive hour.dlq idem-redrive")
+	if err != nil {
+		t.Fatalf("Lock of another name while one is held: %v", err)
+	}
+	other()
+	got := make(chan error, 1)
+	go func() {
+		u, err := admin.Lock(ctx, "redrive pay.dlq idem-redrive")
+		if err == nil {
+			u()
+		}
+		got <- err
+	}()
+	unlock()
+	if err := <-got; err != nil {
+		t.Errorf("Lock waiting for a lock let go: %v", err)
+	}
 }
 
 // runAudit checks the audit log (dedup.Auditor): what is recorded comes

@@ -19,6 +19,7 @@ func (s *Store) migrations() ([]sqlmigrate.Migration, error) {
 		Offsets     string
 		Epochs      string
 		Audit       string
+		Locks       string
 		Distributed bool
 		Partitioned bool
 		Index       func(string) string
@@ -27,6 +28,7 @@ func (s *Store) migrations() ([]sqlmigrate.Migration, error) {
 		Offsets:     s.offsets,
 		Epochs:      s.epochs,
 		Audit:       s.audit,
+		Locks:       s.locks,
 		Distributed: s.cfg.Distributed,
 		Partitioned: s.part != nil,
 		Index:       pgmigrate.Index(s.cfg.Table),

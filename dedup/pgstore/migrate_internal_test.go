@@ -28,6 +28,7 @@ func TestSplitStatements(t *testing.T) {
 		3: {"CREATE TABLE IF NOT EXISTS"},
 		4: {"CREATE TABLE IF NOT EXISTS"},
 		5: {"CREATE TABLE IF NOT EXISTS"},
+		6: {"CREATE TABLE IF NOT EXISTS"},
 	}
 	for _, m := range ms {
 		got := sqlmigrate.Split(m.SQL)

@@ -103,6 +103,7 @@ type Store struct {
 	offSQL  offsetQueries
 	epochs  string      // sanitized schema.table_epochs: see epochs.go
 	audit   string      // sanitized schema.table_audit: see audit.go
+	locks   string      // sanitized schema.table_locks: see lock.go
 	part    *partitions // partitioned mode (partitions.go); nil without
 	lockSQL string      // partitioned mode: the claim's key locks
 	plainOK atomic.Bool // without partitions: the table was found not partitioned
@@ -225,6 +226,7 @@ SELECT ctid FROM ` + t + ` WHERE ` + purgeable + ` LIMIT $1 FOR UPDATE SKIP LOCK
 	st.offSQL = newOffsetQueries(st.offsets)
 	st.epochs = pgx.Identifier{cfg.Schema, cfg.Table + "_epochs"}.Sanitize()
 	st.audit = pgx.Identifier{cfg.Schema, cfg.Table + "_audit"}.Sanitize()
+	st.locks = pgx.Identifier{cfg.Schema, cfg.Table + "_locks"}.Sanitize()
 	st.epoch = time.Now()
 	return st, nil
 }

@@ -20,6 +20,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"modernc.org/sqlite"
@@ -131,7 +132,8 @@ type Store struct {
 	db     *sql.DB
 	cfg    Config
 	table  string
-	tokens string // the counter of lease tokens: see http.go
+	tokens string   // the counter of lease tokens: see http.go
+	locks  sync.Map // name → chan struct{}: Admin.Lock of an in-memory database
 }
 
 // normalize validates cfg and fills in its defaults.

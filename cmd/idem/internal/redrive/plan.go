@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // What the planner decides about a letter (Entry.Verdict).
@@ -61,6 +62,9 @@ type Entry struct {
 	Cause   string `json:"cause,omitempty"`         // the letter's idem-cause
 	Count   int    `json:"redrive_count,omitempty"` // the copy's idem-redrive-count
 	Release bool   `json:"release,omitempty"`       // its failed row is released before the send
+	// FailedAt is the created time of the failed row Release releases:
+	// Execute releases that row, not one recorded since.
+	FailedAt time.Time `json:"failed_at,omitzero"`
 }
 
 // planned is the verdict the planner gave e.
@@ -136,7 +140,8 @@ func (p *Plan) Hold(letter string) error {
 }
 
 // check says what is wrong with a plan that was not made by Prepare, or
-// was changed other than by SkipLetter and Hold.
+// was changed other than by SkipLetter and Hold: a verdict changed to
+// anything but a skip, letters out of order or after a stop.
 func (p *Plan) check() error {
 	switch {
 	case p == nil:
@@ -153,6 +158,13 @@ func (p *Plan) check() error {
 		case VerdictSend, VerdictDuplicate, VerdictSkip, VerdictStop:
 		default:
 			return fmt.Errorf("redrive: letter %s: unknown verdict %q", e.Letter, e.Verdict)
+		}
+		// The operator may only take letters out (SkipLetter, Hold): a
+		// verdict that differs from the planner's is a skip, and Execute
+		// checks the planner's (Planned) against a fresh plan.
+		if e.Planned != "" && e.Verdict != VerdictSkip {
+			return fmt.Errorf("redrive: letter %s: verdict %q over the planner's %q: an operator may only skip a letter, "+
+				"not send one the planner did not", e.Letter, e.Verdict, e.Planned)
 		}
 		if stopped[e.Queue] {
 			return fmt.Errorf("redrive: letter %s follows a stop in its queue %s", e.Letter, e.Queue)
@@ -187,7 +199,7 @@ func describe(e *Entry) string {
 		s += " of key " + e.Scope + "/" + e.Key
 	}
 	if e.Release {
-		s += " (released on the way)"
+		s += " (its failed row of " + e.FailedAt.UTC().Format(time.RFC3339Nano) + " released on the way)"
 	}
 	if e.Reason != "" && e.Verdict != VerdictSend {
 		s += " (" + e.Reason + ")"
@@ -199,5 +211,6 @@ func describe(e *Entry) string {
 func same(shown, fresh Entry) bool {
 	return shown.Letter == fresh.Letter && shown.Queue == fresh.Queue && shown.Offset == fresh.Offset &&
 		shown.Scope == fresh.Scope && shown.Key == fresh.Key && shown.To == fresh.To &&
-		shown.planned() == fresh.Verdict && shown.Release == fresh.Release && shown.Count == fresh.Count
+		shown.planned() == fresh.Verdict && shown.Release == fresh.Release && shown.FailedAt.Equal(fresh.FailedAt) &&
+		shown.Count == fresh.Count
 }

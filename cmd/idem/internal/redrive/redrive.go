@@ -137,11 +137,19 @@ type message struct {
 // unless cfg.DryRun, executes it. A dry run and a run are one planner: the
 // run does what the dry run shows, letter for letter. Run returns the plan
 // it made (executed unless cfg.DryRun; nil when it could not make one) and
-// what it did with each letter, even when it returns an error.
+// what it did with each letter, even when it returns an error. A run that
+// is not dry holds the lock Execute does (see there).
 func Run(ctx context.Context, b Broker, cfg Config) (*Plan, []Result, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, nil, err
+	}
+	if !cfg.DryRun {
+		unlock, err := lock(ctx, b, cfg)
+		if err != nil {
+			return nil, nil, err
+		}
+		defer unlock()
 	}
 	s, err := b.open(ctx, cfg.Topic, cfg.Group)
 	if err != nil {
@@ -187,7 +195,9 @@ func Prepare(ctx context.Context, b Broker, cfg Config) (*Plan, error) {
 // redrive ran since, a letter's key was applied or released, a queue's
 // letters moved. Letters written after p was made are not in it and wait
 // for the next plan. The operator's changes (Plan.SkipLetter, Plan.Hold) are
-// kept. admin is the dedup store's (Config.Admin). The results say what
+// kept. Executions of plans of one topic and group, in any process, run
+// one at a time (admin.Lock): of one plan confirmed twice at once, the
+// second is stale. admin is the dedup store's (Config.Admin). The results say what
 // was done even when Execute returns an error.
 func Execute(ctx context.Context, b Broker, admin dedup.Admin, p *Plan) ([]Result, error) {
 	if err := p.check(); err != nil {
@@ -201,12 +211,31 @@ func Execute(ctx context.Context, b Broker, admin dedup.Admin, p *Plan) ([]Resul
 	if err != nil {
 		return nil, err
 	}
+	// Two confirmations of one plan (two --plan runs, two console pages)
+	// must not both recheck it before either commits: one at a time, the
+	// second finds the group's offset moved and the plan stale.
+	unlock, err := lock(ctx, b, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	s, err := b.open(ctx, cfg.Topic, cfg.Group)
 	if err != nil {
 		return nil, err
 	}
 	defer s.close()
 	return (&run{cfg: cfg, s: s}).execute(ctx, p, true)
+}
+
+// lock takes the store's lock of cfg's topic and group on b: runs and
+// executions of plans of one topic and group, in any process, send and
+// commit one at a time.
+func lock(ctx context.Context, b Broker, cfg Config) (func(), error) {
+	unlock, err := cfg.Admin.Lock(ctx, "redrive "+b.Name()+" "+cfg.Topic+" "+cfg.Group)
+	if err != nil {
+		return nil, fmt.Errorf("redrive: waiting for another redrive of %s (group %s): %w", cfg.Topic, cfg.Group, err)
+	}
+	return unlock, nil
 }
 
 func (cfg Config) withDefaults() (Config, error) {
@@ -300,9 +329,12 @@ func (r *run) execute(ctx context.Context, p *Plan, check bool) ([]Result, error
 			}
 			// The letter is the one planned. Its verdict was checked before
 			// (recheck); it may have changed since by this run's own doing
-			// (a key released, or applied, for an earlier letter of it).
+			// (a key released, or applied, for an earlier letter of it); a
+			// failed row it finds must be the one shown, if it is to release
+			// it.
 			if fresh.Letter != e.Letter || fresh.Scope != e.Scope || fresh.Key != e.Key || fresh.To != e.To || fresh.Count != e.Count ||
-				e.Verdict == VerdictSend && c == nil {
+				e.Verdict == VerdictSend && c == nil ||
+				e.Verdict == VerdictSend && e.Release && fresh.Release && !fresh.FailedAt.Equal(e.FailedAt) {
 				return false, &StaleError{Letter: fresh.Letter, Shown: describe(&e), Now: describe(&fresh)}
 			}
 			i++
@@ -441,7 +473,7 @@ func (r *run) decide(ctx context.Context, q queue, l *letter) (Entry, *message, 
 			if !r.cfg.Release {
 				return refuse("the key is recorded as failed: release it first (idem release --scope %s %s), or use --release", e.Scope, e.Key)
 			}
-			e.Release = true
+			e.Release, e.FailedAt = true, row.CreatedAt
 		}
 	}
 	e.Verdict = VerdictSend

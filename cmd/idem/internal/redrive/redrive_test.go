@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup"
@@ -62,15 +63,25 @@ func (b *fakeBroker) close() {}
 // fakeAdmin holds rows by key ID.
 type fakeAdmin struct {
 	dedup.Admin
-	rows     map[string]string // key ID → outcome
+	rows     map[string]string    // key ID → outcome
+	created  map[string]time.Time // key ID → its row's created time; zero when missing
 	released []string
+	locks    int // Lock calls
+	unlocks  int
 }
 
 func (a *fakeAdmin) Find(_ context.Context, scope, id string) ([]dedup.Row, error) {
 	if o, ok := a.rows[id]; ok {
-		return []dedup.Row{{Key: dedup.Key{Scope: scope, ID: id}, Outcome: o}}, nil
+		return []dedup.Row{{Key: dedup.Key{Scope: scope, ID: id}, Outcome: o, CreatedAt: a.created[id]}}, nil
 	}
 	return nil, nil
+}
+
+// Lock serializes nothing (these tests execute one plan at a time); it
+// counts the locks taken and let go.
+func (a *fakeAdmin) Lock(context.Context, string) (func(), error) {
+	a.locks++
+	return func() { a.unlocks++ }, nil
 }
 
 func (a *fakeAdmin) Release(_ context.Context, keys []dedup.Key, dry bool) ([]dedup.Row, error) {
@@ -334,5 +345,53 @@ func TestExecuteRefusesAVerdictThePlannerNeverGave(t *testing.T) {
 				t.Errorf("Execute accepted a verdict the planner never gives (send over planned %s)", c.planned)
 			}
 		})
+	}
+}
+
+// TestExecuteReleasesTheFailedRowShown: with --release, the plan shows a
+// letter whose key's failed row is released on the way. When that row was
+// released and the key failed again since (another row, recorded later),
+// Execute must not release the new failure, which the operator never saw:
+// the plan is stale, nothing is released or sent.
+func TestExecuteReleasesTheFailedRowShown(t *testing.T) {
+	ctx := context.Background()
+	t0 := time.Date(2026, 12, 7, 9, 0, 0, 0, time.UTC)
+	admin := &fakeAdmin{rows: map[string]string{"A": "failed"}, created: map[string]time.Time{"A": t0}}
+	b := &fakeBroker{letters: []letter{dl(0, "A")}}
+	p, err := Prepare(ctx, b, Config{Admin: admin, Topic: "pay.dlq", Release: true})
+	if err != nil || len(p.Entries) != 1 || !p.Entries[0].Release || !p.Entries[0].FailedAt.Equal(t0) {
+		t.Fatalf("plan %+v, %v; want A sent, its failed row of %v released", p, err, t0)
+	}
+	admin.created["A"] = t0.Add(time.Hour) // released, and failed again
+	var stale *StaleError
+	res, err := Execute(ctx, b, admin, p)
+	if !errors.As(err, &stale) || len(b.sent) != 0 || len(admin.released) != 0 {
+		t.Errorf("Execute over another failed row than shown: %+v, %v; sent %d, released %v; want it stale, nothing done",
+			res, err, len(b.sent), admin.released)
+	}
+	admin.created["A"] = t0 // the row shown
+	if res, err := Execute(ctx, b, admin, p); err != nil || len(b.sent) != 1 || !slices.Equal(admin.released, []string{"A"}) {
+		t.Errorf("Execute over the row shown: %+v, %v; sent %d, released %v", res, err, len(b.sent), admin.released)
+	}
+}
+
+// TestRunsAndExecutionsTakeTheLock: a redrive that sends (Run, not dry;
+// Execute) holds the store's lock of its topic and group, so that two at
+// once — a plain run beside a confirmed plan — do not both read the
+// group's offset before either commits; a dry run (Prepare) takes none.
+func TestRunsAndExecutionsTakeTheLock(t *testing.T) {
+	ctx := context.Background()
+	admin := &fakeAdmin{rows: map[string]string{}}
+	b := &fakeBroker{letters: []letter{dl(0, "A"), dl(1, "B")}}
+	cfg := Config{Admin: admin, Topic: "pay.dlq", Max: 1}
+	p, err := Prepare(ctx, b, cfg)
+	if err != nil || admin.locks != 0 {
+		t.Fatalf("Prepare: %v; %d locks, want none", err, admin.locks)
+	}
+	if _, err := Execute(ctx, b, admin, p); err != nil || admin.locks != 1 || admin.unlocks != 1 {
+		t.Errorf("Execute: %v; %d locks, %d let go, want 1, 1", err, admin.locks, admin.unlocks)
+	}
+	if _, err := run2(ctx, b, cfg); err != nil || admin.locks != 2 || admin.unlocks != 2 || len(b.sent) != 2 {
+		t.Errorf("Run: %v; %d locks, %d let go, want 2, 2; sent %d", err, admin.locks, admin.unlocks, len(b.sent))
 	}
 }
