@@ -38,7 +38,9 @@ import (
 // Its ops produce and re-send payments, crash processes in flight, and
 // after a retry copy is durable and before the original's commit, lose a
 // COMMIT's outcome, restart with a changed configuration, add and remove
-// a second member, redrive dead letters and flush the Redis front; after
+// a second member, redrive dead letters (an operator's redrive through
+// the idem command's plan too: operator_test.go) and flush the Redis
+// front; after
 // each the model checks that no payment was applied twice, and after the
 // last that every payment not dead-lettered was applied once.
 
@@ -88,9 +90,12 @@ type kafkaRunner struct {
 	front *redisfront.Store[pgx.Tx]
 	rdb   *redis.Client
 	table string
-	beh   *behaviour
-	dlq   *dlq
-	log   *slog.Logger
+	// pgURL and schema are the store's, for the idem command
+	// (operator_test.go).
+	pgURL, schema string
+	beh           *behaviour
+	dlq           *dlq
+	log           *slog.Logger
 
 	mu     sync.Mutex
 	pays   map[string]*kpay
@@ -132,11 +137,17 @@ func newKafkaRunner(t testing.TB, cfg config, rep *reporter) *kafkaRunner {
 	for _, d := range retryDelayPool {
 		r.admin.CreateTopic(t, kafka.RetryTopic(r.topic, d), partitions)
 	}
-	r.precommit()
+	r.precommit(r.group, r.topic)
+	// The operator's redrive group (operator_test.go) starts at the first
+	// letter, as a new group does; committed, because kfake answers an
+	// offset fetch of a group it does not know with GROUP_ID_NOT_FOUND
+	// where Kafka answers "no offset".
+	r.precommit(r.redriveGroup(), r.topic+".dlq")
 
 	ctx := context.Background()
 	r.pool = pool(t)
 	schema := testenv.Schema(t, r.pool)
+	r.pgURL, r.schema = testenv.PostgresURL(t), schema
 	pcfg := pgstore.Config{Schema: schema, LockTimeout: 2 * time.Second}
 	if cfg.store == "pg-partitioned" {
 		pcfg.PartitionWidth = 24 * time.Hour
@@ -171,12 +182,12 @@ func newKafkaRunner(t testing.TB, cfg config, rep *reporter) *kafkaRunner {
 	return r
 }
 
-// precommit commits offset 0 of the topic's partitions for the group: the
+// precommit commits offset 0 of topic's partitions for group: the
 // group has been running (with StartFrom LastOffset, a partition without
 // a committed offset starts at its end, and skips what was produced
 // before — the setting's documented meaning, not a hole). The product's
 // own topics (retry topics) are left without one, as a new group has them.
-func (r *kafkaRunner) precommit() {
+func (r *kafkaRunner) precommit(group, topic string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var commits []kafkago.OffsetCommit
@@ -188,8 +199,8 @@ func (r *kafkaRunner) precommit() {
 	c := &kafkago.Client{Addr: kafkago.TCP(r.brokers...), Transport: tr}
 	for {
 		res, err := c.OffsetCommit(ctx, &kafkago.OffsetCommitRequest{
-			Addr: kafkago.TCP(r.brokers...), GroupID: r.group, GenerationID: -1,
-			Topics: map[string][]kafkago.OffsetCommit{r.topic: commits},
+			Addr: kafkago.TCP(r.brokers...), GroupID: group, GenerationID: -1,
+			Topics: map[string][]kafkago.OffsetCommit{topic: commits},
 		})
 		if err == nil {
 			for _, ps := range res.Topics {
@@ -204,7 +215,7 @@ func (r *kafkaRunner) precommit() {
 			return
 		}
 		if ctx.Err() != nil {
-			r.t.Fatalf("seams: commit the group's first offsets: %v", err)
+			r.t.Fatalf("seams: commit %s's first offsets of %s: %v", group, topic, err)
 		}
 		time.Sleep(100 * time.Millisecond) // the coordinator is loading
 	}

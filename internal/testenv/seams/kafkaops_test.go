@@ -154,9 +154,8 @@ func (o kopCrashInFlight) apply(ctx context.Context, r *kafkaRunner) {
 }
 
 // kopRedrive fixes a payment's cause and redrives one of its dead letters,
-// as `idem redrive --release` does.
-// TODO(issue 37): an operator plan through cmd/idem's planner, checked as
-// executed as shown, once the planner lands (branch planner).
+// as `idem redrive --release` does (the idem command's planner itself is
+// kopOperatorRedrive's, operator_test.go).
 type kopRedrive struct {
 	pay  string
 	pick int
@@ -218,8 +217,12 @@ func (kopRedisFlush) apply(ctx context.Context, r *kafkaRunner) {
 // configuration (a restart may change it).
 func generateKafka(seed uint64, cfg config, steps int) []kop {
 	rng := rand.New(rand.NewPCG(seed, seed^0xcafe37))
+	// ops draws whether a redrive is the operator's, through the plan, and
+	// its choices: from a stream of its own, so that the rest of a seed's
+	// sequence is what it was before the operator's redrive was added.
+	ops := rand.New(rand.NewPCG(seed, seed^0x9a7e37))
 	var pays, poisoned []string
-	n := 0
+	n, late := 0, 0
 	newp := func() newPay {
 		n++
 		p := newPay{id: fmt.Sprintf("P%03d", n), amount: 1 + rng.IntN(100)}
@@ -242,8 +245,8 @@ func generateKafka(seed uint64, cfg config, steps int) []kop {
 		}
 		return o
 	}
-	ops := []kop{produce(3)}
-	for len(ops) < steps {
+	seq := []kop{produce(3)}
+	for len(seq) < steps {
 		var cs []struct {
 			w int
 			f func() kop
@@ -277,7 +280,20 @@ func generateKafka(seed uint64, cfg config, steps int) []kop {
 			add(4, func() kop { return kopResend{pay: pays[rng.IntN(len(pays))]} })
 		}
 		if len(poisoned) > 0 {
-			add(4, func() kop { return kopRedrive{pay: poisoned[rng.IntN(len(poisoned))], pick: rng.IntN(3)} })
+			add(4, func() kop {
+				o := kopRedrive{pay: poisoned[rng.IntN(len(poisoned))], pick: rng.IntN(3)}
+				if ops.IntN(2) > 0 {
+					return o
+				}
+				op := kopOperatorRedrive{fix: ops.IntN(3) > 0, release: ops.IntN(4) > 0, choice: ops.IntN(planChoices), pick: ops.IntN(8)}
+				if op.choice == planNewLetters {
+					late++ // numbered apart: the other payments keep their IDs
+					op.late = newPay{id: fmt.Sprintf("L%03d", late), amount: 1 + ops.IntN(100), poisoned: true}
+					pays = append(pays, op.late.id)
+					poisoned = append(poisoned, op.late.id)
+				}
+				return op
+			})
 		}
 		if cfg.redis {
 			add(2, func() kop { return kopRedisFlush{} })
@@ -289,13 +305,13 @@ func generateKafka(seed uint64, cfg config, steps int) []kop {
 		x := rng.IntN(total)
 		for _, c := range cs {
 			if x < c.w {
-				ops = append(ops, c.f())
+				seq = append(seq, c.f())
 				break
 			}
 			x -= c.w
 		}
 	}
-	return ops
+	return seq
 }
 
 // kafkaSeedConfig is the first configuration of a seed's Kafka run.

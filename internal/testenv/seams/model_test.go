@@ -106,6 +106,16 @@ const (
 	// payment was applied from its original (hole 2 of issue 37 again)
 	// shows here.
 	checkRetryTopicRead = "retry-topic-read"
+	// checkPlanExecuted: an operator's redrive plan (idem redrive --plan)
+	// executed does what it showed: exactly its send letters reach the
+	// topic, once each, and the redrive group's offsets end where it ends.
+	checkPlanExecuted = "plan-executed"
+	// checkPlanStale: a plan refused as stale sends and commits nothing,
+	// and a plan whose partitions moved since it was made is refused.
+	checkPlanStale = "plan-stale"
+	// checkPlanDoneKey: a letter whose key is done is planned as a
+	// duplicate (skip_duplicate), never a stop or a send.
+	checkPlanDoneKey = "plan-done-key"
 )
 
 // The holes of issues 25 and 37 this test must find on code that has them.

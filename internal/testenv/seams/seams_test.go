@@ -20,8 +20,10 @@
 // processes in flight, and after a retry copy is durable and before the
 // original's commit, lose a COMMIT's outcome, restart with a changed configuration
 // (a delay added or removed, Blocking ↔ NonBlocking, KeyLanes), add and
-// remove a member, redrive dead letters. With IDEM_SEAMS_KAFKA=real it
-// runs on the test environment's Kafka instead (`make seams-kafka`).
+// remove a member, redrive dead letters — directly, and as an operator
+// does through the idem command's plan (operator_test.go). With
+// IDEM_SEAMS_KAFKA=real it runs on the test environment's Kafka instead
+// (`make seams-kafka`).
 //
 // The fixed seeds run in `go test` (and so `make test`); `make seams
 // SEEDS=…` runs more (KAFKA=kfake, real or off chooses the Kafka mode's
@@ -76,7 +78,10 @@ var fixedSeeds = []uint64{3, 16, 19}
 
 func TestMain(m *testing.M) {
 	redis.SetLogger(silent{}) // the Redis front's client logs the restarts the test makes
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		removeIdemBin() // operator_test.go
+		os.Exit(code)
+	}))
 }
 
 type silent struct{}
