@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/idemkit/idem/consumer"
@@ -451,12 +452,6 @@ func (r *run) decide(ctx context.Context, q queue, l *letter) (Entry, *message, 
 		return refuse("no valid %s header", consumer.MetaPartition)
 	case e.Scope == "" || e.Key == "":
 		return refuse("no key: it was dead-lettered before its key was known (bad input); it would fail the same way")
-	case count >= r.cfg.MaxRedrives:
-		// Before the value's case, so that a letter without a value (a
-		// tombstone, an empty body), which is sent on, is refused too.
-		return refuse("redriven %d times already (--max-redrives)", count)
-	case leftOut:
-		return refuse("its value was left out of the dead letter (too large)")
 	}
 	c = &message{topic: to, partition: p, key: l.key, value: l.value, letter: l}
 	e.To = r.s.target(c)
@@ -464,11 +459,24 @@ func (r *run) decide(ctx context.Context, q queue, l *letter) (Entry, *message, 
 	if err != nil {
 		return e, nil, err
 	}
+	// A letter whose key is done is a duplicate whatever else it says (its
+	// redrive count, a value left out): passed by, never a stop.
+	if slices.ContainsFunc(rows, func(row dedup.Row) bool { return row.Outcome == "done" }) {
+		e.Verdict, e.Reason = VerdictDuplicate, "the key was applied (a done row): a copy would be a duplicate; passed by"
+		return e, c, nil
+	}
+	switch {
+	case count >= r.cfg.MaxRedrives:
+		// Before the value's case, so that a letter without a value (a
+		// tombstone, an empty body), which is sent on, is refused too.
+		c = nil
+		return refuse("redriven %d times already (--max-redrives)", count)
+	case leftOut:
+		c = nil
+		return refuse("its value was left out of the dead letter (too large)")
+	}
 	for _, row := range rows {
 		switch row.Outcome {
-		case "done":
-			e.Verdict, e.Reason = VerdictDuplicate, "the key was applied (a done row): a copy would be a duplicate; passed by"
-			return e, c, nil
 		case "failed":
 			if !r.cfg.Release {
 				return refuse("the key is recorded as failed: release it first (idem release --scope %s %s), or use --release", e.Scope, e.Key)

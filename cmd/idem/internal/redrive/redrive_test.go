@@ -395,3 +395,19 @@ func TestRunsAndExecutionsTakeTheLock(t *testing.T) {
 		t.Errorf("Run: %v; %d locks, %d let go, want 2, 2; sent %d", err, admin.locks, admin.unlocks, len(b.sent))
 	}
 }
+
+// TestDoneKeyIsADuplicateWhateverElse: a letter whose key is done is a
+// duplicate even when it was redriven --max-redrives times already or its
+// value was left out: passed by, never a stop that holds its partition.
+func TestDoneKeyIsADuplicateWhateverElse(t *testing.T) {
+	b := &fakeBroker{letters: []letter{
+		dl(0, "K", consumer.MetaRedriveCount, "5"),
+		dl(1, "K", consumer.MetaValueSHA256, "00"),
+		dl(2, "L"),
+	}}
+	admin := &fakeAdmin{rows: map[string]string{"K": "done"}}
+	res, err := run2(context.Background(), b, Config{Admin: admin, Topic: "pay.dlq"})
+	if err != nil || len(res) != 3 || res[0].Action != Duplicate || res[1].Action != Duplicate || res[2].Action != Sent {
+		t.Fatalf("results %+v, %v; want the done key's letters passed by as duplicates and L sent", res, err)
+	}
+}
