@@ -36,7 +36,9 @@ declare -A cluster_run=(
 
 # internal/testenv/faults is a module of its own (toxiproxy and zerolog stay
 # out of the library's go.mod), run from its directory: a PKGS of ./..., of a
-# pattern that covers it (./internal/...) or naming it runs it.
+# pattern that covers it (./internal/...) or naming it runs it. It runs after
+# the root module's packages, no longer beside them in one of go test's -p
+# slots: less load at once, a longer make test.
 faults=internal/testenv/faults run_faults=false root_pkgs=()
 for p in "${pkgs[@]}"; do
   d=${p#./} d=${d%/}
