@@ -30,6 +30,7 @@ test: vet ## gofmt and vet, then go test -race over everything against the servi
 
 test-short: ## unit tests only: no services needed
 	go test -race -count=1 -short ./consumer/... ./dedup/ ./dedup/memstore/ ./internal/...
+	go test -C internal/testenv/faults -race -count=1 -short . # a module of its own
 
 testenv-up: ## start the services and print their environment
 	@scripts/testenv.sh up $(SERVICES)
@@ -49,7 +50,8 @@ vet: ## go vet, a gofmt check, no tracked file over 1 MiB outside testdata/, and
 	@big=$$(git ls-files -z | xargs -0 -r stat -c '%s %n' 2>/dev/null | awk '$$1 > 1048576 && $$0 !~ /^[0-9]+ (.*\/)?testdata\//'); \
 	test -z "$$big" || { echo "tracked files over 1 MiB outside testdata/ (bytes, path):"; echo "$$big"; exit 1; }
 	go vet ./...
-	go vet -tags soak ./internal/testenv/faults/ # the soak (make soak): keep it building
+	go vet -C internal/testenv/faults ./... # a module of its own (toxiproxy, zerolog): make test runs it
+	go vet -C internal/testenv/faults -tags soak ./... # the soak (make soak): keep it building
 	go vet -C cmd/idem-bench ./... # a module of its own: keep it building
 	go vet -C deploy ./... # a module of its own (Prometheus' parser): make test runs it
 	go vet -C internal/apicheck ./... # a module of its own (apidiff stays out of the library's go.mod)
@@ -91,8 +93,10 @@ seams-kafka: ## the Kafka mode of the seams test alone, long, on the test enviro
 test-faults: ## the fault-injection suite alone (child consumers, SIGKILLs, restarts; failovers on a three-node Kafka and a two-broker RocketMQ) with its summary table, and the outbox relay's faults (examples/twohop)
 	@set -e; out=$$(scripts/testenv.sh up $(filter-out kafka-cluster rocketmq-cluster,$(SERVICES)) kafka-cluster rocketmq-cluster); eval "$$out"; \
 	summary=$$(mktemp); trap 'rm -f $$summary' EXIT; \
-	IDEM_FAULTS_SUMMARY=$$summary go test -race -count=1 -timeout 20m ./internal/testenv/faults ./examples/twohop; \
-	cat $$summary
+	rc=0; export IDEM_FAULTS_SUMMARY=$$summary; \
+	go test -C internal/testenv/faults -race -count=1 -timeout 20m . || rc=1; \
+	go test -race -count=1 -timeout 20m ./examples/twohop || rc=1; \
+	cat $$summary; exit $$rc
 
 # The soak is build-tagged (soak) and out of make test: it takes SOAK (30m)
 # on a private Kafka and a private Postgres of its own, so its restarts never
@@ -103,4 +107,4 @@ test-faults: ## the fault-injection suite alone (child consumers, SIGKILLs, rest
 soak: ## two payments consumers for SOAK (30m) at RATE msgs/s (40), faults every few minutes, a row a minute; fails on a lost or doubled payment or on growth: make soak SOAK=15m [LEAK=100]
 	@set -e; out=$$(scripts/testenv.sh up postgres); eval "$$out"; \
 	IDEM_SOAK_DURATION='$(or $(SOAK),30m)' IDEM_SOAK_RATE='$(or $(RATE),40)' IDEM_SOAK_LEAK='$(LEAK)' \
-	go test -tags soak -count=1 -v -timeout $(or $(TIMEOUT),3h) -run '^TestSoak$$' ./internal/testenv/faults/
+	go test -C internal/testenv/faults -tags soak -count=1 -v -timeout $(or $(TIMEOUT),3h) -run '^TestSoak$$' .

@@ -51,12 +51,25 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# One binary per package with tests.
-mapfile -t pkgs < <(go list -f '{{if or .TestGoFiles .XTestGoFiles}}{{.ImportPath}} {{.Dir}}{{end}}' "$@")
+# One binary per package with tests. A directory is listed from itself, so
+# that a package of a nested module (internal/testenv/faults, deploy) is
+# listed and built in its own module; an import path from the root.
+format='{{if or .TestGoFiles .XTestGoFiles}}{{.ImportPath}} {{.Module.Dir}} {{.Dir}}{{end}}'
+pkgs=()
+for a in "$@"; do
+  d=${a%/...} pat=.
+  if [ "$d" != "$a" ]; then pat=./...; fi
+  d=${d%/}
+  if [ -d "$d" ]; then
+    mapfile -t -O "${#pkgs[@]}" pkgs < <(go list -C "$d" -f "$format" "$pat")
+  else
+    mapfile -t -O "${#pkgs[@]}" pkgs < <(go list -f "$format" "$a")
+  fi
+done
 [ ${#pkgs[@]} -gt 0 ] || { echo "stress.sh: no test files in $*" >&2; exit 2; }
 for p in "${pkgs[@]}"; do
-  ip=${p%% *}
-  go test -race -c -o "$bins/$(echo "$ip" | tr '/' '_').test" "$ip"
+  read -r ip mdir _ <<<"$p"
+  go test -C "$mdir" -race -c -o "$bins/$(echo "$ip" | tr '/' '_').test" "$ip"
 done
 
 for ((i = 0; i < load; i++)); do
@@ -70,7 +83,7 @@ failed_runs=0
 for ((r = 1; r <= runs; r++)); do
   ok=1 start=$SECONDS
   for p in "${pkgs[@]}"; do
-    ip=${p%% *} pdir=${p#* }
+    read -r ip _ pdir <<<"$p"
     bin="$bins/$(echo "$ip" | tr '/' '_').test"
     log="$dir/run$r-$(echo "$ip" | tr '/' '_').log"
     args=(-test.count=1 -test.v -test.timeout "$timeout")

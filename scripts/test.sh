@@ -34,6 +34,24 @@ declare -A cluster_run=(
   [rocketmq-cluster]='TestFaults/^rocketmq-cluster$/^broker-lost-and-back$'
 )
 
+# internal/testenv/faults is a module of its own (toxiproxy and zerolog stay
+# out of the library's go.mod), run from its directory: a PKGS of ./..., of a
+# pattern that covers it (./internal/...) or naming it runs it. It runs after
+# the root module's packages, no longer beside them in one of go test's -p
+# slots: less load at once, a longer make test.
+faults=internal/testenv/faults run_faults=false root_pkgs=()
+for p in "${pkgs[@]}"; do
+  d=${p#./} d=${d%/}
+  case "$d" in
+    "${faults}" | "${faults}/...") run_faults=true ;;
+    ... | */...)
+      [[ "${faults}/" == "${d%...}"* ]] && run_faults=true
+      root_pkgs+=("$p")
+      ;;
+    *) root_pkgs+=("$p") ;;
+  esac
+done
+
 start=${SECONDS}
 # A failed fault scenario keeps each child's whole log and goroutine dump
 # here (the test output shows only their last 4 KiB): the evidence of a
@@ -47,7 +65,12 @@ echo "test environment up in $((SECONDS - start)) s"
 
 rc=0
 skip="TestFaults/(kafka-cluster|rocketmq-cluster)${SKIP:+|${SKIP}}"
-go test -race -count=1 -timeout 20m -skip "${skip}" "${pkgs[@]}" 2>&1 | tee -a "${log}" || rc=1
+if (( ${#root_pkgs[@]} > 0 )); then
+  go test -race -count=1 -timeout 20m -skip "${skip}" "${root_pkgs[@]}" 2>&1 | tee -a "${log}" || rc=1
+fi
+if ${run_faults}; then
+  go test -C "${faults}" -race -count=1 -timeout 20m -skip "${skip}" . 2>&1 | tee -a "${log}" || rc=1
+fi
 # deploy/ is a module of its own, so that Prometheus' server module (its
 # PromQL parser) stays out of the library's go.mod; ./... runs it too. So
 # is internal/apicheck (apidiff, go/packages).
@@ -57,12 +80,12 @@ if printf '%s\n' "${pkgs[@]}" | grep -qx '\./\.\.\.'; then
 fi
 
 # The clusters' scenarios live in internal/testenv/faults; a PKGS without it runs none.
-if printf '%s\n' "${pkgs[@]}" | grep -qE '^\./\.\.\.$|internal/testenv/faults'; then
+if ${run_faults}; then
   for c in "${clusters[@]}"; do
     began=${SECONDS}
     eval "$(scripts/testenv.sh up "$c")"
     echo "${c} up in $((SECONDS - began)) s"
-    go test -race -count=1 -timeout 20m -run "${cluster_run[$c]}" ./internal/testenv/faults 2>&1 \
+    go test -C "${faults}" -race -count=1 -timeout 20m -run "${cluster_run[$c]}" . 2>&1 \
       | sed -E "s#^(ok|FAIL)([[:space:]]+github.com/idemkit/idem/internal/testenv/faults)([[:space:]])#\1\2@${c}\3#" \
       | tee -a "${log}" || rc=1
     scripts/testenv.sh down "$c"

@@ -6,7 +6,11 @@
 // topic and the consumer group's offsets are checked against what was sent.
 //
 // The package holds only tests; docs/reliability.md describes the
-// scenarios, how to run one alone and the summary of a run.
+// scenarios, how to run one alone and the summary of a run. It is a module of
+// its own (go.mod beside this file, replacing github.com/idemkit/idem with the
+// checkout around it), so that the tools it alone uses, toxiproxy and
+// zerolog, stay out of the library's go.mod: run it with
+// go test -C internal/testenv/faults . from the repository's root.
 //
 // No failpoint lives in the engine: the child wraps the Source (a SIGKILL in
 // Ack, after the database commit and before the offset commit), the Store (a

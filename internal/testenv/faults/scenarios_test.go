@@ -60,7 +60,8 @@ var scenarios = []scenario{
 
 // TestFaults runs every scenario for every broker it applies to; each
 // scenario's checks are in rig.finish. Run one alone with
-// go test ./internal/testenv/faults -run 'TestFaults/kafka/sigkill-after-commit'.
+// go test -C internal/testenv/faults -run 'TestFaults/kafka/sigkill-after-commit' .
+// (the suite is a module of its own).
 func TestFaults(t *testing.T) {
 	for _, b := range []string{"kafka", "rocketmq", "kafka-cluster", "rocketmq-cluster"} {
 		t.Run(b, func(t *testing.T) {
