@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/idemkit/idem/consumer/source"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/internal/retry"
 )
@@ -52,7 +53,7 @@ type Config[TTx any] struct {
 	// most 64 bytes, no "/" and no control characters.
 	Name string
 	// Source delivers messages. Required.
-	Source Source
+	Source source.Source
 	// Store claims keys in the handler's transaction. Required.
 	Store dedup.Store[TTx]
 	// Handler applies the effects, one message at a time. Exactly one of
@@ -217,8 +218,8 @@ func (c *Config[TTx]) validate() error {
 	}
 	if c.Source == nil {
 		add("Source is nil")
-	} else if sr, ok := sourceAs[ScopeReader](c.Source); ok {
-		for _, scope := range sr.ReadsScopes() {
+	} else {
+		for _, scope := range c.Source.Describe().ReadsScopes {
 			if scope != c.Name {
 				add("Source reads the store's state of scope %q (kafka.StoreOffsets), but Name is %q: pass the consumer's Name", scope, c.Name)
 			}
@@ -258,8 +259,8 @@ func (c *Config[TTx]) validate() error {
 		add("LaneBuffer is negative (%d)", c.LaneBuffer)
 	}
 	if c.Offsets != nil && c.Source != nil {
-		if o, ok := sourceAs[OffsetOrdered](c.Source); !ok || !o.InOffsetOrder() {
-			add("Offsets with a Source (%T) that does not deliver each partition in offset order (consumer.OffsetOrdered): "+
+		if !c.Source.Describe().OffsetOrdered {
+			add("Offsets with a Source (%T) that does not deliver each partition in offset order (source.Description.OffsetOrdered): "+
 				"a message below the stored offset could still be outstanding and would be skipped; use a key row per message (Key) for this broker", c.Source)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemkit/idem/consumer/source"
 	"sort"
 	"strings"
 	"time"
@@ -31,7 +32,7 @@ type Health struct {
 	// Lanes is the source's report of the lanes it is assigned, when it is
 	// a LaneReporter (the Kafka and RocketMQ sources are); see
 	// StalledLanes.
-	Lanes []LaneStatus
+	Lanes []source.LaneStatus
 }
 
 // StalledLanes lists the lanes of h.Lanes that made no progress for longer
@@ -67,8 +68,8 @@ func (c *Consumer[TTx]) Health(ctx context.Context) Health {
 	if ns := c.progress.Load(); ns != 0 {
 		h.LastProgress = time.Unix(0, ns)
 	}
-	if lr, ok := sourceAs[LaneReporter](c.cfg.Source); ok && h.Running {
-		h.Lanes = lr.Lanes()
+	if c.desc.Lanes != nil && h.Running {
+		h.Lanes = c.desc.Lanes()
 		sort.Slice(h.Lanes, func(i, j int) bool { return h.Lanes[i].Lane < h.Lanes[j].Lane })
 	}
 	return h

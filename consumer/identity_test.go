@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/memstore"
 )
@@ -89,7 +90,7 @@ func TestRetryCopyKeyedByItsCarriedIdentity(t *testing.T) {
 // Tenant function sees the original's topic, never the retry topic.
 func TestRetryCopyWithoutIdentityKeyedFromItsOriginal(t *testing.T) {
 	eff, st, seen := tenantRun(t, func(hs []consumer.Header) []consumer.Header {
-		for _, k := range []string{consumer.MetaKeyScope, consumer.MetaKey, consumer.MetaFingerprint} {
+		for _, k := range []string{wire.MetaKeyScope, wire.MetaKey, wire.MetaFingerprint} {
 			hs = withHeader(hs, k, "")
 		}
 		return hs
@@ -110,8 +111,8 @@ func TestRetryCopyOfAnotherScopeRefused(t *testing.T) {
 	for _, scope := range []string{"ledger/pay", "payments", "payments/"} {
 		t.Run(scope, func(t *testing.T) {
 			eff, st, _ := tenantRun(t, func(hs []consumer.Header) []consumer.Header {
-				hs = withHeader(hs, consumer.MetaKeyScope, scope)
-				return withHeader(hs, consumer.MetaKey, "forged")
+				hs = withHeader(hs, wire.MetaKeyScope, scope)
+				return withHeader(hs, wire.MetaKey, "forged")
 			})
 			eff.check(t, txnIDs(5))
 			if st.Duplicates != 1 {
@@ -128,8 +129,8 @@ func TestRetryCopyOfAnotherScopeRefused(t *testing.T) {
 func TestRedrivenCopyCannotChangeItsTenant(t *testing.T) {
 	orig := consumertest.Message("pay", 0, 0, "", payment(0))
 	copy := redriven(orig, 1, 1)
-	copy.Headers = withHeader(copy.Headers, consumer.MetaKeyScope, "payments/other")
-	copy.Headers = withHeader(copy.Headers, consumer.MetaKey, "T00000")
+	copy.Headers = withHeader(copy.Headers, wire.MetaKeyScope, "payments/other")
+	copy.Headers = withHeader(copy.Headers, wire.MetaKey, "T00000")
 	eff := newEffects()
 	cfg := baseConfig(eff.apply)
 	cfg.Tenant = func(m *consumer.Message) (string, error) { return m.Topic, nil }

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/idemkit/idem/consumer/internal/envelope"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup"
 )
 
@@ -42,7 +44,7 @@ func (c *Consumer[TTx]) keyItem(ctx context.Context, l *lane[TTx], it *item, flu
 	if err := c.deriveKey(it, false); err != nil {
 		return CauseBadInput, err
 	}
-	m.dedupKey = it.claim.Key
+	envelope.SetKey(m, it.claim.Key)
 	return 0, nil
 }
 
@@ -86,7 +88,7 @@ func (c *Consumer[TTx]) validate(ctx context.Context, l *lane[TTx], m *Message, 
 // It is the one place a message's identity is decided. A message is
 // keyed, and fingerprinted, at its first delivery; every copy of it —
 // retry copy, dead letter, redriven letter — carries the result
-// (MetaKeyScope, MetaKey, MetaFingerprint: Letter.Record), and a copy
+// (wire.MetaKeyScope, wire.MetaKey, wire.MetaFingerprint: wire.Letter.Record), and a copy
 // whose lineage the consumer honours (Message.Origin) is keyed from what
 // it carries (carriedIdentity), never again from its own topic or
 // headers as delivered: a retry copy arrives on a retry topic, and a
@@ -121,7 +123,7 @@ func (c *Consumer[TTx]) deriveKey(it *item, refused bool) error {
 				return err
 			}
 			it.claim = dedup.Claim{Key: k, Source: src}
-			if it.lineage = m.hasOrigin; it.lineage {
+			if _, it.lineage = m.Origin(); it.lineage {
 				fp, err := c.cfg.Fingerprint(m)
 				if err != nil {
 					return fmt.Errorf("fingerprint: %w", err)
@@ -143,12 +145,12 @@ func (c *Consumer[TTx]) deriveKey(it *item, refused bool) error {
 	}
 	m = originalView(m) // what Key, Tenant and Fingerprint see: the original, never a copy's topic
 	id, err := c.cfg.Key(m)
-	if err != nil && errors.Is(err, ErrNoKey) && c.cfg.OnMissingKey == FallBackToMessageID && m.identity() != "" {
+	if err != nil && errors.Is(err, ErrNoKey) && c.cfg.OnMissingKey == FallBackToMessageID && identity(m) != "" {
 		if !refused {
 			c.stats.keyFallbacks.Add(1)
 			c.cfg.Logger.Warn("idem: no key, keyed by the message ID (OnMissingKey)", slog.String("message", m.Ref()), slog.Any("error", err))
 		}
-		id, err = m.identity(), nil
+		id, err = identity(m), nil
 	}
 	if err != nil {
 		return fmt.Errorf("key: %w", err)
@@ -175,25 +177,26 @@ func (c *Consumer[TTx]) deriveKey(it *item, refused bool) error {
 }
 
 // carriedIdentity returns the key, and the fingerprint when it carries
-// one, that m carries from its first delivery (MetaKeyScope, MetaKey,
-// MetaFingerprint); ok is false when m is not a copy whose lineage the
+// one, that m carries from its first delivery (wire.MetaKeyScope, wire.MetaKey,
+// wire.MetaFingerprint); ok is false when m is not a copy whose lineage the
 // consumer honours, carries no identity, or carries one the consumer
 // refuses (logged): m is then keyed from its original's view.
 //
 // Headers are the producer's to write: a carried identity counts only
 // with honoured lineage, and its scope must be this consumer's — its Name,
 // or Name + "/" + a tenant when Config.Tenant is set. A retry copy lies on
-// a retry topic only the consumer writes to (RetryReader), so its tenant
+// a retry topic only the consumer writes to (source.Description.RetryOf), so its tenant
 // is taken as carried. A redriven copy lies on its original's own topic,
 // which anyone who can produce there can write: its carried tenant must be
 // the one Config.Tenant derives from it, so that a forged copy cannot
 // write into another tenant's scope.
 func (c *Consumer[TTx]) carriedIdentity(m *Message) (dedup.Key, dedup.Fingerprint, bool) {
-	if !m.hasOrigin {
+	origin, ok := m.Origin()
+	if !ok {
 		return dedup.Key{}, dedup.Fingerprint{}, false
 	}
-	scope, ok := m.Header(MetaKeyScope)
-	id, ok2 := m.Header(MetaKey)
+	scope, ok := m.Header(wire.MetaKeyScope)
+	id, ok2 := m.Header(wire.MetaKey)
 	if !ok || !ok2 {
 		return dedup.Key{}, dedup.Fingerprint{}, false
 	}
@@ -212,7 +215,7 @@ func (c *Consumer[TTx]) carriedIdentity(m *Message) (dedup.Key, dedup.Fingerprin
 		return refuse("the scope is not the consumer's Name " + strconv.Quote(c.cfg.Name))
 	case c.cfg.Tenant != nil && (!hasTenant || tenant == ""):
 		return refuse("the scope is not the consumer's Name and a tenant (" + strconv.Quote(c.cfg.Name+"/<tenant>") + ")")
-	case c.cfg.Tenant != nil && !m.origin.Retry:
+	case c.cfg.Tenant != nil && !origin.Retry:
 		t, err := c.cfg.Tenant(originalView(m))
 		if err != nil {
 			return refuse("tenant: " + err.Error())
@@ -222,9 +225,9 @@ func (c *Consumer[TTx]) carriedIdentity(m *Message) (dedup.Key, dedup.Fingerprin
 		}
 	}
 	var fp dedup.Fingerprint
-	if v, ok := m.Header(MetaFingerprint); ok {
+	if v, ok := m.Header(wire.MetaFingerprint); ok {
 		if n, err := hex.Decode(fp[:], v); err != nil || n != len(fp) {
-			return refuse(MetaFingerprint + " is not a hex SHA-256")
+			return refuse(wire.MetaFingerprint + " is not a hex SHA-256")
 		}
 	}
 	return k, fp, true
@@ -236,15 +239,15 @@ func (c *Consumer[TTx]) carriedIdentity(m *Message) (dedup.Key, dedup.Fingerprin
 // metadata idem wrote on the copy (dead-letter, retry and redrive
 // headers); else m itself.
 func originalView(m *Message) *Message {
-	if !m.hasOrigin {
+	o, ok := m.Origin()
+	if !ok {
 		return m
 	}
 	v := *m
-	o := m.origin
 	v.Topic, v.Partition, v.Offset, v.ID = o.Topic, o.Partition, o.Offset, o.ID
 	v.Headers = make([]Header, 0, len(m.Headers))
 	for _, h := range m.Headers {
-		if !isMeta(h.Key) && h.Key != MetaRedriveCount && h.Key != MetaRedrivenFrom {
+		if !wire.IsMeta(h.Key) && h.Key != wire.MetaRedriveCount && h.Key != wire.MetaRedrivenFrom {
 			v.Headers = append(v.Headers, h)
 		}
 	}

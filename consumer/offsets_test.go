@@ -7,6 +7,7 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
+	"github.com/idemkit/idem/consumer/source"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/memstore"
 )
@@ -46,7 +47,7 @@ func TestOffsetsConfig(t *testing.T) {
 		t.Errorf("Offsets with KeyLanes: %v", err)
 	}
 	unordered := base
-	unordered.Source = struct{ consumer.Source }{consumertest.NewSource(consumertest.Script{})} // hides InOffsetOrder
+	unordered.Source = declaresNothing{consumertest.NewSource(consumertest.Script{})}
 	if _, err := consumer.New(unordered); err == nil || !strings.Contains(err.Error(), "does not deliver each partition in offset order") {
 		t.Errorf("Offsets with a source that does not say it delivers in offset order: %v", err)
 	}
@@ -61,3 +62,9 @@ func TestOffsetsConfig(t *testing.T) {
 		t.Errorf("Offsets, no Key, FallBackToMessageID: %v", err)
 	}
 }
+
+// declaresNothing is a Source whose Description is the zero one: not
+// OffsetOrdered, whatever it wraps.
+type declaresNothing struct{ source.Source }
+
+func (declaresNothing) Describe() source.Description { return source.Description{} }

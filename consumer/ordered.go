@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemkit/idem/consumer/wire"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -180,7 +181,7 @@ func (c *Consumer[TTx]) follow(ctx context.Context, its []*item) ([]*item, error
 }
 
 // sendFollower writes it to the retry destination of delay untried
-// (MetaRetryFollowing): its next trip stays the one it was to be on, so
+// (wire.MetaRetryFollowing): its next trip stays the one it was to be on, so
 // following spends none of its trips.
 func (c *Consumer[TTx]) sendFollower(ctx context.Context, it *item, delay time.Duration) error {
 	done, first := c.retryAttempt(it.msg)
@@ -190,8 +191,8 @@ func (c *Consumer[TTx]) sendFollower(ctx context.Context, it *item, delay time.D
 	}
 	reason := errFollowing
 	r := RetryLetter{
-		Letter:  Letter{Message: it.msg, Key: it.claim.Key, Fingerprint: it.claim.Fingerprint, Cause: CauseExhausted, Reason: reason, Attempts: it.attempts},
-		Attempt: done + 1, Delay: delay, Due: now.Add(delay), FirstFailure: first, Following: true,
+		Letter: Letter{Message: it.msg, Key: it.claim.Key, Fingerprint: it.claim.Fingerprint, Cause: CauseExhausted, Reason: reason, Attempts: it.attempts},
+		Retry:  wire.Retry{Attempt: done + 1, Delay: delay, Due: now.Add(delay), FirstFailure: first, Following: true},
 	}
 	tooLarge, err := c.writeRetry(ctx, r)
 	if err != nil {

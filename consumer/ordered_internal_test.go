@@ -3,6 +3,10 @@ package consumer
 import (
 	"testing"
 	"time"
+
+	"github.com/idemkit/idem/consumer/internal/envelope"
+	"github.com/idemkit/idem/consumer/source"
+	"github.com/idemkit/idem/consumer/wire"
 )
 
 // TestHoldsKeepAKeysOrder: the holds of KeyOrdered on their own — the head
@@ -18,7 +22,7 @@ func TestHoldsKeepAKeysOrder(t *testing.T) {
 	copyOf := func(m *Message) *Message {
 		c := *m
 		c.Topic, c.Offset = "pay.retry.1s", 77
-		c.origin, c.hasOrigin = Origin{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Retry: true}, true
+		envelope.SetOrigin(&c, source.Origin{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Retry: true})
 		return &c
 	}
 	a1, a2, a3, b1 := msg(1, "a"), msg(2, "a"), msg(3, "a"), msg(4, "b")
@@ -83,22 +87,22 @@ func TestHeldMessagesOfTwoBrokers(t *testing.T) {
 		t.Fatalf("two messages of two brokers share the held id %q", ida)
 	}
 	// The copy of a's first trip, then the copy written on its second.
-	r := RetryLetter{Letter: Letter{Message: a}, Attempt: 1, Delay: time.Second}
+	r := wire.Letter{Message: a}
 	trip1 := &Message{Topic: "pay_RETRY", Partition: 0, Offset: 9, Key: a.Key, Lane: "pay_RETRY/broker-b/0"}
-	trip1.Headers, _ = r.Record()
-	o, why := lineageOf(trip1, true, retryOf{"pay_RETRY": "pay"})
+	trip1.Headers, _ = r.RetryRecord(wire.Retry{Attempt: 1, Delay: time.Second})
+	o, why := lineageOf(trip1, true, retryOf{"pay_RETRY": "pay"}.of)
 	if why != "" {
 		t.Fatal(why)
 	}
-	trip1.origin, trip1.hasOrigin = o, true
-	r2 := RetryLetter{Letter: Letter{Message: trip1}, Attempt: 2, Delay: time.Second}
+	envelope.SetOrigin(trip1, o)
+	r2 := wire.Letter{Message: trip1}
 	trip2 := &Message{Topic: "pay_RETRY", Partition: 0, Offset: 10, Key: a.Key, Lane: "pay_RETRY/broker-a/0"}
-	trip2.Headers, _ = r2.Record()
-	o2, why := lineageOf(trip2, true, retryOf{"pay_RETRY": "pay"})
+	trip2.Headers, _ = r2.RetryRecord(wire.Retry{Attempt: 2, Delay: time.Second})
+	o2, why := lineageOf(trip2, true, retryOf{"pay_RETRY": "pay"}.of)
 	if why != "" {
 		t.Fatal(why)
 	}
-	trip2.origin, trip2.hasOrigin = o2, true
+	envelope.SetOrigin(trip2, o2)
 	for i, c := range []*Message{trip1, trip2} {
 		if _, id, _ := heldKeyOf(c); id != ida {
 			t.Errorf("the copy of trip %d is held as %q, want its original's %q", i+1, id, ida)
@@ -106,7 +110,8 @@ func TestHeldMessagesOfTwoBrokers(t *testing.T) {
 	}
 }
 
-// retryOf is a RetryReader of a fixed map: retry topic -> its topic.
+// retryOf is a fixed map: retry topic -> its topic; of is its
+// source.Description.RetryOf.
 type retryOf map[string]string
 
-func (r retryOf) RetryOf(topic string) (string, bool) { t, ok := r[topic]; return t, ok }
+func (r retryOf) of(topic string) (string, bool) { t, ok := r[topic]; return t, ok }

@@ -149,7 +149,7 @@ type Config struct {
 	DeadLetterAutoCreate bool
 	// DeadLetterMaxBytes is the largest value copied into a dead letter; a
 	// larger one is left out and its SHA-256 and size are in the headers
-	// consumer.MetaValueSHA256 and consumer.MetaValueSize, so that an
+	// wire.MetaValueSHA256 and wire.MetaValueSize, so that an
 	// oversized message cannot block its partition. Default 900 KiB, below
 	// the brokers' default message size limit.
 	DeadLetterMaxBytes int
@@ -161,7 +161,7 @@ type Config struct {
 	// consumer.NonBlocking: for each topic of Topics and each delay d, the
 	// source also consumes RetryTopic(topic, d) ("payments.retry.10s"),
 	// and Source.Retry (a consumer.RetrySink) writes there. A record of a
-	// retry topic is delivered only once its consumer.MetaRetryDue has
+	// retry topic is delivered only once its wire.MetaRetryDue has
 	// passed: its partition's fetcher waits for it, which holds that retry
 	// partition only (its records are due in the order they were written).
 	// Create the retry topics beforehand (or set DeadLetterAutoCreate),

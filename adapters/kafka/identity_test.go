@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem/adapters/kafka"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/internal/testenv/kafkatest"
 	"github.com/idemkit/idem/internal/testenv/retrytest"
 )
@@ -101,7 +102,7 @@ func TestKafkaRetryTopicStartsAtFirstRecord(t *testing.T) {
 	// LastOffset: produce once both partitions were fetched from, so that
 	// the topic's start (its end) lies before the payment.
 	waitUntil(t, time.Minute, "both partitions fetched from", func() bool {
-		lanes := src.Lanes()
+		lanes := src.Describe().Lanes()
 		for _, l := range lanes {
 			if l.LastFetch.IsZero() {
 				return false
@@ -174,11 +175,11 @@ func TestKafkaRetryCopyTooLargeIsDeadLettered(t *testing.T) {
 	r.Stop(t)
 	b.requireLedger(t, map[string]bool{"after": true})
 	letters := a.ReadAll(t, big+".dlq")
-	if len(letters) != 1 || kafkatest.Header(letters[0], consumer.MetaCause) != "exhausted" || len(letters[0].Value) != 0 {
+	if len(letters) != 1 || kafkatest.Header(letters[0], wire.MetaCause) != "exhausted" || len(letters[0].Value) != 0 {
 		t.Fatalf("%d letters (first: cause %q, %d bytes of value), want one, exhausted, its value left out", len(letters),
-			kafkatest.Header(letters[0], consumer.MetaCause), len(letters[0].Value))
+			kafkatest.Header(letters[0], wire.MetaCause), len(letters[0].Value))
 	}
-	t.Logf("reason: %s", kafkatest.Header(letters[0], consumer.MetaReason))
+	t.Logf("reason: %s", kafkatest.Header(letters[0], wire.MetaReason))
 }
 
 // TestKafkaRefusesARetiredRetryTopicWithCopies: the 1s delay was taken out

@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup"
 )
 
@@ -55,20 +56,20 @@ func (r *runner) redriveLetter(ctx context.Context, l *letter) (action, reason s
 		}
 		return "", false
 	}
-	scope, _ := hdr(consumer.MetaKeyScope)
-	key, _ := hdr(consumer.MetaKey)
-	to, _ := hdr(consumer.MetaTopic)
-	partition, _ := hdr(consumer.MetaPartition)
+	scope, _ := hdr(wire.MetaKeyScope)
+	key, _ := hdr(wire.MetaKey)
+	to, _ := hdr(wire.MetaTopic)
+	partition, _ := hdr(wire.MetaPartition)
 	part, perr := strconv.Atoi(partition)
 	count := 0
-	if c, ok := hdr(consumer.MetaRedriveCount); ok {
+	if c, ok := hdr(wire.MetaRedriveCount); ok {
 		count, _ = strconv.Atoi(c)
 	}
 	switch {
 	case to != topic:
-		return "refused", "no " + consumer.MetaTopic
+		return "refused", "no " + wire.MetaTopic
 	case perr != nil:
-		return "refused", "no " + consumer.MetaPartition
+		return "refused", "no " + wire.MetaPartition
 	case scope == "" || key == "":
 		return "refused", "no key"
 	case count >= maxRedrives:
@@ -91,15 +92,15 @@ func (r *runner) redriveLetter(ctx context.Context, l *letter) (action, reason s
 	var headers []consumer.Header
 	for _, h := range l.headers {
 		switch h.Key {
-		case consumer.MetaReason, consumer.MetaAttempts, consumer.MetaAttempt, consumer.MetaLane,
-			consumer.MetaRedriveCount, consumer.MetaRedrivenFrom:
+		case wire.MetaReason, wire.MetaAttempts, wire.MetaAttempt, wire.MetaLane,
+			wire.MetaRedriveCount, wire.MetaRedrivenFrom:
 		default:
 			headers = append(headers, h)
 		}
 	}
 	headers = append(headers,
-		consumer.Header{Key: consumer.MetaRedriveCount, Value: []byte(strconv.Itoa(count + 1))},
-		consumer.Header{Key: consumer.MetaRedrivenFrom, Value: []byte(fmt.Sprintf("%s.dlq/%d/%d", topic, l.at.part, l.at.off))})
+		consumer.Header{Key: wire.MetaRedriveCount, Value: []byte(strconv.Itoa(count + 1))},
+		consumer.Header{Key: wire.MetaRedrivenFrom, Value: []byte(fmt.Sprintf("%s.dlq/%d/%d", topic, l.at.part, l.at.off))})
 	pay := ""
 	for _, rec := range r.b.records() {
 		if rec.id == l.from {

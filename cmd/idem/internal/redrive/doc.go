@@ -27,7 +27,7 @@
 // message ID and key, idem-redrive-count (one more than the letter's) and
 // idem-redriven-from (the letter's position); the letter's reason,
 // attempts and lane are left behind. A consumer deduplicates the copy by
-// the identity its original was first delivered with (see consumer.Origin).
+// the identity its original was first delivered with (see source.Origin).
 //
 // What is guaranteed, on both:
 //

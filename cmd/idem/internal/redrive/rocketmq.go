@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/internal/rmqremoting"
 )
 
@@ -237,7 +238,7 @@ func (s *rocketSession) send(ctx context.Context, c *message) (string, error) {
 		}
 	}
 	// The original's queue: its lane is topic/broker/queueId.
-	lane, _ := c.letter.header(consumer.MetaLane)
+	lane, _ := c.letter.header(wire.MetaLane)
 	if t, rest, ok := strings.Cut(lane, "/"); ok && t == c.topic {
 		if i := strings.LastIndexByte(rest, '/'); i > 0 {
 			if id, err := strconv.Atoi(rest[i+1:]); err == nil && id == c.partition {
