@@ -30,7 +30,7 @@ type Health struct {
 	InFlight     int64
 	LastProgress time.Time
 	// Lanes is the source's report of the lanes it is assigned, when it is
-	// a LaneReporter (the Kafka and RocketMQ sources are); see
+	// one that declares source.Description.Lanes (the Kafka and RocketMQ sources do); see
 	// StalledLanes.
 	Lanes []source.LaneStatus
 }

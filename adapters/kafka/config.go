@@ -340,7 +340,7 @@ func (f StartOffsetsFunc) StartOffsets(ctx context.Context, topic string) (map[i
 
 // StoreOffsets returns a Config.StartOffsets that starts each partition at
 // the next offset store keeps for the consumer named scope. The Source
-// says which scope it reads (consumer.ScopeReader), and consumer.New
+// says which scope it reads (source.Description.ReadsScopes), and consumer.New
 // refuses it unless scope is its Config.Name.
 func StoreOffsets(store OffsetSource, scope string) OffsetStarter {
 	return storeOffsets{store: store, scope: scope}

@@ -37,7 +37,7 @@
 // With offsets in the store (consumer.Config.Offsets) the group's offsets
 // are advisory: messages carry the fetch's high watermark (Message.LogEnd),
 // the Source tells the consumer whether a message's assignment still holds
-// (consumer.AssignmentChecker), and Config.StartOffsets (kafka.StoreOffsets)
+// (source.Description.Assigned), and Config.StartOffsets (kafka.StoreOffsets)
 // starts each partition at the store's next offset and brings the group's
 // offset up to it.
 //

@@ -37,7 +37,7 @@ type HealthReporter interface {
 // Gauges read from the consumer's Health at every collection: what a
 // dashboard needs between two batches, and what counters cannot show — a
 // consumer that holds messages and makes no progress, or a lane the source
-// reports stalled (consumer.LaneReporter: a queue whose fetching stopped,
+// reports stalled (source.Description.Lanes: a queue whose fetching stopped,
 // or whose messages wait unconsumed), which delivers nothing and so moves
 // no counter.
 //

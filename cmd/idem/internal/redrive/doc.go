@@ -51,7 +51,7 @@
 // the group runs), reads with pulls from the committed offset, and sends a
 // copy to its original queue when the topic still has it on that broker,
 // else to any queue: the RocketMQ Source honours lineage in any queue
-// (consumer.ProducerChosenIDs), keyed by the original's message ID; the
+// (source.Description.ProducerChosenIDs), keyed by the original's message ID; the
 // copy keeps the letter's KEYS and TAGS. RocketMQ's own dead-letter queue
 // %DLQ%<group> (rocketmq.DeadLetterBroker) is refused with
 // ErrBrokerDeadLetterQueue: its messages carry no idem key or lineage.

@@ -32,7 +32,7 @@ import (
 // queue its original was delivered from when the topic still has it on
 // that broker, else to a queue the producer chooses: the consumer honours
 // a copy's lineage in any queue (the Source reports
-// consumer.ProducerChosenIDs) and keys it by the original's message ID. The
+// source.Description.ProducerChosenIDs) and keys it by the original's message ID. The
 // copy keeps the letter's KEYS and TAGS, so that a consumer subscribed by
 // tag receives it.
 type RocketMQ struct {
