@@ -28,6 +28,7 @@ type Consumer[TTx any] struct {
 	nonBlocking *NonBlocking       // Config.Retries when it is NonBlocking, defaults set
 	holds       *holds             // the record keys in retry, with NonBlocking.KeyOrdered; else nil
 	stats       counters
+	keyCheck    keyCheck // Config.Key's failures over the first messages
 
 	lanesMu sync.Mutex
 	lanes   map[laneID]*lane[TTx]

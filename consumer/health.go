@@ -20,6 +20,12 @@ type Health struct {
 	// Store is Store.Check's error: nil when the database answers and the
 	// table is migrated.
 	Store error
+	// Misconfigured is a configuration the messages contradict: an error
+	// wrapping ErrKeyMisconfigured when Config.Key failed on most of the
+	// first messages of the run (a typo in a key path), which are
+	// dead-lettered one by one. It fails neither Live nor Ready: a
+	// restart does not fix it, a new configuration does.
+	Misconfigured error
 	// StoppedLanes are lanes stopped by StopLaneOnExhausted or a broken
 	// deployment: nothing more of their partitions is processed until the
 	// consumer restarts.
@@ -50,7 +56,7 @@ func (h Health) StalledLanes(now time.Time, stall time.Duration) []string {
 // Health checks the store (Store.Check, bounded by ctx) and reports the
 // consumer's state. It is safe to call at any time, from any goroutine.
 func (c *Consumer[TTx]) Health(ctx context.Context) Health {
-	h := Health{Store: c.cfg.Store.Check(ctx)}
+	h := Health{Store: c.cfg.Store.Check(ctx), Misconfigured: c.keyVerdict()}
 	c.runMu.Lock()
 	h.Fatal = c.fatalErr
 	h.Running = c.started && !c.isDone()

@@ -12,6 +12,7 @@ import (
 	"github.com/idemkit/idem/consumer/internal/envelope"
 	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup"
+	"sync"
 )
 
 // keyItem derives the item's dedup key and fingerprint. An error means the
@@ -152,6 +153,9 @@ func (c *Consumer[TTx]) deriveKey(it *item, refused bool) error {
 		}
 		id, err = identity(m), nil
 	}
+	if !refused {
+		c.checkKey(m, err)
+	}
 	if err != nil {
 		return fmt.Errorf("key: %w", err)
 	}
@@ -252,4 +256,58 @@ func originalView(m *Message) *Message {
 		}
 	}
 	return &v
+}
+
+// keyCheckRun is how many of a consumer's first messages keyed by
+// Config.Key judge the key function: more than half of them failing is a
+// configuration error (ErrKeyMisconfigured), not bad messages.
+const keyCheckRun = 20
+
+// keyCheck counts Config.Key's failures over the first keyCheckRun
+// messages it keys; safe for concurrent use.
+type keyCheck struct {
+	mu       sync.Mutex
+	seen     int
+	failed   int
+	verdict  error // ErrKeyMisconfigured, once judged so
+	finished bool
+}
+
+// checkKey counts the outcome of Config.Key on m (err nil: a key) while
+// the first messages are judged. Once more than half of keyCheckRun have
+// failed, the key function is taken to be misconfigured: Health shows it,
+// and one ERROR line says so. Each message is still dead-lettered.
+func (c *Consumer[TTx]) checkKey(m *Message, err error) {
+	k := &c.keyCheck
+	k.mu.Lock()
+	if k.finished {
+		k.mu.Unlock()
+		return
+	}
+	k.seen++
+	if err != nil {
+		k.failed++
+	}
+	var verdict error
+	if k.failed > keyCheckRun/2 {
+		k.finished = true
+		verdict = fmt.Errorf("%w: Config.Key failed on %d of the first %d messages (last %s: %v); check the key path or header against the messages the producers send",
+			ErrKeyMisconfigured, k.failed, k.seen, m.Ref(), err)
+		k.verdict = verdict
+	} else if k.seen >= keyCheckRun {
+		k.finished = true
+	}
+	failed, seen := k.failed, k.seen
+	k.mu.Unlock()
+	if verdict != nil {
+		c.cfg.Logger.Error("idem: the key function looks misconfigured; its messages are dead-lettered",
+			slog.Int("failed", failed), slog.Int("of", seen), slog.String("message", m.Ref()), slog.Any("error", err))
+	}
+}
+
+// keyVerdict is the key check's ErrKeyMisconfigured, or nil.
+func (c *Consumer[TTx]) keyVerdict() error {
+	c.keyCheck.mu.Lock()
+	defer c.keyCheck.mu.Unlock()
+	return c.keyCheck.verdict
 }
