@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/idemkit/idem/consumer/source"
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/idemkit/idem/consumer/source"
 )
 
 // Health is what a probe should look at: whether the consumer runs, whether

@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup"
 )
 
@@ -101,19 +100,15 @@ func (o Outcome) String() string {
 	return "unknown"
 }
 
-// Cause says why a message was dead-lettered (wire.Cause: a letter
-// carries it in its wire.MetaCause header).
-type Cause = wire.Cause
-
-const (
-	CauseBadInput     = wire.CauseBadInput     // no key, an invalid key, an unreadable or too large payload: no row recorded
-	CauseMismatch     = wire.CauseMismatch     // its key was applied before with another payload
-	CauseFailedBefore = wire.CauseFailedBefore // its key was recorded as failed before: a repeat of an incident
-	CausePermanent    = wire.CausePermanent    // Permanent, a constraint violation: recorded as failed
-	CauseExhausted    = wire.CauseExhausted    // its retries ran out
-	CauseValidate     = wire.CauseValidate     // Config.Validate refused it: no row recorded, the key stays free
-	CauseRejected     = wire.CauseRejected     // the handler refused it with Reject: rolled back, no row recorded, the key stays free
-)
+// SourceInfo is what a Source says of itself (source.Description), for
+// telemetry and health: the messaging system and the broker's consumer
+// group. Consumer.SourceInfo
+// returns it; consumer/otelconsumer takes messaging.system and
+// messaging.consumer.group.name from it.
+type SourceInfo struct {
+	System string // messaging.system: "kafka", "rocketmq"; empty when unknown
+	Group  string // the broker's consumer group; empty when it has none
+}
 
 // Settlement is one message settled.
 type Settlement struct {

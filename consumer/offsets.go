@@ -193,3 +193,9 @@ func (a *attempt[TTx]) holdOffset(ctx context.Context, tx TTx, p dedup.Partition
 	}
 	return nil
 }
+
+// assigned reports whether m belongs to an assignment the source still
+// holds; true when the source cannot tell.
+func (c *Consumer[TTx]) assigned(m *Message) bool {
+	return c.desc.Assigned == nil || c.desc.Assigned(m)
+}

@@ -4,14 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/idemkit/idem/consumer/source"
-	"github.com/idemkit/idem/consumer/wire"
 	"log/slog"
 	"maps"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idemkit/idem/consumer/source"
+	"github.com/idemkit/idem/consumer/wire"
 )
 
 // Retries says what a transient failure does to the lane of its message:

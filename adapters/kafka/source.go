@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,7 +15,6 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/source"
-	"slices"
 )
 
 // Source is a source.Source over a Kafka consumer group, and a

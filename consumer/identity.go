@@ -8,11 +8,11 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/idemkit/idem/consumer/internal/envelope"
 	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup"
-	"sync"
 )
 
 // keyItem derives the item's dedup key and fingerprint. An error means the

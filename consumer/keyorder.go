@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/idemkit/idem/consumer/wire"
 	"log/slog"
 	"slices"
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idem/consumer/wire"
 )
 
 // Key order under NonBlocking (NonBlocking.KeyOrdered): while a record key

@@ -1,4 +1,4 @@
-package consumer_test
+package wire_test
 
 import (
 	"encoding/hex"
@@ -6,21 +6,21 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/source"
 	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup"
 )
 
 func TestLetterRecord(t *testing.T) {
-	m := &consumer.Message{Topic: "pay", Partition: 3, Offset: 42, ID: "pay/3/42", Lane: "pay/3", Attempt: 2,
+	m := &source.Message{Topic: "pay", Partition: 3, Offset: 42, ID: "pay/3/42", Lane: "pay/3", Attempt: 2,
 		Value: []byte(`{"txn_id":"T1"}`),
-		Headers: []consumer.Header{{Key: "trace", Value: []byte("t1")}, {Key: wire.MetaReason, Value: []byte("an earlier one")},
+		Headers: []source.Header{{Key: "trace", Value: []byte("t1")}, {Key: wire.MetaReason, Value: []byte("an earlier one")},
 			{Key: wire.MetaCause, Value: []byte("validate")}, {Key: "idem-outbox-id", Value: []byte("0f1e")},
 			{Key: "Traceparent", Value: []byte("the producer's")}, {Key: "tracestate", Value: []byte("the producer's")}}}
 	fp := dedup.FingerprintOf(m.Value)
-	l := consumer.Letter{Message: m, Key: dedup.Key{Scope: "payments", ID: "T1"}, Fingerprint: fp, Cause: consumer.CausePermanent,
-		Reason: errors.New("bad\namount"), Attempts: 3, Headers: []consumer.Header{{Key: "traceparent", Value: []byte("the batch's")}, {Key: "tracestate"}}}
-	headers, value := wire.Letter(l).Record(1 << 20)
+	l := wire.Letter{Message: m, Key: dedup.Key{Scope: "payments", ID: "T1"}, Fingerprint: fp, Cause: wire.CausePermanent,
+		Reason: errors.New("bad\namount"), Attempts: 3, Headers: []source.Header{{Key: "traceparent", Value: []byte("the batch's")}, {Key: "tracestate"}}}
+	headers, value := l.Record(1 << 20)
 	got := map[string]string{}
 	for _, h := range headers {
 		if _, dup := got[h.Key]; dup {
@@ -42,7 +42,7 @@ func TestLetterRecord(t *testing.T) {
 	if len(got) != len(want) || string(value) != string(m.Value) {
 		t.Errorf("headers %v, value %q", got, value)
 	}
-	bigHeaders, bigValue := wire.Letter(l).Record(4)
+	bigHeaders, bigValue := l.Record(4)
 	var sum, size string
 	for _, h := range bigHeaders {
 		switch h.Key {
@@ -56,7 +56,7 @@ func TestLetterRecord(t *testing.T) {
 		t.Errorf("oversized: value %q, sha %q, size %q", bigValue, sum, size)
 	}
 	l.Key, l.Fingerprint = dedup.Key{}, dedup.Fingerprint{}
-	hs, _ := wire.Letter(l).Record(1 << 20)
+	hs, _ := l.Record(1 << 20)
 	for _, h := range hs {
 		if strings.HasPrefix(h.Key, "idem-key") || h.Key == wire.MetaFingerprint {
 			t.Errorf("no key derived, yet %s", h.Key)
@@ -67,13 +67,13 @@ func TestLetterRecord(t *testing.T) {
 // TestLetterKeepsLineage: a redriven message dead-lettered again keeps its
 // redrive count and origin; its other idem-* headers are replaced.
 func TestLetterKeepsLineage(t *testing.T) {
-	m := &consumer.Message{Topic: "pay", Value: []byte("x"), Headers: []consumer.Header{
+	m := &source.Message{Topic: "pay", Value: []byte("x"), Headers: []source.Header{
 		{Key: wire.MetaRedriveCount, Value: []byte("2")},
 		{Key: wire.MetaRedrivenFrom, Value: []byte("pay.dlq/0/7")},
 		{Key: wire.MetaReason, Value: []byte("old reason")},
 	}}
 	got := map[string][]string{}
-	hs, _ := wire.Letter(consumer.Letter{Message: m, Reason: errors.New("new reason")}).Record(1 << 20)
+	hs, _ := (wire.Letter{Message: m, Reason: errors.New("new reason")}).Record(1 << 20)
 	for _, h := range hs {
 		got[h.Key] = append(got[h.Key], string(h.Value))
 	}
