@@ -68,3 +68,22 @@ func TestOffsetsConfig(t *testing.T) {
 type declaresNothing struct{ source.Source }
 
 func (declaresNothing) Describe() source.Description { return source.Description{} }
+
+// oldStyle is a Source written for the optional interfaces that came
+// before source.Description: it says it is offset-ordered by a method.
+type oldStyle struct{ declaresNothing }
+
+func (oldStyle) InOffsetOrder() bool { return true }
+
+// TestOldCapabilityMethodsRefused: a Source that still says what it can
+// do by a method the consumer no longer calls is refused by name, not
+// silently taken to declare nothing.
+func TestOldCapabilityMethodsRefused(t *testing.T) {
+	cfg := baseConfig(newEffects().apply)
+	cfg.Source = oldStyle{declaresNothing{consumertest.NewSource(consumertest.Script{})}}
+	cfg.DeadLetter = &consumertest.DeadLetters{}
+	_, err := consumer.New(cfg)
+	if err == nil || !strings.Contains(err.Error(), "has the method InOffsetOrder (Description.OffsetOrdered)") {
+		t.Fatalf("New: %v, want the method InOffsetOrder named", err)
+	}
+}

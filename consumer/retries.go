@@ -137,7 +137,7 @@ func (nb NonBlocking) validate(c interface{ nonBlockingConflicts(NonBlocking) []
 			add("Retries.Delays[%d] is %v, want a positive number of whole milliseconds", i, d)
 		}
 	}
-	if src, ok := nb.Sink.(source.Source); ok {
+	if src, ok := nb.Sink.(source.Source); ok && src.Describe().RetryDelays != nil {
 		have := src.Describe().RetryDelays
 		for i, d := range nb.Delays {
 			if !slices.Contains(have, d) {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -221,7 +220,7 @@ func (s *Source) Describe() source.Description {
 		System:        "kafka",
 		Group:         s.cfg.Group,
 		OffsetOrdered: true,
-		RetryDelays:   slices.Clone(s.cfg.RetryDelays),
+		RetryDelays:   append([]time.Duration{}, s.cfg.RetryDelays...),
 		RetryOf:       s.retryTopicOf,
 		Assigned:      s.assigned,
 		Lanes:         s.lanes,

@@ -315,7 +315,7 @@ func (s *Source) Describe() source.Description {
 		System:            "rocketmq",
 		Group:             s.cfg.Group,
 		ProducerChosenIDs: true,
-		RetryDelays:       slices.Clone(s.cfg.RetryDelays),
+		RetryDelays:       append([]time.Duration{}, s.cfg.RetryDelays...),
 		RetryOf:           s.retryTopicOf,
 		Lanes:             s.lanesNow,
 	}

@@ -90,8 +90,9 @@ type Description struct {
 	ReadsScopes []string
 
 	// RetryDelays are the delays the source has retry destinations for,
-	// and reads back (kafka and rocketmq Config.RetryDelays). When the
-	// source is also a consumer.NonBlocking's Sink, consumer.New refuses
+	// and reads back (kafka and rocketmq Config.RetryDelays); nil when it
+	// declares none, empty when it has none. When the source is also a
+	// consumer.NonBlocking's Sink and declares them, consumer.New refuses
 	// Delays that are not all among them: a copy written for another delay
 	// would have nowhere to go.
 	RetryDelays []time.Duration

@@ -300,7 +300,11 @@ func TestOffsetsAheadOfLog(t *testing.T) {
 // assignment that ended (source.Description.Assigned).
 type unassigned struct{ *consumertest.Source }
 
-func (unassigned) Assigned(*consumer.Message) bool { return false }
+func (s unassigned) Describe() source.Description {
+	d := s.Source.Describe()
+	d.Assigned = func(*consumer.Message) bool { return false }
+	return d
+}
 
 // runStale runs a consumer of cfg (whose Source wraps inner) over stale
 // messages until inner is idle, stops it, and returns its stats; Run must
