@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/memstore"
 )
@@ -71,20 +72,20 @@ func TestEveryLetterHasItsCause(t *testing.T) {
 	for i, w := range want {
 		l := res.DeadLetters[i]
 		headers := map[string]string{}
-		hs, _ := l.Record(1 << 20)
+		hs, _ := wire.Letter(l).Record(1 << 20)
 		for _, h := range hs {
 			headers[h.Key] = string(h.Value)
 		}
-		if l.Message.Offset != w.offset || l.Cause != w.cause || headers[consumer.MetaCause] != w.cause.String() ||
-			l.Key.ID != w.key || headers[consumer.MetaKey] != w.key {
+		if l.Message.Offset != w.offset || l.Cause != w.cause || headers[wire.MetaCause] != w.cause.String() ||
+			l.Key.ID != w.key || headers[wire.MetaKey] != w.key {
 			t.Errorf("letter %d: offset %d, cause %v (header %q), key %q (header %q); want offset %d, %v, key %q",
-				i, l.Message.Offset, l.Cause, headers[consumer.MetaCause], l.Key.ID, headers[consumer.MetaKey], w.offset, w.cause, w.key)
+				i, l.Message.Offset, l.Cause, headers[wire.MetaCause], l.Key.ID, headers[wire.MetaKey], w.offset, w.cause, w.key)
 		}
-		if want := w.key != ""; (l.Fingerprint != dedup.Fingerprint{}) != want || (headers[consumer.MetaFingerprint] != "") != want {
-			t.Errorf("letter %d (%v): fingerprint %x, header %q", i, l.Cause, l.Fingerprint, headers[consumer.MetaFingerprint])
+		if want := w.key != ""; (l.Fingerprint != dedup.Fingerprint{}) != want || (headers[wire.MetaFingerprint] != "") != want {
+			t.Errorf("letter %d (%v): fingerprint %x, header %q", i, l.Cause, l.Fingerprint, headers[wire.MetaFingerprint])
 		}
-		if c, ok := consumer.ParseCause(headers[consumer.MetaCause]); !ok || c != w.cause || c.Repeat() != (w.cause == consumer.CauseFailedBefore) {
-			t.Errorf("letter %d: ParseCause(%q) = %v, %v", i, headers[consumer.MetaCause], c, ok)
+		if c, ok := wire.ParseCause(headers[wire.MetaCause]); !ok || c != w.cause || c.Repeat() != (w.cause == consumer.CauseFailedBefore) {
+			t.Errorf("letter %d: ParseCause(%q) = %v, %v", i, headers[wire.MetaCause], c, ok)
 		}
 	}
 	// The forgery did not take F1, nor the rejected message J1: the genuine
@@ -181,11 +182,11 @@ func TestOneNameForAMessage(t *testing.T) {
 	}
 	for _, l := range res.DeadLetters {
 		h := map[string]string{}
-		hs, _ := l.Record(1 << 20)
+		hs, _ := wire.Letter(l).Record(1 << 20)
 		for _, x := range hs {
 			h[x.Key] = string(x.Value)
 		}
-		if got := h[consumer.MetaLane] + "/" + h[consumer.MetaOffset]; got != strings.SplitN(l.Message.Ref(), " ", 2)[0] {
+		if got := h[wire.MetaLane] + "/" + h[wire.MetaOffset]; got != strings.SplitN(l.Message.Ref(), " ", 2)[0] {
 			t.Errorf("letter names %s, the log %s", got, l.Message.Ref())
 		}
 	}

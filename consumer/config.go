@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/idemkit/idem/consumer/source"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/internal/retry"
 )
@@ -52,7 +53,7 @@ type Config[TTx any] struct {
 	// most 64 bytes, no "/" and no control characters.
 	Name string
 	// Source delivers messages. Required.
-	Source Source
+	Source source.Source
 	// Store claims keys in the handler's transaction. Required.
 	Store dedup.Store[TTx]
 	// Handler applies the effects, one message at a time. Exactly one of
@@ -217,8 +218,11 @@ func (c *Config[TTx]) validate() error {
 	}
 	if c.Source == nil {
 		add("Source is nil")
-	} else if sr, ok := sourceAs[ScopeReader](c.Source); ok {
-		for _, scope := range sr.ReadsScopes() {
+	} else {
+		for _, m := range undeclared(c.Source) {
+			add("Source (%T) has the method %s: a Source declares it in its Describe's source.Description, and the consumer does not call the method", c.Source, m)
+		}
+		for _, scope := range c.Source.Describe().ReadsScopes {
 			if scope != c.Name {
 				add("Source reads the store's state of scope %q (kafka.StoreOffsets), but Name is %q: pass the consumer's Name", scope, c.Name)
 			}
@@ -258,8 +262,8 @@ func (c *Config[TTx]) validate() error {
 		add("LaneBuffer is negative (%d)", c.LaneBuffer)
 	}
 	if c.Offsets != nil && c.Source != nil {
-		if o, ok := sourceAs[OffsetOrdered](c.Source); !ok || !o.InOffsetOrder() {
-			add("Offsets with a Source (%T) that does not deliver each partition in offset order (consumer.OffsetOrdered): "+
+		if !c.Source.Describe().OffsetOrdered {
+			add("Offsets with a Source (%T) that does not deliver each partition in offset order (source.Description.OffsetOrdered): "+
 				"a message below the stored offset could still be outstanding and would be skipped; use a key row per message (Key) for this broker", c.Source)
 		}
 	}
@@ -313,3 +317,33 @@ func (c *Config[TTx]) setDefaults() {
 	r.MaxAttempts = cmp.Or(r.MaxAttempts, 10)
 	r.MaxElapsed = cmp.Or(r.MaxElapsed, 2*time.Minute)
 }
+
+// undeclared names the methods by which a Source said what it could do
+// before source.Description, with the field that replaces each: a source
+// written for them would otherwise lose them silently.
+func undeclared(s source.Source) []string {
+	var out []string
+	for _, c := range []struct {
+		has  bool
+		name string
+	}{
+		{is[interface{ InOffsetOrder() bool }](s), "InOffsetOrder (Description.OffsetOrdered)"},
+		{is[interface{ ProducerChosenIDs() bool }](s), "ProducerChosenIDs (Description.ProducerChosenIDs)"},
+		{is[interface{ ReadsScopes() []string }](s), "ReadsScopes (Description.ReadsScopes)"},
+		{is[interface{ SourceInfo() SourceInfo }](s), "SourceInfo (Description.System and Group)"},
+		{is[interface {
+			RetryOf(string) (string, bool)
+		}](s), "RetryOf (Description.RetryOf)"},
+		{is[interface{ RetryDelays() []time.Duration }](s), "RetryDelays (Description.RetryDelays)"},
+		{is[interface{ Assigned(*Message) bool }](s), "Assigned (Description.Assigned)"},
+		{is[interface{ Lanes() []source.LaneStatus }](s), "Lanes (Description.Lanes)"},
+		{is[interface{ Unwrap() source.Source }](s), "Unwrap (forward Describe instead)"},
+	} {
+		if c.has {
+			out = append(out, c.name)
+		}
+	}
+	return out
+}
+
+func is[T any](v any) bool { _, ok := v.(T); return ok }

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/idem/consumer/source"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/internal/retry"
 )
@@ -17,19 +18,17 @@ import (
 // lane per partition or queue (or Config.KeyLanes per partition, by record
 // key), lanes in parallel, each batch one transaction.
 type Consumer[TTx any] struct {
-	cfg     Config[TTx]
-	handler Handler[TTx]      // nil when batch is set
-	batch   BatchHandler[TTx] // nil when handler is set
-	// producerIDs: the Source's message IDs are the producer's choice
-	// (ProducerChosenIDs), so a copy's lineage is not checked by position.
-	producerIDs bool
-	source      SourceInfo   // the Source's Describer, if it is one
-	policy      retry.Policy // bounded: failures a message causes
-	infra       retry.Policy // unbounded: failures of the database or the dead-letter sink
-	nonBlocking *NonBlocking // Config.Retries when it is NonBlocking, defaults set
-	retryOf     RetryReader  // the Source's, if it reads retry copies
-	holds       *holds       // the record keys in retry, with NonBlocking.KeyOrdered; else nil
+	cfg         Config[TTx]
+	handler     Handler[TTx]       // nil when batch is set
+	batch       BatchHandler[TTx]  // nil when handler is set
+	desc        source.Description // what the Source declared, once, in New
+	source      SourceInfo         // desc's System and Group
+	policy      retry.Policy       // bounded: failures a message causes
+	infra       retry.Policy       // unbounded: failures of the database or the dead-letter sink
+	nonBlocking *NonBlocking       // Config.Retries when it is NonBlocking, defaults set
+	holds       *holds             // the record keys in retry, with NonBlocking.KeyOrdered; else nil
 	stats       counters
+	keyCheck    keyCheck // Config.Key's failures over the first messages
 
 	lanesMu sync.Mutex
 	lanes   map[laneID]*lane[TTx]
@@ -70,13 +69,7 @@ func New[TTx any](cfg Config[TTx]) (*Consumer[TTx], error) {
 	if cfg.Handler != nil {
 		h = Chain(cfg.Handler, mws...)
 	}
-	pid, ok := sourceAs[ProducerChosenIDs](cfg.Source)
-	producerIDs := ok && pid.ProducerChosenIDs()
-	retryOf, _ := sourceAs[RetryReader](cfg.Source)
-	var info SourceInfo
-	if d, ok := sourceAs[Describer](cfg.Source); ok {
-		info = d.SourceInfo()
-	}
+	desc := cfg.Source.Describe()
 	if o, ok := cfg.Observer.(DeadLetterObserver); ok {
 		cfg.DeadLetter = o.ObserveDeadLetter(cfg.DeadLetter)
 	}
@@ -84,12 +77,11 @@ func New[TTx any](cfg Config[TTx]) (*Consumer[TTx], error) {
 		cfg:         cfg,
 		handler:     h,
 		batch:       cfg.BatchHandler,
-		producerIDs: producerIDs,
-		source:      info,
+		desc:        desc,
+		source:      SourceInfo{System: desc.System, Group: desc.Group},
 		policy:      policy,
 		infra:       infra,
 		nonBlocking: nb,
-		retryOf:     retryOf,
 		holds:       holdsOf(nb),
 		lanes:       make(map[laneID]*lane[TTx]),
 		done:        make(chan struct{}),
@@ -222,8 +214,8 @@ func (c *Consumer[TTx]) Stop(ctx context.Context) error {
 // telemetry and health carry.
 func (c *Consumer[TTx]) Name() string { return c.cfg.Name }
 
-// SourceInfo is what the Source says of itself (Describer, found through
-// Wrapper); zero when it says nothing.
+// SourceInfo is what the Source says of itself (the System and Group of
+// its source.Description); zero when it says nothing.
 func (c *Consumer[TTx]) SourceInfo() SourceInfo { return c.source }
 
 // Stats returns counters since the consumer started.

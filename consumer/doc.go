@@ -1,7 +1,9 @@
 // Package consumer turns at-least-once delivery into effectively-once effects.
 //
-// A [Source] (the Kafka or RocketMQ adapter, or consumertest's fake) delivers
-// [Message]s. The [Consumer] runs one ordered lane per partition or queue; a
+// A [source.Source] (the Kafka or RocketMQ adapter, or consumertest's fake) delivers
+// [Message]s; package consumer/source is that contract, and package
+// consumer/wire the format of the dead letters and retry copies the
+// adapters write. The [Consumer] runs one ordered lane per partition or queue; a
 // lane takes up to Config.BatchSize messages into one transaction of the
 // [dedup.Store]: one set-based claim of their keys, the [Handler] for the keys
 // that are new, one COMMIT. Only after the COMMIT does the Source acknowledge
@@ -27,13 +29,13 @@
 //
 // Lineage: a dead letter sent back by `idem redrive` carries the identity
 // it was first delivered with (the idem-original-* headers and
-// idem-redrive-count, see [Origin]). [ByMessageID] keys such a copy by the
+// idem-redrive-count, see [source.Origin]). [ByMessageID] keys such a copy by the
 // original's message ID, and with Config.Offsets alone the copy is claimed
 // in the key table under the original's identity, so a letter redriven
 // twice, or written twice, is applied once, and `idem redrive` finds the
 // done row it looks for. Lineage that could make a message not seen yet a
 // duplicate (a later offset, another partition: headers are the producer's
-// to write) is not honoured; see [Origin] and [ProducerChosenIDs].
+// to write) is not honoured; see [source.Origin] and [source.Description].
 //
 // Failures: errors wrapped with [Permanent] (and decode errors, constraint
 // violations, fingerprint mismatches, bad keys) are dead-lettered at once,

@@ -15,6 +15,10 @@ var (
 	ErrLaneStopped = errors.New("consumer: lane stopped")
 	// ErrNoKey: the key function found no key in the message.
 	ErrNoKey = errors.New("consumer: message has no key")
+	// ErrKeyMisconfigured: Config.Key failed on most of the first messages
+	// of a run (Health.Misconfigured): a key path with a typo, a header
+	// the producers do not set. Each message is dead-lettered as well.
+	ErrKeyMisconfigured = errors.New("consumer: the key function looks misconfigured")
 	// ErrBadPayload: the payload cannot be read as the key function needs.
 	ErrBadPayload = errors.New("consumer: malformed payload")
 	// ErrPayloadTooLarge: the payload exceeds Config.MaxPayloadBytes.

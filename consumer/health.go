@@ -7,6 +7,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/idemkit/idem/consumer/source"
 )
 
 // Health is what a probe should look at: whether the consumer runs, whether
@@ -19,6 +21,12 @@ type Health struct {
 	// Store is Store.Check's error: nil when the database answers and the
 	// table is migrated.
 	Store error
+	// Misconfigured is a configuration the messages contradict: an error
+	// wrapping ErrKeyMisconfigured when Config.Key failed on most of the
+	// first messages of the run (a typo in a key path), which are
+	// dead-lettered one by one. It fails neither Live nor Ready: a
+	// restart does not fix it, a new configuration does.
+	Misconfigured error
 	// StoppedLanes are lanes stopped by StopLaneOnExhausted or a broken
 	// deployment: nothing more of their partitions is processed until the
 	// consumer restarts.
@@ -29,9 +37,9 @@ type Health struct {
 	InFlight     int64
 	LastProgress time.Time
 	// Lanes is the source's report of the lanes it is assigned, when it is
-	// a LaneReporter (the Kafka and RocketMQ sources are); see
+	// one that declares source.Description.Lanes (the Kafka and RocketMQ sources do); see
 	// StalledLanes.
-	Lanes []LaneStatus
+	Lanes []source.LaneStatus
 }
 
 // StalledLanes lists the lanes of h.Lanes that made no progress for longer
@@ -49,7 +57,7 @@ func (h Health) StalledLanes(now time.Time, stall time.Duration) []string {
 // Health checks the store (Store.Check, bounded by ctx) and reports the
 // consumer's state. It is safe to call at any time, from any goroutine.
 func (c *Consumer[TTx]) Health(ctx context.Context) Health {
-	h := Health{Store: c.cfg.Store.Check(ctx)}
+	h := Health{Store: c.cfg.Store.Check(ctx), Misconfigured: c.keyVerdict()}
 	c.runMu.Lock()
 	h.Fatal = c.fatalErr
 	h.Running = c.started && !c.isDone()
@@ -67,8 +75,8 @@ func (c *Consumer[TTx]) Health(ctx context.Context) Health {
 	if ns := c.progress.Load(); ns != 0 {
 		h.LastProgress = time.Unix(0, ns)
 	}
-	if lr, ok := sourceAs[LaneReporter](c.cfg.Source); ok && h.Running {
-		h.Lanes = lr.Lanes()
+	if c.desc.Lanes != nil && h.Running {
+		h.Lanes = c.desc.Lanes()
 		sort.Slice(h.Lanes, func(i, j int) bool { return h.Lanes[i].Lane < h.Lanes[j].Lane })
 	}
 	return h

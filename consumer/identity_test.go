@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/memstore"
 )
@@ -89,7 +90,7 @@ func TestRetryCopyKeyedByItsCarriedIdentity(t *testing.T) {
 // Tenant function sees the original's topic, never the retry topic.
 func TestRetryCopyWithoutIdentityKeyedFromItsOriginal(t *testing.T) {
 	eff, st, seen := tenantRun(t, func(hs []consumer.Header) []consumer.Header {
-		for _, k := range []string{consumer.MetaKeyScope, consumer.MetaKey, consumer.MetaFingerprint} {
+		for _, k := range []string{wire.MetaKeyScope, wire.MetaKey, wire.MetaFingerprint} {
 			hs = withHeader(hs, k, "")
 		}
 		return hs
@@ -110,8 +111,8 @@ func TestRetryCopyOfAnotherScopeRefused(t *testing.T) {
 	for _, scope := range []string{"ledger/pay", "payments", "payments/"} {
 		t.Run(scope, func(t *testing.T) {
 			eff, st, _ := tenantRun(t, func(hs []consumer.Header) []consumer.Header {
-				hs = withHeader(hs, consumer.MetaKeyScope, scope)
-				return withHeader(hs, consumer.MetaKey, "forged")
+				hs = withHeader(hs, wire.MetaKeyScope, scope)
+				return withHeader(hs, wire.MetaKey, "forged")
 			})
 			eff.check(t, txnIDs(5))
 			if st.Duplicates != 1 {
@@ -128,8 +129,8 @@ func TestRetryCopyOfAnotherScopeRefused(t *testing.T) {
 func TestRedrivenCopyCannotChangeItsTenant(t *testing.T) {
 	orig := consumertest.Message("pay", 0, 0, "", payment(0))
 	copy := redriven(orig, 1, 1)
-	copy.Headers = withHeader(copy.Headers, consumer.MetaKeyScope, "payments/other")
-	copy.Headers = withHeader(copy.Headers, consumer.MetaKey, "T00000")
+	copy.Headers = withHeader(copy.Headers, wire.MetaKeyScope, "payments/other")
+	copy.Headers = withHeader(copy.Headers, wire.MetaKey, "T00000")
 	eff := newEffects()
 	cfg := baseConfig(eff.apply)
 	cfg.Tenant = func(m *consumer.Message) (string, error) { return m.Topic, nil }
@@ -241,9 +242,9 @@ func TestForgedCarriedKeyNeverSkipsAGenuineMessage(t *testing.T) {
 			genuine := consumertest.Message("pay", 0, 2, "", payment(2))
 			forged := redriven(consumertest.Message("pay", 0, 0, "", payment(0)), 1, 1)
 			forged.Value = []byte(payment(2)) // the attacker knows, or guesses, the payload
-			forged.Headers = withHeader(forged.Headers, consumer.MetaKeyScope, c.scope)
-			forged.Headers = withHeader(forged.Headers, consumer.MetaKey, genuine.ID)
-			forged.Headers = withHeader(forged.Headers, consumer.MetaFingerprint, "")
+			forged.Headers = withHeader(forged.Headers, wire.MetaKeyScope, c.scope)
+			forged.Headers = withHeader(forged.Headers, wire.MetaKey, genuine.ID)
+			forged.Headers = withHeader(forged.Headers, wire.MetaFingerprint, "")
 			var mu sync.Mutex
 			applied := map[int64]int{}
 			cfg := consumer.Config[*memstore.Tx]{
@@ -308,10 +309,8 @@ func TestRetryCopyPastItsHorizonAfterThePurge(t *testing.T) {
 
 	// The copy its unknown COMMIT sent to retry, as the sink wrote it at t0.
 	k, fp := dedup.Key{Scope: "payments", ID: "T00000"}, dedup.FingerprintOf([]byte(payment(0)))
-	headers, value := consumer.RetryLetter{
-		Letter:  consumer.Letter{Message: orig, Key: k, Fingerprint: fp, Cause: consumer.CauseExhausted, Reason: fmt.Errorf("commit: outcome unknown"), Attempts: 1},
-		Attempt: 1, Delay: time.Second, Due: t0.Add(time.Second), FirstFailure: t0,
-	}.Record()
+	headers, value := wire.Letter{Message: orig, Key: k, Fingerprint: fp, Cause: consumer.CauseExhausted, Reason: fmt.Errorf("commit: outcome unknown"), Attempts: 1}.
+		RetryRecord(wire.Retry{Attempt: 1, Delay: time.Second, Due: t0.Add(time.Second), FirstFailure: t0})
 	copy := consumertest.Message("pay.retry", 0, 0, "", string(value))
 	copy.Headers = headers
 
@@ -395,7 +394,7 @@ func TestKeyOrderedRedrivenCopyComesBackFromRetry(t *testing.T) {
 type keyedRetrySink struct{ retrySink }
 
 func (s *keyedRetrySink) Retry(_ context.Context, r consumer.RetryLetter) error {
-	headers, value := r.Record()
+	headers, value := wire.Letter(r.Letter).RetryRecord(r.Retry)
 	s.mu.Lock()
 	s.letters = append(s.letters, r)
 	m := consumertest.Message("pay.retry", 0, s.offset, string(r.Message.Key), string(value))

@@ -44,7 +44,7 @@ const (
 // written twice, is applied once.
 func ByMessageID() KeyFunc {
 	return func(m *Message) (string, error) {
-		id := m.identity()
+		id := identity(m)
 		if id == "" {
 			return "", fmt.Errorf("%w: the broker message ID is empty", ErrNoKey)
 		}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
+	"github.com/idemkit/idem/consumer/source"
 	"github.com/idemkit/idem/dedup/memstore"
 )
 
@@ -20,7 +21,7 @@ type blockingSource struct {
 	acked, released []*consumer.Message
 }
 
-func (s *blockingSource) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
+func (s *blockingSource) Run(ctx context.Context, deliver source.DeliverFunc) error {
 	for _, m := range s.msgs {
 		if err := deliver(ctx, m); err != nil {
 			return err
@@ -37,6 +38,8 @@ func (s *blockingSource) Ack(_ context.Context, msgs []*consumer.Message) error 
 	s.acked = append(s.acked, msgs...)
 	return nil
 }
+
+func (s *blockingSource) Describe() source.Description { return source.Description{} }
 
 func (s *blockingSource) Release(msgs []*consumer.Message, _ error) {
 	s.mu.Lock()

@@ -9,6 +9,8 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
+	"github.com/idemkit/idem/consumer/source"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/memstore"
 )
@@ -18,16 +20,16 @@ import (
 // letter's Meta*Original* coordinates and key, and the lineage.
 func redriven(orig *consumer.Message, offset int64, count int) *consumer.Message {
 	c := consumertest.Message(orig.Topic, orig.Partition, offset, string(orig.Key), string(orig.Value))
-	c.Headers = append(lineage(orig.Topic, orig.Partition, orig.Offset, orig.ID), consumer.Header{Key: consumer.MetaRedriveCount, Value: []byte(strconv.Itoa(count))})
+	c.Headers = append(lineage(orig.Topic, orig.Partition, orig.Offset, orig.ID), consumer.Header{Key: wire.MetaRedriveCount, Value: []byte(strconv.Itoa(count))})
 	return c
 }
 
 // lineage is the Meta*Original* headers naming a message; the redrive count is the caller's.
 func lineage(topic string, partition int32, offset int64, id string) []consumer.Header {
 	h := func(k, v string) consumer.Header { return consumer.Header{Key: k, Value: []byte(v)} }
-	return []consumer.Header{h(consumer.MetaTopic, topic), h(consumer.MetaPartition, strconv.Itoa(int(partition))),
-		h(consumer.MetaOffset, strconv.FormatInt(offset, 10)), h(consumer.MetaMessageID, id),
-		h(consumer.MetaKeyScope, "payments"), h(consumer.MetaKey, id)}
+	return []consumer.Header{h(wire.MetaTopic, topic), h(wire.MetaPartition, strconv.Itoa(int(partition))),
+		h(wire.MetaOffset, strconv.FormatInt(offset, 10)), h(wire.MetaMessageID, id),
+		h(wire.MetaKeyScope, "payments"), h(wire.MetaKey, id)}
 }
 
 // byValue counts committed effects by the message's value.
@@ -93,7 +95,7 @@ func TestRedrivenCopyFirst(t *testing.T) {
 // the copy.
 func TestForgedLineageNeverSkipsAGenuineMessage(t *testing.T) {
 	count := func(v string) consumer.Header {
-		return consumer.Header{Key: consumer.MetaRedriveCount, Value: []byte(v)}
+		return consumer.Header{Key: wire.MetaRedriveCount, Value: []byte(v)}
 	}
 	forged := func(offset int64, value string, h ...consumer.Header) *consumer.Message {
 		m := consumertest.Message("payments", 0, offset, "", value)
@@ -110,7 +112,7 @@ func TestForgedLineageNeverSkipsAGenuineMessage(t *testing.T) {
 		forged(5, "id not the position", append(lineage("payments", 0, 0, "payments/0/9"), count("1"))...),
 		forged(6, "no count", lineage("payments", 0, 0, "payments/0/0")...),
 		forged(7, "count zero", append(lineage("payments", 0, 0, "payments/0/0"), count("0"))...),
-		forged(8, "no offset", consumer.Header{Key: consumer.MetaTopic, Value: []byte("payments")}, count("1")),
+		forged(8, "no offset", consumer.Header{Key: wire.MetaTopic, Value: []byte("payments")}, count("1")),
 		consumertest.Message("payments", 0, 9, "", payment(9)), // the genuine message the first forgery names
 	}
 	e := newEffects()
@@ -145,7 +147,7 @@ func TestLineageWithProducerChosenIDs(t *testing.T) {
 		orig.ID = "AC11000100002A9F00000001"
 		c := consumertest.Message("payments", 1, 7, "", payment(0)) // another queue, a lower offset
 		c.ID = "AC1100010000B33100000009"
-		c.Headers = append(lineage(orig.Topic, orig.Partition, orig.Offset, orig.ID), consumer.Header{Key: consumer.MetaRedriveCount, Value: []byte("1")})
+		c.Headers = append(lineage(orig.Topic, orig.Partition, orig.Offset, orig.ID), consumer.Header{Key: wire.MetaRedriveCount, Value: []byte("1")})
 		return []*consumer.Message{orig, c}
 	}
 	for _, tc := range []struct {
@@ -154,7 +156,7 @@ func TestLineageWithProducerChosenIDs(t *testing.T) {
 	}{{true, 1}, {false, 2}} {
 		e := newEffects()
 		ms := msgs()
-		var o consumer.Origin
+		var o source.Origin
 		var ok bool
 		origin := func(m *consumer.Message) {
 			if m.Offset == 7 {
@@ -172,7 +174,7 @@ func TestLineageWithProducerChosenIDs(t *testing.T) {
 		if n := e.count(payment(0)); n != tc.applied {
 			t.Errorf("ProducerChosenIDs %v: applied %d times, want %d (stats %+v)", tc.producerIDs, n, tc.applied, res.Stats)
 		}
-		if want := (consumer.Origin{Topic: "payments", Partition: 3, Offset: 40, ID: ms[0].ID, Redrives: 1}); ok != tc.producerIDs || ok && o != want {
+		if want := (source.Origin{Topic: "payments", Partition: 3, Offset: 40, ID: ms[0].ID, Redrives: 1}); ok != tc.producerIDs || ok && o != want {
 			t.Errorf("ProducerChosenIDs %v: Origin %+v %v, want %+v", tc.producerIDs, o, ok, want)
 		}
 	}
@@ -193,15 +195,15 @@ func TestLetterOfARedrivenCopyNamesTheOriginal(t *testing.T) {
 	if len(res.DeadLetters) != 1 {
 		t.Fatalf("%d dead letters", len(res.DeadLetters))
 	}
-	headers, _ := res.DeadLetters[0].Record(1 << 20)
+	headers, _ := wire.Letter(res.DeadLetters[0]).Record(1 << 20)
 	got := map[string]string{}
 	for _, h := range headers {
 		got[h.Key] = string(h.Value)
 	}
 	for k, v := range map[string]string{
-		consumer.MetaTopic: "payments", consumer.MetaPartition: "0", consumer.MetaOffset: "2",
-		consumer.MetaMessageID: "payments/0/2", consumer.MetaKeyScope: "payments", consumer.MetaKey: "payments/0/2",
-		consumer.MetaRedriveCount: "2",
+		wire.MetaTopic: "payments", wire.MetaPartition: "0", wire.MetaOffset: "2",
+		wire.MetaMessageID: "payments/0/2", wire.MetaKeyScope: "payments", wire.MetaKey: "payments/0/2",
+		wire.MetaRedriveCount: "2",
 	} {
 		if got[k] != v {
 			t.Errorf("letter header %s = %q, want %q", k, got[k], v)

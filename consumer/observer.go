@@ -100,63 +100,15 @@ func (o Outcome) String() string {
 	return "unknown"
 }
 
-// Cause says why a message was dead-lettered. A letter carries it in the
-// MetaCause header as its String, so that whoever reads the dead-letter
-// topic can tell incidents apart by it alone.
-//
-// One message, one incident: each cause but CauseFailedBefore is the first
-// letter of its message's trouble. CauseFailedBefore is a repeat: another
-// message with a key whose failure is recorded already (CausePermanent
-// recorded it, and `idem failed` lists it), dead-lettered without running
-// the handler — a re-send of what is dead-lettered already, counted apart.
-type Cause uint8
-
-const (
-	CauseBadInput     Cause = iota + 1 // no key, an invalid key, an unreadable or too large payload: no row recorded
-	CauseMismatch                      // its key was applied before with another payload
-	CauseFailedBefore                  // its key was recorded as failed before: a repeat of an incident
-	CausePermanent                     // Permanent, a constraint violation: recorded as failed
-	CauseExhausted                     // its retries ran out
-	CauseValidate                      // Config.Validate refused it: no row recorded, the key stays free
-	CauseRejected                      // the handler refused it with Reject: rolled back, no row recorded, the key stays free
-)
-
-var causeNames = [...]string{
-	CauseBadInput:     "bad_input",
-	CauseMismatch:     "fingerprint_mismatch",
-	CauseFailedBefore: "failed_before",
-	CausePermanent:    "permanent",
-	CauseExhausted:    "exhausted",
-	CauseValidate:     "validate",
-	CauseRejected:     "rejected",
+// SourceInfo is what a Source says of itself (source.Description), for
+// telemetry and health: the messaging system and the broker's consumer
+// group. Consumer.SourceInfo
+// returns it; consumer/otelconsumer takes messaging.system and
+// messaging.consumer.group.name from it.
+type SourceInfo struct {
+	System string // messaging.system: "kafka", "rocketmq"; empty when unknown
+	Group  string // the broker's consumer group; empty when it has none
 }
-
-func (c Cause) String() string {
-	if int(c) < len(causeNames) && causeNames[c] != "" {
-		return causeNames[c]
-	}
-	return "unknown"
-}
-
-// Causes lists every Cause, in their order.
-func Causes() []Cause {
-	return []Cause{CauseBadInput, CauseMismatch, CauseFailedBefore, CausePermanent, CauseExhausted, CauseValidate, CauseRejected}
-}
-
-// ParseCause returns the Cause whose String is s: what a reader of the
-// dead-letter topic makes of a letter's MetaCause.
-func ParseCause(s string) (Cause, bool) {
-	for _, c := range Causes() {
-		if c.String() == s {
-			return c, true
-		}
-	}
-	return 0, false
-}
-
-// Repeat reports whether the cause is a repeat of an incident dead-lettered
-// before (CauseFailedBefore) rather than a new one.
-func (c Cause) Repeat() bool { return c == CauseFailedBefore }
 
 // Settlement is one message settled.
 type Settlement struct {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
+	"github.com/idemkit/idem/consumer/source"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/memstore"
 )
@@ -214,7 +215,7 @@ func TestHealth(t *testing.T) {
 // Live fails for it unless the store is away.
 func TestStalledLanes(t *testing.T) {
 	now := time.Now()
-	h := consumer.Health{Running: true, Lanes: []consumer.LaneStatus{
+	h := consumer.Health{Running: true, Lanes: []source.LaneStatus{
 		{Lane: "t/0", LastFetch: now, Waiting: 0, LastSettled: now.Add(-time.Hour)},                       // idle, fetched
 		{Lane: "t/1", LastFetch: now.Add(-time.Hour), Waiting: 3, LastSettled: now.Add(-time.Second)},     // busy, buffer full
 		{Lane: "t/2", LastFetch: now, Waiting: 3, LastSettled: now.Add(-2 * time.Minute)},                 // held
@@ -239,7 +240,7 @@ func TestStalledLanes(t *testing.T) {
 // this process is not what it needs.
 func TestStalledLaneHeldElsewhere(t *testing.T) {
 	now := time.Now()
-	h := consumer.Health{Running: true, Lanes: []consumer.LaneStatus{
+	h := consumer.Health{Running: true, Lanes: []source.LaneStatus{
 		{Lane: "t/0", LastFetch: now, LastSettled: now},
 		{Lane: "t/1", Waiting: 3, LastSettled: now.Add(-2 * time.Minute), Elsewhere: true},
 	}}

@@ -29,7 +29,7 @@ var errOffsetMoved = errors.New("consumer: the partition's next offset moved und
 // first seeing it. A conflict, retried whole: a member that lost the
 // partition without knowing yet (its successor moved the offset on) learns
 // it at its next heartbeat, and the source then disowns the messages
-// (AssignmentChecker), which are skipped.
+// (source.Description.Assigned), which are skipped.
 var errOffsetsAheadSuspect = errors.New("consumer: the partition's stored next offset is past the log end its messages were fetched with; " +
 	"waiting to learn whether this consumer still holds the partition")
 
@@ -192,4 +192,10 @@ func (a *attempt[TTx]) holdOffset(ctx context.Context, tx TTx, p dedup.Partition
 		return fmt.Errorf("%w (%s/%d, expected %d)", errOffsetMoved, p.Topic, p.Partition, expected)
 	}
 	return nil
+}
+
+// assigned reports whether m belongs to an assignment the source still
+// holds; true when the source cannot tell.
+func (c *Consumer[TTx]) assigned(m *Message) bool {
+	return c.desc.Assigned == nil || c.desc.Assigned(m)
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
+	"github.com/idemkit/idem/consumer/source"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/memstore"
 )
@@ -46,7 +47,7 @@ func TestOffsetsConfig(t *testing.T) {
 		t.Errorf("Offsets with KeyLanes: %v", err)
 	}
 	unordered := base
-	unordered.Source = struct{ consumer.Source }{consumertest.NewSource(consumertest.Script{})} // hides InOffsetOrder
+	unordered.Source = declaresNothing{consumertest.NewSource(consumertest.Script{})}
 	if _, err := consumer.New(unordered); err == nil || !strings.Contains(err.Error(), "does not deliver each partition in offset order") {
 		t.Errorf("Offsets with a source that does not say it delivers in offset order: %v", err)
 	}
@@ -59,5 +60,30 @@ func TestOffsetsConfig(t *testing.T) {
 	fallback.OnMissingKey = consumer.FallBackToMessageID
 	if _, err := consumer.New(fallback); err == nil || !strings.Contains(err.Error(), "Config.OnMissingKey") {
 		t.Errorf("Offsets, no Key, FallBackToMessageID: %v", err)
+	}
+}
+
+// declaresNothing is a Source whose Description is the zero one: not
+// OffsetOrdered, whatever it wraps.
+type declaresNothing struct{ source.Source }
+
+func (declaresNothing) Describe() source.Description { return source.Description{} }
+
+// oldStyle is a Source written for the optional interfaces that came
+// before source.Description: it says it is offset-ordered by a method.
+type oldStyle struct{ declaresNothing }
+
+func (oldStyle) InOffsetOrder() bool { return true }
+
+// TestOldCapabilityMethodsRefused: a Source that still says what it can
+// do by a method the consumer no longer calls is refused by name, not
+// silently taken to declare nothing.
+func TestOldCapabilityMethodsRefused(t *testing.T) {
+	cfg := baseConfig(newEffects().apply)
+	cfg.Source = oldStyle{declaresNothing{consumertest.NewSource(consumertest.Script{})}}
+	cfg.DeadLetter = &consumertest.DeadLetters{}
+	_, err := consumer.New(cfg)
+	if err == nil || !strings.Contains(err.Error(), "has the method InOffsetOrder (Description.OffsetOrdered)") {
+		t.Fatalf("New: %v, want the method InOffsetOrder named", err)
 	}
 }

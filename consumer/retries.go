@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"math"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idemkit/idem/consumer/source"
+	"github.com/idemkit/idem/consumer/wire"
 )
 
 // Retries says what a transient failure does to the lane of its message:
@@ -31,7 +33,7 @@ type Blocking struct{}
 // times again, goes to the retry destination of Delays[1], and so on; past
 // the last delay it is dead-lettered (CauseExhausted).
 //
-// A copy carries its original's identity (the Meta*Original* lineage
+// A copy carries its original's identity (the wire.Meta*Original* lineage
 // headers, as a redriven letter does): its dedup key is its original's,
 // so a copy of a message that was in fact applied — its COMMIT's outcome
 // was unknown — is skipped as a duplicate, never applied twice.
@@ -82,97 +84,20 @@ type RetrySink interface {
 	Retry(ctx context.Context, r RetryLetter) error
 }
 
-// RetryDelays is a RetrySink that knows the delays it has destinations for
-// (kafka.Source, rocketmq.Source: their Config.RetryDelays). New refuses a NonBlocking whose
-// Delays are not all among them.
-type RetryDelays interface {
-	RetryDelays() []time.Duration
-}
-
-// RetryLetter is a message on its way to a retry destination.
+// RetryLetter is a message on its way to a retry destination. An adapter
+// writes it as wire.Letter(r.Letter).RetryRecord(r.Retry).
 type RetryLetter struct {
 	// Letter is the message, its key and the failure it is retried for
 	// (Cause is CauseExhausted: its in-lane attempts ran out).
 	Letter
-	// Attempt is the number of this trip, from 1 (MetaRetryAttempt).
-	Attempt int
-	// Delay is the wait of the destination, NonBlocking.Delays[Attempt-1].
-	Delay time.Duration
-	// Due is when the copy is to be processed (MetaRetryDue).
-	Due time.Time
-	// FirstFailure is when the message first went to retry
-	// (MetaRetryFirstFailure).
-	FirstFailure time.Time
-	// Following: the message was not tried, it follows a message of its
-	// record key that is in retry (NonBlocking.KeyOrdered;
-	// MetaRetryFollowing). Attempt is then the trip it will be on once
-	// tried: following spends none of its trips.
-	Following bool
-}
-
-// The headers of a retry copy, beside the lineage (MetaTopic, MetaPartition,
-// MetaOffset, MetaMessageID, ...) Letter.Record writes. A dead letter
-// leaves them out, so a redriven letter starts its retries afresh.
-const (
-	MetaRetryAttempt      = "idem-retry-attempt"       // the trip's number, from 1, decimal
-	MetaRetryDue          = "idem-retry-due"           // when it is due, RFC 3339 with nanoseconds, UTC
-	MetaRetryFirstFailure = "idem-retry-first-failure" // when it first went to retry, RFC 3339 with nanoseconds, UTC
-	MetaRetryFollowing    = "idem-retry-following"     // "true": untried, it follows its key (NonBlocking.KeyOrdered)
-	MetaRetryDelay        = "idem-retry-delay"         // the wait of its trip, as RetryDelayName: "10s", "1m", "1500ms"
-)
-
-// RetryDelayName names a retry delay in its largest whole unit (h, m, s,
-// ms): "10s", "1m", "1500ms". It is the suffix of a Kafka retry topic
-// (kafka.RetryTopic), the MetaRetryDelay header and the delay label of the
-// retry metrics (otelconsumer); time.ParseDuration reads it back.
-func RetryDelayName(d time.Duration) string {
-	switch {
-	case d%time.Hour == 0:
-		return strconv.FormatInt(int64(d/time.Hour), 10) + "h"
-	case d%time.Minute == 0:
-		return strconv.FormatInt(int64(d/time.Minute), 10) + "m"
-	case d%time.Second == 0:
-		return strconv.FormatInt(int64(d/time.Second), 10) + "s"
-	}
-	return strconv.FormatInt(int64(d/time.Millisecond), 10) + "ms"
-}
-
-// Record lays r out for a broker: Letter.Record (the whole value, never
-// left out: a retry copy must carry its payload), then the retry headers.
-// MetaLane is the original's lane on every trip (a dead letter's is the
-// lane the message was delivered on), so that a copy names the original
-// it stands for with its broker (KeyOrdered's holds); for a redriven
-// copy, whose original's lane is not known, topic/partition, the lane its
-// key was held under.
-func (r RetryLetter) Record() (headers []Header, value []byte) {
-	headers, value = r.Letter.Record(math.MaxInt)
-	if o, ok := r.Message.Origin(); ok {
-		for i := range headers {
-			if headers[i].Key == MetaLane {
-				headers[i].Value = []byte(clean(o.lane()))
-			}
-		}
-	}
-	add := func(k, v string) { headers = append(headers, Header{Key: k, Value: []byte(v)}) }
-	add(MetaRetryAttempt, strconv.Itoa(r.Attempt))
-	add(MetaRetryDue, r.Due.UTC().Format(time.RFC3339Nano))
-	add(MetaRetryFirstFailure, r.FirstFailure.UTC().Format(time.RFC3339Nano))
-	add(MetaRetryDelay, RetryDelayName(r.Delay))
-	if r.Following {
-		add(MetaRetryFollowing, "true")
-	}
-	return headers, value
-}
-
-// RetryDue reads a retry copy's due time (MetaRetryDue); false when m
-// carries none, or an unreadable one (deliver it at once).
-func RetryDue(m *Message) (time.Time, bool) {
-	v, ok := m.Header(MetaRetryDue)
-	if !ok {
-		return time.Time{}, false
-	}
-	t, err := time.Parse(time.RFC3339Nano, string(v))
-	return t, err == nil
+	// Retry is the trip: Attempt, from 1; Delay, the wait of the
+	// destination, NonBlocking.Delays[Attempt-1]; Due, when the copy is to
+	// be processed; FirstFailure, when the message first went to retry;
+	// Following, the message was not tried, it follows a message of its
+	// record key that is in retry (NonBlocking.KeyOrdered) — Attempt is
+	// then the trip it will be on once tried: following spends none of
+	// its trips.
+	wire.Retry
 }
 
 const (
@@ -212,8 +137,8 @@ func (nb NonBlocking) validate(c interface{ nonBlockingConflicts(NonBlocking) []
 			add("Retries.Delays[%d] is %v, want a positive number of whole milliseconds", i, d)
 		}
 	}
-	if rd, ok := nb.Sink.(RetryDelays); ok {
-		have := rd.RetryDelays()
+	if src, ok := nb.Sink.(source.Source); ok && src.Describe().RetryDelays != nil {
+		have := src.Describe().RetryDelays
 		for i, d := range nb.Delays {
 			if !slices.Contains(have, d) {
 				add("Retries.Delays[%d] is %v, but the Sink (%T) has retry destinations for %v only", i, d, nb.Sink, have)
@@ -355,23 +280,24 @@ func nonBlockingOf(r Retries) *NonBlocking {
 // lineage honoured or not: a copy keyed as a message of its own still runs
 // out of trips.
 func (c *Consumer[TTx]) retryAttempt(m *Message) (int, time.Time) {
-	onRetryTopic := m.hasOrigin && m.origin.Retry
-	if !onRetryTopic && c.retryOf != nil {
-		_, onRetryTopic = c.retryOf.RetryOf(m.Topic)
+	o, ok := m.Origin()
+	onRetryTopic := ok && o.Retry
+	if !onRetryTopic && c.desc.RetryOf != nil {
+		_, onRetryTopic = c.desc.RetryOf(m.Topic)
 	}
 	if !onRetryTopic {
 		return 0, time.Time{}
 	}
-	v, _ := m.Header(MetaRetryAttempt)
+	v, _ := m.Header(wire.MetaRetryAttempt)
 	n, err := strconv.Atoi(string(v))
 	if err != nil || n < 1 {
 		return 0, time.Time{}
 	}
-	if f, ok := m.Header(MetaRetryFollowing); ok && string(f) == "true" {
+	if f, ok := m.Header(wire.MetaRetryFollowing); ok && string(f) == "true" {
 		n-- // untried: the trip it is on is still to come
 	}
 	var first time.Time
-	if f, ok := m.Header(MetaRetryFirstFailure); ok {
+	if f, ok := m.Header(wire.MetaRetryFirstFailure); ok {
 		first, _ = time.Parse(time.RFC3339Nano, string(f))
 	}
 	return n, first
@@ -395,8 +321,8 @@ func (c *Consumer[TTx]) retryLater(ctx context.Context, it *item, reason error) 
 		c.holds.sentToRetry(it.msg, delay, now) // before the write: a later message of the key follows it from now
 	}
 	r := RetryLetter{
-		Letter:  Letter{Message: it.msg, Key: it.claim.Key, Fingerprint: it.claim.Fingerprint, Cause: CauseExhausted, Reason: reason, Attempts: it.attempts},
-		Attempt: done + 1, Delay: delay, Due: now.Add(delay), FirstFailure: first,
+		Letter: Letter{Message: it.msg, Key: it.claim.Key, Fingerprint: it.claim.Fingerprint, Cause: CauseExhausted, Reason: reason, Attempts: it.attempts},
+		Retry:  wire.Retry{Attempt: done + 1, Delay: delay, Due: now.Add(delay), FirstFailure: first},
 	}
 	tooLarge, err := c.writeRetry(ctx, r)
 	if err != nil {
@@ -436,25 +362,26 @@ func (c *Consumer[TTx]) writeRetry(ctx context.Context, r RetryLetter) (tooLarge
 }
 
 // returnedFrom is the wait of the retry trip m came back from (its
-// MetaRetryDelay; for a copy written before that header, the delay of its
+// wire.MetaRetryDelay; for a copy written before that header, the delay of its
 // trip's number), or 0 when m is not a retry copy.
 func (c *Consumer[TTx]) returnedFrom(m *Message) time.Duration {
-	if c.retryOf == nil {
+	if c.desc.RetryOf == nil {
 		return 0
 	}
-	onRetryTopic := m.hasOrigin && m.origin.Retry
+	o, ok := m.Origin()
+	onRetryTopic := ok && o.Retry
 	if !onRetryTopic {
-		_, onRetryTopic = c.retryOf.RetryOf(m.Topic)
+		_, onRetryTopic = c.desc.RetryOf(m.Topic)
 	}
 	if !onRetryTopic {
 		return 0
 	}
-	if v, ok := m.Header(MetaRetryDelay); ok {
+	if v, ok := m.Header(wire.MetaRetryDelay); ok {
 		if d, err := time.ParseDuration(string(v)); err == nil && d > 0 {
 			return d
 		}
 	}
-	v, _ := m.Header(MetaRetryAttempt)
+	v, _ := m.Header(wire.MetaRetryAttempt)
 	n, err := strconv.Atoi(string(v))
 	if nb := c.nonBlocking; err == nil && nb != nil && n >= 1 && n <= len(nb.Delays) {
 		return nb.Delays[n-1]

@@ -12,21 +12,23 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
+	"github.com/idemkit/idem/consumer/source"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup/memstore"
 )
 
 // retrySource is a consumertest.Source that reads retry copies: whatever
 // retrySink writes comes back on topic "pay.retry", delivered once it is
-// due (consumer.RetryDue), as the Kafka source does — here the whole
+// due (wire.RetryDue), as the Kafka source does — here the whole
 // source waits, which a fake may.
 type retrySource struct {
 	*consumertest.Source
-	lineage bool // honour the copies' lineage (consumer.RetryReader)
+	lineage bool // honour the copies' lineage (source.Description.RetryOf)
 }
 
-func (s *retrySource) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
+func (s *retrySource) Run(ctx context.Context, deliver source.DeliverFunc) error {
 	return s.Source.Run(ctx, func(ctx context.Context, m *consumer.Message) error {
-		if due, ok := consumer.RetryDue(m); ok && m.Topic == "pay.retry" {
+		if due, ok := wire.RetryDue(m); ok && m.Topic == "pay.retry" {
 			t := time.NewTimer(min(time.Until(due), 20*time.Second))
 			select {
 			case <-t.C:
@@ -39,11 +41,15 @@ func (s *retrySource) Run(ctx context.Context, deliver consumer.DeliverFunc) err
 	})
 }
 
-func (s *retrySource) RetryOf(topic string) (string, bool) {
-	if s.lineage && topic == "pay.retry" {
-		return "pay", true
+func (s *retrySource) Describe() source.Description {
+	d := s.Source.Describe()
+	d.RetryOf = func(topic string) (string, bool) {
+		if s.lineage && topic == "pay.retry" {
+			return "pay", true
+		}
+		return "", false
 	}
-	return "", false
+	return d
 }
 
 // retrySink writes retry copies back to its source, as a broker would:
@@ -57,7 +63,7 @@ type retrySink struct {
 }
 
 func (s *retrySink) Retry(_ context.Context, r consumer.RetryLetter) error {
-	headers, value := r.Record()
+	headers, value := wire.Letter(r.Letter).RetryRecord(r.Retry)
 	s.mu.Lock()
 	s.letters = append(s.letters, r)
 	m := consumertest.Message("pay.retry", 0, s.offset, "", string(value))
@@ -277,15 +283,15 @@ func TestNonBlockingRetryRunsOutOfTrips(t *testing.T) {
 	if len(letters) != 1 || letters[0].Cause != consumer.CauseExhausted || letters[0].Message.Topic != "pay.retry" {
 		t.Fatalf("letters %+v, want one, exhausted, of the second copy", letters)
 	}
-	headers, _ := letters[0].Record(1 << 20)
+	headers, _ := wire.Letter(letters[0]).Record(1 << 20)
 	got := map[string]string{}
 	for _, h := range headers {
 		got[h.Key] = string(h.Value)
 	}
-	if got[consumer.MetaTopic] != "pay" || got[consumer.MetaOffset] != "1" || got[consumer.MetaMessageID] != "pay/0/1" {
-		t.Errorf("letter names %s/%s (%s), want the original pay/0/1", got[consumer.MetaTopic], got[consumer.MetaOffset], got[consumer.MetaMessageID])
+	if got[wire.MetaTopic] != "pay" || got[wire.MetaOffset] != "1" || got[wire.MetaMessageID] != "pay/0/1" {
+		t.Errorf("letter names %s/%s (%s), want the original pay/0/1", got[wire.MetaTopic], got[wire.MetaOffset], got[wire.MetaMessageID])
 	}
-	for _, k := range []string{consumer.MetaRetryAttempt, consumer.MetaRetryDue, consumer.MetaRetryFirstFailure} {
+	for _, k := range []string{wire.MetaRetryAttempt, wire.MetaRetryDue, wire.MetaRetryFirstFailure} {
 		if _, ok := got[k]; ok {
 			t.Errorf("letter carries %s", k)
 		}
@@ -306,9 +312,9 @@ func TestRetryHeadersOutsideARetryTopicAreNotLineage(t *testing.T) {
 	}
 	msgs := payments(2)
 	forged := consumertest.Message("pay", 0, 2, "", payment(2))
-	forged.Headers = []consumer.Header{{Key: consumer.MetaRetryAttempt, Value: []byte("1")},
-		{Key: consumer.MetaTopic, Value: []byte("pay")}, {Key: consumer.MetaPartition, Value: []byte("0")},
-		{Key: consumer.MetaOffset, Value: []byte("0")}, {Key: consumer.MetaMessageID, Value: []byte("pay/0/0")}}
+	forged.Headers = []consumer.Header{{Key: wire.MetaRetryAttempt, Value: []byte("1")},
+		{Key: wire.MetaTopic, Value: []byte("pay")}, {Key: wire.MetaPartition, Value: []byte("0")},
+		{Key: wire.MetaOffset, Value: []byte("0")}, {Key: wire.MetaMessageID, Value: []byte("pay/0/0")}}
 	base.Push(append(msgs, forged)...)
 	drive(t, c, base)
 	eff.check(t, txnIDs(3))

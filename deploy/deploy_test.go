@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
 	"github.com/idemkit/idem/consumer/otelconsumer"
+	"github.com/idemkit/idem/consumer/source"
 	"github.com/idemkit/idem/httpidem"
 	"github.com/idemkit/idem/httpidem/otelhttpidem"
 	"github.com/idemkit/idem/internal/testenv"
@@ -31,12 +32,16 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // lanesSource is a consumertest.Source that reports its one lane as a
-// Kafka source would (consumer.LaneReporter): fetched from just now.
+// Kafka source would (source.Description.Lanes): fetched from just now.
 type lanesSource struct{ *consumertest.Source }
 
-func (s lanesSource) Lanes() []consumer.LaneStatus {
-	now := time.Now()
-	return []consumer.LaneStatus{{Lane: "payments/0", LastFetch: now, LastSettled: now}}
+func (s lanesSource) Describe() source.Description {
+	d := s.Source.Describe()
+	d.Lanes = func() []source.LaneStatus {
+		now := time.Now()
+		return []source.LaneStatus{{Lane: "payments/0", LastFetch: now, LastSettled: now}}
+	}
+	return d
 }
 
 // TestDashboardAndAlertsMatchTheScrape serves, behind one observe.Server,

@@ -8,7 +8,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/source"
 )
 
 // HealthJSON is /healthz's body.
@@ -45,7 +45,7 @@ type ConsumerJSON struct {
 	Lanes        []LaneJSON `json:"lanes"`
 }
 
-// LaneJSON is a lane as the source reports it (consumer.LaneStatus).
+// LaneJSON is a lane as the source reports it (source.LaneStatus).
 type LaneJSON struct {
 	Lane        string     `json:"lane"`
 	Waiting     int64      `json:"waiting"`
@@ -153,7 +153,7 @@ func nonNil(s []string) []string {
 	return s
 }
 
-func lanes(ls []consumer.LaneStatus) []LaneJSON {
+func lanes(ls []source.LaneStatus) []LaneJSON {
 	out := make([]LaneJSON, 0, len(ls))
 	for _, l := range ls {
 		out = append(out, LaneJSON{Lane: l.Lane, Waiting: l.Waiting, LastFetch: timePtr(l.LastFetch), LastSettled: timePtr(l.LastSettled)})

@@ -19,6 +19,8 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
 	"github.com/idemkit/idem/consumer/otelconsumer"
+	"github.com/idemkit/idem/consumer/source"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup/memstore"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/internal/testenv/kafkatest"
@@ -51,7 +53,7 @@ var counters = func() map[string][]map[string]string {
 		"idem_consumer_conflicts_total":            {{}},
 		"idem_consumer_transactions_total":         {{"idem_transaction_outcome": "commit"}},
 	}
-	for _, cause := range consumer.Causes() {
+	for _, cause := range wire.Causes() {
 		c["idem_consumer_dead_letters_total"] = append(c["idem_consumer_dead_letters_total"], map[string]string{"idem_dead_letter_cause": cause.String()})
 	}
 	for _, class := range []string{"unknown", "retryable", "unavailable", "conflict"} {
@@ -200,20 +202,24 @@ func TestScrapeRightAfterStart(t *testing.T) {
 }
 
 // lanesSource is a consumertest.Source that reports lanes
-// (consumer.LaneReporter) as given.
+// (source.Description.Lanes) as given.
 type lanesSource struct {
 	*consumertest.Source
-	lanes []consumer.LaneStatus
+	lanes []source.LaneStatus
 }
 
-func (s lanesSource) Lanes() []consumer.LaneStatus { return s.lanes }
+func (s lanesSource) Describe() source.Description {
+	d := s.Source.Describe()
+	d.Lanes = func() []source.LaneStatus { return s.lanes }
+	return d
+}
 
 // TestHealthzShowsStoppedAndStalledLanes: a lane stopped by a message that
 // used up its retries and a lane the source reports not fetched from are
 // both in /healthz, by name, and in the gauges; the consumer is not live.
 func TestHealthzShowsStoppedAndStalledLanes(t *testing.T) {
 	inner := consumertest.NewSource(consumertest.Script{})
-	src := lanesSource{Source: inner, lanes: []consumer.LaneStatus{
+	src := lanesSource{Source: inner, lanes: []source.LaneStatus{
 		{Lane: "pay/0", LastFetch: time.Now(), LastSettled: time.Now()},
 		{Lane: "pay/1", LastFetch: time.Now().Add(-10 * time.Minute), LastSettled: time.Now().Add(-10 * time.Minute)},
 	}}

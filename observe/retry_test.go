@@ -12,6 +12,8 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
 	"github.com/idemkit/idem/consumer/otelconsumer"
+	"github.com/idemkit/idem/consumer/source"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup/memstore"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/internal/testenv/promtest"
@@ -28,11 +30,11 @@ type retrySource struct {
 	offset int64
 }
 
-func (s *retrySource) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
+func (s *retrySource) Run(ctx context.Context, deliver source.DeliverFunc) error {
 	return s.Source.Run(ctx, func(ctx context.Context, m *consumer.Message) error {
-		if due, ok := consumer.RetryDue(m); ok && m.Topic == "pay.retry" {
+		if due, ok := wire.RetryDue(m); ok && m.Topic == "pay.retry" {
 			var early chan struct{}
-			if v, _ := m.Header(consumer.MetaRetryAttempt); string(v) == "2" {
+			if v, _ := m.Header(wire.MetaRetryAttempt); string(v) == "2" {
 				early = s.early
 			}
 			t := time.NewTimer(time.Until(due))
@@ -49,10 +51,14 @@ func (s *retrySource) Run(ctx context.Context, deliver consumer.DeliverFunc) err
 	})
 }
 
-func (s *retrySource) RetryOf(topic string) (string, bool) { return "pay", topic == "pay.retry" }
+func (s *retrySource) Describe() source.Description {
+	d := s.Source.Describe()
+	d.RetryOf = func(topic string) (string, bool) { return "pay", topic == "pay.retry" }
+	return d
+}
 
 func (s *retrySource) Retry(_ context.Context, r consumer.RetryLetter) error {
-	headers, value := r.Record()
+	headers, value := wire.Letter(r.Letter).RetryRecord(r.Retry)
 	s.mu.Lock()
 	m := consumertest.Message("pay.retry", 0, s.offset, "", string(value))
 	s.offset++
@@ -85,7 +91,7 @@ func TestRetryMetricsByDelay(t *testing.T) {
 		Retries: consumer.NonBlocking{Attempts: 1, Delays: []time.Duration{10 * time.Millisecond, time.Hour}, Sink: src},
 		Handler: consumer.HandlerFunc[*memstore.Tx](func(_ context.Context, _ *memstore.Tx, m *consumer.Message) error {
 			trip := 0
-			if v, ok := m.Header(consumer.MetaRetryAttempt); ok {
+			if v, ok := m.Header(wire.MetaRetryAttempt); ok {
 				trip, _ = strconv.Atoi(string(v))
 			}
 			if v := string(m.Value); v == "never" || (v == "once back" && trip < 1) {

@@ -150,7 +150,7 @@ type Config struct {
 	DeadLetterAutoCreate bool
 	// DeadLetterMaxBytes is the largest value copied into a dead letter; a
 	// larger one is left out and its SHA-256 and size are in the headers
-	// consumer.MetaValueSHA256 and consumer.MetaValueSize, so that an
+	// wire.MetaValueSHA256 and wire.MetaValueSize, so that an
 	// oversized message cannot block its partition. Default 900 KiB, below
 	// the brokers' default message size limit.
 	DeadLetterMaxBytes int
@@ -162,7 +162,7 @@ type Config struct {
 	// consumer.NonBlocking: for each topic of Topics and each delay d, the
 	// source also consumes RetryTopic(topic, d) ("payments.retry.10s"),
 	// and Source.Retry (a consumer.RetrySink) writes there. A record of a
-	// retry topic is delivered only once its consumer.MetaRetryDue has
+	// retry topic is delivered only once its wire.MetaRetryDue has
 	// passed: its partition's fetcher waits for it, which holds that retry
 	// partition only (its records are due in the order they were written).
 	// Create the retry topics beforehand (or set DeadLetterAutoCreate),
@@ -328,10 +328,9 @@ type OffsetStarter interface {
 }
 
 // StoreOffsets returns a Config.StartOffsets that starts each partition at
-// the next offset store (the consumer's Config.Offsets: *pgstore.Store)
-// keeps for the consumer named scope. The Source says which scope it reads
-// (consumer.ScopeReader), and consumer.New refuses it unless scope is its
-// Config.Name.
+// the next offset store keeps for the consumer named scope. The Source
+// says which scope it reads (source.Description.ReadsScopes), and consumer.New
+// refuses it unless scope is its Config.Name.
 func StoreOffsets[TTx any](store dedup.OffsetStore[TTx], scope string) OffsetStarter {
 	return storeOffsets{store: store, scope: scope}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemkit/idem/adapters/kafka"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/source"
 	"github.com/idemkit/idem/consumer/sourcetest"
 	"github.com/idemkit/idem/internal/testenv"
 )
@@ -60,7 +61,7 @@ func conformanceTopic(t *testing.T, a *admin, cfg func(topic, group string) kafk
 			}
 			a.Produce(t, topic, km...)
 		},
-		NewSource: func(t *testing.T, sc sourcetest.SourceConfig) consumer.Source {
+		NewSource: func(t *testing.T, sc sourcetest.SourceConfig) source.Source {
 			c := cfg(topic, group)
 			c.DeadLetterMaxBytes = sc.DeadLetterMaxBytes
 			return newSource(t, c)

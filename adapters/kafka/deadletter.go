@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idem/adapters/internal/retrytopic"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/internal/kafkabal"
 )
 
@@ -25,7 +26,7 @@ var ErrNotRunning = errors.New("kafka: Source.Run is not running")
 // original only then. A failed write returns the error, and the consumer
 // retries it.
 //
-// The letter is l.Record(Config.DeadLetterMaxBytes), as in every idem
+// The letter is wire.Letter(l).Record(Config.DeadLetterMaxBytes), as in every idem
 // adapter: the original key, value (left out past DeadLetterMaxBytes) and
 // headers, then the consumer.Meta* headers. It goes to the partition of the
 // same number as the original (modulo the dead-letter topic's partition
@@ -81,7 +82,7 @@ func (s *Source) letter(l consumer.Letter) kafkago.Message {
 	// A retry copy's letter (CauseExhausted) goes with its original's
 	// letters, not to a ".dlq" of its retry topic.
 	topic := retrytopic.DeadLetterTopic(m, s.retryOf, s.cfg.DeadLetterTopic, ".dlq")
-	headers, value := l.Record(s.cfg.DeadLetterMaxBytes)
+	headers, value := wire.Letter(l).Record(s.cfg.DeadLetterMaxBytes)
 	return outRecord(topic, m.Partition, m.Key, headers, value)
 }
 
@@ -131,9 +132,4 @@ func (s *Source) closeDeadLetters() {
 	d.tr.CloseIdleConnections()
 }
 
-var (
-	_ consumer.DeadLetter        = (*Source)(nil)
-	_ consumer.OffsetOrdered     = (*Source)(nil)
-	_ consumer.AssignmentChecker = (*Source)(nil)
-	_ consumer.Describer         = (*Source)(nil)
-)
+var _ consumer.DeadLetter = (*Source)(nil)

@@ -8,6 +8,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup"
 )
 
@@ -18,14 +19,14 @@ func TestLetter(t *testing.T) {
 	}
 	p := testPartition(kafkago.FirstOffset)
 	m := deliverN(p, 42)[0]
-	m.Headers = append(m.Headers, consumer.Header{Key: consumer.MetaReason, Value: []byte("stale reason of an earlier dead letter")})
+	m.Headers = append(m.Headers, consumer.Header{Key: wire.MetaReason, Value: []byte("stale reason of an earlier dead letter")})
 	m.Value = []byte("a value longer than eight bytes")
 	l := consumer.Letter{Message: m, Key: dedup.Key{Scope: "ledger", ID: "K1"}, Reason: errors.New("bad\ninput"), Attempts: 3}
 	km := s.letter(l)
 	if km.Topic != "orders.dlq" || km.Partition != 3 || string(km.Key) != "k" || km.Value != nil {
 		t.Fatalf("letter to %s/%d, key %q, value %q", km.Topic, km.Partition, km.Key, km.Value)
 	}
-	headers, _ := l.Record(8)
+	headers, _ := wire.Letter(l).Record(8)
 	if len(km.Headers) != len(headers) {
 		t.Fatalf("%d headers, Letter.Record has %d: %v", len(km.Headers), len(headers), km.Headers)
 	}
@@ -39,7 +40,7 @@ func TestLetter(t *testing.T) {
 	}
 	reasons := 0
 	for _, h := range km.Headers {
-		if h.Key == consumer.MetaReason {
+		if h.Key == wire.MetaReason {
 			reasons++
 			if string(h.Value) != "bad input" {
 				t.Errorf("reason %q", h.Value)

@@ -1,4 +1,4 @@
-// Package kafka is idem's Kafka adapter: a consumer.Source over a
+// Package kafka is idem's Kafka adapter: a source.Source over a
 // segmentio/kafka-go consumer group that is also the consumer.DeadLetter
 // for its messages, writing to a dead-letter topic.
 //
@@ -24,7 +24,7 @@
 // "topic/partition"; lanes run in parallel. A message's ID is
 // "topic/partition/offset" (consumer.ByMessageID; a copy sent back by
 // `idem redrive` is keyed by the original's position, which its lineage
-// headers name, see consumer.Origin); its record key, headers
+// headers name, see source.Origin); its record key, headers
 // and timestamp are on the consumer.Message, and Raw is the *kafka.Message of
 // kafka-go. A committer per generation commits offsets in the background.
 //
@@ -37,7 +37,7 @@
 // With offsets in the store (consumer.Config.Offsets) the group's offsets
 // are advisory: messages carry the fetch's high watermark (Message.LogEnd),
 // the Source tells the consumer whether a message's assignment still holds
-// (consumer.AssignmentChecker), and Config.StartOffsets (kafka.StoreOffsets)
+// (source.Description.Assigned), and Config.StartOffsets (kafka.StoreOffsets)
 // starts each partition at the store's next offset and brings the group's
 // offset up to it.
 //

@@ -11,6 +11,7 @@ import (
 	"github.com/segmentio/kafka-go/protocol"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/source"
 	"github.com/idemkit/idem/internal/retry"
 )
 
@@ -30,7 +31,7 @@ const stalledAfter = 3
 // ends. Every broker request has a deadline: a connection that errs or
 // stalls (broker restarted, leader moved, nothing answers) is closed and the
 // partition's leader is looked up and dialled again, with backoff.
-func (s *Source) fetch(ctx context.Context, p *partition, deliver consumer.DeliverFunc) {
+func (s *Source) fetch(ctx context.Context, p *partition, deliver source.DeliverFunc) {
 	offset := p.start
 	bo := s.reconnectBackoff()
 	for attempt := 0; ; attempt++ {
@@ -87,7 +88,7 @@ func (e *deliverError) Unwrap() error { return e.err }
 
 // read fetches from conn and delivers until an error. It reports whether
 // the fetch offset moved.
-func (s *Source) read(ctx context.Context, conn *protocol.Conn, p *partition, offset *int64, deliver consumer.DeliverFunc) (progressed bool, err error) {
+func (s *Source) read(ctx context.Context, conn *protocol.Conn, p *partition, offset *int64, deliver source.DeliverFunc) (progressed bool, err error) {
 	// The connection's calls take no context: closing it is what
 	// interrupts them.
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
@@ -229,7 +230,7 @@ func (s *Source) resolve(conn *protocol.Conn, offset int64, p *partition) (int64
 // that range, each as its producer ID and first offset. A transactional
 // batch of a producer is aborted from that producer's first aborted offset
 // until the producer's abort marker.
-func (s *Source) deliverFetched(ctx context.Context, p *partition, f *fetched, offset *int64, deliver consumer.DeliverFunc) error {
+func (s *Source) deliverFetched(ctx context.Context, p *partition, f *fetched, offset *int64, deliver source.DeliverFunc) error {
 	committed := !s.cfg.ReadUncommitted
 	var aborting map[int64]bool // producer IDs in an aborted transaction
 	next := 0                   // f.aborted[next:] have not started yet
@@ -277,7 +278,7 @@ func (s *Source) deliverFetched(ctx context.Context, p *partition, f *fetched, o
 
 // deliverRecords delivers (or, skip, passes over) the records of one batch
 // at or past *offset.
-func (s *Source) deliverRecords(ctx context.Context, p *partition, f *fetched, b protocol.RecordReader, skip bool, offset *int64, deliver consumer.DeliverFunc) error {
+func (s *Source) deliverRecords(ctx context.Context, p *partition, f *fetched, b protocol.RecordReader, skip bool, offset *int64, deliver source.DeliverFunc) error {
 	for {
 		r, err := b.ReadRecord()
 		if err != nil {

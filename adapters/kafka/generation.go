@@ -8,7 +8,7 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 
-	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/source"
 )
 
 // generation is this member's part of one consumer group generation: the
@@ -37,7 +37,7 @@ func (g *generation) wakeCommitter() {
 // startGeneration installs kg's assignments and starts their fetchers and
 // the committer. It returns at once; the generation runs until kafka-go ends
 // it.
-func (s *Source) startGeneration(ctx context.Context, kg *kafkago.Generation, deliver consumer.DeliverFunc) {
+func (s *Source) startGeneration(ctx context.Context, kg *kafkago.Generation, deliver source.DeliverFunc) {
 	g := &generation{kg: kg, wake: make(chan struct{}, 1)}
 	assigned := make([]string, 0, 8)
 	fromStore := false

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem/adapters/kafka"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/internal/testenv/kafkatest"
 	"github.com/idemkit/idem/internal/testenv/retrytest"
 )
@@ -101,7 +102,7 @@ func TestKafkaRetryTopicStartsAtFirstRecord(t *testing.T) {
 	// LastOffset: produce once both partitions were fetched from, so that
 	// the topic's start (its end) lies before the payment.
 	waitUntil(t, time.Minute, "both partitions fetched from", func() bool {
-		lanes := src.Lanes()
+		lanes := src.Describe().Lanes()
 		for _, l := range lanes {
 			if l.LastFetch.IsZero() {
 				return false
@@ -174,11 +175,11 @@ func TestKafkaRetryCopyTooLargeIsDeadLettered(t *testing.T) {
 	r.Stop(t)
 	b.requireLedger(t, map[string]bool{"after": true})
 	letters := a.ReadAll(t, big+".dlq")
-	if len(letters) != 1 || kafkatest.Header(letters[0], consumer.MetaCause) != "exhausted" || len(letters[0].Value) != 0 {
+	if len(letters) != 1 || kafkatest.Header(letters[0], wire.MetaCause) != "exhausted" || len(letters[0].Value) != 0 {
 		t.Fatalf("%d letters (first: cause %q, %d bytes of value), want one, exhausted, its value left out", len(letters),
-			kafkatest.Header(letters[0], consumer.MetaCause), len(letters[0].Value))
+			kafkatest.Header(letters[0], wire.MetaCause), len(letters[0].Value))
 	}
-	t.Logf("reason: %s", kafkatest.Header(letters[0], consumer.MetaReason))
+	t.Logf("reason: %s", kafkatest.Header(letters[0], wire.MetaReason))
 }
 
 // TestKafkaRefusesARetiredRetryTopicWithCopies: the 1s delay was taken out
@@ -247,9 +248,9 @@ func TestKafkaForgedRedrivenCopyCannotTakeALaterKey(t *testing.T) {
 	a.Produce(t, topic,
 		kafkago.Message{Value: pay("p-0")},
 		kafkago.Message{Value: pay("forged"), Headers: []kafkago.Header{
-			h(consumer.MetaRedriveCount, "1"), h(consumer.MetaTopic, topic), h(consumer.MetaPartition, "0"),
-			h(consumer.MetaOffset, "0"), h(consumer.MetaMessageID, topic+"/0/0"),
-			h(consumer.MetaKeyScope, "payments"), h(consumer.MetaKey, topic+"/0/2")}},
+			h(wire.MetaRedriveCount, "1"), h(wire.MetaTopic, topic), h(wire.MetaPartition, "0"),
+			h(wire.MetaOffset, "0"), h(wire.MetaMessageID, topic+"/0/0"),
+			h(wire.MetaKeyScope, "payments"), h(wire.MetaKey, topic+"/0/2")}},
 		kafkago.Message{Value: pay("p-2")})
 	src := newSource(t, realSourceConfig(t, brokers, topic, group))
 	cfg := b.config(src, src)

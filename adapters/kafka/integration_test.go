@@ -30,6 +30,8 @@ import (
 	"github.com/idemkit/idem/adapters/kafka"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
+	"github.com/idemkit/idem/consumer/source"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/internal/testenv/kafkatest"
@@ -86,7 +88,7 @@ func (b *bank) handler() consumer.Handler[pgx.Tx] {
 	})
 }
 
-func (b *bank) config(src consumer.Source, dl consumer.DeadLetter) consumer.Config[pgx.Tx] {
+func (b *bank) config(src source.Source, dl consumer.DeadLetter) consumer.Config[pgx.Tx] {
 	return consumer.Config[pgx.Tx]{
 		Name:       "payments",
 		Source:     src,
@@ -198,7 +200,7 @@ func realSourceConfig(t testing.TB, brokers []string, topic, group string) kafka
 	return cfg
 }
 
-func startBank(t testing.TB, b *bank, src consumer.Source, dl consumer.DeadLetter) *running {
+func startBank(t testing.TB, b *bank, src source.Source, dl consumer.DeadLetter) *running {
 	cfg := b.config(src, dl)
 	cfg.Logger = testLogger(t)
 	return start(t, cfg)
@@ -375,14 +377,14 @@ func TestKafkaDeadLettersAndRetries(t *testing.T) {
 			t.Errorf("no dead letter for %s", key)
 			return
 		}
-		if got := kafkatest.Header(l, consumer.MetaReason); !strings.Contains(got, reason) {
+		if got := kafkatest.Header(l, wire.MetaReason); !strings.Contains(got, reason) {
 			t.Errorf("%s: reason %q, want it to contain %q", key, got, reason)
 		}
 		wantHeaders(t, l, map[string]string{
-			consumer.MetaTopic: topic, consumer.MetaPartition: strconv.Itoa(partition), consumer.MetaAttempts: attempts,
+			wire.MetaTopic: topic, wire.MetaPartition: strconv.Itoa(partition), wire.MetaAttempts: attempts,
 		})
-		if off, err := strconv.ParseInt(kafkatest.Header(l, consumer.MetaOffset), 10, 64); err != nil || off < 0 {
-			t.Errorf("%s: offset header %q", key, kafkatest.Header(l, consumer.MetaOffset))
+		if off, err := strconv.ParseInt(kafkatest.Header(l, wire.MetaOffset), 10, 64); err != nil || off < 0 {
+			t.Errorf("%s: offset header %q", key, kafkatest.Header(l, wire.MetaOffset))
 		}
 		if l.Partition != partition {
 			t.Errorf("%s: dead letter on partition %d, want %d", key, l.Partition, partition)
@@ -395,7 +397,7 @@ func TestKafkaDeadLettersAndRetries(t *testing.T) {
 	if g := byKey["garbage"]; kafkatest.Header(g, "trace-id") != "abc" || string(g.Value) != "<xml/>" {
 		t.Errorf("garbage letter lost its payload or headers: %q %v", g.Value, g.Headers)
 	}
-	if n := byKey["negative"]; kafkatest.Header(n, consumer.MetaKey) != "negative" || kafkatest.Header(n, consumer.MetaKeyScope) != "payments" {
+	if n := byKey["negative"]; kafkatest.Header(n, wire.MetaKey) != "negative" || kafkatest.Header(n, wire.MetaKeyScope) != "payments" {
 		t.Errorf("negative letter key headers: %v", n.Headers)
 	}
 }

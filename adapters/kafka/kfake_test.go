@@ -25,6 +25,8 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
+	"github.com/idemkit/idem/consumer/source"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup/memstore"
 	"github.com/idemkit/idem/internal/testenv/kafkatest"
 )
@@ -42,7 +44,7 @@ func fake(t *testing.T, opts ...kfake.Opt) (*kfake.Cluster, []string) {
 
 // memConfig is a consumer on memstore whose handler records one effect per
 // committed message, keyed by the record key.
-func memConfig(t testing.TB, src consumer.Source, eff *effects) consumer.Config[*memstore.Tx] {
+func memConfig(t testing.TB, src source.Source, eff *effects) consumer.Config[*memstore.Tx] {
 	return consumer.Config[*memstore.Tx]{
 		Name:   "kfake",
 		Source: src,
@@ -196,27 +198,27 @@ func TestFakeDeadLetters(t *testing.T) {
 	}
 	bad := byKey["bad"]
 	wantHeaders(t, bad, map[string]string{
-		"trace": "t1", consumer.MetaTopic: "payments", consumer.MetaPartition: "0", consumer.MetaOffset: "1",
-		consumer.MetaAttempts: "0",
+		"trace": "t1", wire.MetaTopic: "payments", wire.MetaPartition: "0", wire.MetaOffset: "1",
+		wire.MetaAttempts: "0",
 	})
 	if string(bad.Value) != "not json" || bad.Partition != 0 {
 		t.Errorf("bad letter: value %q partition %d", bad.Value, bad.Partition)
 	}
-	if reason := kafkatest.Header(bad, consumer.MetaReason); !containsAll(reason, "malformed payload") {
+	if reason := kafkatest.Header(bad, wire.MetaReason); !containsAll(reason, "malformed payload") {
 		t.Errorf("bad letter reason %q", reason)
 	}
-	if _, ok := kafkatest.HeaderOK(bad, consumer.MetaKey); ok {
+	if _, ok := kafkatest.HeaderOK(bad, wire.MetaKey); ok {
 		t.Error("a letter without a key has a key header")
 	}
 	rej := byKey["rej"]
-	wantHeaders(t, rej, map[string]string{consumer.MetaKey: "rej", consumer.MetaKeyScope: "kfake", consumer.MetaOffset: "0",
-		consumer.MetaPartition: "1", consumer.MetaAttempts: "1"})
-	if reason := kafkatest.Header(rej, consumer.MetaReason); !containsAll(reason, "amount is negative") {
+	wantHeaders(t, rej, map[string]string{wire.MetaKey: "rej", wire.MetaKeyScope: "kfake", wire.MetaOffset: "0",
+		wire.MetaPartition: "1", wire.MetaAttempts: "1"})
+	if reason := kafkatest.Header(rej, wire.MetaReason); !containsAll(reason, "amount is negative") {
 		t.Errorf("rejected letter reason %q", reason)
 	}
 	bigL := byKey["big"]
-	wantHeaders(t, bigL, map[string]string{consumer.MetaAttempts: "1", consumer.MetaReason: "permanent: too big"})
-	if len(bigL.Value) != 0 || kafkatest.Header(bigL, consumer.MetaValueSize) != strconv.Itoa(len(big)) || len(kafkatest.Header(bigL, consumer.MetaValueSHA256)) != 64 {
+	wantHeaders(t, bigL, map[string]string{wire.MetaAttempts: "1", wire.MetaReason: "permanent: too big"})
+	if len(bigL.Value) != 0 || kafkatest.Header(bigL, wire.MetaValueSize) != strconv.Itoa(len(big)) || len(kafkatest.Header(bigL, wire.MetaValueSHA256)) != 64 {
 		t.Errorf("oversized letter: value %d bytes, headers %v", len(bigL.Value), bigL.Headers)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/idemkit/idem/adapters/kafka"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
+	"github.com/idemkit/idem/consumer/source"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/internal/testenv"
@@ -42,7 +43,7 @@ func uniquePayments(prefix string, n, partitions int) ([]kafkago.Message, map[st
 
 // offsetsConfig is the bank's consumer with offsets in the store and no key
 // rows.
-func (b *bank) offsetsConfig(t testing.TB, store *pgstore.Store, src consumer.Source) consumer.Config[pgx.Tx] {
+func (b *bank) offsetsConfig(t testing.TB, store *pgstore.Store, src source.Source) consumer.Config[pgx.Tx] {
 	cfg := b.config(src, &consumertest.DeadLetters{})
 	cfg.Store, cfg.Offsets, cfg.Key = store, store, nil
 	cfg.Logger = testLogger(t)
@@ -294,7 +295,6 @@ func TestStoreOffsetsScopeMustBeTheConsumersName(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var _ consumer.ScopeReader = (*kafka.Source)(nil)
 	for _, tc := range []struct {
 		scope string
 		ok    bool

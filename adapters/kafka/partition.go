@@ -10,6 +10,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/source"
 )
 
 // partition is one assignment of one partition in one generation: its
@@ -255,15 +256,15 @@ func (p *partition) settle(m *consumer.Message, to entryState) (commit, idle boo
 	return p.next > p.committed, p.unsettled == 0
 }
 
-// status is the partition's consumer.LaneStatus, false once its generation
+// status is the partition's source.LaneStatus, false once its generation
 // ended; a fetch the broker may still hold (maxWait) counts as fetching.
-func (p *partition) status(maxWait time.Duration) (consumer.LaneStatus, bool) {
+func (p *partition) status(maxWait time.Duration) (source.LaneStatus, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.ended {
-		return consumer.LaneStatus{}, false
+		return source.LaneStatus{}, false
 	}
-	st := consumer.LaneStatus{Lane: p.lane, Waiting: int64(p.unsettled), LastSettled: p.settledAt}
+	st := source.LaneStatus{Lane: p.lane, Waiting: int64(p.unsettled), LastSettled: p.settledAt}
 	if ns := p.fetchAt.Load(); ns != 0 {
 		st.LastFetch = time.Unix(0, ns).Add(maxWait)
 		if now := time.Now(); st.LastFetch.After(now) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idem/adapters/internal/retrytopic"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/internal/retry"
 )
 
@@ -32,23 +33,19 @@ func RetryTopic(topic string, d time.Duration) string {
 	return topic + ".retry." + delayName(d)
 }
 
-func delayName(d time.Duration) string { return consumer.RetryDelayName(d) }
+func delayName(d time.Duration) string { return wire.RetryDelayName(d) }
 
-// RetryOf reports whether topic is a retry topic of the Source's
-// (Config.RetryDelays), and of which topic (consumer.RetryReader).
-func (s *Source) RetryOf(topic string) (string, bool) {
+// retryTopicOf reports whether topic is a retry topic of the Source's
+// (Config.RetryDelays), and of which topic (source.Description.RetryOf).
+func (s *Source) retryTopicOf(topic string) (string, bool) {
 	t, ok := s.retryOf[topic]
 	return t, ok
 }
 
-// RetryDelays returns Config.RetryDelays (consumer.RetryDelays): consumer.New
-// refuses a NonBlocking with other delays.
-func (s *Source) RetryDelays() []time.Duration { return slices.Clone(s.cfg.RetryDelays) }
-
 // Retry implements consumer.RetrySink: it writes r to the retry topic of
 // its delay for the original's topic (RetryTopic), on the partition of the
 // original's number (modulo the retry topic's partitions), and returns
-// once all in-sync replicas acknowledged it. The record is r.Record(): the
+// once all in-sync replicas acknowledged it. The record is wire.Letter(r.Letter).RetryRecord(r.Retry): the
 // original key and value, its headers, the lineage and the retry headers.
 // It uses the dead-letter writer (DeadLetterTimeout, DeadLetterAutoCreate),
 // and returns ErrNotRunning outside Run.
@@ -61,7 +58,7 @@ func (s *Source) Retry(ctx context.Context, r consumer.RetryLetter) error {
 	if !slices.Contains(s.cfg.RetryDelays, r.Delay) {
 		return fmt.Errorf("kafka: retry of %s: no retry topic for delay %v (Config.RetryDelays %v)", m.Ref(), r.Delay, s.cfg.RetryDelays)
 	}
-	headers, value := r.Record()
+	headers, value := wire.Letter(r.Letter).RetryRecord(r.Retry)
 	err := s.writeLetter(ctx, outRecord(RetryTopic(topic, r.Delay), partition, m.Key, headers, value))
 	if tooLarge(err) {
 		return fmt.Errorf("kafka: retry of %s: %w: %w", m.Ref(), consumer.ErrRetryTooLarge, err)
@@ -92,11 +89,11 @@ func tooLarge(err error) bool {
 }
 
 // waitDue waits until m, a record of a retry topic, is due
-// (consumer.MetaRetryDue); false when ctx ended first (the generation
+// (wire.MetaRetryDue); false when ctx ended first (the generation
 // ended, or Run's). A record without a readable due time is due at once.
 // While it waits the partition counts as fetching (Lanes).
 func (s *Source) waitDue(ctx context.Context, p *partition, m *consumer.Message) bool {
-	due, ok := consumer.RetryDue(m)
+	due, ok := wire.RetryDue(m)
 	if !ok {
 		return true
 	}
@@ -109,8 +106,4 @@ func (s *Source) waitDue(ctx context.Context, p *partition, m *consumer.Message)
 	return retry.Sleep(ctx, d) == nil
 }
 
-var (
-	_ consumer.RetrySink   = (*Source)(nil)
-	_ consumer.RetryReader = (*Source)(nil)
-	_ consumer.RetryDelays = (*Source)(nil)
-)
+var _ consumer.RetrySink = (*Source)(nil)

@@ -6,10 +6,11 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 )
 
 func retryCopy(due time.Time) *consumer.Message {
-	return &consumer.Message{Headers: []consumer.Header{{Key: consumer.MetaRetryDue, Value: []byte(due.UTC().Format(time.RFC3339Nano))}}}
+	return &consumer.Message{Headers: []consumer.Header{{Key: wire.MetaRetryDue, Value: []byte(due.UTC().Format(time.RFC3339Nano))}}}
 }
 
 // The fetcher of a retry partition waits for the head record to be due,

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkit/idem/adapters/kafka"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup/memstore"
 	"github.com/idemkit/idem/internal/testenv/retrytest"
 )
@@ -219,11 +220,11 @@ func TestSourceReadsItsRetryTopics(t *testing.T) {
 		t.Fatal(err)
 	}
 	for topic, want := range map[string]string{"pay.retry.10s": "pay", "pay.retry.1m": "pay", "pay": "", "pay.retry.5s": ""} {
-		if got, ok := src.RetryOf(topic); got != want || ok != (want != "") {
+		if got, ok := src.Describe().RetryOf(topic); got != want || ok != (want != "") {
 			t.Errorf("RetryOf(%q) = %q, %v; want %q", topic, got, ok, want)
 		}
 	}
-	err = src.Retry(context.Background(), consumer.RetryLetter{Letter: consumer.Letter{Message: &consumer.Message{Topic: "pay"}}, Delay: 5 * time.Second})
+	err = src.Retry(context.Background(), consumer.RetryLetter{Letter: consumer.Letter{Message: &consumer.Message{Topic: "pay"}}, Retry: wire.Retry{Delay: 5 * time.Second}})
 	if err == nil || !strings.Contains(err.Error(), "no retry topic for delay 5s") {
 		t.Errorf("Retry with an unknown delay: %v", err)
 	}

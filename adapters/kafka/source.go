@@ -13,9 +13,10 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/source"
 )
 
-// Source is a consumer.Source over a Kafka consumer group, and a
+// Source is a source.Source over a Kafka consumer group, and a
 // consumer.DeadLetter that writes to a dead-letter topic of the same
 // cluster. Create it with New and give it to consumer.Config as both Source
 // and DeadLetter; the consumer calls Run, Ack, Release and DeadLetter. Safe
@@ -88,7 +89,7 @@ func New(cfg Config) (*Source, error) {
 // is acked or released (the consumer settles them: graceful Stop finishes
 // them, a hard stop releases them), closes its dead-letter writer, commits,
 // leaves the group and returns nil.
-func (s *Source) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
+func (s *Source) Run(ctx context.Context, deliver source.DeliverFunc) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return errors.New("kafka: Source.Run is already running")
 	}
@@ -207,18 +208,41 @@ func (s *Source) Ack(_ context.Context, msgs []*consumer.Message) error {
 	return nil
 }
 
-// Lanes reports the partitions of the current assignment
-// (consumer.LaneReporter): when each was last fetched from, how many of its
-// delivered messages are not settled, and when one last was. A partition
-// whose leader cannot be reached shows as not fetched from.
-func (s *Source) Lanes() []consumer.LaneStatus {
+// Describe declares the Source: Kafka, in Config.Group; OffsetOrdered (a
+// partition is fetched in offset order, and after a rebalance or restart
+// it starts again from the committed offset, or the store's with
+// Config.StartOffsets); the scope of Config.StartOffsets when it is
+// StoreOffsets's, for consumer.New to check against its Name; its retry
+// topics (Config.RetryDelays); whether a message still belongs to an
+// assignment this member holds; and how each assigned partition is doing.
+func (s *Source) Describe() source.Description {
+	d := source.Description{
+		System:        "kafka",
+		Group:         s.cfg.Group,
+		OffsetOrdered: true,
+		RetryDelays:   append([]time.Duration{}, s.cfg.RetryDelays...),
+		RetryOf:       s.retryTopicOf,
+		Assigned:      s.assigned,
+		Lanes:         s.lanes,
+	}
+	if so, ok := s.cfg.StartOffsets.(storeOffsets); ok {
+		d.ReadsScopes = []string{so.scope}
+	}
+	return d
+}
+
+// lanes reports the partitions of the current assignment: when each was
+// last fetched from, how many of its delivered messages are not settled,
+// and when one last was. A partition whose leader cannot be reached shows
+// as not fetched from.
+func (s *Source) lanes() []source.LaneStatus {
 	s.mu.Lock()
 	parts := make([]*partition, 0, len(s.parts))
 	for _, p := range s.parts {
 		parts = append(parts, p)
 	}
 	s.mu.Unlock()
-	out := make([]consumer.LaneStatus, 0, len(parts))
+	out := make([]source.LaneStatus, 0, len(parts))
 	for _, p := range parts {
 		if st, ok := p.status(s.cfg.MaxWait); ok {
 			out = append(out, st)
@@ -227,32 +251,10 @@ func (s *Source) Lanes() []consumer.LaneStatus {
 	return out
 }
 
-// SourceInfo says the Source is Kafka's, in Config.Group
-// (consumer.Describer): the consumer's telemetry takes messaging.system and
-// messaging.consumer.group.name from it.
-func (s *Source) SourceInfo() consumer.SourceInfo {
-	return consumer.SourceInfo{System: "kafka", Group: s.cfg.Group}
-}
-
-// InOffsetOrder reports true (consumer.OffsetOrdered): a partition is
-// fetched in offset order, and after a rebalance or restart it starts again
-// from the committed offset (or the store's, with Config.StartOffsets).
-func (s *Source) InOffsetOrder() bool { return true }
-
-// ReadsScopes reports the scope of Config.StartOffsets when it is
-// StoreOffsets's (consumer.ScopeReader), for consumer.New to check against
-// its Name.
-func (s *Source) ReadsScopes() []string {
-	if so, ok := s.cfg.StartOffsets.(storeOffsets); ok {
-		return []string{so.scope}
-	}
-	return nil
-}
-
-// Assigned reports whether m was delivered by a partition assignment this
-// member still holds (consumer.AssignmentChecker): false once a rebalance
-// ended it, while the consumer's lane may still hold m.
-func (s *Source) Assigned(m *consumer.Message) bool {
+// assigned reports whether m was delivered by a partition assignment this
+// member still holds: false once a rebalance ended it, while the
+// consumer's lane may still hold m.
+func (s *Source) assigned(m *consumer.Message) bool {
 	s.mu.Lock()
 	p := s.parts[m.Lane]
 	s.mu.Unlock()
@@ -304,7 +306,4 @@ func (s *Source) reconnectBackoff() *backoff.ExponentialBackOff {
 		backoff.WithMaxElapsedTime(0))
 }
 
-var (
-	_ consumer.Source            = (*Source)(nil)
-	_ consumer.AssignmentChecker = (*Source)(nil)
-)
+var _ source.Source = (*Source)(nil)

@@ -32,7 +32,7 @@ const (
 	// DeadLetterTopic (the default) produces the letter to idem's own
 	// dead-letter topic (Config.DeadLetterTopic): the original body, KEYS,
 	// TAGS and user properties, and the metadata every idem adapter puts on
-	// a letter (consumer.MetaReason, MetaAttempts, MetaTopic, ...: the
+	// a letter (wire.MetaReason, MetaAttempts, MetaTopic, ...: the
 	// reason, the attempts, the original queue, offset and message ID, the
 	// dedup key) as properties. It returns once the broker stored it.
 	DeadLetterTopic DeadLetterMode = iota
@@ -132,7 +132,7 @@ type Config struct {
 	// DeadLetterMaxBytes is the largest body copied into a dead letter; a
 	// larger one is left out (the letter's body is a note saying so: the
 	// broker refuses empty bodies) and its SHA-256 and size are in the
-	// properties consumer.MetaValueSHA256 and consumer.MetaValueSize, so
+	// properties wire.MetaValueSHA256 and wire.MetaValueSize, so
 	// that an oversized message cannot block its queue. Default 4 MiB minus 64 KiB, below the broker's default
 	// maxMessageSize.
 	DeadLetterMaxBytes int

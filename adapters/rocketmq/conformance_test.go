@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/consumer"
+	idemsource "github.com/idemkit/idem/consumer/source"
 	"github.com/idemkit/idem/consumer/sourcetest"
 	"github.com/idemkit/idem/internal/testenv/rmqtest"
 )
@@ -68,7 +69,7 @@ func conformanceTopic(orderly bool) sourcetest.Factory {
 				slices.SortStableFunc(out, func(x, y *primitive.Message) int { return cmp.Compare(x.Queue.QueueId, y.Queue.QueueId) })
 				rmqtest.Send(t, p, out...)
 			},
-			NewSource: func(t *testing.T, sc sourcetest.SourceConfig) consumer.Source {
+			NewSource: func(t *testing.T, sc sourcetest.SourceConfig) idemsource.Source {
 				return source(t, rocketmq.Config{Group: group, Topics: []string{topic}, Orderly: orderly,
 					RetryDelayLevel: 1, DeadLetterMaxBytes: sc.DeadLetterMaxBytes})
 			},

@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idem/adapters/internal/retrytopic"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 )
 
 // dlqProducerGroup is the producer group of idem's dead-letter producers. A
@@ -79,13 +80,13 @@ func (s *Source) letter(l consumer.Letter) *primitive.Message {
 	m := l.Message
 	// A retry copy's letter goes with its original's letters.
 	topic := retrytopic.DeadLetterTopic(m, s.retryOf, s.cfg.DeadLetterTopic, "_DLQ")
-	headers, body := l.Record(s.cfg.DeadLetterMaxBytes)
+	headers, body := wire.Letter(l).Record(s.cfg.DeadLetterMaxBytes)
 	if len(body) == 0 {
 		// The broker refuses an empty body (a NullPointerException in
 		// 5.3): say why there is none.
 		body = []byte("idem: empty value")
 		if len(m.Value) > 0 {
-			body = []byte("idem: value left out, see the " + consumer.MetaValueSize + " and " + consumer.MetaValueSHA256 + " properties")
+			body = []byte("idem: value left out, see the " + wire.MetaValueSize + " and " + wire.MetaValueSHA256 + " properties")
 		}
 	}
 	msg := primitive.NewMessage(topic, body)
@@ -119,7 +120,7 @@ func (sameQueue) Select(msg *primitive.Message, mqs []*primitive.MessageQueue, _
 		return mqs[uint(msg.Queue.QueueId)%uint(len(mqs))]
 	}
 	h := fnv.New32a()
-	h.Write([]byte(msg.GetProperty(consumer.MetaLane)))
+	h.Write([]byte(msg.GetProperty(wire.MetaLane)))
 	return mqs[h.Sum32()%uint32(len(mqs))]
 }
 

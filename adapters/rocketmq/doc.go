@@ -1,4 +1,4 @@
-// Package rocketmq is idem's RocketMQ adapter: a consumer.Source over the
+// Package rocketmq is idem's RocketMQ adapter: a source.Source over the
 // push consumer of apache/rocketmq-client-go/v2 that is also the
 // consumer.DeadLetter for its messages and, with Config.RetryDelays, the
 // consumer.RetrySink of consumer.NonBlocking retries.
@@ -51,7 +51,7 @@
 // message with a UNIQ_KEY of its own; when it carries its letter's
 // idem-original-* properties and idem-redrive-count, which stay user
 // properties, the consumer keys it by the original's ID instead, in
-// whichever queue it lies (the Source reports consumer.ProducerChosenIDs:
+// whichever queue it lies (the Source declares source.Description.ProducerChosenIDs:
 // a producer may set UNIQ_KEY to anything, so lineage gives it no power it
 // lacked). Its Key is the KEYS property (consumer.ByRecordKey), its
 // Headers the user properties, Attempt the reconsume times plus one, and
@@ -123,7 +123,7 @@
 // the copy in the retry topic when it is due; the source, which subscribes
 // the retry topics beside their topics, holds a copy the timer delivered
 // early (it rounds down to timerPrecisionMs, 1 s) until its
-// consumer.MetaRetryDue. The copy carries the original body, KEYS, TAGS
+// wire.MetaRetryDue. The copy carries the original body, KEYS, TAGS
 // and user properties, the lineage and the idem-retry-* properties, so the
 // consumer keys it as its original (Source.RetryOf) and reads its trip;
 // past the last delay it is dead-lettered as the original would have been.

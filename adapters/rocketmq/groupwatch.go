@@ -8,7 +8,7 @@ import (
 
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 
-	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/source"
 	"github.com/idemkit/idem/internal/rmqremoting"
 )
 
@@ -128,15 +128,15 @@ func (w *groupWatch) saw(lane string, committed, last int64, now time.Time) {
 // checks, as lanes: Waiting the messages behind, LastSettled when the
 // committed offset last moved. What the last three checks did not see again
 // is left out.
-func (w *groupWatch) unheld(now time.Time, held map[string]bool) []consumer.LaneStatus {
+func (w *groupWatch) unheld(now time.Time, held map[string]bool) []source.LaneStatus {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	var out []consumer.LaneStatus
+	var out []source.LaneStatus
 	for lane, st := range w.queues {
 		if held[lane] || st.last <= st.committed || now.Sub(st.checkedAt) > 3*w.every || now.Sub(st.movedAt) < 2*w.every {
 			continue
 		}
-		out = append(out, consumer.LaneStatus{Lane: lane, Waiting: st.last - st.committed, LastSettled: st.movedAt, Elsewhere: true})
+		out = append(out, source.LaneStatus{Lane: lane, Waiting: st.last - st.committed, LastSettled: st.movedAt, Elsewhere: true})
 	}
 	return out
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/internal/testenv/rmqtest"
 )
@@ -192,9 +193,9 @@ func TestPermanentFailureDeadLetteredOnce(t *testing.T) {
 	l := letters[0]
 	mx := l.Raw.(*primitive.MessageExt)
 	want := map[string]string{
-		consumer.MetaReason: "permanent: order o-1 unknown", consumer.MetaAttempts: "1",
-		consumer.MetaTopic: topic, consumer.MetaKeyScope: "ledger", consumer.MetaKey: "T00001",
-		consumer.MetaOffset: "0", consumer.MetaLane: topic + "/" + mx.Queue.BrokerName + "/0",
+		wire.MetaReason: "permanent: order o-1 unknown", wire.MetaAttempts: "1",
+		wire.MetaTopic: topic, wire.MetaKeyScope: "ledger", wire.MetaKey: "T00001",
+		wire.MetaOffset: "0", wire.MetaLane: topic + "/" + mx.Queue.BrokerName + "/0",
 	}
 	for k, v := range want {
 		if got, _ := l.Header(k); string(got) != v {
@@ -236,10 +237,10 @@ func TestPanickingHandlerDoesNotPinQueue(t *testing.T) {
 		t.Fatalf("handler runs for T00001: %d, stats %+v; want 3 runs, 1 dead letter", runs.get("T00001"), r.Stats())
 	}
 	l := rmqtest.ReadTopic(t, rmqtest.Shared(t), topic+"_DLQ", 1)[0]
-	if k, _ := l.Header(consumer.MetaKey); string(k) != "T00001" {
+	if k, _ := l.Header(wire.MetaKey); string(k) != "T00001" {
 		t.Fatalf("dead letter for %q, want T00001", k)
 	}
-	if reason, _ := l.Header(consumer.MetaReason); !strings.Contains(string(reason), "panicked") {
+	if reason, _ := l.Header(wire.MetaReason); !strings.Contains(string(reason), "panicked") {
 		t.Fatalf("dead-letter reason %q does not say the handler panicked", reason)
 	}
 }

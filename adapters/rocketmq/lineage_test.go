@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/internal/testenv/rmqtest"
@@ -56,8 +57,8 @@ func TestRedrivenCopiesAppliedOnce(t *testing.T) {
 	}
 
 	letter := rmqtest.ReadTopic(t, rmqtest.Shared(t), topic+"_DLQ", 1)[0]
-	key, _ := letter.Header(consumer.MetaKey)
-	id, _ := letter.Header(consumer.MetaMessageID)
+	key, _ := letter.Header(wire.MetaKey)
+	id, _ := letter.Header(wire.MetaMessageID)
 	if len(id) == 0 || string(key) != string(id) {
 		t.Fatalf("the letter's key %q, original ID %q", key, id)
 	}
@@ -70,12 +71,12 @@ func TestRedrivenCopiesAppliedOnce(t *testing.T) {
 		m := primitive.NewMessage(topic, letter.Value)
 		for _, h := range letter.Headers {
 			switch h.Key {
-			case consumer.MetaReason, consumer.MetaAttempts, consumer.MetaAttempt, consumer.MetaLane:
+			case wire.MetaReason, wire.MetaAttempts, wire.MetaAttempt, wire.MetaLane:
 			default:
 				m.WithProperty(h.Key, string(h.Value))
 			}
 		}
-		m.WithProperty(consumer.MetaRedriveCount, strconv.Itoa(count))
+		m.WithProperty(wire.MetaRedriveCount, strconv.Itoa(count))
 		m.WithKeys([]string{string(letter.Key)})
 		copies = append(copies, m)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkit/idem/adapters/internal/retrytopic"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/internal/retry"
 )
 
@@ -24,7 +25,7 @@ import (
 // to every one of them. Nor does it go through the broker's own
 // %RETRY%<group> (a message given back with "retry later"): the broker's
 // copy carries no trip of idem's, and its reconsume count also counts
-// releases; idem's copy carries its trip in consumer.MetaRetryAttempt. One
+// releases; idem's copy carries its trip in wire.MetaRetryAttempt. One
 // retry topic per topic is enough: the broker's timer wheel (RocketMQ 5)
 // holds each copy until its own delivery time, so copies of different
 // delays need no topic each, as Kafka's do.
@@ -39,22 +40,19 @@ const maxRetryDelay = 3 * 24 * time.Hour
 // beside topic and Source.Retry produces to it.
 func RetryTopic(topic string) string { return topic + "_RETRY" }
 
-// RetryOf reports whether topic is the retry topic of one of the Source's
-// topics (Config.RetryDelays), and of which (consumer.RetryReader).
-func (s *Source) RetryOf(topic string) (string, bool) {
+// retryTopicOf reports whether topic is the retry topic of one of the
+// Source's topics (Config.RetryDelays), and of which
+// (source.Description.RetryOf).
+func (s *Source) retryTopicOf(topic string) (string, bool) {
 	t, ok := s.retryOf[topic]
 	return t, ok
 }
-
-// RetryDelays returns Config.RetryDelays (consumer.RetryDelays):
-// consumer.New refuses a NonBlocking with other delays.
-func (s *Source) RetryDelays() []time.Duration { return slices.Clone(s.cfg.RetryDelays) }
 
 // Retry implements consumer.RetrySink: it produces r to the retry topic of
 // the original's topic (RetryTopic), on the queue of the original's number
 // (modulo the retry topic's queues), as a timer message the broker
 // delivers after r's delay (the TIMER_DELAY_MS property), and returns once
-// the broker stored it (SEND_OK). The message is r.Record(): the original
+// the broker stored it (SEND_OK). The message is wire.Letter(r.Letter).RetryRecord(r.Retry): the original
 // body and user properties, the lineage and the retry properties, and the
 // original's KEYS and TAGS. It uses the dead-letter producer
 // (DeadLetterTimeout) and returns ErrNotRunning outside Run.
@@ -93,7 +91,7 @@ func (s *Source) Retry(ctx context.Context, r consumer.RetryLetter) error {
 func (s *Source) retryCopy(r consumer.RetryLetter, now time.Time) *primitive.Message {
 	m := r.Message
 	topic, queue := retrytopic.Original(m, s.retryOf)
-	headers, body := r.Record()
+	headers, body := wire.Letter(r.Letter).RetryRecord(r.Retry)
 	msg := primitive.NewMessage(RetryTopic(topic), body)
 	for _, h := range headers {
 		msg.WithProperty(h.Key, string(h.Value))
@@ -135,12 +133,12 @@ const maxPropertiesLen = 32767
 const timerDelayMs = "TIMER_DELAY_MS"
 
 // waitDue waits until m, a message of a retry topic, is due
-// (consumer.MetaRetryDue); false when ctx ended first. The broker delivers
+// (wire.MetaRetryDue); false when ctx ended first. The broker delivers
 // a timer message up to its timerPrecisionMs early; a message without a
 // readable due time is due at once. Waiting holds m's queue of the retry
 // topic only.
 func waitDue(ctx context.Context, m *consumer.Message) bool {
-	due, ok := consumer.RetryDue(m)
+	due, ok := wire.RetryDue(m)
 	if !ok {
 		return true
 	}
@@ -151,8 +149,4 @@ func waitDue(ctx context.Context, m *consumer.Message) bool {
 	return retry.Sleep(ctx, d) == nil
 }
 
-var (
-	_ consumer.RetrySink   = (*Source)(nil)
-	_ consumer.RetryReader = (*Source)(nil)
-	_ consumer.RetryDelays = (*Source)(nil)
-)
+var _ consumer.RetrySink = (*Source)(nil)

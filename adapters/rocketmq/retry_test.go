@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup/memstore"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/internal/testenv/retrytest"
@@ -168,20 +169,20 @@ func testNonBlocking(t *testing.T, mode string) {
 	early.Check(t)
 
 	l := rmqtest.ReadTopic(t, rmqtest.Shared(t), topic+"_DLQ", 1)[0]
-	want := map[string]string{consumer.MetaCause: "exhausted", consumer.MetaTopic: topic}
+	want := map[string]string{wire.MetaCause: "exhausted", wire.MetaTopic: topic}
 	if mode == "business-key" {
-		want[consumer.MetaKey] = exhausted
+		want[wire.MetaKey] = exhausted
 	}
 	for k, v := range want {
 		if got, _ := l.Header(k); string(got) != v {
 			t.Errorf("letter property %s = %q, want %q", k, got, v)
 		}
 	}
-	if reason, _ := l.Header(consumer.MetaReason); !strings.Contains(string(reason), "after 3 trips to retry") {
+	if reason, _ := l.Header(wire.MetaReason); !strings.Contains(string(reason), "after 3 trips to retry") {
 		t.Errorf("letter reason %q, want the trips", reason)
 	}
-	if v, ok := l.Header(consumer.MetaRetryAttempt); ok {
-		t.Errorf("the letter carries %s %q", consumer.MetaRetryAttempt, v)
+	if v, ok := l.Header(wire.MetaRetryAttempt); ok {
+		t.Errorf("the letter carries %s %q", wire.MetaRetryAttempt, v)
 	}
 	if string(l.Key) != exhausted {
 		t.Errorf("letter keys %q", l.Key)
@@ -291,15 +292,15 @@ func TestSourceReadsItsRetryTopic(t *testing.T) {
 		t.Fatal(err)
 	}
 	for topic, want := range map[string]string{"pay_RETRY": "pay", "pay": "", "%RETRY%g": ""} {
-		if got, ok := src.RetryOf(topic); got != want || ok != (want != "") {
+		if got, ok := src.Describe().RetryOf(topic); got != want || ok != (want != "") {
 			t.Errorf("RetryOf(%q) = %q, %v; want %q", topic, got, ok, want)
 		}
 	}
-	err = src.Retry(context.Background(), consumer.RetryLetter{Letter: consumer.Letter{Message: &consumer.Message{Topic: "pay"}}, Delay: 5 * time.Second})
+	err = src.Retry(context.Background(), consumer.RetryLetter{Letter: consumer.Letter{Message: &consumer.Message{Topic: "pay"}}, Retry: wire.Retry{Delay: 5 * time.Second}})
 	if err == nil || !strings.Contains(err.Error(), "delay 5s is not one of Config.RetryDelays") {
 		t.Errorf("Retry with an unknown delay: %v", err)
 	}
-	err = src.Retry(context.Background(), consumer.RetryLetter{Letter: consumer.Letter{Message: &consumer.Message{Topic: "pay"}}, Delay: 10 * time.Second})
+	err = src.Retry(context.Background(), consumer.RetryLetter{Letter: consumer.Letter{Message: &consumer.Message{Topic: "pay"}}, Retry: wire.Retry{Delay: 10 * time.Second}})
 	if !errors.Is(err, rocketmq.ErrNotRunning) {
 		t.Errorf("Retry outside Run: %v, want ErrNotRunning", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/source"
 )
 
 // run is the state of one Source.Run: the messages in flight and the consume
@@ -36,7 +37,7 @@ import (
 type run struct {
 	cfg     *Config
 	log     *slog.Logger
-	deliver consumer.DeliverFunc
+	deliver source.DeliverFunc
 	retryOf map[string]string // the Source's retry topics: their messages wait until due
 
 	mu       sync.Mutex
@@ -60,7 +61,7 @@ type call struct {
 	done     chan struct{}
 }
 
-func newRun(cfg *Config, log *slog.Logger, deliver consumer.DeliverFunc) *run {
+func newRun(cfg *Config, log *slog.Logger, deliver source.DeliverFunc) *run {
 	return &run{
 		cfg:      cfg,
 		log:      log,

@@ -13,6 +13,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/source"
 )
 
 // These tests drive the push consumer's callback directly, with the client's
@@ -59,7 +60,7 @@ func clientCtx(orderly bool) (context.Context, *primitive.ConsumeConcurrentlyCon
 
 // settleWith is a DeliverFunc that settles each message as decide says,
 // from another goroutine, as the consumer's lanes do.
-func settleWith(r **run, decide func(m *consumer.Message) (release bool, laneStopped bool)) consumer.DeliverFunc {
+func settleWith(r **run, decide func(m *consumer.Message) (release bool, laneStopped bool)) source.DeliverFunc {
 	return func(ctx context.Context, m *consumer.Message) error {
 		go func() {
 			release, stopped := decide(m)

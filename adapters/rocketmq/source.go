@@ -16,6 +16,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/source"
 	"github.com/idemkit/idem/internal/retry"
 )
 
@@ -23,7 +24,7 @@ import (
 // Source.Run: the consumer calls them only while Run runs.
 var ErrNotRunning = errors.New("rocketmq: Source.Run is not running")
 
-// Source is a consumer.Source over a RocketMQ push consumer, a
+// Source is a source.Source over a RocketMQ push consumer, a
 // consumer.DeadLetter (see Config.DeadLetter) and, with Config.RetryDelays,
 // a consumer.RetrySink (see Source.Retry). Create it with New and give it
 // to consumer.Config as both Source and DeadLetter (and NonBlocking.Sink). Safe for concurrent use.
@@ -44,7 +45,7 @@ type Source struct {
 	dlq sender // DeadLetterTopic mode, during Run
 	// lanes reads the process queues of the Run's push consumer, once it
 	// started (a closure: the client's types are internal to it).
-	lanes func() []consumer.LaneStatus
+	lanes func() []source.LaneStatus
 }
 
 // New validates cfg and returns a Source. The error names every field that
@@ -82,7 +83,7 @@ func New(cfg Config) (*Source, error) {
 // Config.CloseTimeout) and returns nil. Consume calls that were not finished
 // are dropped with their process queues: their messages are redelivered to
 // the next owner from the committed offset, not sent to the retry topic.
-func (s *Source) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
+func (s *Source) Run(ctx context.Context, deliver source.DeliverFunc) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return errors.New("rocketmq: Source.Run is already running")
 	}
@@ -140,9 +141,9 @@ func (s *Source) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
 		}()
 	}
 	s.mu.Lock()
-	s.lanes = func() []consumer.LaneStatus {
+	s.lanes = func() []source.LaneStatus {
 		info := pc.GetConsumerRunningInfo(false)
-		out := make([]consumer.LaneStatus, 0, len(info.MQTable))
+		out := make([]source.LaneStatus, 0, len(info.MQTable))
 		for mq, pq := range info.MQTable {
 			if pq.Dropped {
 				continue
@@ -153,7 +154,7 @@ func (s *Source) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
 			if now := time.Now(); fetch.After(now) {
 				fetch = now
 			}
-			out = append(out, consumer.LaneStatus{
+			out = append(out, source.LaneStatus{
 				Lane:        laneOf(&mq),
 				LastFetch:   fetch,
 				Waiting:     int64(pq.CachedMsgCount),
@@ -298,13 +299,35 @@ func (s *Source) Release(msgs []*consumer.Message, reason error) {
 // answers: the push consumer's SuspendTimeoutMillis, 20 s, fixed.
 const pullHold = 20 * time.Second
 
-// Lanes reports the queues the push consumer holds (its process queues):
-// when it last pulled each, how many pulled messages are not consumed yet
-// and when it last finished consuming some (or took the queue). It is the
-// client's own view, so it shows a queue whose pulling stopped or whose
-// messages wait unconsumed, which nothing delivered to the consumer shows
-// (consumer.LaneReporter). Nil outside Run.
-func (s *Source) Lanes() []consumer.LaneStatus {
+// Describe declares the Source: RocketMQ, in Config.Group; its message
+// IDs chosen by the producer (ProducerChosenIDs: a message's ID is its
+// UNIQ_KEY, which the producer sets, or may set to anything — the client
+// adds one only when it is missing; a redriven copy sent with the lineage
+// of its dead letter, wire.MetaRedriveCount and the idem-original-*
+// properties, is a new message with a UNIQ_KEY of its own, in whichever
+// queue the producer picked, and comes back through the retry topic in yet
+// another: the consumer keys it by the idem-original-msg-id it carries,
+// wherever it lies); not OffsetOrdered (a failed message comes back
+// through the group's retry topic, behind later offsets); its retry topics
+// (Config.RetryDelays); and the queues it holds.
+func (s *Source) Describe() source.Description {
+	return source.Description{
+		System:            "rocketmq",
+		Group:             s.cfg.Group,
+		ProducerChosenIDs: true,
+		RetryDelays:       append([]time.Duration{}, s.cfg.RetryDelays...),
+		RetryOf:           s.retryTopicOf,
+		Lanes:             s.lanesNow,
+	}
+}
+
+// lanesNow reports the queues the push consumer holds (its process
+// queues): when it last pulled each, how many pulled messages are not
+// consumed yet and when it last finished consuming some (or took the
+// queue). It is the client's own view, so it shows a queue whose pulling
+// stopped or whose messages wait unconsumed, which nothing delivered to
+// the consumer shows. Nil outside Run.
+func (s *Source) lanesNow() []source.LaneStatus {
 	s.mu.Lock()
 	lanes := s.lanes
 	s.mu.Unlock()
@@ -313,25 +336,6 @@ func (s *Source) Lanes() []consumer.LaneStatus {
 	}
 	return lanes()
 }
-
-// ProducerChosenIDs reports true (consumer.ProducerChosenIDs): a message's
-// ID is its UNIQ_KEY, which the producer sets, or may set to anything (the
-// client adds one only when it is missing). A redriven copy sent with the
-// lineage of its dead letter (consumer.MetaRedriveCount and the
-// idem-original-* properties, which stay user properties) is a new message
-// with a UNIQ_KEY of its own, in whichever queue the producer picked, and
-// comes back through the retry topic in yet another: the consumer keys it by
-// the idem-original-msg-id it carries, wherever it lies.
-func (s *Source) ProducerChosenIDs() bool { return true }
-
-// SourceInfo says the Source is RocketMQ's, in Config.Group
-// (consumer.Describer): the consumer's telemetry takes messaging.system and
-// messaging.consumer.group.name from it.
-func (s *Source) SourceInfo() consumer.SourceInfo {
-	return consumer.SourceInfo{System: "rocketmq", Group: s.cfg.Group}
-}
-
-var _ consumer.Describer = (*Source)(nil)
 
 func (s *Source) current() *run {
 	s.mu.Lock()

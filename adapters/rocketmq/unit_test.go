@@ -13,6 +13,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/rlog"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup"
 )
 
@@ -147,24 +148,24 @@ func TestLetter(t *testing.T) {
 	mx := batch(1, 3)[0]
 	mx.WithProperty(primitive.PropertyKeys, "K1")
 	mx.WithProperty("tenant", "acme")
-	mx.WithProperty(consumer.MetaReason, "stale reason of an earlier dead letter")
+	mx.WithProperty(wire.MetaReason, "stale reason of an earlier dead letter")
 	m := toMessage(mx, laneOf(mx.Queue))
 	m.Value = []byte("a body longer than eight bytes")
 	l := s.letter(consumer.Letter{Message: m, Key: dedup.Key{Scope: "ledger", ID: "K1"},
 		Reason: errors.New("bad\x01input\x02here"), Attempts: 3})
 	want := map[string]string{
-		consumer.MetaReason: "bad input here", consumer.MetaAttempts: "3", consumer.MetaTopic: "t",
-		consumer.MetaPartition: "3", consumer.MetaLane: "t/b/3", consumer.MetaOffset: "0",
-		consumer.MetaMessageID: "ida", consumer.MetaKeyScope: "ledger", consumer.MetaKey: "K1",
-		consumer.MetaAttempt: "1", consumer.MetaValueSize: "30", primitive.PropertyKeys: "K1", "tenant": "acme",
+		wire.MetaReason: "bad input here", wire.MetaAttempts: "3", wire.MetaTopic: "t",
+		wire.MetaPartition: "3", wire.MetaLane: "t/b/3", wire.MetaOffset: "0",
+		wire.MetaMessageID: "ida", wire.MetaKeyScope: "ledger", wire.MetaKey: "K1",
+		wire.MetaAttempt: "1", wire.MetaValueSize: "30", primitive.PropertyKeys: "K1", "tenant": "acme",
 	}
 	for k, v := range want {
 		if got := l.GetProperty(k); got != v {
 			t.Errorf("property %s = %q, want %q", k, got, v)
 		}
 	}
-	if l.Topic != "t_DLQ" || !bytes.HasPrefix(l.Body, []byte("idem: value left out")) || len(l.GetProperty(consumer.MetaValueSHA256)) != 64 {
-		t.Fatalf("letter to %s with body %q, %s %q", l.Topic, l.Body, consumer.MetaValueSHA256, l.GetProperty(consumer.MetaValueSHA256))
+	if l.Topic != "t_DLQ" || !bytes.HasPrefix(l.Body, []byte("idem: value left out")) || len(l.GetProperty(wire.MetaValueSHA256)) != 64 {
+		t.Fatalf("letter to %s with body %q, %s %q", l.Topic, l.Body, wire.MetaValueSHA256, l.GetProperty(wire.MetaValueSHA256))
 	}
 }
 
@@ -215,8 +216,8 @@ func TestDeadLetterOutsideRun(t *testing.T) {
 // group's retry topic behind later offsets, so the source must not offer
 // consumer.Config.Offsets (which skips what lies below a stored offset).
 func TestNotOffsetOrdered(t *testing.T) {
-	if _, ok := any((*Source)(nil)).(consumer.OffsetOrdered); ok {
-		t.Fatal("*rocketmq.Source implements consumer.OffsetOrdered: Config.Offsets would skip retried messages")
+	if (&Source{}).Describe().OffsetOrdered {
+		t.Fatal("*rocketmq.Source declares OffsetOrdered: Config.Offsets would skip retried messages")
 	}
 }
 
@@ -225,14 +226,14 @@ func TestNotOffsetOrdered(t *testing.T) {
 // copy's original message ID wherever the copy lies; the lineage
 // properties are user properties, kept as headers.
 func TestProducerChosenIDs(t *testing.T) {
-	if p, ok := any((*Source)(nil)).(consumer.ProducerChosenIDs); !ok || !p.ProducerChosenIDs() {
-		t.Fatal("*rocketmq.Source does not report consumer.ProducerChosenIDs")
+	if !(&Source{}).Describe().ProducerChosenIDs {
+		t.Fatal("*rocketmq.Source does not declare ProducerChosenIDs")
 	}
 	mx := &primitive.MessageExt{QueueOffset: 3}
 	mx.Topic = "payments"
 	mx.Queue = &primitive.MessageQueue{Topic: "payments", BrokerName: "broker-b", QueueId: 1}
 	mx.WithProperty(primitive.PropertyUniqueClientMessageIdKeyIndex, "AC1100010000B33100000009")
-	for _, k := range []string{consumer.MetaTopic, consumer.MetaPartition, consumer.MetaOffset, consumer.MetaMessageID, consumer.MetaRedriveCount, consumer.MetaRedrivenFrom} {
+	for _, k := range []string{wire.MetaTopic, wire.MetaPartition, wire.MetaOffset, wire.MetaMessageID, wire.MetaRedriveCount, wire.MetaRedrivenFrom} {
 		mx.WithProperty(k, "v-"+k)
 	}
 	m := toMessage(mx, laneOf(mx.Queue))
@@ -256,12 +257,14 @@ func TestRetryCopy(t *testing.T) {
 	m := toMessage(mx, laneOf(mx.Queue))
 	m.Value = []byte("a body longer than eight bytes")
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	r := consumer.RetryLetter{Letter: consumer.Letter{Message: m, Key: dedup.Key{Scope: "ledger", ID: "K1"}, Reason: errors.New("down")},
-		Attempt: 2, Delay: 1500 * time.Millisecond, Due: now.Add(1500 * time.Millisecond), FirstFailure: now.Add(-time.Minute)}
+	r := consumer.RetryLetter{
+		Letter: consumer.Letter{Message: m, Key: dedup.Key{Scope: "ledger", ID: "K1"}, Reason: errors.New("down")},
+		Retry:  wire.Retry{Attempt: 2, Delay: 1500 * time.Millisecond, Due: now.Add(1500 * time.Millisecond), FirstFailure: now.Add(-time.Minute)},
+	}
 	c := s.retryCopy(r, now)
 	want := map[string]string{
-		consumer.MetaRetryAttempt: "2", consumer.MetaRetryDue: "2026-01-02T03:04:06.5Z", consumer.MetaTopic: "t",
-		consumer.MetaPartition: "3", consumer.MetaMessageID: "ida", primitive.PropertyKeys: "K1", primitive.PropertyTags: "paid",
+		wire.MetaRetryAttempt: "2", wire.MetaRetryDue: "2026-01-02T03:04:06.5Z", wire.MetaTopic: "t",
+		wire.MetaPartition: "3", wire.MetaMessageID: "ida", primitive.PropertyKeys: "K1", primitive.PropertyTags: "paid",
 		"tenant": "acme", timerDelayMs: "1500",
 	}
 	for k, v := range want {
@@ -286,7 +289,7 @@ func TestRetryCopy(t *testing.T) {
 	mx2 := batch(1, 0)[0]
 	mx2.Topic = "t_RETRY"
 	m2 := toMessage(mx2, laneOf(mx2.Queue))
-	if c := s.retryCopy(consumer.RetryLetter{Letter: consumer.Letter{Message: m2}, Delay: time.Second, Due: now}, now); c.Topic != "t_RETRY" {
+	if c := s.retryCopy(consumer.RetryLetter{Letter: consumer.Letter{Message: m2}, Retry: wire.Retry{Delay: time.Second, Due: now}}, now); c.Topic != "t_RETRY" {
 		t.Errorf("copy of a retry-topic message to %s, want t_RETRY", c.Topic)
 	}
 	if l := s.letter(consumer.Letter{Message: m2}); l.Topic != "t_DLQ" {
@@ -306,14 +309,18 @@ func TestRetryCopyPastThePropertiesLimit(t *testing.T) {
 	mx.WithProperty("note", strings.Repeat("n", maxPropertiesLen-200)) // fits, alone
 	m := toMessage(mx, laneOf(mx.Queue))
 	now := time.Now()
-	r := consumer.RetryLetter{Letter: consumer.Letter{Message: m, Key: dedup.Key{Scope: "ledger", ID: "K1"}, Reason: errors.New("down")},
-		Attempt: 1, Delay: time.Second, Due: now.Add(time.Second), FirstFailure: now}
+	r := consumer.RetryLetter{
+		Letter: consumer.Letter{Message: m, Key: dedup.Key{Scope: "ledger", ID: "K1"}, Reason: errors.New("down")},
+		Retry:  wire.Retry{Attempt: 1, Delay: time.Second, Due: now.Add(time.Second), FirstFailure: now},
+	}
 	if err := s.Retry(context.Background(), r); !errors.Is(err, consumer.ErrRetryTooLarge) {
 		t.Fatalf("Retry: %v, want ErrRetryTooLarge", err)
 	}
 	mx.WithProperty("note", "short")
-	if err := s.Retry(context.Background(), consumer.RetryLetter{Letter: consumer.Letter{Message: toMessage(mx, laneOf(mx.Queue))},
-		Attempt: 1, Delay: time.Second, Due: now.Add(time.Second), FirstFailure: now}); !errors.Is(err, ErrNotRunning) {
+	if err := s.Retry(context.Background(), consumer.RetryLetter{
+		Letter: consumer.Letter{Message: toMessage(mx, laneOf(mx.Queue))},
+		Retry:  wire.Retry{Attempt: 1, Delay: time.Second, Due: now.Add(time.Second), FirstFailure: now},
+	}); !errors.Is(err, ErrNotRunning) {
 		t.Fatalf("Retry of a small copy outside Run: %v, want ErrNotRunning", err)
 	}
 }

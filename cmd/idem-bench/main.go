@@ -66,6 +66,7 @@ import (
 
 	"github.com/idemkit/idem/adapters/kafka"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/source"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/pgstore"
 )
@@ -630,14 +631,14 @@ func writeEffects(q string) consumer.BatchHandlerFunc[pgx.Tx] {
 // timedSource stamps each message on delivery and records its latency on ack.
 // The engine acks once per batch, so acks counts the batches settled.
 type timedSource struct {
-	consumer.Source
+	source.Source
 	lat   *latencies
 	stamp sync.Map // *consumer.Message -> time.Time
 	acked atomic.Int64
 	acks  atomic.Int64
 }
 
-func (t *timedSource) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
+func (t *timedSource) Run(ctx context.Context, deliver source.DeliverFunc) error {
 	return t.Source.Run(ctx, func(ctx context.Context, m *consumer.Message) error {
 		t.stamp.Store(m, time.Now())
 		return deliver(ctx, m)
@@ -655,10 +656,6 @@ func (t *timedSource) Ack(ctx context.Context, msgs []*consumer.Message) error {
 	t.acks.Add(1)
 	return t.Source.Ack(ctx, msgs)
 }
-
-// Unwrap gives the consumer the wrapped source's optional interfaces
-// (consumer.Wrapper).
-func (t *timedSource) Unwrap() consumer.Source { return t.Source }
 
 var quiet = slog.New(slog.DiscardHandler)
 
@@ -691,7 +688,7 @@ func runIdemOffsets(ctx context.Context, e *env, topic, group string, n int, sc 
 // runEngine runs idem over src with the business insert of sc until n
 // messages were acked, then stops it gracefully. stall > 0 fails the row
 // when no message was acked for that long.
-func runEngine(ctx context.Context, e *env, src consumer.Source, n int, sc string, batch, keyLanes int, lat *latencies, stall time.Duration) error {
+func runEngine(ctx context.Context, e *env, src source.Source, n int, sc string, batch, keyLanes int, lat *latencies, stall time.Duration) error {
 	return runEngineWith(ctx, e, src, n, sc, lat, stall, func(cfg *consumer.Config[pgx.Tx], _ *pgstore.Store) {
 		cfg.BatchSize, cfg.KeyLanes = batch, keyLanes
 		if batch == 1 {
@@ -706,7 +703,7 @@ func runEngine(ctx context.Context, e *env, src consumer.Source, n int, sc strin
 
 // runEngineWith is runEngine with the consumer's configuration changed by
 // set.
-func runEngineWith(ctx context.Context, e *env, src consumer.Source, n int, sc string, lat *latencies, stall time.Duration, set func(*consumer.Config[pgx.Tx], *pgstore.Store)) error {
+func runEngineWith(ctx context.Context, e *env, src source.Source, n int, sc string, lat *latencies, stall time.Duration, set func(*consumer.Config[pgx.Tx], *pgstore.Store)) error {
 	st, err := pgstore.New(e.pool, e.storeConfig(sc))
 	if err != nil {
 		return err

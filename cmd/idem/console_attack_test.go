@@ -24,7 +24,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idem/cmd/idem/internal/redrive"
-	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/internal/testenv"
@@ -388,8 +388,8 @@ func TestRedriveIsRecordedWhateverTheLetterHolds(t *testing.T) {
 	defer w.Close()
 	h := func(k, v string) kafkago.Header { return kafkago.Header{Key: k, Value: []byte(v)} }
 	if err := w.WriteMessages(ctx, kafkago.Message{Key: []byte("N1"), Value: []byte(`{"txn_id":"N1","amount":1}`), Headers: []kafkago.Header{
-		h(consumer.MetaTopic, p.topic), h(consumer.MetaPartition, "0"), h(consumer.MetaKeyScope, "pay"), h(consumer.MetaKey, "N1"),
-		h(consumer.MetaCause, "permanent\x00"), h(consumer.MetaReason, "boom"),
+		h(wire.MetaTopic, p.topic), h(wire.MetaPartition, "0"), h(wire.MetaKeyScope, "pay"), h(wire.MetaKey, "N1"),
+		h(wire.MetaCause, "permanent\x00"), h(wire.MetaReason, "boom"),
 	}}); err != nil {
 		t.Fatal(err)
 	}
@@ -480,8 +480,8 @@ func TestStalePlanRefusalIsInert(t *testing.T) {
 	defer w.Close()
 	h := func(k, v string) kafkago.Header { return kafkago.Header{Key: k, Value: []byte(v)} }
 	if err := w.WriteMessages(ctx, kafkago.Message{Key: []byte("N1"), Value: []byte(`{"txn_id":"N1","amount":1}`), Headers: []kafkago.Header{
-		h(consumer.MetaTopic, p.topic), h(consumer.MetaPartition, "0"), h(consumer.MetaKeyScope, "pay"), h(consumer.MetaKey, hostile),
-		h(consumer.MetaCause, "permanent"), h(consumer.MetaReason, "boom"),
+		h(wire.MetaTopic, p.topic), h(wire.MetaPartition, "0"), h(wire.MetaKeyScope, "pay"), h(wire.MetaKey, hostile),
+		h(wire.MetaCause, "permanent"), h(wire.MetaReason, "boom"),
 	}}); err != nil {
 		t.Fatal(err)
 	}

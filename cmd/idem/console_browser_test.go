@@ -15,6 +15,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/internal/testenv"
 )
 
@@ -159,7 +160,7 @@ func TestConsoleInTheBrowser(t *testing.T) {
 	if len(copies) != 1 {
 		t.Fatalf("%d redriven copies on %s, want 1: %v", len(copies), f.topic, copies)
 	}
-	for k, want := range map[string]string{consumer.MetaRedriveCount: "1", consumer.MetaRedrivenFrom: f.dlq + "/0/0", consumer.MetaKey: "T03", consumer.MetaTopic: f.topic} {
+	for k, want := range map[string]string{wire.MetaRedriveCount: "1", wire.MetaRedrivenFrom: f.dlq + "/0/0", wire.MetaKey: "T03", wire.MetaTopic: f.topic} {
 		if got := copies[0][k]; got != want {
 			t.Errorf("the copy's %s = %q, want %q", k, got, want)
 		}
@@ -229,7 +230,7 @@ func redriven(t *testing.T, f *consoleFixture) []map[string]string {
 			for _, kv := range m.Headers {
 				h[kv.Key] = string(kv.Value)
 			}
-			if _, ok := h[consumer.MetaRedriveCount]; ok {
+			if _, ok := h[wire.MetaRedriveCount]; ok {
 				out = append(out, h)
 			}
 		}

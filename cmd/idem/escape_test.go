@@ -12,7 +12,7 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 
-	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/internal/testenv"
 )
@@ -80,8 +80,8 @@ func TestHostileStringsComeOutInert(t *testing.T) {
 	defer w.Close()
 	h := func(k, v string) kafkago.Header { return kafkago.Header{Key: k, Value: []byte(v)} }
 	if err := w.WriteMessages(ctx, kafkago.Message{Key: []byte("x"), Value: []byte("{}"), Headers: []kafkago.Header{
-		h(consumer.MetaTopic, hostile[2]), h(consumer.MetaPartition, "0"), h(consumer.MetaKeyScope, hostile[3]),
-		h(consumer.MetaKey, hostile[1]), h(consumer.MetaCause, hostile[4]), h(consumer.MetaReason, hostile[0]),
+		h(wire.MetaTopic, hostile[2]), h(wire.MetaPartition, "0"), h(wire.MetaKeyScope, hostile[3]),
+		h(wire.MetaKey, hostile[1]), h(wire.MetaCause, hostile[4]), h(wire.MetaReason, hostile[0]),
 	}}); err != nil {
 		t.Fatal(err)
 	}

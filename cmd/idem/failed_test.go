@@ -16,6 +16,7 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
 	"github.com/idemkit/idem/consumer/otelconsumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/internal/testenv/pgtest"
 )
@@ -85,9 +86,9 @@ func TestFailedAgreesWithTheMetrics(t *testing.T) {
 	}
 	letters := map[string]int64{}
 	for _, l := range res.DeadLetters {
-		hs, _ := l.Record(1 << 20)
+		hs, _ := wire.Letter(l).Record(1 << 20)
 		for _, h := range hs {
-			if h.Key == consumer.MetaCause {
+			if h.Key == wire.MetaCause {
 				letters[string(h.Value)]++
 			}
 		}

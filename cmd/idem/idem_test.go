@@ -22,6 +22,7 @@ import (
 
 	"github.com/idemkit/idem/adapters/kafka"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/sqlitestore"
 	"github.com/idemkit/idem/internal/testenv"
@@ -449,7 +450,7 @@ func TestReleaseAndRedrive(t *testing.T) {
 		t.Errorf("second redrive: %d %+v", code, rd)
 	}
 	lineage := readLetter(t, p.brokers, p.dlq, 2)
-	for k, want := range map[string]string{consumer.MetaRedriveCount: "1", consumer.MetaRedrivenFrom: p.dlq + "/0/"} {
+	for k, want := range map[string]string{wire.MetaRedriveCount: "1", wire.MetaRedrivenFrom: p.dlq + "/0/"} {
 		if v := lineage[k]; !strings.HasPrefix(v, want) {
 			t.Errorf("the redriven T07's dead letter: %s = %q, want %q…", k, v, want)
 		}

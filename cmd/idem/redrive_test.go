@@ -10,6 +10,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 )
 
 // TestRedriveTwiceAppliesOnce: with keys that name the message — its
@@ -103,9 +104,9 @@ func TestRedriveRefusesAnEmptyLetterRedrivenTooOften(t *testing.T) {
 	defer w.Close()
 	h := func(k, v string) kafkago.Header { return kafkago.Header{Key: k, Value: []byte(v)} }
 	if err := w.WriteMessages(context.Background(), kafkago.Message{Key: []byte("T09"), Headers: []kafkago.Header{
-		h(consumer.MetaTopic, p.topic), h(consumer.MetaPartition, "0"), h(consumer.MetaOffset, "7"),
-		h(consumer.MetaMessageID, p.topic+"/0/7"), h(consumer.MetaKeyScope, "pay"), h(consumer.MetaKey, "T09"),
-		h(consumer.MetaRedriveCount, "3")}}); err != nil {
+		h(wire.MetaTopic, p.topic), h(wire.MetaPartition, "0"), h(wire.MetaOffset, "7"),
+		h(wire.MetaMessageID, p.topic+"/0/7"), h(wire.MetaKeyScope, "pay"), h(wire.MetaKey, "T09"),
+		h(wire.MetaRedriveCount, "3")}}); err != nil {
 		t.Fatal(err)
 	}
 	topicEnd := p.end(p.topic)

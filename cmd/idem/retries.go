@@ -14,7 +14,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idem/adapters/kafka"
-	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 )
 
 // retryTopicJSON is one retry topic of idem retries: a delay's copies.
@@ -95,7 +95,7 @@ func kafkaRetries(ctx context.Context, client *kafkago.Client, topic, group stri
 			continue
 		}
 		delays[t.Name] = d
-		out = append(out, retryTopicJSON{Topic: t.Name, Delay: consumer.RetryDelayName(d)})
+		out = append(out, retryTopicJSON{Topic: t.Name, Delay: wire.RetryDelayName(d)})
 		for _, p := range t.Partitions {
 			parts[t.Name] = append(parts[t.Name], p.ID)
 			offsets[t.Name] = append(offsets[t.Name], kafkago.FirstOffsetOf(p.ID), kafkago.LastOffsetOf(p.ID))
@@ -180,7 +180,7 @@ func dueAt(ctx context.Context, client *kafkago.Client, topic string, partition 
 			continue // the batch began before it
 		}
 		for _, h := range r.Headers {
-			if h.Key == consumer.MetaRetryDue {
+			if h.Key == wire.MetaRetryDue {
 				if t, err := time.Parse(time.RFC3339Nano, string(h.Value)); err == nil {
 					return &t, nil
 				}

@@ -8,7 +8,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idem/adapters/kafka"
-	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/internal/testenv/kafkatest"
 )
@@ -37,7 +37,7 @@ func TestRetriesListsWaitingCopies(t *testing.T) {
 	base := time.Date(2026, 12, 6, 7, 0, 0, 0, time.UTC)
 	copyAt := func(partition int, due time.Time) kafkago.Message {
 		return kafkago.Message{Partition: partition, Value: []byte(`{}`), Headers: []kafkago.Header{
-			{Key: consumer.MetaRetryAttempt, Value: []byte("1")}, {Key: consumer.MetaRetryDue, Value: []byte(due.Format(time.RFC3339Nano))}}}
+			{Key: wire.MetaRetryAttempt, Value: []byte("1")}, {Key: wire.MetaRetryDue, Value: []byte(due.Format(time.RFC3339Nano))}}}
 	}
 	admin.Produce(t, short, copyAt(0, base), copyAt(0, base.Add(time.Second)), copyAt(0, base.Add(2*time.Second)), copyAt(1, base.Add(3*time.Second)))
 	admin.Produce(t, long, copyAt(1, base.Add(time.Hour)), copyAt(1, base.Add(2*time.Hour)))

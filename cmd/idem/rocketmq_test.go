@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/internal/testenv/rmqtest"
 )
@@ -304,7 +305,7 @@ func (p *rocketPayments) checkCopies(l letterResult) {
 		if string(m.Key) != "T03" {
 			continue
 		}
-		if _, ok := m.Header(consumer.MetaRedriveCount); ok {
+		if _, ok := m.Header(wire.MetaRedriveCount); ok {
 			copies = append(copies, m)
 		} else {
 			originalID = m.ID
@@ -317,9 +318,9 @@ func (p *rocketPayments) checkCopies(l letterResult) {
 		h := func(k string) string { v, _ := m.Header(k); return string(v) }
 		mx := m.Raw.(*primitive.MessageExt)
 		for k, want := range map[string]string{
-			consumer.MetaRedriveCount: "1", consumer.MetaRedrivenFrom: l.Letter, consumer.MetaTopic: p.topic,
-			consumer.MetaMessageID: originalID, consumer.MetaKeyScope: "pay", consumer.MetaKey: l.Key,
-			consumer.MetaReason: "", consumer.MetaLane: "", consumer.MetaAttempts: "",
+			wire.MetaRedriveCount: "1", wire.MetaRedrivenFrom: l.Letter, wire.MetaTopic: p.topic,
+			wire.MetaMessageID: originalID, wire.MetaKeyScope: "pay", wire.MetaKey: l.Key,
+			wire.MetaReason: "", wire.MetaLane: "", wire.MetaAttempts: "",
 			"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
 		} {
 			if got := h(k); got != want {

@@ -15,6 +15,7 @@ import (
 	"sync"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/source"
 )
 
 // Script says how the fake source misbehaves. The zero value delivers every
@@ -40,12 +41,12 @@ type Script struct {
 	CrashAfterCommitEvery int
 	// ProducerChosenIDs makes the source say that its message IDs are
 	// chosen by the producer, as RocketMQ's are
-	// (consumer.ProducerChosenIDs); default false: IDs are positions, as
+	// (source.Description.ProducerChosenIDs); default false: IDs are positions, as
 	// Kafka's are.
 	ProducerChosenIDs bool
 }
 
-// Source is a consumer.Source driven by a Script. Safe for concurrent use.
+// Source is a source.Source driven by a Script. Safe for concurrent use.
 type Source struct {
 	script Script
 
@@ -154,18 +155,19 @@ func (s *Source) enqueueAt(m *consumer.Message, i int) {
 	}
 }
 
-// InOffsetOrder reports whether the source delivers each partition in
-// offset order (consumer.OffsetOrdered): true unless the script's
-// ReorderWindow is above 1. Messages must be pushed in offset order per
-// lane; a released message comes again ahead of its lane's later ones.
-func (s *Source) InOffsetOrder() bool { return s.script.ReorderWindow == 1 }
-
-// ProducerChosenIDs reports the script's ProducerChosenIDs
-// (consumer.ProducerChosenIDs).
-func (s *Source) ProducerChosenIDs() bool { return s.script.ProducerChosenIDs }
+// Describe declares the source OffsetOrdered unless the script's
+// ReorderWindow is above 1 (messages must be pushed in offset order per
+// lane; a released message comes again ahead of its lane's later ones),
+// and ProducerChosenIDs as the script says.
+func (s *Source) Describe() source.Description {
+	return source.Description{
+		OffsetOrdered:     s.script.ReorderWindow == 1,
+		ProducerChosenIDs: s.script.ProducerChosenIDs,
+	}
+}
 
 // Run delivers queued messages until ctx ends.
-func (s *Source) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
+func (s *Source) Run(ctx context.Context, deliver source.DeliverFunc) error {
 	for {
 		s.mu.Lock()
 		var m *consumer.Message
@@ -302,4 +304,4 @@ func (s *Source) Acked(id string) int {
 	return s.acked[id]
 }
 
-var _ consumer.Source = (*Source)(nil)
+var _ source.Source = (*Source)(nil)

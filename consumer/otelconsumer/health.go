@@ -11,6 +11,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup"
 )
 
@@ -36,7 +37,7 @@ type HealthReporter interface {
 // Gauges read from the consumer's Health at every collection: what a
 // dashboard needs between two batches, and what counters cannot show — a
 // consumer that holds messages and makes no progress, or a lane the source
-// reports stalled (consumer.LaneReporter: a queue whose fetching stopped,
+// reports stalled (source.Description.Lanes: a queue whose fetching stopped,
 // or whose messages wait unconsumed), which delivers nothing and so moves
 // no counter.
 //
@@ -112,7 +113,7 @@ func (t *Telemetry) zero(attrs []attribute.KeyValue) {
 	}
 	t.consumed.Inst().Add(ctx, 0, with(semconv.MessagingOperationName("process")))
 	t.txs.Add(ctx, 0, with(AttrOutcome.String("commit")))
-	for _, c := range consumer.Causes() {
+	for _, c := range wire.Causes() {
 		t.dead.Add(ctx, 0, with(AttrCause.String(c.String())))
 	}
 	for _, c := range retriedClasses {

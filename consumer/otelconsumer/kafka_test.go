@@ -19,6 +19,7 @@ import (
 	"github.com/idemkit/idem/adapters/kafka"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/otelconsumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/internal/testenv/pgtest"
 )
@@ -224,11 +225,11 @@ func TestKafkaPostgres(t *testing.T) {
 			switch h.Key {
 			case "traceparent":
 				traceparents++
-			case consumer.MetaCause:
+			case wire.MetaCause:
 				cause = string(h.Value)
 			}
 		}
-		if c, ok := consumer.ParseCause(cause); traceparents != 1 || !ok || (c != consumer.CausePermanent && c != consumer.CauseBadInput) {
+		if c, ok := wire.ParseCause(cause); traceparents != 1 || !ok || (c != consumer.CausePermanent && c != consumer.CauseBadInput) {
 			t.Errorf("dead letter at %d: %d traceparent headers, cause %q", m.Offset, traceparents, cause)
 		}
 	}

@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup"
 )
 
@@ -37,7 +38,7 @@ const (
 	AttrKey      = attribute.Key("idem.key")         // the dedup key's ID, as the letter's idem-key
 	AttrMessage  = attribute.Key("idem.message")     // consumer.Message.Ref, as in the consumer's logs
 	AttrLane     = attribute.Key("idem.lane")        // consumer.Message.Lane
-	AttrDelay    = attribute.Key("idem.retry.delay") // a retry destination's wait, as consumer.RetryDelayName: "10s", "1m"
+	AttrDelay    = attribute.Key("idem.retry.delay") // a retry destination's wait, as wire.RetryDelayName: "10s", "1m"
 )
 
 // Config configures a Telemetry. Zero values take the defaults.
@@ -188,7 +189,7 @@ func (l *lane) delaySet(d time.Duration) metric.MeasurementOption {
 	if o, ok := l.delays.Load(d); ok {
 		return o.(metric.MeasurementOption)
 	}
-	o := metric.WithAttributeSet(attribute.NewSet(append(l.attrs[:len(l.attrs):len(l.attrs)], AttrDelay.String(consumer.RetryDelayName(d)))...))
+	o := metric.WithAttributeSet(attribute.NewSet(append(l.attrs[:len(l.attrs):len(l.attrs)], AttrDelay.String(wire.RetryDelayName(d)))...))
 	actual, _ := l.delays.LoadOrStore(d, o)
 	return actual.(metric.MeasurementOption)
 }

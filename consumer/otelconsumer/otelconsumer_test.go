@@ -20,6 +20,7 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
 	"github.com/idemkit/idem/consumer/otelconsumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup/memstore"
 )
 
@@ -250,7 +251,7 @@ func TestMetricsAndSpansMatchStats(t *testing.T) {
 	}
 	// The dead letters carry their span's context, not the producer's.
 	for _, l := range dl.Letters() {
-		headers, _ := l.Record(1 << 20)
+		headers, _ := wire.Letter(l).Record(1 << 20)
 		sc := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), otelconsumer.HeaderCarrier{Headers: &headers}))
 		sp, ok := byID[sc.SpanID()]
 		if !ok || sp.Name() != "dead_letter pay" {

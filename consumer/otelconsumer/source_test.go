@@ -16,27 +16,30 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
 	"github.com/idemkit/idem/consumer/otelconsumer"
+	"github.com/idemkit/idem/consumer/source"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup/memstore"
 )
 
 // infoSource says it is a RocketMQ source of group g1.
 type infoSource struct{ *consumertest.Source }
 
-func (infoSource) SourceInfo() consumer.SourceInfo {
-	return consumer.SourceInfo{System: "rocketmq", Group: "g1"}
+func (s infoSource) Describe() source.Description {
+	d := s.Source.Describe()
+	d.System, d.Group = "rocketmq", "g1"
+	return d
 }
 
-// wrapper hides its Source's optional interfaces behind the interface, as a
-// timing or logging wrapper does, and records the messages it delivered.
+// wrapper embeds the Source interface, as a timing or logging wrapper
+// does, and records the messages it delivered; the Description is the
+// wrapped source's.
 type wrapper struct {
-	consumer.Source
+	source.Source
 	mu        sync.Mutex
 	delivered map[*consumer.Message]bool
 }
 
-func (w *wrapper) Unwrap() consumer.Source { return w.Source }
-
-func (w *wrapper) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
+func (w *wrapper) Run(ctx context.Context, deliver source.DeliverFunc) error {
 	return w.Source.Run(ctx, func(ctx context.Context, m *consumer.Message) error {
 		w.mu.Lock()
 		w.delivered[m] = true
@@ -191,7 +194,7 @@ func TestDeadLettersTracedWithoutAWrapper(t *testing.T) {
 		if !same {
 			t.Errorf("wrapped %v: the sink got a copy of the message, not the one delivered", wrapped)
 		}
-		headers, _ := l.Record(1 << 20)
+		headers, _ := wire.Letter(l).Record(1 << 20)
 		carrier := otelconsumer.HeaderCarrier{Headers: &headers}
 		sc := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), carrier))
 		if spans[sc.SpanID()] != "dead_letter pay" || producers[sc.SpanID()] {
@@ -238,7 +241,7 @@ func TestObserveExportsEveryCounterFromZero(t *testing.T) {
 			"idem.consumer.lanes.stopped":        nil,
 			"idem.consumer.lanes.stalled":        nil,
 		}
-		for _, c := range consumer.Causes() {
+		for _, c := range wire.Causes() {
 			want["idem.consumer.dead_letters/"+c.String()] = []attribute.KeyValue{attribute.String("idem.dead_letter.cause", c.String())}
 		}
 		for _, class := range []string{"unknown", "retryable", "unavailable", "conflict"} {

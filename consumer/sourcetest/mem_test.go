@@ -15,6 +15,8 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/source"
+	"github.com/idemkit/idem/consumer/wire"
 )
 
 // mutant names a way the source breaks the contract.
@@ -126,7 +128,7 @@ func (b *memBroker) leave(s *memSource) {
 	}
 }
 
-// memSource is a consumer.Source and consumer.DeadLetter on a memBroker.
+// memSource is a source.Source and consumer.DeadLetter on a memBroker.
 type memSource struct {
 	b        *memBroker
 	maxBytes int
@@ -153,7 +155,7 @@ func (b *memBroker) newSource(maxBytes int) *memSource {
 	return &memSource{b: b, maxBytes: maxBytes}
 }
 
-func (s *memSource) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
+func (s *memSource) Run(ctx context.Context, deliver source.DeliverFunc) error {
 	b := s.b
 	b.mu.Lock()
 	s.running = true
@@ -219,7 +221,7 @@ func (s *memSource) Run(ctx context.Context, deliver consumer.DeliverFunc) error
 }
 
 // fetch delivers partition p's records from its committed offset on.
-func (s *memSource) fetch(ctx context.Context, p *memPart, deliver consumer.DeliverFunc) {
+func (s *memSource) fetch(ctx context.Context, p *memPart, deliver source.DeliverFunc) {
 	b := s.b
 	for {
 		b.mu.Lock()
@@ -315,6 +317,8 @@ func (s *memSource) Ack(_ context.Context, msgs []*consumer.Message) error {
 	return nil
 }
 
+func (s *memSource) Describe() source.Description { return source.Description{} }
+
 func (s *memSource) Release(msgs []*consumer.Message, _ error) {
 	b := s.b
 	b.mu.Lock()
@@ -351,10 +355,10 @@ func (s *memSource) DeadLetter(_ context.Context, l consumer.Letter) error {
 	if !s.running {
 		return errors.New("memsource: not running")
 	}
-	headers, value := l.Record(s.maxBytes)
+	headers, value := wire.Letter(l).Record(s.maxBytes)
 	switch b.mut {
 	case noMetadata:
-		headers = slices.DeleteFunc(slices.Clone(headers), func(h consumer.Header) bool { return h.Key == consumer.MetaAttempts })
+		headers = slices.DeleteFunc(slices.Clone(headers), func(h consumer.Header) bool { return h.Key == wire.MetaAttempts })
 	case keepOldMetadata:
 		headers = append(slices.Clone(l.Message.Headers), headers...)
 	}
@@ -375,7 +379,7 @@ func memTopic(retry bool, mut mutant) Factory {
 					n++
 				}
 			},
-			NewSource: func(t *testing.T, cfg SourceConfig) consumer.Source {
+			NewSource: func(t *testing.T, cfg SourceConfig) source.Source {
 				max := cfg.DeadLetterMaxBytes
 				if max == 0 {
 					max = 1 << 20

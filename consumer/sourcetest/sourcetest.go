@@ -1,4 +1,4 @@
-// Package sourcetest is the conformance suite of consumer.Source: every
+// Package sourcetest is the conformance suite of source.Source: every
 // broker adapter runs it against its real broker, as every dedup store runs
 // dedup/deduptest. A source that passes keeps the part of idem's promise
 // that is the broker's: nothing is acknowledged that the consumer did not
@@ -40,6 +40,8 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/source"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup"
 )
 
@@ -100,7 +102,7 @@ type Topic struct {
 	// new member of the group, which starts where the group's committed
 	// offsets say (the first offset for a new group). The suite runs it and
 	// ends its Run before the test ends.
-	NewSource func(t *testing.T, cfg SourceConfig) consumer.Source
+	NewSource func(t *testing.T, cfg SourceConfig) source.Source
 	// DeadLetters reads the dead-letter topic from its start until it holds
 	// n letters and returns them as messages: Key, Value and Headers those
 	// of the letter. Needed with Features.DeadLetters.
@@ -386,7 +388,7 @@ func (s suite) deadLetterShape(t *testing.T) {
 	tp := s.newTopic(t)
 	small := Message{Key: []byte("k-small"), Value: []byte(`{"txn_id":"small"}`), Headers: []consumer.Header{
 		{Key: "trace-id", Value: []byte("abc")},
-		{Key: consumer.MetaReason, Value: []byte("an earlier dead letter's reason")},
+		{Key: wire.MetaReason, Value: []byte("an earlier dead letter's reason")},
 	}}
 	big := Message{Key: []byte("k-big"), Value: []byte(`{"txn_id":"big","pad":"` + strings.Repeat("x", 2*maxBytes) + `"}`)}
 	tp.Produce(t, []Message{small, big})
@@ -407,7 +409,7 @@ func (s suite) deadLetterShape(t *testing.T) {
 		if err != nil {
 			t.Fatalf("DeadLetter of %s while Run runs: %v", d.Coordinates(), err)
 		}
-		headers, value := l.Record(maxBytes)
+		headers, value := wire.Letter(l).Record(maxBytes)
 		want[string(d.Key)] = letterLayout{headers, value}
 		orig[string(d.Key)] = d.Value
 	}
@@ -456,11 +458,11 @@ func requireLetter(t *testing.T, l *consumer.Message, rec letterLayout, orig []b
 		if strings.HasPrefix(h.Key, "idem-") && !own[h.Key] {
 			t.Errorf("letter %q: header %s = %q, which Letter.Record does not have", l.Key, h.Key, h.Value)
 		}
-		if h.Key == consumer.MetaReason && string(h.Value) != string(headerOf(rec, consumer.MetaReason)) {
+		if h.Key == wire.MetaReason && string(h.Value) != string(headerOf(rec, wire.MetaReason)) {
 			t.Errorf("letter %q: a second %s header %q", l.Key, h.Key, h.Value)
 		}
 	}
-	if headerOf(rec, consumer.MetaValueSHA256) != nil {
+	if headerOf(rec, wire.MetaValueSHA256) != nil {
 		if string(l.Value) == string(orig) {
 			t.Errorf("letter %q: the value, %d bytes, is copied although the limit is smaller", l.Key, len(orig))
 		}
@@ -547,7 +549,7 @@ var errReleased = errors.New("sourcetest: released")
 // member runs one Source and plays its consumer.
 type member struct {
 	name   string
-	src    consumer.Source
+	src    source.Source
 	policy policy
 	cancel context.CancelFunc
 	done   chan error
@@ -584,7 +586,7 @@ type entry struct {
 // start runs src in the background with p deciding what happens to each
 // delivery. The test stops it; a test that fails first has it stopped (its
 // messages released) when it ends.
-func start(t *testing.T, name string, src consumer.Source, p policy) *member {
+func start(t *testing.T, name string, src source.Source, p policy) *member {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &member{name: name, src: src, policy: p, cancel: cancel, done: make(chan error, 1),

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/pgstore"
 )
@@ -60,15 +61,15 @@ func TestRedrivenCopiesApplyOnce(t *testing.T) {
 			}
 			copyOf := func(offset int64, count int) *consumer.Message {
 				m := consumertest.Message("payments", 0, offset, "", string(first[2].Value))
-				headers, _ := letter.Record(1 << 20)
+				headers, _ := wire.Letter(letter).Record(1 << 20)
 				m.Headers = redriveHeaders(headers, count)
 				return m
 			}
 			forged := consumertest.Message("payments", 0, 7, "", `{"txn_id":"F0001","amount":1}`)
 			forged.Headers = []consumer.Header{
-				{Key: consumer.MetaTopic, Value: []byte("payments")}, {Key: consumer.MetaPartition, Value: []byte("0")},
-				{Key: consumer.MetaOffset, Value: []byte("8")}, {Key: consumer.MetaMessageID, Value: []byte("payments/0/8")},
-				{Key: consumer.MetaRedriveCount, Value: []byte("1")}}
+				{Key: wire.MetaTopic, Value: []byte("payments")}, {Key: wire.MetaPartition, Value: []byte("0")},
+				{Key: wire.MetaOffset, Value: []byte("8")}, {Key: wire.MetaMessageID, Value: []byte("payments/0/8")},
+				{Key: wire.MetaRedriveCount, Value: []byte("1")}}
 			genuine := consumertest.Message("payments", 0, 8, "", `{"txn_id":"T00008","amount":108}`)
 			cfg.BatchSize = 1 // a transaction per delivery: the copies meet in the store, not in one claim
 			res = consumertest.Run(t, cfg, consumertest.Script{MinDeliveries: 1, MaxDeliveries: 3, CrashAfterCommitEvery: 2, Seed: 7},
@@ -95,12 +96,12 @@ func redriveHeaders(headers []consumer.Header, count int) []consumer.Header {
 	var out []consumer.Header
 	for _, h := range headers {
 		switch h.Key {
-		case consumer.MetaReason, consumer.MetaAttempts, consumer.MetaAttempt, consumer.MetaLane,
-			consumer.MetaRedriveCount, consumer.MetaRedrivenFrom:
+		case wire.MetaReason, wire.MetaAttempts, wire.MetaAttempt, wire.MetaLane,
+			wire.MetaRedriveCount, wire.MetaRedrivenFrom:
 		default:
 			out = append(out, h)
 		}
 	}
-	return append(out, consumer.Header{Key: consumer.MetaRedriveCount, Value: []byte(strconv.Itoa(count))},
-		consumer.Header{Key: consumer.MetaRedrivenFrom, Value: []byte("payments.dlq/0/" + strconv.Itoa(count-1))})
+	return append(out, consumer.Header{Key: wire.MetaRedriveCount, Value: []byte(strconv.Itoa(count))},
+		consumer.Header{Key: wire.MetaRedrivenFrom, Value: []byte("payments.dlq/0/" + strconv.Itoa(count-1))})
 }

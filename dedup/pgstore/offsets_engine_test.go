@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
+	"github.com/idemkit/idem/consumer/source"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/pgstore"
 )
@@ -296,10 +297,14 @@ func TestOffsetsAheadOfLog(t *testing.T) {
 }
 
 // unassigned is a consumertest.Source whose messages all belong to an
-// assignment that ended (consumer.AssignmentChecker).
+// assignment that ended (source.Description.Assigned).
 type unassigned struct{ *consumertest.Source }
 
-func (unassigned) Assigned(*consumer.Message) bool { return false }
+func (s unassigned) Describe() source.Description {
+	d := s.Source.Describe()
+	d.Assigned = func(*consumer.Message) bool { return false }
+	return d
+}
 
 // runStale runs a consumer of cfg (whose Source wraps inner) over stale
 // messages until inner is idle, stops it, and returns its stats; Run must
@@ -485,7 +490,13 @@ type assignedFor struct {
 	n  int
 }
 
-func (s *assignedFor) Assigned(*consumer.Message) bool {
+func (s *assignedFor) Describe() source.Description {
+	d := s.Source.Describe()
+	d.Assigned = s.assigned
+	return d
+}
+
+func (s *assignedFor) assigned(*consumer.Message) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.n--

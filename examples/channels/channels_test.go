@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkit/idem/adapters/kafka"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/examples/channels"
 	"github.com/idemkit/idem/examples/payments"
@@ -183,9 +184,9 @@ func (r *result) check(t *testing.T, f channels.Fixture, whole bool) {
 	}
 	lettered := map[int]bool{}
 	for _, m := range r.dlq {
-		line, reason := letterHeader(m, consumer.MetaReason)
+		line, reason := letterHeader(m, wire.MetaReason)
 		if reason == "" {
-			t.Errorf("dead letter of line %d has no %s", line, consumer.MetaReason)
+			t.Errorf("dead letter of line %d has no %s", line, wire.MetaReason)
 		}
 		lettered[line] = true
 	}

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/text/encoding/simplifiedchinese"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/examples/channels"
 	"github.com/idemkit/idem/examples/payments"
 )
@@ -112,7 +113,7 @@ func ahead(t *testing.T, f channels.Fixture) (refused []channels.Delivery, genui
 func (r *result) causes() map[int]string {
 	out := map[int]string{}
 	for _, m := range r.dlq {
-		line, cause := letterHeader(m, consumer.MetaCause)
+		line, cause := letterHeader(m, wire.MetaCause)
 		out[line] = cause
 	}
 	return out

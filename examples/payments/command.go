@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/source"
 	"github.com/idemkit/idem/dedup/pgstore"
 )
 
@@ -103,7 +104,7 @@ func DemoCallbacks(ctx context.Context, db DB) ([]Callback, error) {
 
 // ConsumerConfig is the ledger consumer on Postgres: src's callbacks, keyed
 // by KeyField, applied by Handler, the bad ones to dl.
-func ConsumerConfig(src consumer.Source, dl consumer.DeadLetter, store *pgstore.Store, log *slog.Logger) consumer.Config[pgx.Tx] {
+func ConsumerConfig(src source.Source, dl consumer.DeadLetter, store *pgstore.Store, log *slog.Logger) consumer.Config[pgx.Tx] {
 	return consumer.Config[pgx.Tx]{
 		Name:            "payments-ledger", // the dedup scope: keep it when the group changes
 		Source:          src,

@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
+	"github.com/idemkit/idem/consumer/source"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/internal/testenv/kafkatest"
 	"github.com/idemkit/idem/internal/testenv/relaytest"
@@ -36,7 +37,7 @@ type broker interface {
 	publisher(t testing.TB) outbox.Publisher
 	// source is the shipping consumer's source over topic: the adapters'
 	// Source as it is.
-	source(t testing.TB, topic string) consumer.Source
+	source(t testing.TB, topic string) source.Source
 	// copies counts the messages of topic by outbox identity.
 	copies(t *testing.T, topic string) map[string]int
 }
@@ -85,7 +86,7 @@ func newPublisher(broker string, addrs []string) (interface {
 	return rocketmqpub.New(rocketmqpub.Config{NameServers: addrs, SendTimeout: 3 * time.Second})
 }
 
-func (b *kafkaBroker) source(t testing.TB, topic string) consumer.Source {
+func (b *kafkaBroker) source(t testing.TB, topic string) source.Source {
 	src, err := kafka.New(kafka.Config{Brokers: b.addrs(), Topics: []string{topic}, Group: testenv.Name(t, "shipping"),
 		MaxWait: 100 * time.Millisecond, RequestTimeout: 3 * time.Second, ReconnectBackoff: 500 * time.Millisecond,
 		SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond, CloseTimeout: 3 * time.Second,
@@ -124,7 +125,7 @@ func (b *rocketBroker) publisher(t testing.TB) outbox.Publisher {
 	return p
 }
 
-func (b *rocketBroker) source(t testing.TB, topic string) consumer.Source {
+func (b *rocketBroker) source(t testing.TB, topic string) source.Source {
 	group := testenv.Name(t, "shipping")
 	// The broker creates the retry topic when the group shows up; a
 	// client started before finds its route only at its next refresh.
@@ -154,7 +155,7 @@ type shipping struct {
 	once sync.Once
 }
 
-func startShipping(t *testing.T, w *world, src consumer.Source) *shipping {
+func startShipping(t *testing.T, w *world, src source.Source) *shipping {
 	t.Helper()
 	cfg := w.shippingConfig(t)
 	s := &shipping{dl: &consumertest.DeadLetters{}, done: make(chan error, 1)}

@@ -10,7 +10,7 @@
 //   - Any other block is a fragment: statements of a function body. It is
 //     compiled inside func _() { ... }, with these in scope and nothing else:
 //     ctx (a context.Context), pool (a *pgxpool.Pool), brokers (a []string of
-//     Kafka seed brokers); store (a *pgstore.Store), src (a consumer.Source)
+//     Kafka seed brokers); store (a *pgstore.Store), src (a source.Source)
 //     and dlq (a consumer.DeadLetter), as the README's handler builds them;
 //     and the imports listed in fragmentImports — the standard library
 //     packages a handler uses, pgx, and idem's own packages under their last

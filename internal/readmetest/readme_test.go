@@ -41,6 +41,8 @@ var fragmentImports = []struct{ path, use string }{
 	{"github.com/idemkit/idem/consumer", "consumer.Permanent"},
 	{"github.com/idemkit/idem/consumer/consumertest", "consumertest.Message"},
 	{"github.com/idemkit/idem/consumer/otelconsumer", "otelconsumer.New"},
+	{"github.com/idemkit/idem/consumer/source", "source.Description{}"},
+	{"github.com/idemkit/idem/consumer/wire", "wire.ParseCause"},
 	{"github.com/idemkit/idem/dedup", "dedup.FingerprintOf"},
 	{"github.com/idemkit/idem/dedup/memstore", "memstore.New"},
 	{"github.com/idemkit/idem/dedup/pgstore", "pgstore.New"},
@@ -60,6 +62,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/source"
 	"github.com/idemkit/idem/dedup/pgstore"
 )
 
@@ -70,7 +73,7 @@ var (
 
 	// What the handler block builds, for the blocks after it.
 	store *pgstore.Store
-	src   consumer.Source
+	src   source.Source
 	dlq   consumer.DeadLetter
 )
 `

@@ -29,6 +29,7 @@ import (
 	"github.com/idemkit/idem/adapters/kafka"
 	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/source"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/examples/payments"
@@ -118,7 +119,7 @@ type childStats struct {
 	Stopped      bool
 	// Lanes is the source's report of its lanes (consumer.Health.Lanes),
 	// refreshed every second: a lane that stalls acks nothing.
-	Lanes []consumer.LaneStatus
+	Lanes []source.LaneStatus
 	// The process, refreshed every second with Lanes (make soak samples
 	// them): its goroutines, its heap (runtime/metrics: heap objects
 	// bytes), its pool's open connections and the 99th percentile of the
@@ -140,7 +141,7 @@ type childState struct {
 	rlost atomic.Int64
 	pan   atomic.Int64
 	skips atomic.Int64
-	lanes []consumer.LaneStatus // the last report, under mu
+	lanes []source.LaneStatus // the last report, under mu
 	pool  *pgxpool.Pool
 	proc  struct {
 		goroutines int
@@ -181,8 +182,8 @@ func (s *childState) write() {
 
 // report writes the stats with the source's lane report (when it has one)
 // and a sample of the process every second until ctx ends.
-func (s *childState) report(ctx context.Context, src consumer.Source) {
-	r, _ := src.(consumer.LaneReporter)
+func (s *childState) report(ctx context.Context, src source.Source) {
+	lanesOf := src.Describe().Lanes
 	heap := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
@@ -192,9 +193,9 @@ func (s *childState) report(ctx context.Context, src consumer.Source) {
 			return
 		case <-t.C:
 		}
-		var lanes []consumer.LaneStatus
-		if r != nil {
-			lanes = r.Lanes()
+		var lanes []source.LaneStatus
+		if lanesOf != nil {
+			lanes = lanesOf()
 		}
 		metrics.Read(heap)
 		g, p99 := runtime.NumGoroutine(), s.calls.p99()
@@ -294,7 +295,7 @@ func (spec *childSpec) run() error {
 	}
 	store := &faultStore{Store: ps, fp: &spec.Fail, st: st}
 
-	var src consumer.Source
+	var src source.Source
 	var dl consumer.DeadLetter
 	switch spec.Broker {
 	case "kafka", "kafka-cluster":
@@ -513,17 +514,13 @@ func (spec *childSpec) handler(st *childState) consumer.Handler[pgx.Tx] {
 // before it passes the ack on: the parent checks the broker's committed
 // offsets against it.
 type faultSource struct {
-	consumer.Source
+	source.Source
 	fp *failpoints
 	st *childState
 
 	logMu  sync.Mutex
 	ackLog *os.File // nil: none
 }
-
-// Unwrap gives the consumer the broker source's optional interfaces
-// (consumer.Wrapper).
-func (s *faultSource) Unwrap() consumer.Source { return s.Source }
 
 func (s *faultSource) Ack(ctx context.Context, msgs []*consumer.Message) error {
 	n := s.st.acked.Add(int64(len(msgs)))

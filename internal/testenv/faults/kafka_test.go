@@ -8,7 +8,7 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 
-	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/internal/testenv/kafkatest"
 )
@@ -81,8 +81,8 @@ func (k *kafkaBroker) deadLetters(t *testing.T, topic string, want int) []letter
 		seen := map[string]bool{}
 		for _, m := range k.ReadAll(t, topic+".dlq") {
 			h := func(key string) string { return kafkatest.Header(m, key) }
-			letters = append(letters, letter{ID: idOf(m), Reason: h(consumer.MetaReason),
-				Attempts: h(consumer.MetaAttempts), Key: h(consumer.MetaKey), Scope: h(consumer.MetaKeyScope)})
+			letters = append(letters, letter{ID: idOf(m), Reason: h(wire.MetaReason),
+				Attempts: h(wire.MetaAttempts), Key: h(wire.MetaKey), Scope: h(wire.MetaKeyScope)})
 			seen[idOf(m)] = true
 		}
 		return len(seen) >= want, fmt.Sprintf("%d distinct", len(seen))

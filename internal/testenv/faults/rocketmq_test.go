@@ -10,7 +10,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
 
-	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/internal/testenv/rmqtest"
 )
@@ -247,8 +247,8 @@ func rocketDeadLetters(t *testing.T, rb *rmqtest.Broker, count func(topic string
 		seen := map[string]bool{}
 		for _, m := range rmqtest.ReadTopic(t, rb, dlq, int(n)) {
 			prop := func(k string) string { v, _ := m.Header(k); return string(v) }
-			letters = append(letters, letter{ID: string(m.Key), Reason: prop(consumer.MetaReason), Attempts: prop(consumer.MetaAttempts),
-				Key: prop(consumer.MetaKey), Scope: prop(consumer.MetaKeyScope)})
+			letters = append(letters, letter{ID: string(m.Key), Reason: prop(wire.MetaReason), Attempts: prop(wire.MetaAttempts),
+				Key: prop(wire.MetaKey), Scope: prop(wire.MetaKeyScope)})
 			seen[string(m.Key)] = true
 		}
 		return len(seen) >= want, fmt.Sprintf("%d letters, %d distinct", n, len(seen))

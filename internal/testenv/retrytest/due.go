@@ -8,10 +8,11 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 )
 
 // EarlyCopies counts the retry copies a handler was given before they were
-// due (consumer.RetryDue). Safe for concurrent use.
+// due (wire.RetryDue). Safe for concurrent use.
 type EarlyCopies struct {
 	n    atomic.Int32
 	mu   sync.Mutex
@@ -20,7 +21,7 @@ type EarlyCopies struct {
 
 // Handled notes m, handled now; the handler calls it first.
 func (e *EarlyCopies) Handled(m *consumer.Message) {
-	if due, ok := consumer.RetryDue(m); ok && time.Now().Before(due) {
+	if due, ok := wire.RetryDue(m); ok && time.Now().Before(due) {
 		e.n.Add(1)
 		e.mu.Lock()
 		e.what = fmt.Sprintf("%s due %v, handled %v", m.Ref(), due, time.Now())

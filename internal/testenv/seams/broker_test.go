@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/source"
+	"github.com/idemkit/idem/consumer/wire"
 )
 
 // The broker is a fake Kafka with the guarantees the real one gives and no
@@ -209,7 +211,7 @@ func (m *member) abandon() {
 }
 
 // Run delivers what send hands it until ctx ends.
-func (m *member) Run(ctx context.Context, deliver consumer.DeliverFunc) error {
+func (m *member) Run(ctx context.Context, deliver source.DeliverFunc) error {
 	for {
 		select {
 		case <-ctx.Done():
@@ -261,13 +263,15 @@ func (m *member) Release(msgs []*consumer.Message, _ error) {
 	m.pending.Add(-int64(len(msgs)))
 }
 
-// InOffsetOrder: within an assignment, a partition is delivered in offset
-// order, and a new owner starts at the committed offset.
-func (m *member) InOffsetOrder() bool { return true }
+// Describe declares the member OffsetOrdered, and whether a message was
+// fetched in an assignment it still holds.
+func (m *member) Describe() source.Description {
+	return source.Description{OffsetOrdered: true, Assigned: m.assigned}
+}
 
-// Assigned reports whether msg was fetched in an assignment the member
-// still holds (consumer.AssignmentChecker).
-func (m *member) Assigned(msg *consumer.Message) bool {
+// assigned reports whether msg was fetched in an assignment the member
+// still holds.
+func (m *member) assigned(msg *consumer.Message) bool {
 	f, ok := msg.Raw.(fetched)
 	if !ok {
 		return false
@@ -278,13 +282,9 @@ func (m *member) Assigned(msg *consumer.Message) bool {
 	return a != nil && a.gen == f.gen
 }
 
-var (
-	_ consumer.Source            = (*member)(nil)
-	_ consumer.OffsetOrdered     = (*member)(nil)
-	_ consumer.AssignmentChecker = (*member)(nil)
-)
+var _ source.Source = (*member)(nil)
 
-// letter is a dead letter as an adapter writes it (consumer.Letter.Record)
+// letter is a dead letter as an adapter writes it (wire.Letter.Record)
 // to the dead-letter topic, partition for partition.
 type letter struct {
 	at   recID // its own coordinates in the dead-letter topic
@@ -313,7 +313,7 @@ func (d *dlq) DeadLetter(_ context.Context, l consumer.Letter) error {
 	m := l.Message
 	at := recID{m.Partition, d.ends[m.Partition]}
 	d.ends[m.Partition]++
-	headers, value := l.Record(1 << 20)
+	headers, value := wire.Letter(l).Record(1 << 20)
 	d.letters = append(d.letters, &letter{at: at, from: recID{m.Partition, m.Offset}, key: m.Key, headers: headers, value: value, reason: l.Reason.Error()})
 	return nil
 }

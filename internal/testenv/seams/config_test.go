@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemkit/idem/adapters/kafka"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 )
 
 // config is one consumer configuration of the Kafka mode (kafka_test.go),
@@ -132,7 +133,7 @@ func (c config) change(rng *rand.Rand) (config, string) {
 		d := free[rng.IntN(len(free))]
 		n.delays = append(n.delays, d)
 		n.readDelays = union(n.readDelays, n.delays)
-		return n, "delay " + consumer.RetryDelayName(d) + " added"
+		return n, "delay " + wire.RetryDelayName(d) + " added"
 	case 2: // a delay removed (its topic still read)
 		if !c.nonBlocking || len(c.delays) < 2 {
 			return c, ""
@@ -140,7 +141,7 @@ func (c config) change(rng *rand.Rand) (config, string) {
 		i := rng.IntN(len(c.delays))
 		d := c.delays[i]
 		n.delays = slices.Delete(n.delays, i, i+1)
-		return n, "delay " + consumer.RetryDelayName(d) + " removed"
+		return n, "delay " + wire.RetryDelayName(d) + " removed"
 	default: // KeyLanes changed
 		if c.offsets {
 			return c, "" // New refuses KeyLanes with Offsets
@@ -165,7 +166,7 @@ func union(a, b []time.Duration) []time.Duration {
 func delayList(ds []time.Duration) string {
 	var s []string
 	for _, d := range ds {
-		s = append(s, consumer.RetryDelayName(d))
+		s = append(s, wire.RetryDelayName(d))
 	}
 	return "[" + strings.Join(s, " ") + "]"
 }

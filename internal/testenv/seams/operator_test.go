@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/internal/testenv/kafkatest"
 )
 
@@ -307,7 +307,7 @@ func (r *kafkaRunner) checkDoneKeys(ctx context.Context, plan planDoc) {
 func (r *kafkaRunner) redriveCopies() map[string]int {
 	out := map[string]int{}
 	for _, m := range r.admin.ReadAll(r.t, r.topic) {
-		if from, ok := kafkatest.HeaderOK(m, consumer.MetaRedrivenFrom); ok {
+		if from, ok := kafkatest.HeaderOK(m, wire.MetaRedrivenFrom); ok {
 			out[from]++
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/pgstore"
 )
@@ -76,20 +77,20 @@ func redriveRecord(ctx context.Context, t testing.TB, pg *pgstore.Store, l *lett
 		}
 		return "", false
 	}
-	scope, _ := hdr(consumer.MetaKeyScope)
-	key, _ := hdr(consumer.MetaKey)
-	to, _ := hdr(consumer.MetaTopic)
-	partition, _ := hdr(consumer.MetaPartition)
+	scope, _ := hdr(wire.MetaKeyScope)
+	key, _ := hdr(wire.MetaKey)
+	to, _ := hdr(wire.MetaTopic)
+	partition, _ := hdr(wire.MetaPartition)
 	part, perr := strconv.Atoi(partition)
 	count := 0
-	if c, ok := hdr(consumer.MetaRedriveCount); ok {
+	if c, ok := hdr(wire.MetaRedriveCount); ok {
 		count, _ = strconv.Atoi(c)
 	}
 	switch {
 	case to != topic:
-		return nil, 0, "no " + consumer.MetaTopic
+		return nil, 0, "no " + wire.MetaTopic
 	case perr != nil:
-		return nil, 0, "no " + consumer.MetaPartition
+		return nil, 0, "no " + wire.MetaPartition
 	case scope == "" || key == "":
 		return nil, 0, "no key"
 	case count >= maxRedrives:
@@ -111,14 +112,14 @@ func redriveRecord(ctx context.Context, t testing.TB, pg *pgstore.Store, l *lett
 	}
 	for _, h := range l.headers {
 		switch h.Key {
-		case consumer.MetaReason, consumer.MetaAttempts, consumer.MetaAttempt, consumer.MetaLane,
-			consumer.MetaRedriveCount, consumer.MetaRedrivenFrom:
+		case wire.MetaReason, wire.MetaAttempts, wire.MetaAttempt, wire.MetaLane,
+			wire.MetaRedriveCount, wire.MetaRedrivenFrom:
 		default:
 			headers = append(headers, h)
 		}
 	}
 	headers = append(headers,
-		consumer.Header{Key: consumer.MetaRedriveCount, Value: []byte(strconv.Itoa(count + 1))},
-		consumer.Header{Key: consumer.MetaRedrivenFrom, Value: []byte(fmt.Sprintf("%s.dlq/%d/%d", topic, l.at.part, l.at.off))})
+		consumer.Header{Key: wire.MetaRedriveCount, Value: []byte(strconv.Itoa(count + 1))},
+		consumer.Header{Key: wire.MetaRedrivenFrom, Value: []byte(fmt.Sprintf("%s.dlq/%d/%d", topic, l.at.part, l.at.off))})
 	return headers, part, ""
 }

@@ -27,7 +27,7 @@
 // message ID and key, idem-redrive-count (one more than the letter's) and
 // idem-redriven-from (the letter's position); the letter's reason,
 // attempts and lane are left behind. A consumer deduplicates the copy by
-// the identity its original was first delivered with (see consumer.Origin).
+// the identity its original was first delivered with (see source.Origin).
 //
 // What is guaranteed, on both:
 //
@@ -51,7 +51,7 @@
 // the group runs), reads with pulls from the committed offset, and sends a
 // copy to its original queue when the topic still has it on that broker,
 // else to any queue: the RocketMQ Source honours lineage in any queue
-// (consumer.ProducerChosenIDs), keyed by the original's message ID; the
+// (source.Description.ProducerChosenIDs), keyed by the original's message ID; the
 // copy keeps the letter's KEYS and TAGS. RocketMQ's own dead-letter queue
 // %DLQ%<group> (rocketmq.DeadLetterBroker) is refused with
 // ErrBrokerDeadLetterQueue: its messages carry no idem key or lineage.

@@ -8,6 +8,7 @@ import (
 	"strconv"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup"
 )
 
@@ -35,7 +36,7 @@ type Config struct {
 	// Topic is the dead-letter topic to read. Required.
 	Topic string
 	// To sends every letter to this topic; default each letter's original
-	// topic (consumer.MetaTopic). A copy sent elsewhere is a new message
+	// topic (wire.MetaTopic). A copy sent elsewhere is a new message
 	// there: the consumer does not honour its lineage.
 	To string
 	// Group is the consumer group whose committed offsets of Topic say
@@ -65,7 +66,7 @@ type Result struct {
 	Key     string `json:"key,omitempty"`
 	To      string `json:"to,omitempty"`    // topic/partition (Kafka); topic, and once sent topic/broker/queue (RocketMQ)
 	Action  string `json:"action"`          // Sent, WouldSend, Refused, Skipped, Duplicate
-	Cause   string `json:"cause,omitempty"` // the letter's idem-cause (consumer.MetaCause): why it was dead-lettered
+	Cause   string `json:"cause,omitempty"` // the letter's idem-cause (wire.MetaCause): why it was dead-lettered
 	Reason  string `json:"reason,omitempty"`
 	Count   int    `json:"redrive_count,omitempty"`
 	Release bool   `json:"released,omitempty"` // its failed row was released on the way (Config.Release)
@@ -128,7 +129,7 @@ func (l *letter) header(name string) (string, bool) {
 // message is the copy of a letter that goes back.
 type message struct {
 	topic      string
-	partition  int // the original's partition or queue ID (consumer.MetaPartition)
+	partition  int // the original's partition or queue ID (wire.MetaPartition)
 	key, value []byte
 	headers    []consumer.Header
 	letter     *letter
@@ -430,26 +431,26 @@ func (r *run) decide(ctx context.Context, q queue, l *letter) (Entry, *message, 
 		}
 		return e, c, nil
 	}
-	e.Cause, _ = l.header(consumer.MetaCause)
-	e.Scope, _ = l.header(consumer.MetaKeyScope)
-	e.Key, _ = l.header(consumer.MetaKey)
+	e.Cause, _ = l.header(wire.MetaCause)
+	e.Scope, _ = l.header(wire.MetaKeyScope)
+	e.Key, _ = l.header(wire.MetaKey)
 	to := r.cfg.To
 	if to == "" {
-		to, _ = l.header(consumer.MetaTopic)
+		to, _ = l.header(wire.MetaTopic)
 	}
-	partition, _ := l.header(consumer.MetaPartition)
+	partition, _ := l.header(wire.MetaPartition)
 	p, perr := strconv.Atoi(partition)
 	count := 0
-	if c, ok := l.header(consumer.MetaRedriveCount); ok {
+	if c, ok := l.header(wire.MetaRedriveCount); ok {
 		count, _ = strconv.Atoi(c)
 	}
 	e.Count = count + 1
-	_, leftOut := l.header(consumer.MetaValueSHA256)
+	_, leftOut := l.header(wire.MetaValueSHA256)
 	switch {
 	case to == "":
-		return refuse("no %s header: not an idem dead letter (use --to)", consumer.MetaTopic)
+		return refuse("no %s header: not an idem dead letter (use --to)", wire.MetaTopic)
 	case perr != nil:
-		return refuse("no valid %s header", consumer.MetaPartition)
+		return refuse("no valid %s header", wire.MetaPartition)
 	case e.Scope == "" || e.Key == "":
 		return refuse("no key: it was dead-lettered before its key was known (bad input); it would fail the same way")
 	}
@@ -522,14 +523,14 @@ func lineage(l *letter, count int) []consumer.Header {
 	headers := make([]consumer.Header, 0, len(l.headers)+2)
 	for _, h := range l.headers {
 		switch h.Key {
-		case consumer.MetaReason, consumer.MetaCause, consumer.MetaFingerprint, consumer.MetaAttempts, consumer.MetaAttempt, consumer.MetaLane,
-			consumer.MetaRedriveCount, consumer.MetaRedrivenFrom:
+		case wire.MetaReason, wire.MetaCause, wire.MetaFingerprint, wire.MetaAttempts, wire.MetaAttempt, wire.MetaLane,
+			wire.MetaRedriveCount, wire.MetaRedrivenFrom:
 			// the letter's own, or replaced below
 		default:
 			headers = append(headers, h)
 		}
 	}
 	return append(headers,
-		consumer.Header{Key: consumer.MetaRedriveCount, Value: []byte(strconv.Itoa(count))},
-		consumer.Header{Key: consumer.MetaRedrivenFrom, Value: []byte(l.pos)})
+		consumer.Header{Key: wire.MetaRedriveCount, Value: []byte(strconv.Itoa(count))},
+		consumer.Header{Key: wire.MetaRedrivenFrom, Value: []byte(l.pos)})
 }

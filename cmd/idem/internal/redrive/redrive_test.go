@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup"
 )
 
@@ -99,9 +100,9 @@ func (a *fakeAdmin) Release(_ context.Context, keys []dedup.Key, dry bool) ([]de
 // value deletes the header).
 func dl(offset int64, key string, changes ...string) letter {
 	h := map[string]string{
-		"traceparent": "00-1", consumer.MetaReason: "permanent: no", consumer.MetaAttempts: "1",
-		consumer.MetaTopic: "pay", consumer.MetaPartition: "2", consumer.MetaLane: "pay/2", consumer.MetaOffset: "40",
-		consumer.MetaMessageID: "pay/2/40", consumer.MetaAttempt: "1", consumer.MetaKeyScope: "pay", consumer.MetaKey: key,
+		"traceparent": "00-1", wire.MetaReason: "permanent: no", wire.MetaAttempts: "1",
+		wire.MetaTopic: "pay", wire.MetaPartition: "2", wire.MetaLane: "pay/2", wire.MetaOffset: "40",
+		wire.MetaMessageID: "pay/2/40", wire.MetaAttempt: "1", wire.MetaKeyScope: "pay", wire.MetaKey: key,
 	}
 	for i := 0; i+1 < len(changes); i += 2 {
 		if changes[i+1] == "" {
@@ -124,11 +125,11 @@ func TestRefusals(t *testing.T) {
 		row    string // the key's outcome in the store
 		reason string
 	}{
-		{"not a letter", dl(0, "K", consumer.MetaTopic, ""), "", "not an idem dead letter"},
-		{"no partition", dl(0, "K", consumer.MetaPartition, "x"), "", "no valid " + consumer.MetaPartition},
-		{"no key", dl(0, "", consumer.MetaKey, ""), "", "no key"},
-		{"redriven too often", dl(0, "K", consumer.MetaRedriveCount, "3"), "", "redriven 3 times already"},
-		{"value left out", dl(0, "K", consumer.MetaValueSHA256, "ab"), "", "left out"},
+		{"not a letter", dl(0, "K", wire.MetaTopic, ""), "", "not an idem dead letter"},
+		{"no partition", dl(0, "K", wire.MetaPartition, "x"), "", "no valid " + wire.MetaPartition},
+		{"no key", dl(0, "", wire.MetaKey, ""), "", "no key"},
+		{"redriven too often", dl(0, "K", wire.MetaRedriveCount, "3"), "", "redriven 3 times already"},
+		{"value left out", dl(0, "K", wire.MetaValueSHA256, "ab"), "", "left out"},
 		{"failed", dl(0, "K"), "failed", "release it first"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -157,7 +158,7 @@ func TestRefusals(t *testing.T) {
 // coordinates, ID and key, the redrive's count and the letter it came
 // from; not the letter's reason, attempts or lane.
 func TestLineage(t *testing.T) {
-	b := &fakeBroker{letters: []letter{dl(0, "K", consumer.MetaRedriveCount, "1", consumer.MetaRedrivenFrom, "pay.dlq/0/9")}}
+	b := &fakeBroker{letters: []letter{dl(0, "K", wire.MetaRedriveCount, "1", wire.MetaRedrivenFrom, "pay.dlq/0/9")}}
 	res, err := run2(context.Background(), b, Config{Admin: &fakeAdmin{}, Topic: "pay.dlq"})
 	if err != nil || len(res) != 1 || res[0].Action != Sent || res[0].Count != 2 || res[0].To != "pay/2" {
 		t.Fatalf("results %+v, %v", res, err)
@@ -167,9 +168,9 @@ func TestLineage(t *testing.T) {
 		got[h.Key] = append(got[h.Key], string(h.Value))
 	}
 	want := map[string][]string{
-		"traceparent": {"00-1"}, consumer.MetaTopic: {"pay"}, consumer.MetaPartition: {"2"}, consumer.MetaOffset: {"40"},
-		consumer.MetaMessageID: {"pay/2/40"}, consumer.MetaKeyScope: {"pay"}, consumer.MetaKey: {"K"},
-		consumer.MetaRedriveCount: {"2"}, consumer.MetaRedrivenFrom: {"pay.dlq/0/0"},
+		"traceparent": {"00-1"}, wire.MetaTopic: {"pay"}, wire.MetaPartition: {"2"}, wire.MetaOffset: {"40"},
+		wire.MetaMessageID: {"pay/2/40"}, wire.MetaKeyScope: {"pay"}, wire.MetaKey: {"K"},
+		wire.MetaRedriveCount: {"2"}, wire.MetaRedrivenFrom: {"pay.dlq/0/0"},
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("copy headers\n got %v\nwant %v", got, want)
@@ -235,7 +236,7 @@ func TestDryRunIsTheRun(t *testing.T) {
 // TestDuplicateIsPassedBy: a letter whose key is done is a duplicate:
 // committed past, not sent, and the letters after it go on.
 func TestDuplicateIsPassedBy(t *testing.T) {
-	b := &fakeBroker{letters: []letter{dl(0, "K"), dl(1, "K", consumer.MetaCause, "failed_before"), dl(2, "L")}}
+	b := &fakeBroker{letters: []letter{dl(0, "K"), dl(1, "K", wire.MetaCause, "failed_before"), dl(2, "L")}}
 	admin := &fakeAdmin{rows: map[string]string{"K": "done"}}
 	res, err := run2(context.Background(), b, Config{Admin: admin, Topic: "pay.dlq"})
 	if err != nil || len(res) != 3 || res[0].Action != Duplicate || res[1].Action != Duplicate || res[2].Action != Sent {
@@ -401,8 +402,8 @@ func TestRunsAndExecutionsTakeTheLock(t *testing.T) {
 // value was left out: passed by, never a stop that holds its partition.
 func TestDoneKeyIsADuplicateWhateverElse(t *testing.T) {
 	b := &fakeBroker{letters: []letter{
-		dl(0, "K", consumer.MetaRedriveCount, "5"),
-		dl(1, "K", consumer.MetaValueSHA256, "00"),
+		dl(0, "K", wire.MetaRedriveCount, "5"),
+		dl(1, "K", wire.MetaValueSHA256, "00"),
 		dl(2, "L"),
 	}}
 	admin := &fakeAdmin{rows: map[string]string{"K": "done"}}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/internal/rmqremoting"
 )
 
@@ -31,7 +32,7 @@ import (
 // queue its original was delivered from when the topic still has it on
 // that broker, else to a queue the producer chooses: the consumer honours
 // a copy's lineage in any queue (the Source reports
-// consumer.ProducerChosenIDs) and keys it by the original's message ID. The
+// source.Description.ProducerChosenIDs) and keys it by the original's message ID. The
 // copy keeps the letter's KEYS and TAGS, so that a consumer subscribed by
 // tag receives it.
 type RocketMQ struct {
@@ -237,7 +238,7 @@ func (s *rocketSession) send(ctx context.Context, c *message) (string, error) {
 		}
 	}
 	// The original's queue: its lane is topic/broker/queueId.
-	lane, _ := c.letter.header(consumer.MetaLane)
+	lane, _ := c.letter.header(wire.MetaLane)
 	if t, rest, ok := strings.Cut(lane, "/"); ok && t == c.topic {
 		if i := strings.LastIndexByte(rest, '/'); i > 0 {
 			if id, err := strconv.Atoi(rest[i+1:]); err == nil && id == c.partition {

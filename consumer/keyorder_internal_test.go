@@ -3,6 +3,10 @@ package consumer
 import (
 	"testing"
 	"time"
+
+	"github.com/idemkit/idem/consumer/internal/envelope"
+	"github.com/idemkit/idem/consumer/source"
+	"github.com/idemkit/idem/consumer/wire"
 )
 
 // TestHoldsKeepAKeysOrder: the holds of KeyOrdered on their own — the head
@@ -18,7 +22,7 @@ func TestHoldsKeepAKeysOrder(t *testing.T) {
 	copyOf := func(m *Message) *Message {
 		c := *m
 		c.Topic, c.Offset = "pay.retry.1s", 77
-		c.origin, c.hasOrigin = Origin{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Retry: true}, true
+		envelope.SetOrigin(&c, source.Origin{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Retry: true})
 		return &c
 	}
 	a1, a2, a3, b1 := msg(1, "a"), msg(2, "a"), msg(3, "a"), msg(4, "b")
@@ -83,22 +87,22 @@ func TestHeldMessagesOfTwoBrokers(t *testing.T) {
 		t.Fatalf("two messages of two brokers share the held id %q", ida)
 	}
 	// The copy of a's first trip, then the copy written on its second.
-	r := RetryLetter{Letter: Letter{Message: a}, Attempt: 1, Delay: time.Second}
+	r := wire.Letter{Message: a}
 	trip1 := &Message{Topic: "pay_RETRY", Partition: 0, Offset: 9, Key: a.Key, Lane: "pay_RETRY/broker-b/0"}
-	trip1.Headers, _ = r.Record()
-	o, why := lineageOf(trip1, true, retryOf{"pay_RETRY": "pay"})
+	trip1.Headers, _ = r.RetryRecord(wire.Retry{Attempt: 1, Delay: time.Second})
+	o, why := lineageOf(trip1, true, retryOf{"pay_RETRY": "pay"}.of)
 	if why != "" {
 		t.Fatal(why)
 	}
-	trip1.origin, trip1.hasOrigin = o, true
-	r2 := RetryLetter{Letter: Letter{Message: trip1}, Attempt: 2, Delay: time.Second}
+	envelope.SetOrigin(trip1, o)
+	r2 := wire.Letter{Message: trip1}
 	trip2 := &Message{Topic: "pay_RETRY", Partition: 0, Offset: 10, Key: a.Key, Lane: "pay_RETRY/broker-a/0"}
-	trip2.Headers, _ = r2.Record()
-	o2, why := lineageOf(trip2, true, retryOf{"pay_RETRY": "pay"})
+	trip2.Headers, _ = r2.RetryRecord(wire.Retry{Attempt: 2, Delay: time.Second})
+	o2, why := lineageOf(trip2, true, retryOf{"pay_RETRY": "pay"}.of)
 	if why != "" {
 		t.Fatal(why)
 	}
-	trip2.origin, trip2.hasOrigin = o2, true
+	envelope.SetOrigin(trip2, o2)
 	for i, c := range []*Message{trip1, trip2} {
 		if _, id, _ := heldKeyOf(c); id != ida {
 			t.Errorf("the copy of trip %d is held as %q, want its original's %q", i+1, id, ida)
@@ -106,16 +110,17 @@ func TestHeldMessagesOfTwoBrokers(t *testing.T) {
 	}
 }
 
-// retryOf is a RetryReader of a fixed map: retry topic -> its topic.
+// retryOf is a fixed map: retry topic -> its topic; of is its
+// source.Description.RetryOf.
 type retryOf map[string]string
 
-func (r retryOf) RetryOf(topic string) (string, bool) { t, ok := r[topic]; return t, ok }
+func (r retryOf) of(topic string) (string, bool) { t, ok := r[topic]; return t, ok }
 
 // TestHeldRedrivenCopyIsItsCopyAgain: KeyOrdered × a redriven copy on
 // RocketMQ. A redriven copy's origin has no lane (Origin.Lane is "" for a
 // redriven copy), so when it goes to retry its key is held under
 // "pay/0/5" (topic, queue ID, offset: the lane-less form). Its retry copy
-// carries MetaLane, which RetryLetter.Record leaves as the lane the
+// carries wire.MetaLane, which wire.Letter.RetryRecord left as the lane the
 // redriven copy was delivered on ("pay/broker-b/0"), and comes back held
 // as "pay/broker-b/0/5": not the id its key is held under. It is then not
 // the key's head but a message behind it: it follows its own hold into
@@ -123,22 +128,22 @@ func (r retryOf) RetryOf(topic string) (string, bool) { t, ok := r[topic]; retur
 // then the key's order is let go.
 func TestHeldRedrivenCopyIsItsCopyAgain(t *testing.T) {
 	red := &Message{Topic: "pay", Partition: 0, Offset: 12, Key: []byte("k"), Lane: "pay/broker-b/0", ID: "R",
-		Headers: []Header{{Key: MetaTopic, Value: []byte("pay")}, {Key: MetaPartition, Value: []byte("0")},
-			{Key: MetaOffset, Value: []byte("5")}, {Key: MetaMessageID, Value: []byte("A")}, {Key: MetaRedriveCount, Value: []byte("1")}}}
-	o, why := lineageOf(red, true, retryOf{"pay_RETRY": "pay"})
+		Headers: []Header{{Key: wire.MetaTopic, Value: []byte("pay")}, {Key: wire.MetaPartition, Value: []byte("0")},
+			{Key: wire.MetaOffset, Value: []byte("5")}, {Key: wire.MetaMessageID, Value: []byte("A")}, {Key: wire.MetaRedriveCount, Value: []byte("1")}}}
+	o, why := lineageOf(red, true, retryOf{"pay_RETRY": "pay"}.of)
 	if why != "" {
 		t.Fatal(why)
 	}
-	red.origin, red.hasOrigin = o, true
+	envelope.SetOrigin(red, o)
 	_, held, _ := heldKeyOf(red) // the id sentToRetry holds its key under
-	r := RetryLetter{Letter: Letter{Message: red}, Attempt: 1, Delay: time.Second}
+	r := wire.Letter{Message: red}
 	trip1 := &Message{Topic: "pay_RETRY", Partition: 0, Offset: 9, Key: red.Key, Lane: "pay_RETRY/broker-a/0"}
-	trip1.Headers, _ = r.Record()
-	o1, why := lineageOf(trip1, true, retryOf{"pay_RETRY": "pay"})
+	trip1.Headers, _ = r.RetryRecord(wire.Retry{Attempt: 1, Delay: time.Second})
+	o1, why := lineageOf(trip1, true, retryOf{"pay_RETRY": "pay"}.of)
 	if why != "" {
 		t.Fatal(why)
 	}
-	trip1.origin, trip1.hasOrigin = o1, true
+	envelope.SetOrigin(trip1, o1)
 	if _, id, _ := heldKeyOf(trip1); id != held {
 		t.Errorf("the retry copy of a redriven copy is held as %q, its key was held under %q: it follows itself into retry until the hold expires", id, held)
 	}

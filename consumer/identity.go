@@ -8,7 +8,10 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 
+	"github.com/idemkit/idem/consumer/internal/envelope"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup"
 )
 
@@ -45,7 +48,7 @@ func (c *Consumer[TTx]) keyItem(ctx context.Context, l *lane[TTx], it *item, flu
 	if err := c.pastRetention(it); err != nil {
 		return CauseExhausted, err
 	}
-	m.dedupKey = it.claim.Key
+	envelope.SetKey(m, it.claim.Key)
 	return 0, nil
 }
 
@@ -89,7 +92,7 @@ func (c *Consumer[TTx]) validate(ctx context.Context, l *lane[TTx], m *Message, 
 // It is the one place a message's identity is decided. A message is
 // keyed, and fingerprinted, at its first delivery; every copy of it —
 // retry copy, dead letter, redriven letter — carries the result
-// (MetaKeyScope, MetaKey, MetaFingerprint: Letter.Record), and a copy
+// (wire.MetaKeyScope, wire.MetaKey, wire.MetaFingerprint: wire.Letter.Record), and a copy
 // whose lineage the consumer honours (Message.Origin) is keyed from what
 // it carries (carriedIdentity), never again from its own topic or
 // headers as delivered: a retry copy arrives on a retry topic, and a
@@ -124,7 +127,7 @@ func (c *Consumer[TTx]) deriveKey(it *item, refused bool) error {
 				return err
 			}
 			it.claim = dedup.Claim{Key: k, Source: src}
-			if it.lineage = m.hasOrigin; it.lineage {
+			if _, it.lineage = m.Origin(); it.lineage {
 				fp, err := c.cfg.Fingerprint(originalView(m))
 				if err != nil {
 					return fmt.Errorf("fingerprint: %w", err)
@@ -146,12 +149,15 @@ func (c *Consumer[TTx]) deriveKey(it *item, refused bool) error {
 	}
 	m = originalView(m) // what Key, Tenant and Fingerprint see: the original, never a copy's topic
 	id, err := c.cfg.Key(m)
-	if err != nil && errors.Is(err, ErrNoKey) && c.cfg.OnMissingKey == FallBackToMessageID && m.identity() != "" {
+	if err != nil && errors.Is(err, ErrNoKey) && c.cfg.OnMissingKey == FallBackToMessageID && identity(m) != "" {
 		if !refused {
 			c.stats.keyFallbacks.Add(1)
 			c.cfg.Logger.Warn("idem: no key, keyed by the message ID (OnMissingKey)", slog.String("message", m.Ref()), slog.Any("error", err))
 		}
-		id, err = m.identity(), nil
+		id, err = identity(m), nil
+	}
+	if !refused {
+		c.checkKey(m, err)
 	}
 	if err != nil {
 		return fmt.Errorf("key: %w", err)
@@ -178,26 +184,27 @@ func (c *Consumer[TTx]) deriveKey(it *item, refused bool) error {
 }
 
 // carriedIdentity returns the key, and the fingerprint when it carries
-// one, that m carries from its first delivery (MetaKeyScope, MetaKey,
-// MetaFingerprint); ok is false when m is not a copy whose lineage the
+// one, that m carries from its first delivery (wire.MetaKeyScope, wire.MetaKey,
+// wire.MetaFingerprint); ok is false when m is not a copy whose lineage the
 // consumer honours, carries no identity, or carries one the consumer
 // refuses (logged): m is then keyed from its original's view.
 //
 // Headers are the producer's to write: a carried identity counts only
 // with honoured lineage, and its scope must be this consumer's — its Name,
 // or Name + "/" + a tenant when Config.Tenant is set. A retry copy lies on
-// a retry topic only the consumer writes to (RetryReader), so its tenant
+// a retry topic only the consumer writes to (source.Description.RetryOf), so its tenant
 // is taken as carried. A redriven copy lies on its original's own topic,
 // which anyone who can produce there can write: its carried tenant must be
 // the one Config.Tenant derives from it, and its carried key the one
 // Config.Key derives from its original's view, so that a forged copy can
 // neither write into another tenant's scope nor take another message's key.
 func (c *Consumer[TTx]) carriedIdentity(m *Message) (dedup.Key, dedup.Fingerprint, bool) {
-	if !m.hasOrigin {
+	origin, ok := m.Origin()
+	if !ok {
 		return dedup.Key{}, dedup.Fingerprint{}, false
 	}
-	scope, ok := m.Header(MetaKeyScope)
-	id, ok2 := m.Header(MetaKey)
+	scope, ok := m.Header(wire.MetaKeyScope)
+	id, ok2 := m.Header(wire.MetaKey)
 	if !ok || !ok2 {
 		return dedup.Key{}, dedup.Fingerprint{}, false
 	}
@@ -216,7 +223,7 @@ func (c *Consumer[TTx]) carriedIdentity(m *Message) (dedup.Key, dedup.Fingerprin
 		return refuse("the scope is not the consumer's Name " + strconv.Quote(c.cfg.Name))
 	case c.cfg.Tenant != nil && (!hasTenant || tenant == ""):
 		return refuse("the scope is not the consumer's Name and a tenant (" + strconv.Quote(c.cfg.Name+"/<tenant>") + ")")
-	case c.cfg.Tenant != nil && !m.origin.Retry:
+	case c.cfg.Tenant != nil && !origin.Retry:
 		t, err := c.cfg.Tenant(originalView(m))
 		if err != nil {
 			return refuse("tenant: " + err.Error())
@@ -225,15 +232,15 @@ func (c *Consumer[TTx]) carriedIdentity(m *Message) (dedup.Key, dedup.Fingerprin
 			return refuse("a redriven copy's tenant must be the one Tenant derives from it, " + strconv.Quote(t))
 		}
 	}
-	if !m.origin.Retry {
+	if !origin.Retry {
 		// Its lineage names its original, not its key: the key the Key
 		// function gives the original's view must be the one it carries,
 		// so that a forged copy cannot claim the key of another message
 		// (under ByMessageID on Kafka, a later, unseen position).
 		v := originalView(m)
 		want, err := c.cfg.Key(v)
-		if err != nil && errors.Is(err, ErrNoKey) && c.cfg.OnMissingKey == FallBackToMessageID && v.identity() != "" {
-			want, err = v.identity(), nil
+		if err != nil && errors.Is(err, ErrNoKey) && c.cfg.OnMissingKey == FallBackToMessageID && identity(v) != "" {
+			want, err = identity(v), nil
 		}
 		if err != nil {
 			return refuse("key: " + err.Error())
@@ -243,9 +250,9 @@ func (c *Consumer[TTx]) carriedIdentity(m *Message) (dedup.Key, dedup.Fingerprin
 		}
 	}
 	var fp dedup.Fingerprint
-	if v, ok := m.Header(MetaFingerprint); ok {
+	if v, ok := m.Header(wire.MetaFingerprint); ok {
 		if n, err := hex.Decode(fp[:], v); err != nil || n != len(fp) {
-			return refuse(MetaFingerprint + " is not a hex SHA-256")
+			return refuse(wire.MetaFingerprint + " is not a hex SHA-256")
 		}
 	}
 	return k, fp, true
@@ -257,17 +264,71 @@ func (c *Consumer[TTx]) carriedIdentity(m *Message) (dedup.Key, dedup.Fingerprin
 // metadata idem wrote on the copy (dead-letter, retry and redrive
 // headers); else m itself.
 func originalView(m *Message) *Message {
-	if !m.hasOrigin {
+	o, ok := m.Origin()
+	if !ok {
 		return m
 	}
 	v := *m
-	o := m.origin
 	v.Topic, v.Partition, v.Offset, v.ID = o.Topic, o.Partition, o.Offset, o.ID
 	v.Headers = make([]Header, 0, len(m.Headers))
 	for _, h := range m.Headers {
-		if !isMeta(h.Key) && h.Key != MetaRedriveCount && h.Key != MetaRedrivenFrom {
+		if !wire.IsMeta(h.Key) && h.Key != wire.MetaRedriveCount && h.Key != wire.MetaRedrivenFrom {
 			v.Headers = append(v.Headers, h)
 		}
 	}
 	return &v
+}
+
+// keyCheckRun is how many of a consumer's first messages keyed by
+// Config.Key judge the key function: more than half of them failing is a
+// configuration error (ErrKeyMisconfigured), not bad messages.
+const keyCheckRun = 20
+
+// keyCheck counts Config.Key's failures over the first keyCheckRun
+// messages it keys; safe for concurrent use.
+type keyCheck struct {
+	mu       sync.Mutex
+	seen     int
+	failed   int
+	verdict  error // ErrKeyMisconfigured, once judged so
+	finished bool
+}
+
+// checkKey counts the outcome of Config.Key on m (err nil: a key) while
+// the first messages are judged. Once more than half of keyCheckRun have
+// failed, the key function is taken to be misconfigured: Health shows it,
+// and one ERROR line says so. Each message is still dead-lettered.
+func (c *Consumer[TTx]) checkKey(m *Message, err error) {
+	k := &c.keyCheck
+	k.mu.Lock()
+	if k.finished {
+		k.mu.Unlock()
+		return
+	}
+	k.seen++
+	if err != nil {
+		k.failed++
+	}
+	var verdict error
+	if k.failed > keyCheckRun/2 {
+		k.finished = true
+		verdict = fmt.Errorf("%w: Config.Key failed on %d of the first %d messages (last %s: %v); check the key path or header against the messages the producers send",
+			ErrKeyMisconfigured, k.failed, k.seen, m.Ref(), err)
+		k.verdict = verdict
+	} else if k.seen >= keyCheckRun {
+		k.finished = true
+	}
+	failed, seen := k.failed, k.seen
+	k.mu.Unlock()
+	if verdict != nil {
+		c.cfg.Logger.Error("idem: the key function looks misconfigured; its messages are dead-lettered",
+			slog.Int("failed", failed), slog.Int("of", seen), slog.String("message", m.Ref()), slog.Any("error", err))
+	}
+}
+
+// keyVerdict is the key check's ErrKeyMisconfigured, or nil.
+func (c *Consumer[TTx]) keyVerdict() error {
+	c.keyCheck.mu.Lock()
+	defer c.keyCheck.mu.Unlock()
+	return c.keyCheck.verdict
 }

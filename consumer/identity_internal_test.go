@@ -3,6 +3,8 @@ package consumer
 import (
 	"testing"
 
+	"github.com/idemkit/idem/consumer/internal/envelope"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup"
 )
 
@@ -20,13 +22,13 @@ func TestOffsetsFingerprintARedrivenCopyAsItsOriginal(t *testing.T) {
 	c := &Consumer[struct{}]{cfg: Config[struct{}]{Name: "payments", Offsets: offsetsOnly{},
 		Fingerprint: func(m *Message) (dedup.Fingerprint, error) { return dedup.FingerprintOf([]byte(m.Coordinates())), nil }}}
 	red := &Message{Topic: "pay", Partition: 0, Offset: 12, ID: "pay/0/12", Headers: []Header{
-		{Key: MetaTopic, Value: []byte("pay")}, {Key: MetaPartition, Value: []byte("0")}, {Key: MetaOffset, Value: []byte("5")},
-		{Key: MetaMessageID, Value: []byte("pay/0/5")}, {Key: MetaRedriveCount, Value: []byte("1")}}}
+		{Key: wire.MetaTopic, Value: []byte("pay")}, {Key: wire.MetaPartition, Value: []byte("0")}, {Key: wire.MetaOffset, Value: []byte("5")},
+		{Key: wire.MetaMessageID, Value: []byte("pay/0/5")}, {Key: wire.MetaRedriveCount, Value: []byte("1")}}}
 	o, why := lineageOf(red, false, nil)
 	if why != "" {
 		t.Fatal(why)
 	}
-	red.origin, red.hasOrigin = o, true
+	envelope.SetOrigin(red, o)
 	it := &item{msg: red}
 	if err := c.deriveKey(it, false); err != nil {
 		t.Fatal(err)

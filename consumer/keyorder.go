@@ -9,6 +9,9 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idem/consumer/source"
+	"github.com/idemkit/idem/consumer/wire"
 )
 
 // Key order under NonBlocking (NonBlocking.KeyOrdered): while a record key
@@ -69,19 +72,9 @@ func heldKeyOf(m *Message) (key, id string, ok bool) {
 	}
 	o, ok := m.Origin()
 	if !ok {
-		o = Origin{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Lane: m.Lane}
+		o = source.Origin{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Lane: m.Lane}
 	}
-	return o.Topic + "\x00" + string(m.Key), o.lane() + "/" + strconv.FormatInt(o.Offset, 10), true
-}
-
-// lane is the lane the original is held by (heldKeyOf) and that its retry
-// copies carry (RetryLetter.Record): its Lane, or topic/partition when
-// that is not known (a redriven copy).
-func (o Origin) lane() string {
-	if o.Lane != "" {
-		return o.Lane
-	}
-	return o.Topic + "/" + strconv.Itoa(int(o.Partition))
+	return o.Topic + "\x00" + string(m.Key), o.HeldLane() + "/" + strconv.FormatInt(o.Offset, 10), true
 }
 
 // sentToRetry records that it went to retry with delay: its key is held,
@@ -187,7 +180,7 @@ func (c *Consumer[TTx]) follow(ctx context.Context, its []*item) ([]*item, error
 }
 
 // sendFollower writes it to the retry destination of delay untried
-// (MetaRetryFollowing): its next trip stays the one it was to be on, so
+// (wire.MetaRetryFollowing): its next trip stays the one it was to be on, so
 // following spends none of its trips.
 func (c *Consumer[TTx]) sendFollower(ctx context.Context, it *item, delay time.Duration) error {
 	done, first := c.retryAttempt(it.msg)
@@ -197,8 +190,8 @@ func (c *Consumer[TTx]) sendFollower(ctx context.Context, it *item, delay time.D
 	}
 	reason := errFollowing
 	r := RetryLetter{
-		Letter:  Letter{Message: it.msg, Key: it.claim.Key, Fingerprint: it.claim.Fingerprint, Cause: CauseExhausted, Reason: reason, Attempts: it.attempts},
-		Attempt: done + 1, Delay: delay, Due: now.Add(delay), FirstFailure: first, Following: true,
+		Letter: Letter{Message: it.msg, Key: it.claim.Key, Fingerprint: it.claim.Fingerprint, Cause: CauseExhausted, Reason: reason, Attempts: it.attempts},
+		Retry:  wire.Retry{Attempt: done + 1, Delay: delay, Due: now.Add(delay), FirstFailure: first, Following: true},
 	}
 	tooLarge, err := c.writeRetry(ctx, r)
 	if err != nil {

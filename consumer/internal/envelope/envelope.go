@@ -1,0 +1,17 @@
+// Package envelope lets the consumer record on a message what it decided
+// about it — the dedup key it claimed, the lineage it honoured — without
+// making those fields writable by anyone else. Package source, which
+// defines Message, fills these in; only the consumer calls them.
+package envelope
+
+import "github.com/idemkit/idem/dedup"
+
+var (
+	// SetKey records the dedup key the consumer claimed for m, a
+	// *source.Message (source.Message.DedupKey).
+	SetKey func(m any, k dedup.Key)
+	// SetOrigin records o, a source.Origin, as the lineage the consumer
+	// honours for m, a *source.Message, or clears it when o is nil
+	// (source.Message.Origin).
+	SetOrigin func(m any, o any)
+)
