@@ -33,6 +33,11 @@ type ConsumerJSON struct {
 	Ready   bool   `json:"ready"` // consumer.Health.Ready
 	Live    bool   `json:"live"`  // consumer.Health.Live(Config.Stall)
 	Error   string `json:"error,omitempty"`
+	// Misconfigured is a configuration the messages contradict
+	// (consumer.Health.Misconfigured: a key function that failed on most of
+	// the first messages). It fails neither probe — a restart does not fix
+	// a configuration — but says what to fix.
+	Misconfigured string `json:"misconfigured,omitempty"`
 	// StoppedLanes are the lanes stopped until a restart
 	// (StopLaneOnExhausted, a broken deployment); StalledLanes the lanes
 	// the source reports with no progress for longer than Config.Stall,
@@ -108,6 +113,9 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 			Ready: ready == nil, Live: live == nil,
 			StoppedLanes: nonNil(h.StoppedLanes), StalledLanes: nonNil(h.StalledLanes(now, s.cfg.Stall)),
 			InFlight: h.InFlight, LastProgress: timePtr(h.LastProgress), Lanes: lanes(h.Lanes),
+		}
+		if h.Misconfigured != nil {
+			cj.Misconfigured = h.Misconfigured.Error()
 		}
 		if err := pick(ready, live); err != nil {
 			cj.Error = err.Error()

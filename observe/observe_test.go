@@ -270,6 +270,43 @@ func TestHealthzShowsStoppedAndStalledLanes(t *testing.T) {
 	stop()
 }
 
+// TestHealthzSaysAKeyFunctionLooksWrong: a key path with a typo fails on
+// every message; /healthz names the consumer's misconfiguration, and both
+// probes still pass (a restart would not fix it).
+func TestHealthzSaysAKeyFunctionLooksWrong(t *testing.T) {
+	src := consumertest.NewSource(consumertest.Script{})
+	obs, err := observe.New(observe.Config{Logger: testenv.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tel, err := obs.Telemetry(otelconsumer.Config{System: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := consumer.New(consumer.Config[*memstore.Tx]{
+		Name: "payments", Source: src, DeadLetter: &consumertest.DeadLetters{}, Store: memstore.New(memstore.Config{}),
+		Key: consumer.ByJSONField("txnid"), Observer: tel, Logger: testenv.Logger(t), Clock: consumertest.NewClock(),
+		Handler: consumer.HandlerFunc[*memstore.Tx](func(context.Context, *memstore.Tx, *consumer.Message) error { return nil }),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, stop := watchAndRun(t, obs, c, tel)
+	for i := range 30 {
+		src.Push(consumertest.Message("pay", 0, int64(i), "", fmt.Sprintf(`{"txn_id":"T%d"}`, i)))
+	}
+	var h observe.HealthJSON
+	var code int
+	testenv.WaitUntilProgress(t, time.Minute, "the key check's verdict", func() (bool, string) {
+		code, h = healthz(t, base, "")
+		return len(h.Consumers) == 1 && h.Consumers[0].Misconfigured != "", fmt.Sprintf("%d %+v", code, h)
+	})
+	if cj := h.Consumers[0]; code != http.StatusOK || !cj.Ready || !cj.Live || !strings.Contains(cj.Misconfigured, "Config.Key") {
+		t.Errorf("healthz: %d %+v; want 200, ready and live, and the misconfiguration naming Config.Key", code, h)
+	}
+	stop()
+}
+
 // watchAndRun watches c with tel, serves obs and runs c. It returns the
 // Server's base URL and stop, which stops c and checks what Run returned.
 func watchAndRun(t *testing.T, obs *observe.Server, c *consumer.Consumer[*memstore.Tx], tel *otelconsumer.Telemetry) (base string, stop func()) {
