@@ -67,10 +67,39 @@ func (w *groupWatch) run(ctx context.Context) {
 func (w *groupWatch) check(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, w.every)
 	defer cancel()
-	for _, topic := range w.topics {
-		route, err := w.route(ctx, topic)
+	readQueues(ctx, w.nameServers, w.topics, func(topic string, err error) {
+		w.log.Debug("rocketmq: group check: no route", slog.String("topic", topic), slog.Any("error", err))
+	}, func(q rmqremoting.Queue) {
+		last, err := rmqremoting.MaxOffset(ctx, q)
 		if err != nil {
-			w.log.Debug("rocketmq: group check: no route", slog.String("topic", topic), slog.Any("error", err))
+			w.log.Debug("rocketmq: group check", slog.String("queue", q.String()), slog.Any("error", err))
+			return
+		}
+		committed, ok, err := rmqremoting.ConsumerOffset(ctx, w.group, q)
+		if err == nil && !ok {
+			// Never consumed: the group would start at the first
+			// message (FirstOffset) or at the end (LastOffset).
+			committed = last
+			if w.fromFirst {
+				committed, err = rmqremoting.MinOffset(ctx, q)
+			}
+		}
+		if err != nil {
+			w.log.Debug("rocketmq: group check", slog.String("queue", q.String()), slog.Any("error", err))
+			return
+		}
+		w.saw(laneOf(&primitive.MessageQueue{Topic: q.Topic, BrokerName: q.Broker, QueueId: q.ID}), committed, last, time.Now())
+	})
+}
+
+// readQueues calls fn with each readable queue of topics as the name
+// servers route them, and noRoute with a topic whose route none of them
+// gave: the walk the group check and the retry queues' start share.
+func readQueues(ctx context.Context, nameServers, topics []string, noRoute func(topic string, err error), fn func(q rmqremoting.Queue)) {
+	for _, topic := range topics {
+		route, err := topicRoute(ctx, nameServers, topic)
+		if err != nil {
+			noRoute(topic, err)
 			continue
 		}
 		for _, b := range route {
@@ -78,33 +107,15 @@ func (w *groupWatch) check(ctx context.Context) {
 				continue
 			}
 			for id := range b.ReadQueues {
-				q := rmqremoting.Queue{Addr: b.Addr, Broker: b.Name, Topic: topic, ID: id}
-				last, err := rmqremoting.MaxOffset(ctx, q)
-				if err != nil {
-					w.log.Debug("rocketmq: group check", slog.String("queue", q.String()), slog.Any("error", err))
-					continue
-				}
-				committed, ok, err := rmqremoting.ConsumerOffset(ctx, w.group, q)
-				if err == nil && !ok {
-					// Never consumed: the group would start at the first
-					// message (FirstOffset) or at the end (LastOffset).
-					committed = last
-					if w.fromFirst {
-						committed, err = rmqremoting.MinOffset(ctx, q)
-					}
-				}
-				if err != nil {
-					w.log.Debug("rocketmq: group check", slog.String("queue", q.String()), slog.Any("error", err))
-					continue
-				}
-				w.saw(laneOf(&primitive.MessageQueue{Topic: q.Topic, BrokerName: q.Broker, QueueId: q.ID}), committed, last, time.Now())
+				fn(rmqremoting.Queue{Addr: b.Addr, Broker: b.Name, Topic: topic, ID: id})
 			}
 		}
 	}
 }
 
-func (w *groupWatch) route(ctx context.Context, topic string) (route []rmqremoting.RouteBroker, err error) {
-	for _, ns := range w.nameServers {
+// topicRoute asks each name server in turn for topic's route.
+func topicRoute(ctx context.Context, nameServers []string, topic string) (route []rmqremoting.RouteBroker, err error) {
+	for _, ns := range nameServers {
 		if route, err = rmqremoting.TopicRoute(ctx, ns, topic); err == nil {
 			return route, nil
 		}

@@ -41,24 +41,13 @@ func (s *Source) seedRetryOffsets(ctx context.Context, topics []string) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	for _, topic := range topics {
-		route, err := s.retryRoute(ctx, topic)
-		if err != nil {
-			s.log.Warn("rocketmq: cannot read a retry topic's route to start it at its first message", slog.String("topic", topic), slog.Any("error", err))
-			continue
+	readQueues(ctx, s.cfg.NameServers, topics, func(topic string, err error) {
+		s.log.Warn("rocketmq: cannot read a retry topic's route to start it at its first message", slog.String("topic", topic), slog.Any("error", err))
+	}, func(q rmqremoting.Queue) {
+		if err := seedQueue(ctx, s.cfg.Group, q); err != nil {
+			s.log.Warn("rocketmq: cannot start a retry queue at its first message", slog.String("queue", q.String()), slog.Any("error", err))
 		}
-		for _, b := range route {
-			if !b.Readable() || b.Addr == "" {
-				continue
-			}
-			for id := range b.ReadQueues {
-				q := rmqremoting.Queue{Addr: b.Addr, Broker: b.Name, Topic: topic, ID: id}
-				if err := seedQueue(ctx, s.cfg.Group, q); err != nil {
-					s.log.Warn("rocketmq: cannot start a retry queue at its first message", slog.String("queue", q.String()), slog.Any("error", err))
-				}
-			}
-		}
-	}
+	})
 }
 
 // seedQueue commits q's first offset for group unless group has one.
@@ -72,13 +61,4 @@ func seedQueue(ctx context.Context, group string, q rmqremoting.Queue) error {
 		return err
 	}
 	return rmqremoting.CommitOffset(ctx, group, q, first)
-}
-
-func (s *Source) retryRoute(ctx context.Context, topic string) (route []rmqremoting.RouteBroker, err error) {
-	for _, ns := range s.cfg.NameServers {
-		if route, err = rmqremoting.TopicRoute(ctx, ns, topic); err == nil {
-			return route, nil
-		}
-	}
-	return nil, err
 }
