@@ -164,15 +164,6 @@ func (c *Config[TTx]) nonBlockingConflicts(nb NonBlocking) []string {
 	return out
 }
 
-// KeyRetention is a Store that keeps keys for a limited time and says
-// how long: def for a scope perScope does not name; zero or less is for
-// ever. pgstore, sqlitestore, mysqlstore and memstore are. New refuses a
-// NonBlocking whose horizon (RetryHorizon) a scope of the consumer's does
-// not keep its keys for; a Store that is not a KeyRetention is not checked.
-type KeyRetention interface {
-	Retention() (def time.Duration, perScope map[string]time.Duration)
-}
-
 // RetryMargin is what RetryHorizon adds to the sum of the delays: the time
 // a copy may wait beyond its delay — behind other copies of its retry
 // partition, through a deploy or a rebalance — and its attempts take.
@@ -191,14 +182,14 @@ func RetryHorizon(delays []time.Duration) time.Duration {
 }
 
 // retentionConflicts names each scope of the consumer's (Name, Name/tenant)
-// whose keys the store keeps for less than nb's horizon.
+// whose keys the store keeps (dedup.Store.Retention) for less than nb's
+// horizon.
 func (c *Config[TTx]) retentionConflicts(nb NonBlocking) []string {
-	kr, ok := any(c.Store).(KeyRetention)
-	if !ok || len(nb.Delays) == 0 {
+	if len(nb.Delays) == 0 {
 		return nil
 	}
 	horizon := RetryHorizon(nb.Delays)
-	def, perScope := kr.Retention()
+	def, perScope := c.Store.Retention()
 	var out []string
 	check := func(what string, d time.Duration) {
 		if d > 0 && d < horizon {
@@ -226,7 +217,7 @@ func (c *Config[TTx]) retentionConflicts(nb NonBlocking) []string {
 
 // ErrRetryExpired is what the Reason of a retry copy's dead letter wraps
 // when the copy came back later after its first failure than the store
-// keeps its key (KeyRetention): its original's key row may have been
+// keeps its key (dedup.Store.Retention): its original's key row may have been
 // purged, so an applied original would not stop it. It is dead-lettered
 // (CauseExhausted) for an operator to decide, never applied blind.
 var ErrRetryExpired = errors.New("the retry copy came back after the store's retention of its key")
@@ -237,15 +228,11 @@ var ErrRetryExpired = errors.New("the retry copy came back after the store's ret
 // fits in the retention, but a copy may come back later: retry topics
 // start at their first unread record, after a long stop or lost offsets.
 func (c *Consumer[TTx]) pastRetention(it *item) error {
-	kr, ok := any(c.cfg.Store).(KeyRetention)
-	if !ok {
-		return nil
-	}
 	trip, first := c.retryAttempt(it.msg)
 	if trip == 0 || first.IsZero() {
 		return nil
 	}
-	keep, perScope := kr.Retention()
+	keep, perScope := c.cfg.Store.Retention()
 	if d, ok := perScope[it.claim.Key.Scope]; ok {
 		keep = d
 	}

@@ -103,6 +103,20 @@ type Store[TTx any] interface {
 
 	// ClassifyError classifies the store's own errors (SQLSTATE and the like).
 	ClassifyError(err error) ErrorClass
+
+	// Retention says how long the store keeps a claimed key before a purge
+	// may forget it: def for a scope perScope does not name; zero or less
+	// is for ever. It returns the store's configuration and is safe to
+	// call at any time; the caller may keep or change perScope. A store
+	// that never forgets a key returns 0 and nil.
+	//
+	// The consumer relies on it twice: consumer.New refuses NonBlocking
+	// retries whose horizon (consumer.RetryHorizon) a scope of its keys
+	// does not outlive, and a retry copy that comes back later after its
+	// first failure than its scope's retention is dead-lettered
+	// (consumer.ErrRetryExpired) rather than claimed against a key that
+	// may be gone.
+	Retention() (def time.Duration, perScope map[string]time.Duration)
 }
 
 // Purger is a Store with retention: expired rows can be deleted in bounded

@@ -71,6 +71,30 @@ func RunWith[TTx any](t *testing.T, newStore Factory[TTx], opts Options) {
 	t.Run("ResultsBufferReused", s.resultsReused)
 	t.Run("OverlappingBatchesDoNotDeadlock", s.overlappingBatches)
 	t.Run("CheckAfterMigrate", s.checkAfterMigrate)
+	t.Run("RetentionAsConfigured", s.retentionAsConfigured)
+}
+
+// retentionAsConfigured: Retention says the retention the store was given
+// (the consumer holds non-blocking retries to it), for ever for the scopes
+// it was not, and a caller that changes the map it got changes nothing.
+func (s suite[TTx]) retentionAsConfigured(t *testing.T) {
+	const short = 42 * time.Minute
+	st := s.store(t, Config{ScopeRetention: map[string]time.Duration{"short": short, "kept": 0}})
+	def, perScope := st.Retention()
+	if got, ok := perScope["short"]; !ok || got != short {
+		t.Fatalf("Retention() per scope = %v: want scope \"short\" kept %v, as configured", perScope, short)
+	}
+	if got, ok := perScope["kept"]; ok && got > 0 || !ok && def > 0 {
+		t.Fatalf("Retention() = %v, %v: scope \"kept\" was configured 0 (for ever)", def, perScope)
+	}
+	if def > 0 && def <= short {
+		t.Fatalf("Retention() default = %v: the scopes not configured keep their keys for ever or a long default, "+
+			"not less than the %v of a configured scope", def, short)
+	}
+	perScope["short"] = time.Nanosecond
+	if _, again := st.Retention(); again["short"] != short {
+		t.Fatalf("Retention() per scope after the caller changed the map it got = %v: want scope \"short\" still %v", again, short)
+	}
 }
 
 // checkAfterMigrate: the factory's store is migrated, so Check passes.

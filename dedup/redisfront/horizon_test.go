@@ -22,8 +22,8 @@ func (nopSink) Retry(context.Context, consumer.RetryLetter) error { return nil }
 
 // TestConsumerRefusesRetriesOutlastingTheInnerRetention: consumer.New
 // refuses NonBlocking retries whose horizon (delays + RetryMargin) a
-// scope's keys do not outlive (hole 37.6), but only for a store that says
-// its retention (consumer.KeyRetention). The front keeps its inner store's
+// scope's keys do not outlive (hole 37.6), by what the store says
+// (dedup.Store.Retention). The front keeps its inner store's
 // rows, and the inner store purges them: a front over a Postgres store
 // that keeps keys 10 minutes must be refused exactly as that store is, or
 // a copy that comes back after its original's key was purged is applied
@@ -53,7 +53,7 @@ func TestConsumerRefusesRetriesOutlastingTheInnerRetention(t *testing.T) {
 			})
 			if err == nil || !strings.Contains(err.Error(), "keeps the keys of scope") {
 				t.Fatalf("consumer.New: %v; want it refused: retries with a 21m horizon over keys kept 10m "+
-					"(%T does not say its inner store's retention, consumer.KeyRetention)", err, c.store)
+					"(%T does not say its inner store's retention)", err, c.store)
 			}
 		})
 	}
