@@ -90,8 +90,12 @@ func (a *attempt[TTx]) claimOffsets(ctx context.Context, tx TTx, its []*item, re
 	}
 	ahead := false
 	for _, it := range its {
-		end := it.msg.LogEnd
-		if end <= 0 || expected <= end || !c.assigned(it.msg) {
+		// A fetched message proves the log reaches past it, whatever the
+		// end it came with says: a source may attach a high watermark read
+		// before the record was (seen on Kafka under a live producer), and a
+		// stored offset at or below the message is never ahead of the log.
+		end := max(it.msg.LogEnd, it.msg.Offset+1)
+		if it.msg.LogEnd <= 0 || expected <= end || !c.assigned(it.msg) {
 			continue
 		}
 		ahead = true

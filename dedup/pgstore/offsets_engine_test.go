@@ -296,6 +296,31 @@ func TestOffsetsAheadOfLog(t *testing.T) {
 	}
 }
 
+// TestOffsetsStaleLogEndIsNotAhead: a message whose end of log is older
+// than the message itself (a high watermark read before the record was,
+// seen under a live producer: the record at 14127 came with an end of
+// 14092) is not a stored offset ahead of the log: the log reaches past
+// every message fetched from it. It is applied; the consumer goes on.
+func TestOffsetsStaleLogEndIsNotAhead(t *testing.T) {
+	pool, _, st, table := effectsRig(t, pgstore.Config{})
+	cfg := consumer.Config[pgx.Tx]{Name: "payments", Store: st, Offsets: st, Handler: insertEffect(table), Logger: quiet}
+	consumertest.Run(t, cfg, consumertest.Script{}, paymentMsgs("payments", 1, 50, 0)...)
+
+	more := paymentMsgs("payments", 1, 10, 50) // offsets 50..59, the store's next offset 50
+	for _, m := range more {
+		m.LogEnd = 40 // read before the records were
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := consumertest.Drive(ctx, cfg, consumertest.Script{}, more...)
+	if err != nil || res.Stats.Applied != 10 {
+		t.Fatalf("Drive: %v, %v; want the 10 messages applied, not the stored offset taken for one past the log's end", res, err)
+	}
+	if rows, _ := countEffects(t, pool, table); rows != 60 {
+		t.Fatalf("effects %d, want 60", rows)
+	}
+}
+
 // unassigned is a consumertest.Source whose messages all belong to an
 // assignment that ended (source.Description.Assigned).
 type unassigned struct{ *consumertest.Source }
