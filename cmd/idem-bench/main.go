@@ -18,6 +18,11 @@
 //	               connections, and a plain Sarama consumer group
 //	idem-b1        idem, batch size 1, a Handler with the peers' single-row INSERT
 //	idem-b100      idem, batch size 100
+//	idem-handler-b100  idem, batch size 100, the handler users write: a
+//	               per-message Handler, one INSERT … VALUES per message
+//	pg-ceiling-handler  that row's statements with no framework: the claim
+//	               and one INSERT … VALUES per new message, in transactions
+//	               of 100 from as many connections as pg-ceiling, no broker
 //	pg-ceiling     the same claim and business insert in batches of 100 from two
 //	               connections, no broker (the database ceiling)
 //	idem-offsets   idem, batch size 100, offsets in the store (Config.Offsets):
@@ -26,6 +31,8 @@
 //	pg-ceiling-1row  that business insert alone in batches of 100 from as many
 //	               connections as pg-ceiling, no dedup, no broker (the ceiling
 //	               of idem-offsets)
+//	idem-handler-offsets  idem-offsets with a per-message Handler: one
+//	               INSERT … VALUES … ON CONFLICT DO NOTHING per message
 //	p1-idem        idem (batch -p1-batch, default 100) on a topic of one
 //	               partition: one lane, one transaction at a time
 //	p1-idem-keylanes  the same with Config.KeyLanes (-key-lanes, default 8):
@@ -103,10 +110,10 @@ type settings struct {
 
 // The rows, in their default order, and the broker each needs.
 var (
-	kafkaRows = []string{"raw", "naive", "watermill", "watermill-tuned", "sarama", "idem-b1", "idem-b100", "idem-offsets"}
+	kafkaRows = []string{"raw", "naive", "watermill", "watermill-tuned", "sarama", "idem-b1", "idem-b100", "idem-handler-b100", "idem-offsets", "idem-handler-offsets"}
 	p1Rows    = []string{"p1-idem", "p1-idem-keylanes"}
 	rmqRows   = []string{"rmq-raw", "rmq-idem-b100"}
-	allRows   = []string{"raw", "naive", "watermill", "watermill-tuned", "sarama", "idem-b1", "idem-b100", "pg-ceiling", "idem-offsets", "pg-ceiling-1row", "p1-idem", "p1-idem-keylanes", "rmq-raw", "rmq-idem-b100"}
+	allRows   = []string{"raw", "naive", "watermill", "watermill-tuned", "sarama", "idem-b1", "idem-b100", "pg-ceiling", "idem-handler-b100", "pg-ceiling-handler", "idem-offsets", "pg-ceiling-1row", "idem-handler-offsets", "p1-idem", "p1-idem-keylanes", "rmq-raw", "rmq-idem-b100"}
 )
 
 // Row is one measured configuration.
@@ -469,8 +476,12 @@ func runRow(ctx context.Context, e *env, name string, n int) (Row, error) {
 		err = runIdem(ctx, e, e.topic, group, n, sc, 1, 0, lat)
 	case "idem-b100":
 		err = runIdem(ctx, e, e.topic, group, n, sc, 100, 0, lat)
+	case "idem-handler-b100":
+		err = runIdemHandler(ctx, e, e.topic, group, n, sc, 100, lat)
 	case "idem-offsets":
-		err = runIdemOffsets(ctx, e, e.topic, group, n, sc, 100, lat)
+		err = runIdemOffsets(ctx, e, e.topic, group, n, sc, 100, false, lat)
+	case "idem-handler-offsets":
+		err = runIdemOffsets(ctx, e, e.topic, group, n, sc, 100, true, lat)
 	case "p1-idem":
 		err = runIdem(ctx, e, e.topic1, group, n, sc, e.s.P1Batch, 0, lat)
 	case "p1-idem-keylanes":
@@ -479,6 +490,8 @@ func runRow(ctx context.Context, e *env, name string, n int) (Row, error) {
 		err = runCeiling(ctx, pool, sc, e.payloads[:n], e.s.CeilingConns, lat)
 	case "pg-ceiling-1row":
 		err = runCeiling1Row(ctx, pool, sc, e.payloads[:n], e.s.CeilingConns, lat)
+	case "pg-ceiling-handler":
+		err = runCeilingHandler(ctx, pool, sc, e.payloads[:n], e.s.CeilingConns, lat)
 	case "rmq-raw":
 		err = runRMQRaw(ctx, e, group, n, lat)
 	case "rmq-idem-b100":
@@ -584,7 +597,12 @@ func insertEffects(sc string) consumer.BatchHandlerFunc[pgx.Tx] {
 // insertEffect is the business write of the rows at batch 1, the peers'
 // statement: one INSERT … VALUES per message.
 func insertEffect(sc string) consumer.HandlerFunc[pgx.Tx] {
-	q := `INSERT INTO ` + sc + `.effects (txn_id, amount) VALUES ($1, $2)`
+	return effectFunc(`INSERT INTO ` + sc + `.effects (txn_id, amount) VALUES ($1, $2)`)
+}
+
+// effectFunc runs q with the message's txn_id and amount as its two
+// parameters.
+func effectFunc(q string) consumer.HandlerFunc[pgx.Tx] {
 	return func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		var p struct {
 			TxnID  string `json:"txn_id"`
@@ -596,6 +614,12 @@ func insertEffect(sc string) consumer.HandlerFunc[pgx.Tx] {
 		_, err := tx.Exec(ctx, q, p.TxnID, p.Amount)
 		return err
 	}
+}
+
+// upsertEffect is the business write of idem-handler-offsets: insertEffect
+// skipping the keys already booked, as upsertEffects does for a batch.
+func upsertEffect(sc string) consumer.HandlerFunc[pgx.Tx] {
+	return effectFunc(`INSERT INTO ` + sc + `.effects (txn_id, amount) VALUES ($1, $2) ON CONFLICT (txn_id) DO NOTHING`)
 }
 
 // upsertEffects is the business write of idem-offsets and pg-ceiling-1row:
@@ -668,9 +692,24 @@ func runIdem(ctx context.Context, e *env, topic, group string, n int, sc string,
 	return runEngine(ctx, e, src, n, sc, batch, keyLanes, lat, 0)
 }
 
+// runIdemHandler is idem with the handler users write: a per-message
+// Handler, one INSERT … VALUES per message, at any batch size.
+func runIdemHandler(ctx context.Context, e *env, topic, group string, n int, sc string, batch int, lat *latencies) error {
+	src, err := kafka.New(kafka.Config{Brokers: e.brokers, Topics: []string{topic}, Group: group, MaxBytes: 4 << 20, Logger: quiet,
+		CommitInterval: e.s.CommitInterval})
+	if err != nil {
+		return err
+	}
+	return runEngineWith(ctx, e, src, n, sc, lat, 0, func(cfg *consumer.Config[pgx.Tx], _ *pgstore.Store) {
+		cfg.BatchSize, cfg.BatchHandler, cfg.Handler = batch, nil, insertEffect(sc)
+	})
+}
+
 // runIdemOffsets is idem with offsets in the store: Config.Offsets, no
-// key, the business insert skipping re-sent keys itself.
-func runIdemOffsets(ctx context.Context, e *env, topic, group string, n int, sc string, batch int, lat *latencies) error {
+// key, the business insert skipping re-sent keys itself; perMessage
+// writes it with a Handler, one statement per message, instead of one
+// set-based statement per batch.
+func runIdemOffsets(ctx context.Context, e *env, topic, group string, n int, sc string, batch int, perMessage bool, lat *latencies) error {
 	st, err := pgstore.New(e.pool, pgstore.Config{Schema: sc})
 	if err != nil {
 		return err
@@ -682,6 +721,9 @@ func runIdemOffsets(ctx context.Context, e *env, topic, group string, n int, sc 
 	}
 	return runEngineWith(ctx, e, src, n, sc, lat, 0, func(cfg *consumer.Config[pgx.Tx], st *pgstore.Store) {
 		cfg.Offsets, cfg.Key, cfg.BatchHandler, cfg.BatchSize = st, nil, upsertEffects(sc), batch
+		if perMessage {
+			cfg.BatchHandler, cfg.Handler = nil, upsertEffect(sc)
+		}
 	})
 }
 
@@ -755,6 +797,12 @@ func runEngineWith(ctx context.Context, e *env, src source.Source, n int, sc str
 // runCeiling is the database alone: the same claim and insert in batches of
 // 100 from conns connections.
 func runCeiling(ctx context.Context, pool *pgxpool.Pool, sc string, payloads [][]byte, conns int, lat *latencies) error {
+	return runCeilingWith(ctx, pool, sc, payloads, conns, lat, insertEffects(sc))
+}
+
+// runCeilingWith is runCeiling with effects as the business write of each
+// batch's new messages.
+func runCeilingWith(ctx context.Context, pool *pgxpool.Pool, sc string, payloads [][]byte, conns int, lat *latencies, effects consumer.BatchHandlerFunc[pgx.Tx]) error {
 	st, err := pgstore.New(pool, pgstore.Config{Schema: sc})
 	if err != nil {
 		return err
@@ -762,7 +810,6 @@ func runCeiling(ctx context.Context, pool *pgxpool.Pool, sc string, payloads [][
 	if err := st.Migrate(ctx); err != nil {
 		return err
 	}
-	effects := insertEffects(sc)
 	return inBatches(payloads, conns, lat, func() func([][]byte) error {
 		claims := make([]dedup.Claim, 0, 100)
 		results := make([]dedup.Result, 100)
@@ -792,6 +839,26 @@ func runCeiling(ctx context.Context, pool *pgxpool.Pool, sc string, payloads [][
 			})
 		}
 	})
+}
+
+// runCeilingHandler is the database alone for idem-handler-b100: the same
+// claim as pg-ceiling, then one INSERT … VALUES per new message (the
+// per-message handler's statement, run one after the other as the engine
+// runs it), in transactions of 100 from conns connections.
+func runCeilingHandler(ctx context.Context, pool *pgxpool.Pool, sc string, payloads [][]byte, conns int, lat *latencies) error {
+	return runCeilingWith(ctx, pool, sc, payloads, conns, lat, oneByOne(insertEffect(sc)))
+}
+
+// oneByOne is h over a batch, message by message, in one transaction.
+func oneByOne(h consumer.HandlerFunc[pgx.Tx]) consumer.BatchHandlerFunc[pgx.Tx] {
+	return func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
+		for _, m := range msgs {
+			if err := h(ctx, tx, m); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 }
 
 // runCeiling1Row is the database alone for idem-offsets: the business
@@ -894,6 +961,15 @@ func ratiosOf(rows []Row) []ratio {
 	addCPU("idem-offsets", "watermill-tuned", 0)
 	add("idem-b1", "watermill-tuned", 1, ">=")
 	addCPU("idem-b1", "watermill-tuned", 1.2)
+	// The handler users write (issue 41): a per-message Handler beside the
+	// peers, its ceiling and its BatchHandler twin; informational.
+	add("idem-handler-b100", "watermill-tuned", 0, "")
+	addCPU("idem-handler-b100", "watermill-tuned", 0)
+	add("idem-handler-b100", "pg-ceiling-handler", 0, "")
+	add("idem-handler-b100", "idem-b100", 0, "")
+	add("idem-handler-offsets", "watermill-tuned", 0, "")
+	addCPU("idem-handler-offsets", "watermill-tuned", 0)
+	add("idem-handler-offsets", "idem-offsets", 0, "")
 	add("watermill-tuned", "watermill", 0, "")
 	add("sarama", "watermill-tuned", 0, "")
 	add("idem-b100", "raw", 0.5, ">=")
