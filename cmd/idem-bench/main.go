@@ -43,6 +43,11 @@
 //
 // and prints messages/s, CPU seconds of this process per 100k messages, p50
 // and p99 latency from fetch to acknowledgement, and the ratios between rows.
+// With -offered (fractions of each row's capacity) or -rate (messages a
+// second) the Kafka rows run again open-loop, a producer offering that rate
+// while they consume, and report p50/p99/p999 latency from produce to the
+// commit of the effect (openloop.go).
+//
 // The benchmark is a module of its own (go.mod beside this file), so that
 // the peers' dependencies stay out of the library's go.mod.
 //
@@ -106,6 +111,7 @@ type settings struct {
 	RMQClientLog  string `json:"-"`
 
 	tableSizeSettings // prefill.go
+	openSettings      // openloop.go
 }
 
 // The rows, in their default order, and the broker each needs.
@@ -130,7 +136,10 @@ type Row struct {
 	MachineBusy   float64 `json:"machine_busy"`
 	P50Ms         float64 `json:"p50_ms"`
 	P99Ms         float64 `json:"p99_ms"`
+	P999Ms        float64 `json:"p999_ms"`
 	Effects       int64   `json:"effects"`
+	// An open-loop row's offered rate (openloop.go); 0 for the others.
+	Offered float64 `json:"offered_per_second,omitempty"`
 	// The idem rows' transactions (acknowledged batches) and the messages
 	// each carried on average; 0 for the other rows.
 	Transactions   int64   `json:"transactions,omitempty"`
@@ -166,6 +175,7 @@ func main() {
 	jsonFile := flag.String("json-file", "", "also write that JSON object to this file (the table is still printed)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of this process, prefill and rows, to this file")
 	tableSizeFlags(&s.tableSizeSettings)
+	openFlags(&s.openSettings)
 	flag.Parse()
 	if *pgURL == "" {
 		fmt.Fprintln(os.Stderr, "idem-bench: -postgres (or IDEM_BENCH_PG_URL) is required: a durable Postgres, see scripts/testenv/postgres-durable.sh")
@@ -173,7 +183,7 @@ func main() {
 	}
 	rowsSet := false
 	flag.Visit(func(f *flag.Flag) { rowsSet = rowsSet || f.Name == "rows" })
-	if err := checkTableSize(s); err != nil {
+	if err := errors.Join(checkTableSize(s), checkOpen(&s)); err != nil {
 		fmt.Fprintln(os.Stderr, "idem-bench:", err)
 		os.Exit(2)
 	}
@@ -202,7 +212,7 @@ func main() {
 	}
 	s.SharedBuffers = res.sharedBuffers
 	ratios := ratiosOf(res.rows)
-	out, _ := json.Marshal(map[string]any{"settings": s, "rows": res.rows, "ratios": ratios, "prefill_seconds": res.prefill})
+	out, _ := json.Marshal(map[string]any{"settings": s, "rows": res.rows, "ratios": ratios, "prefill_seconds": res.prefill, "open_loop": res.open})
 	if *jsonFile != "" {
 		if err := os.WriteFile(*jsonFile, append(out, '\n'), 0o644); err != nil {
 			fmt.Fprintln(os.Stderr, "idem-bench: -json-file:", err)
@@ -226,6 +236,7 @@ func envOr(k, def string) string {
 // result is what bench measured.
 type result struct {
 	rows          []Row
+	open          []Row              // the open-loop rows (openloop.go)
 	prefill       map[string]float64 // seconds per broker ("kafka", "rocketmq"), not part of any row
 	sharedBuffers string             // the server's shared_buffers
 }
@@ -249,6 +260,8 @@ type env struct {
 	txns, txnMsgs int64
 	// the table-size row being run (prefill.go), nil for the others
 	ts *tableSizeRun
+	// the open-loop row being run (openloop.go), nil for the others
+	open *openRun
 }
 
 func bench(ctx context.Context, s settings, pgURL string, log io.Writer) (result, error) {
@@ -353,6 +366,13 @@ func bench(ctx context.Context, s settings, pgURL string, log io.Writer) (result
 	for _, name := range names {
 		res.rows = append(res.rows, best[name])
 	}
+	if s.openLoop() {
+		rows, err := benchOpen(ctx, e, names, best)
+		res.open = rows
+		if err != nil {
+			return res, fmt.Errorf("open-loop rows: %w", err)
+		}
+	}
 	if s.Prefill != "" {
 		rows, err := benchTableSize(ctx, e)
 		res.rows = append(res.rows, rows...)
@@ -410,10 +430,32 @@ func prefill(ctx context.Context, brokers []string, topic string, partitions int
 	return nil
 }
 
-// latencies records fetch-to-ack durations.
+// latencies records fetch-to-ack durations, or in an open-loop row
+// produce-to-commit durations (openloop.go).
 type latencies struct {
 	mu sync.Mutex
 	d  []time.Duration
+	// produced: the latency starts at the produce time the payload
+	// carries; payloads produced before from (the warm-up) are not
+	// recorded.
+	produced bool
+	from     time.Time
+}
+
+// since records the latency of the message with payload value, done now,
+// that the row started handling at t.
+func (l *latencies) since(value []byte, t time.Time) { l.sinceAt(value, t, time.Now()) }
+
+// sinceAt is since with the end given.
+func (l *latencies) sinceAt(value []byte, t, now time.Time) {
+	if l.produced {
+		at, ok := producedAt(value)
+		if !ok || at.Before(l.from) {
+			return
+		}
+		t = at
+	}
+	l.add(now.Sub(t))
 }
 
 func (l *latencies) add(d time.Duration) {
@@ -442,6 +484,9 @@ func schema(ctx context.Context, pool *pgxpool.Pool, name string) (string, error
 func runRow(ctx context.Context, e *env, name string, n int) (Row, error) {
 	r := Row{Name: name, Messages: n}
 	lat := &latencies{}
+	if e.open != nil {
+		lat.produced, lat.from = true, e.open.from
+	}
 	pool := e.pool
 	var sc string
 	if name != "raw" && name != "rmq-raw" {
@@ -513,7 +558,7 @@ func runRow(ctx context.Context, e *env, name string, n int) (Row, error) {
 	if used.total > 0 {
 		r.MachineBusy = used.busy.Seconds() / used.total.Seconds()
 	}
-	r.P50Ms, r.P99Ms = lat.pct(0.50), lat.pct(0.99)
+	r.P50Ms, r.P99Ms, r.P999Ms = lat.pct(0.50), lat.pct(0.99), lat.pct(0.999)
 	if e.txns > 0 {
 		r.Transactions, r.PerTransaction = e.txns, float64(e.txnMsgs)/float64(e.txns)
 	}
@@ -545,7 +590,7 @@ func runRaw(ctx context.Context, brokers []string, topic, group string, n int, l
 		if err := r.CommitMessages(ctx, m); err != nil { // async: CommitInterval batches them
 			return err
 		}
-		lat.add(time.Since(t))
+		lat.since(m.Value, t)
 	}
 	return nil
 }
@@ -583,7 +628,7 @@ func runNaive(ctx context.Context, brokers []string, topic, group string, n int,
 		if err := r.CommitMessages(ctx, m); err != nil {
 			return err
 		}
-		lat.add(time.Since(t))
+		lat.since(m.Value, t)
 	}
 	return nil
 }
@@ -673,7 +718,7 @@ func (t *timedSource) Ack(ctx context.Context, msgs []*consumer.Message) error {
 	now := time.Now()
 	for _, m := range msgs {
 		if v, ok := t.stamp.LoadAndDelete(m); ok {
-			t.lat.add(now.Sub(v.(time.Time)))
+			t.lat.sinceAt(m.Value, v.(time.Time), now)
 		}
 	}
 	t.acked.Add(int64(len(msgs)))
@@ -1022,6 +1067,7 @@ func printTable(w io.Writer, s settings, res result, ratios []ratio) {
 			r.CPUPer100k, r.DBCPU100k, r.BrokerCPU100k, 100*r.MachineBusy, perTxn, r.P50Ms, r.P99Ms, r.Effects)
 	}
 	printTableSize(w, s, rows)
+	printOpen(w, s, res.open)
 	fmt.Fprintf(w, "\n| ratio | value | target |\n|---|---:|---|\n")
 	for _, r := range ratios {
 		if r.Met == nil {
