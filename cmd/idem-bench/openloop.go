@@ -40,6 +40,7 @@ type openSettings struct {
 	Offered []float64     `json:"offered,omitempty"`     // fractions of each row's capacity
 	Rates   []float64     `json:"rates,omitempty"`       // messages a second
 	For     time.Duration `json:"open_for_ns,omitempty"` // timed part of each open-loop row
+	Rows    string        `json:"open_rows,omitempty"`
 	Warmup  time.Duration `json:"open_warmup_ns,omitempty"`
 
 	offered, rates string
@@ -48,6 +49,7 @@ type openSettings struct {
 func openFlags(o *openSettings) {
 	flag.StringVar(&o.offered, "offered", "", "open-loop rows: offer these fractions of each row's measured capacity, e.g. 0.25,0.5,0.9 (the row must be in -rows); latency from produce to effect commit")
 	flag.StringVar(&o.rates, "rate", "", "open-loop rows: offer these rates in messages a second to every open-loop-capable row in -rows, e.g. 1000,5000")
+	flag.StringVar(&o.Rows, "open-rows", "", "open-loop rows: run only these of -rows open-loop; default: every one that can ("+strings.Join(openRows, ", ")+")")
 	flag.DurationVar(&o.For, "open-for", 20*time.Second, "open-loop rows: how long each offers its rate after the warm-up")
 	flag.DurationVar(&o.Warmup, "open-warmup", 5*time.Second, "open-loop rows: produced at the rate but not timed, while the consumer group joins")
 }
@@ -71,6 +73,11 @@ func checkOpen(s *settings) error {
 	for _, f := range o.Offered {
 		if f > 1 {
 			return fmt.Errorf("-offered %v: a fraction of the capacity, at most 1", f)
+		}
+	}
+	for r := range strings.SplitSeq(o.Rows, ",") {
+		if r != "" && !slices.Contains(openRows, r) {
+			return fmt.Errorf("-open-rows: %q cannot run open-loop; these can: %s", r, strings.Join(openRows, ", "))
 		}
 	}
 	if s.openLoop() && (o.For <= 0 || o.Warmup < 0) {
@@ -195,7 +202,7 @@ func benchOpen(ctx context.Context, e *env, names []string, capacity map[string]
 	var out []Row
 	for _, l := range levels {
 		for _, name := range names {
-			if !slices.Contains(openRows, name) {
+			if !slices.Contains(openRows, name) || s.openSettings.Rows != "" && !slices.Contains(strings.Split(s.openSettings.Rows, ","), name) {
 				continue
 			}
 			rate := l.rate(name)
