@@ -18,6 +18,11 @@
 //	               connections, and a plain Sarama consumer group
 //	idem-b1        idem, batch size 1, a Handler with the peers' single-row INSERT
 //	idem-b100      idem, batch size 100
+//	idem-handler-b100  idem, batch size 100, the handler users write: a
+//	               per-message Handler, one INSERT … VALUES per message
+//	pg-ceiling-handler  that row's statements with no framework: the claim
+//	               and one INSERT … VALUES per new message, in transactions
+//	               of 100 from as many connections as pg-ceiling, no broker
 //	pg-ceiling     the same claim and business insert in batches of 100 from two
 //	               connections, no broker (the database ceiling)
 //	idem-offsets   idem, batch size 100, offsets in the store (Config.Offsets):
@@ -26,6 +31,8 @@
 //	pg-ceiling-1row  that business insert alone in batches of 100 from as many
 //	               connections as pg-ceiling, no dedup, no broker (the ceiling
 //	               of idem-offsets)
+//	idem-handler-offsets  idem-offsets with a per-message Handler: one
+//	               INSERT … VALUES … ON CONFLICT DO NOTHING per message
 //	p1-idem        idem (batch -p1-batch, default 100) on a topic of one
 //	               partition: one lane, one transaction at a time
 //	p1-idem-keylanes  the same with Config.KeyLanes (-key-lanes, default 8):
@@ -36,6 +43,11 @@
 //
 // and prints messages/s, CPU seconds of this process per 100k messages, p50
 // and p99 latency from fetch to acknowledgement, and the ratios between rows.
+// With -offered (fractions of each row's capacity) or -rate (messages a
+// second) the Kafka rows run again open-loop, a producer offering that rate
+// while they consume, and report p50/p99/p999 latency from produce to the
+// commit of the effect (openloop.go).
+//
 // The benchmark is a module of its own (go.mod beside this file), so that
 // the peers' dependencies stay out of the library's go.mod.
 //
@@ -99,14 +111,15 @@ type settings struct {
 	RMQClientLog  string `json:"-"`
 
 	tableSizeSettings // prefill.go
+	openSettings      // openloop.go
 }
 
 // The rows, in their default order, and the broker each needs.
 var (
-	kafkaRows = []string{"raw", "naive", "watermill", "watermill-tuned", "sarama", "idem-b1", "idem-b100", "idem-offsets"}
+	kafkaRows = []string{"raw", "naive", "watermill", "watermill-tuned", "sarama", "idem-b1", "idem-b100", "idem-handler-b100", "idem-offsets", "idem-handler-offsets"}
 	p1Rows    = []string{"p1-idem", "p1-idem-keylanes"}
 	rmqRows   = []string{"rmq-raw", "rmq-idem-b100"}
-	allRows   = []string{"raw", "naive", "watermill", "watermill-tuned", "sarama", "idem-b1", "idem-b100", "pg-ceiling", "idem-offsets", "pg-ceiling-1row", "p1-idem", "p1-idem-keylanes", "rmq-raw", "rmq-idem-b100"}
+	allRows   = []string{"raw", "naive", "watermill", "watermill-tuned", "sarama", "idem-b1", "idem-b100", "pg-ceiling", "idem-handler-b100", "pg-ceiling-handler", "idem-offsets", "pg-ceiling-1row", "idem-handler-offsets", "p1-idem", "p1-idem-keylanes", "rmq-raw", "rmq-idem-b100"}
 )
 
 // Row is one measured configuration.
@@ -123,7 +136,10 @@ type Row struct {
 	MachineBusy   float64 `json:"machine_busy"`
 	P50Ms         float64 `json:"p50_ms"`
 	P99Ms         float64 `json:"p99_ms"`
+	P999Ms        float64 `json:"p999_ms"`
 	Effects       int64   `json:"effects"`
+	// An open-loop row's offered rate (openloop.go); 0 for the others.
+	Offered float64 `json:"offered_per_second,omitempty"`
 	// The idem rows' transactions (acknowledged batches) and the messages
 	// each carried on average; 0 for the other rows.
 	Transactions   int64   `json:"transactions,omitempty"`
@@ -159,6 +175,7 @@ func main() {
 	jsonFile := flag.String("json-file", "", "also write that JSON object to this file (the table is still printed)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of this process, prefill and rows, to this file")
 	tableSizeFlags(&s.tableSizeSettings)
+	openFlags(&s.openSettings)
 	flag.Parse()
 	if *pgURL == "" {
 		fmt.Fprintln(os.Stderr, "idem-bench: -postgres (or IDEM_BENCH_PG_URL) is required: a durable Postgres, see scripts/testenv/postgres-durable.sh")
@@ -166,7 +183,7 @@ func main() {
 	}
 	rowsSet := false
 	flag.Visit(func(f *flag.Flag) { rowsSet = rowsSet || f.Name == "rows" })
-	if err := checkTableSize(s); err != nil {
+	if err := errors.Join(checkTableSize(s), checkOpen(&s)); err != nil {
 		fmt.Fprintln(os.Stderr, "idem-bench:", err)
 		os.Exit(2)
 	}
@@ -195,7 +212,7 @@ func main() {
 	}
 	s.SharedBuffers = res.sharedBuffers
 	ratios := ratiosOf(res.rows)
-	out, _ := json.Marshal(map[string]any{"settings": s, "rows": res.rows, "ratios": ratios, "prefill_seconds": res.prefill})
+	out, _ := json.Marshal(map[string]any{"settings": s, "rows": res.rows, "ratios": ratios, "prefill_seconds": res.prefill, "open_loop": res.open})
 	if *jsonFile != "" {
 		if err := os.WriteFile(*jsonFile, append(out, '\n'), 0o644); err != nil {
 			fmt.Fprintln(os.Stderr, "idem-bench: -json-file:", err)
@@ -219,6 +236,7 @@ func envOr(k, def string) string {
 // result is what bench measured.
 type result struct {
 	rows          []Row
+	open          []Row              // the open-loop rows (openloop.go)
 	prefill       map[string]float64 // seconds per broker ("kafka", "rocketmq"), not part of any row
 	sharedBuffers string             // the server's shared_buffers
 }
@@ -242,6 +260,8 @@ type env struct {
 	txns, txnMsgs int64
 	// the table-size row being run (prefill.go), nil for the others
 	ts *tableSizeRun
+	// the open-loop row being run (openloop.go), nil for the others
+	open *openRun
 }
 
 func bench(ctx context.Context, s settings, pgURL string, log io.Writer) (result, error) {
@@ -346,6 +366,13 @@ func bench(ctx context.Context, s settings, pgURL string, log io.Writer) (result
 	for _, name := range names {
 		res.rows = append(res.rows, best[name])
 	}
+	if s.openLoop() {
+		rows, err := benchOpen(ctx, e, names, best)
+		res.open = rows
+		if err != nil {
+			return res, fmt.Errorf("open-loop rows: %w", err)
+		}
+	}
 	if s.Prefill != "" {
 		rows, err := benchTableSize(ctx, e)
 		res.rows = append(res.rows, rows...)
@@ -403,10 +430,32 @@ func prefill(ctx context.Context, brokers []string, topic string, partitions int
 	return nil
 }
 
-// latencies records fetch-to-ack durations.
+// latencies records fetch-to-ack durations, or in an open-loop row
+// produce-to-commit durations (openloop.go).
 type latencies struct {
 	mu sync.Mutex
 	d  []time.Duration
+	// produced: the latency starts at the produce time the payload
+	// carries; payloads produced before from (the warm-up) are not
+	// recorded.
+	produced bool
+	from     time.Time
+}
+
+// since records the latency of the message with payload value, done now,
+// that the row started handling at t.
+func (l *latencies) since(value []byte, t time.Time) { l.sinceAt(value, t, time.Now()) }
+
+// sinceAt is since with the end given.
+func (l *latencies) sinceAt(value []byte, t, now time.Time) {
+	if l.produced {
+		at, ok := producedAt(value)
+		if !ok || at.Before(l.from) {
+			return
+		}
+		t = at
+	}
+	l.add(now.Sub(t))
 }
 
 func (l *latencies) add(d time.Duration) {
@@ -435,6 +484,9 @@ func schema(ctx context.Context, pool *pgxpool.Pool, name string) (string, error
 func runRow(ctx context.Context, e *env, name string, n int) (Row, error) {
 	r := Row{Name: name, Messages: n}
 	lat := &latencies{}
+	if e.open != nil {
+		lat.produced, lat.from = true, e.open.from
+	}
 	pool := e.pool
 	var sc string
 	if name != "raw" && name != "rmq-raw" {
@@ -469,8 +521,12 @@ func runRow(ctx context.Context, e *env, name string, n int) (Row, error) {
 		err = runIdem(ctx, e, e.topic, group, n, sc, 1, 0, lat)
 	case "idem-b100":
 		err = runIdem(ctx, e, e.topic, group, n, sc, 100, 0, lat)
+	case "idem-handler-b100":
+		err = runIdemHandler(ctx, e, e.topic, group, n, sc, 100, lat)
 	case "idem-offsets":
-		err = runIdemOffsets(ctx, e, e.topic, group, n, sc, 100, lat)
+		err = runIdemOffsets(ctx, e, e.topic, group, n, sc, 100, false, lat)
+	case "idem-handler-offsets":
+		err = runIdemOffsets(ctx, e, e.topic, group, n, sc, 100, true, lat)
 	case "p1-idem":
 		err = runIdem(ctx, e, e.topic1, group, n, sc, e.s.P1Batch, 0, lat)
 	case "p1-idem-keylanes":
@@ -479,6 +535,8 @@ func runRow(ctx context.Context, e *env, name string, n int) (Row, error) {
 		err = runCeiling(ctx, pool, sc, e.payloads[:n], e.s.CeilingConns, lat)
 	case "pg-ceiling-1row":
 		err = runCeiling1Row(ctx, pool, sc, e.payloads[:n], e.s.CeilingConns, lat)
+	case "pg-ceiling-handler":
+		err = runCeilingHandler(ctx, pool, sc, e.payloads[:n], e.s.CeilingConns, lat)
 	case "rmq-raw":
 		err = runRMQRaw(ctx, e, group, n, lat)
 	case "rmq-idem-b100":
@@ -500,7 +558,7 @@ func runRow(ctx context.Context, e *env, name string, n int) (Row, error) {
 	if used.total > 0 {
 		r.MachineBusy = used.busy.Seconds() / used.total.Seconds()
 	}
-	r.P50Ms, r.P99Ms = lat.pct(0.50), lat.pct(0.99)
+	r.P50Ms, r.P99Ms, r.P999Ms = lat.pct(0.50), lat.pct(0.99), lat.pct(0.999)
 	if e.txns > 0 {
 		r.Transactions, r.PerTransaction = e.txns, float64(e.txnMsgs)/float64(e.txns)
 	}
@@ -532,7 +590,7 @@ func runRaw(ctx context.Context, brokers []string, topic, group string, n int, l
 		if err := r.CommitMessages(ctx, m); err != nil { // async: CommitInterval batches them
 			return err
 		}
-		lat.add(time.Since(t))
+		lat.since(m.Value, t)
 	}
 	return nil
 }
@@ -570,7 +628,7 @@ func runNaive(ctx context.Context, brokers []string, topic, group string, n int,
 		if err := r.CommitMessages(ctx, m); err != nil {
 			return err
 		}
-		lat.add(time.Since(t))
+		lat.since(m.Value, t)
 	}
 	return nil
 }
@@ -584,7 +642,12 @@ func insertEffects(sc string) consumer.BatchHandlerFunc[pgx.Tx] {
 // insertEffect is the business write of the rows at batch 1, the peers'
 // statement: one INSERT … VALUES per message.
 func insertEffect(sc string) consumer.HandlerFunc[pgx.Tx] {
-	q := `INSERT INTO ` + sc + `.effects (txn_id, amount) VALUES ($1, $2)`
+	return effectFunc(`INSERT INTO ` + sc + `.effects (txn_id, amount) VALUES ($1, $2)`)
+}
+
+// effectFunc runs q with the message's txn_id and amount as its two
+// parameters.
+func effectFunc(q string) consumer.HandlerFunc[pgx.Tx] {
 	return func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		var p struct {
 			TxnID  string `json:"txn_id"`
@@ -596,6 +659,12 @@ func insertEffect(sc string) consumer.HandlerFunc[pgx.Tx] {
 		_, err := tx.Exec(ctx, q, p.TxnID, p.Amount)
 		return err
 	}
+}
+
+// upsertEffect is the business write of idem-handler-offsets: insertEffect
+// skipping the keys already booked, as upsertEffects does for a batch.
+func upsertEffect(sc string) consumer.HandlerFunc[pgx.Tx] {
+	return effectFunc(`INSERT INTO ` + sc + `.effects (txn_id, amount) VALUES ($1, $2) ON CONFLICT (txn_id) DO NOTHING`)
 }
 
 // upsertEffects is the business write of idem-offsets and pg-ceiling-1row:
@@ -649,7 +718,7 @@ func (t *timedSource) Ack(ctx context.Context, msgs []*consumer.Message) error {
 	now := time.Now()
 	for _, m := range msgs {
 		if v, ok := t.stamp.LoadAndDelete(m); ok {
-			t.lat.add(now.Sub(v.(time.Time)))
+			t.lat.sinceAt(m.Value, v.(time.Time), now)
 		}
 	}
 	t.acked.Add(int64(len(msgs)))
@@ -668,9 +737,24 @@ func runIdem(ctx context.Context, e *env, topic, group string, n int, sc string,
 	return runEngine(ctx, e, src, n, sc, batch, keyLanes, lat, 0)
 }
 
+// runIdemHandler is idem with the handler users write: a per-message
+// Handler, one INSERT … VALUES per message, at any batch size.
+func runIdemHandler(ctx context.Context, e *env, topic, group string, n int, sc string, batch int, lat *latencies) error {
+	src, err := kafka.New(kafka.Config{Brokers: e.brokers, Topics: []string{topic}, Group: group, MaxBytes: 4 << 20, Logger: quiet,
+		CommitInterval: e.s.CommitInterval})
+	if err != nil {
+		return err
+	}
+	return runEngineWith(ctx, e, src, n, sc, lat, 0, func(cfg *consumer.Config[pgx.Tx], _ *pgstore.Store) {
+		cfg.BatchSize, cfg.BatchHandler, cfg.Handler = batch, nil, insertEffect(sc)
+	})
+}
+
 // runIdemOffsets is idem with offsets in the store: Config.Offsets, no
-// key, the business insert skipping re-sent keys itself.
-func runIdemOffsets(ctx context.Context, e *env, topic, group string, n int, sc string, batch int, lat *latencies) error {
+// key, the business insert skipping re-sent keys itself; perMessage
+// writes it with a Handler, one statement per message, instead of one
+// set-based statement per batch.
+func runIdemOffsets(ctx context.Context, e *env, topic, group string, n int, sc string, batch int, perMessage bool, lat *latencies) error {
 	st, err := pgstore.New(e.pool, pgstore.Config{Schema: sc})
 	if err != nil {
 		return err
@@ -682,6 +766,9 @@ func runIdemOffsets(ctx context.Context, e *env, topic, group string, n int, sc 
 	}
 	return runEngineWith(ctx, e, src, n, sc, lat, 0, func(cfg *consumer.Config[pgx.Tx], st *pgstore.Store) {
 		cfg.Offsets, cfg.Key, cfg.BatchHandler, cfg.BatchSize = st, nil, upsertEffects(sc), batch
+		if perMessage {
+			cfg.BatchHandler, cfg.Handler = nil, upsertEffect(sc)
+		}
 	})
 }
 
@@ -755,6 +842,12 @@ func runEngineWith(ctx context.Context, e *env, src source.Source, n int, sc str
 // runCeiling is the database alone: the same claim and insert in batches of
 // 100 from conns connections.
 func runCeiling(ctx context.Context, pool *pgxpool.Pool, sc string, payloads [][]byte, conns int, lat *latencies) error {
+	return runCeilingWith(ctx, pool, sc, payloads, conns, lat, insertEffects(sc))
+}
+
+// runCeilingWith is runCeiling with effects as the business write of each
+// batch's new messages.
+func runCeilingWith(ctx context.Context, pool *pgxpool.Pool, sc string, payloads [][]byte, conns int, lat *latencies, effects consumer.BatchHandlerFunc[pgx.Tx]) error {
 	st, err := pgstore.New(pool, pgstore.Config{Schema: sc})
 	if err != nil {
 		return err
@@ -762,7 +855,6 @@ func runCeiling(ctx context.Context, pool *pgxpool.Pool, sc string, payloads [][
 	if err := st.Migrate(ctx); err != nil {
 		return err
 	}
-	effects := insertEffects(sc)
 	return inBatches(payloads, conns, lat, func() func([][]byte) error {
 		claims := make([]dedup.Claim, 0, 100)
 		results := make([]dedup.Result, 100)
@@ -792,6 +884,26 @@ func runCeiling(ctx context.Context, pool *pgxpool.Pool, sc string, payloads [][
 			})
 		}
 	})
+}
+
+// runCeilingHandler is the database alone for idem-handler-b100: the same
+// claim as pg-ceiling, then one INSERT … VALUES per new message (the
+// per-message handler's statement, run one after the other as the engine
+// runs it), in transactions of 100 from conns connections.
+func runCeilingHandler(ctx context.Context, pool *pgxpool.Pool, sc string, payloads [][]byte, conns int, lat *latencies) error {
+	return runCeilingWith(ctx, pool, sc, payloads, conns, lat, oneByOne(insertEffect(sc)))
+}
+
+// oneByOne is h over a batch, message by message, in one transaction.
+func oneByOne(h consumer.HandlerFunc[pgx.Tx]) consumer.BatchHandlerFunc[pgx.Tx] {
+	return func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
+		for _, m := range msgs {
+			if err := h(ctx, tx, m); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 }
 
 // runCeiling1Row is the database alone for idem-offsets: the business
@@ -894,6 +1006,15 @@ func ratiosOf(rows []Row) []ratio {
 	addCPU("idem-offsets", "watermill-tuned", 0)
 	add("idem-b1", "watermill-tuned", 1, ">=")
 	addCPU("idem-b1", "watermill-tuned", 1.2)
+	// The handler users write (issue 41): a per-message Handler beside the
+	// peers, its ceiling and its BatchHandler twin; informational.
+	add("idem-handler-b100", "watermill-tuned", 0, "")
+	addCPU("idem-handler-b100", "watermill-tuned", 0)
+	add("idem-handler-b100", "pg-ceiling-handler", 0, "")
+	add("idem-handler-b100", "idem-b100", 0, "")
+	add("idem-handler-offsets", "watermill-tuned", 0, "")
+	addCPU("idem-handler-offsets", "watermill-tuned", 0)
+	add("idem-handler-offsets", "idem-offsets", 0, "")
 	add("watermill-tuned", "watermill", 0, "")
 	add("sarama", "watermill-tuned", 0, "")
 	add("idem-b100", "raw", 0.5, ">=")
@@ -946,6 +1067,7 @@ func printTable(w io.Writer, s settings, res result, ratios []ratio) {
 			r.CPUPer100k, r.DBCPU100k, r.BrokerCPU100k, 100*r.MachineBusy, perTxn, r.P50Ms, r.P99Ms, r.Effects)
 	}
 	printTableSize(w, s, rows)
+	printOpen(w, s, res.open)
 	fmt.Fprintf(w, "\n| ratio | value | target |\n|---|---:|---|\n")
 	for _, r := range ratios {
 		if r.Met == nil {

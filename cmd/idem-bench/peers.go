@@ -167,7 +167,7 @@ func runWatermill(ctx context.Context, e *env, group string, n int, sc string, c
 		if err := p.handle(msg.Context(), msg.Payload); err != nil {
 			return err // nacked: redelivered
 		}
-		lat.add(time.Since(t))
+		lat.since(msg.Payload, t)
 		count.add()
 		return nil
 	})
@@ -235,7 +235,7 @@ func (h saramaHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 				return err
 			}
 			sess.MarkMessage(m, "")
-			h.lat.add(time.Since(t))
+			h.lat.since(m.Value, t)
 			h.count.add()
 		case <-ctx.Done():
 			return nil
