@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/idemkit/idem/consumer/internal/envelope"
 	"github.com/idemkit/idem/consumer/wire"
@@ -287,11 +288,11 @@ const keyCheckRun = 20
 // keyCheck counts Config.Key's failures over the first keyCheckRun
 // messages it keys; safe for concurrent use.
 type keyCheck struct {
+	finished atomic.Bool // judged: every later message passes by without the lock
 	mu       sync.Mutex
 	seen     int
 	failed   int
 	verdict  error // ErrKeyMisconfigured, once judged so
-	finished bool
 }
 
 // checkKey counts the outcome of Config.Key on m (err nil: a key) while
@@ -300,8 +301,11 @@ type keyCheck struct {
 // and one ERROR line says so. Each message is still dead-lettered.
 func (c *Consumer[TTx]) checkKey(m *Message, err error) {
 	k := &c.keyCheck
+	if k.finished.Load() {
+		return
+	}
 	k.mu.Lock()
-	if k.finished {
+	if k.finished.Load() {
 		k.mu.Unlock()
 		return
 	}
@@ -311,12 +315,12 @@ func (c *Consumer[TTx]) checkKey(m *Message, err error) {
 	}
 	var verdict error
 	if k.failed > keyCheckRun/2 {
-		k.finished = true
+		k.finished.Store(true)
 		verdict = fmt.Errorf("%w: Config.Key failed on %d of the first %d messages (last %s: %v); check the key path or header against the messages the producers send",
 			ErrKeyMisconfigured, k.failed, k.seen, m.Ref(), err)
 		k.verdict = verdict
 	} else if k.seen >= keyCheckRun {
-		k.finished = true
+		k.finished.Store(true)
 	}
 	failed, seen := k.failed, k.seen
 	k.mu.Unlock()
