@@ -15,24 +15,38 @@ import (
 )
 
 // LyingStore reports a transient failure for every transaction that claimed
-// the message Target names (its Ref; the handler sets it) — after the
-// transaction committed: a COMMIT whose outcome the client did not learn.
+// a message it targets (its Ref; the handler sets it: Target, AddTarget) —
+// after the transaction committed: a COMMIT whose outcome the client did
+// not learn.
 type LyingStore struct {
 	*pgstore.Store
-	target atomic.Value // string
-	lies   atomic.Int32
-	mu     sync.Mutex
-	claims map[pgx.Tx][]string // the sources claimed in each open transaction
+	lies    atomic.Int32
+	mu      sync.Mutex
+	targets map[string]bool
+	claims  map[pgx.Tx][]string // the sources claimed in each open transaction
 }
 
 // NewLyingStore wraps s; it lies about nothing until Target is called.
 func NewLyingStore(s *pgstore.Store) *LyingStore {
-	return &LyingStore{Store: s, claims: map[pgx.Tx][]string{}}
+	return &LyingStore{Store: s, targets: map[string]bool{}, claims: map[pgx.Tx][]string{}}
 }
 
 // Target names the message (its Ref) whose transactions' COMMITs are
-// reported failed from now on.
-func (s *LyingStore) Target(ref string) { s.target.Store(ref) }
+// reported failed from now on, in place of those targeted before.
+func (s *LyingStore) Target(ref string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	clear(s.targets)
+	s.targets[ref] = true
+}
+
+// AddTarget adds a message (its Ref) to those whose transactions' COMMITs
+// are reported failed from now on.
+func (s *LyingStore) AddTarget(ref string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.targets[ref] = true
+}
 
 // Lies is how many COMMITs were reported failed.
 func (s *LyingStore) Lies() int32 { return s.lies.Load() }
@@ -55,9 +69,9 @@ func (s *LyingStore) InTx(ctx context.Context, fn func(ctx context.Context, tx p
 	s.mu.Lock()
 	sources := s.claims[in]
 	delete(s.claims, in)
+	lie := slices.ContainsFunc(sources, func(src string) bool { return s.targets[src] })
 	s.mu.Unlock()
-	t, _ := s.target.Load().(string)
-	if err == nil && t != "" && slices.Contains(sources, t) {
+	if err == nil && lie {
 		s.lies.Add(1)
 		return consumer.Retryable(errors.New("connection reset during COMMIT"))
 	}

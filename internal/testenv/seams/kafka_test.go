@@ -28,6 +28,7 @@ import (
 	"github.com/idemkit/idem/dedup/redisfront"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/internal/testenv/kafkatest"
+	"github.com/idemkit/idem/internal/testenv/retrytest"
 )
 
 // The Kafka mode (issue 37): each seed draws a configuration (config_test.go)
@@ -85,7 +86,7 @@ type kafkaRunner struct {
 
 	pool  *pgxpool.Pool
 	pg    *pgstore.Store
-	lying *uncertainStore
+	lying *retrytest.LyingStore
 	store dedup.Store[pgx.Tx]
 	front *redisfront.Store[pgx.Tx]
 	rdb   *redis.Client
@@ -160,7 +161,7 @@ func newKafkaRunner(t testing.TB, cfg config, rep *reporter) *kafkaRunner {
 		t.Fatal(err)
 	}
 	r.pg = st
-	r.lying = newUncertainStore(st)
+	r.lying = retrytest.NewLyingStore(st)
 	r.store = r.lying
 	r.table = pgx.Identifier{schema, "business"}.Sanitize()
 	if _, err := r.pool.Exec(ctx, `CREATE TABLE `+r.table+` (id bigserial PRIMARY KEY, pay text NOT NULL,
@@ -356,62 +357,11 @@ func (r *kafkaRunner) handler() consumer.Handler[pgx.Tx] {
 		uncertain := r.pays[pl.Pay] != nil && r.pays[pl.Pay].uncertain
 		r.mu.Unlock()
 		if uncertain && m.Topic == r.topic {
-			r.lying.target(m.Ref())
+			r.lying.AddTarget(m.Ref())
 		}
 		err, _ := r.beh.fault(pl.Pay, recID{})
 		return err
 	})
-}
-
-// uncertainStore reports a transient failure for every transaction that
-// claimed one of its targets (a message's Ref) — after the transaction
-// committed: a COMMIT whose outcome the client did not learn.
-type uncertainStore struct {
-	*pgstore.Store
-	mu      sync.Mutex
-	targets map[string]bool
-	claims  map[pgx.Tx][]string
-	lies    atomic.Int32
-}
-
-func newUncertainStore(s *pgstore.Store) *uncertainStore {
-	return &uncertainStore{Store: s, targets: map[string]bool{}, claims: map[pgx.Tx][]string{}}
-}
-
-func (s *uncertainStore) target(ref string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.targets[ref] = true
-}
-
-func (s *uncertainStore) Claim(ctx context.Context, tx pgx.Tx, claims []dedup.Claim, results []dedup.Result) error {
-	s.mu.Lock()
-	for _, c := range claims {
-		s.claims[tx] = append(s.claims[tx], c.Source)
-	}
-	s.mu.Unlock()
-	return s.Store.Claim(ctx, tx, claims, results)
-}
-
-func (s *uncertainStore) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	var in pgx.Tx
-	err := s.Store.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
-		in = tx
-		return fn(ctx, tx)
-	})
-	s.mu.Lock()
-	sources := s.claims[in]
-	delete(s.claims, in)
-	lie := false
-	for _, src := range sources {
-		lie = lie || s.targets[src]
-	}
-	s.mu.Unlock()
-	if err == nil && lie {
-		s.lies.Add(1)
-		return consumer.Retryable(errors.New("seams: connection reset during COMMIT"))
-	}
-	return err
 }
 
 // --- producing ------------------------------------------------------------------
@@ -652,7 +602,7 @@ func (r *kafkaRunner) run(ctx context.Context, ops []kop) {
 		fmt.Fprintf(&b, ", %s %d", k, r.counts[k])
 	}
 	r.mu.Unlock()
-	r.t.Logf("seams: seed=%d mode=kafka: %s; COMMITs reported failed %d; config at the end: %v", r.rep.seed, b.String(), r.lying.lies.Load(), r.cfg)
+	r.t.Logf("seams: seed=%d mode=kafka: %s; COMMITs reported failed %d; config at the end: %v", r.rep.seed, b.String(), r.lying.Lies(), r.cfg)
 }
 
 func TestSeamsKafka(t *testing.T) {
