@@ -79,9 +79,14 @@
 //     Calls left unfinished are dropped with their process queues instead of
 //     being sent to the retry topic: the next owner of the queue starts at
 //     the committed offset, and the dedup store skips what was applied.
-//     Even messages acked while Run drained may come again: the client
-//     updates a queue's offset after a consume call returned and persists
-//     it asynchronously, which its shutdown can miss.
+//     The client records a queue's offset after a consume call returned,
+//     and not once its shutdown dropped the queue: Run waits (up to 3 s,
+//     within Config.CloseTimeout) until the client handled every returned
+//     call before it shuts the client down, so that what was acked, also
+//     while Run drained, is not delivered to the queue's next owner. The
+//     shutdown persists the offsets with one-way requests: a broker that
+//     does not get one hands those messages over again, and the dedup
+//     store skips them.
 //   - The name servers are always given explicitly (a passthrough
 //     resolver); each Source has its own instance name, so several Sources
 //     of one group can run in one process.

@@ -1,6 +1,10 @@
 package rocketmq
 
-import "github.com/apache/rocketmq-client-go/v2/primitive"
+import (
+	"time"
+
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+)
 
 // TakeOnlyQueue makes s's push consumer take only queue id of each topic,
 // whatever the group's members: the other queues are consumed by no one.
@@ -15,3 +19,7 @@ func TakeOnlyQueue(s *Source, id int) {
 		return mine
 	}
 }
+
+// SlowResults makes s's push consumer wait d after each consume call
+// returned, before it records the call's offset.
+func SlowResults(s *Source, d time.Duration) { s.slowResults = d }

@@ -50,6 +50,13 @@ type run struct {
 
 	laneMu sync.Mutex
 	lanes  map[string]*sync.Mutex // serialises delivery per lane
+
+	// Per lane (offsets.go), under mu: one past the highest offset a
+	// consume call was handed, the messages of calls that did not return
+	// yet, and whether a call returned its result to the client.
+	seen     map[string]int64
+	held     map[string]int64
+	returned map[string]bool
 }
 
 // call is one consume call's bookkeeping.
@@ -69,6 +76,9 @@ func newRun(cfg *Config, log *slog.Logger, deliver source.DeliverFunc) *run {
 		inflight: make(map[*consumer.Message]*call),
 		shut:     make(chan struct{}),
 		lanes:    make(map[string]*sync.Mutex),
+		seen:     make(map[string]int64),
+		held:     make(map[string]int64),
+		returned: make(map[string]bool),
 	}
 }
 
@@ -97,6 +107,7 @@ func (r *run) consume(ctx, cctx context.Context, msgs []*primitive.MessageExt) (
 	}
 
 	r.mu.Lock()
+	r.sawLocked(msgs)
 	if r.stopping || ctx.Err() != nil {
 		wait := r.parkLocked()
 		r.mu.Unlock()
@@ -112,6 +123,9 @@ func (r *run) consume(ctx, cctx context.Context, msgs []*primitive.MessageExt) (
 			r.log.Error("rocketmq: consume callback panicked; the messages are given back",
 				slog.Any("panic", v), slog.String("stack", string(debug.Stack())))
 			res = r.giveBack()
+			r.mu.Lock()
+			r.returnsLocked(laneOf(msgs[0].Queue), len(msgs))
+			r.mu.Unlock()
 		}
 		if busy {
 			r.busy.Done()
@@ -135,6 +149,8 @@ func (r *run) consume(ctx, cctx context.Context, msgs []*primitive.MessageExt) (
 		// ones too) to the retry topic. (An orderly queue whose lane
 		// stopped is held the same way.)
 		wait = r.parkLocked()
+	} else {
+		r.returnsLocked(laneOf(msgs[0].Queue), len(msgs))
 	}
 	r.mu.Unlock()
 	busy = false

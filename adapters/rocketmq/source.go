@@ -39,6 +39,10 @@ type Source struct {
 	// allocate replaces the client's queue allocation (tests: a group that
 	// leaves a queue to no one).
 	allocate rmq.AllocateStrategy
+	// slowResults delays the client after each consume call returned,
+	// before it records the call's offset (tests: the shutdown race of
+	// offsets.go).
+	slowResults time.Duration
 
 	mu  sync.Mutex
 	cur *run   // the Run in progress, nil outside Run
@@ -181,6 +185,20 @@ func (s *Source) Run(ctx context.Context, deliver source.DeliverFunc) error {
 
 	<-ctx.Done()
 	r.stop()
+	states := func() []processQueue {
+		info := pc.GetConsumerRunningInfo(false)
+		out := make([]processQueue, 0, len(info.MQTable))
+		for mq, pq := range info.MQTable {
+			out = append(out, processQueue{lane: laneOf(&mq), dropped: pq.Dropped, commit: pq.CommitOffset,
+				cached: int64(pq.CachedMsgCount), minC: pq.CachedMsgMinOffset,
+				taken: int64(pq.TransactionMsgCount), minT: pq.TransactionMsgMinOffset})
+		}
+		return out
+	}
+	if ok, lane := r.awaitHandled(states, min(s.cfg.CloseTimeout, handleWait)); !ok {
+		s.log.Info("rocketmq: the client did not handle the result of a queue's last consume calls before the shutdown; what they acked may come again to the queue's next owner",
+			slog.String("lane", lane))
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -299,6 +317,10 @@ func (s *Source) Release(msgs []*consumer.Message, reason error) {
 // answers: the push consumer's SuspendTimeoutMillis, 20 s, fixed.
 const pullHold = 20 * time.Second
 
+// handleWait bounds how long Run waits, once its last consume calls
+// returned, for the client to handle their results (offsets.go).
+const handleWait = 3 * time.Second
+
 // Describe declares the Source: RocketMQ, in Config.Group; its message
 // IDs chosen by the producer (ProducerChosenIDs: a message's ID is its
 // UNIQ_KEY, which the producer sets, or may set to anything — the client
@@ -364,6 +386,13 @@ func (s *Source) consumerOptions(instance string) []rmq.Option {
 	}
 	if s.allocate != nil {
 		opts = append(opts, rmq.WithStrategy(s.allocate))
+	}
+	if d := s.slowResults; d > 0 {
+		opts = append(opts, rmq.WithInterceptor(func(ctx context.Context, req, reply any, next primitive.Invoker) error {
+			err := next(ctx, req, reply)
+			time.Sleep(d)
+			return err
+		}))
 	}
 	if s.cfg.AccessKey != "" {
 		opts = append(opts, rmq.WithCredentials(s.credentials()))

@@ -67,10 +67,8 @@ type Features struct {
 	DeadLetters bool
 	// DrainCommits: the acks made while Run drains are committed before Run
 	// returns, so the group's next Source is not delivered those messages
-	// again (Kafka). Without it they may be delivered again — at-least-once,
-	// which the dedup store absorbs (RocketMQ: the client updates a queue's
-	// offset after the consume call returned and persists it
-	// asynchronously, which its shutdown can miss).
+	// again (Kafka, RocketMQ). Without it they may be delivered again —
+	// at-least-once, which the dedup store absorbs.
 	DrainCommits bool
 }
 
