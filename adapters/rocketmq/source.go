@@ -196,8 +196,8 @@ func (s *Source) Run(ctx context.Context, deliver source.DeliverFunc) error {
 		return out
 	}
 	if ok, lane := r.awaitHandled(states, min(s.cfg.CloseTimeout, handleWait)); !ok {
-		s.log.Info("rocketmq: the client did not handle the result of a queue's last consume calls before the shutdown; what they acked may come again to the queue's next owner",
-			slog.String("lane", lane))
+		s.log.Warn("rocketmq: the client did not handle the result of a queue's last consume calls before the shutdown; what they acked may come again to the queue's next owner",
+			slog.String("lane", lane), slog.Duration("waited", min(s.cfg.CloseTimeout, handleWait)))
 	}
 	done := make(chan struct{})
 	go func() {
