@@ -37,7 +37,12 @@ type rejectedError struct {
 	inDoubt bool // InDoubt: the letter's cause is CauseInDoubt
 }
 
-func (e *rejectedError) Error() string { return "rejected: " + e.err.Error() }
+func (e *rejectedError) Error() string {
+	if e.inDoubt {
+		return "in doubt: " + e.err.Error()
+	}
+	return "rejected: " + e.err.Error()
+}
 func (e *rejectedError) Unwrap() error { return e.err }
 
 // rejects tells the two marks of a message that fails for good apart; the
