@@ -291,10 +291,11 @@ func (s *Store) CountSteps(ctx context.Context) (map[dedup.StepState]int64, int6
 	now := s.cfg.Now()
 	by, expired := make(map[dedup.StepState]int64), int64(0)
 	for _, st := range s.steps {
-		by[st.state]++
 		if st.state == dedup.StepPending && !st.leaseExpires.After(now) {
-			expired++
+			expired++ // counted apart, not as pending
+			continue
 		}
+		by[st.state]++
 	}
 	return by, expired, nil
 }
