@@ -75,6 +75,8 @@ type Config struct {
 	// ReadLag is how many queries of an executed request answer "not
 	// found" before the query shows it (an eventually consistent query).
 	ReadLag int
+	// ReadLagFor is how long after an execution the query shows it.
+	ReadLagFor time.Duration
 	// Fault picks each refund request's fault; nil: None.
 	Fault func(r Request) Fault
 	// Now is the clock KeyTTL runs on; default time.Now.
@@ -307,7 +309,7 @@ func (s *Server) query(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	visible := false
-	if found != nil {
+	if found != nil && !s.cfg.Now().Before(found.At.Add(s.cfg.ReadLagFor)) {
 		k := s.keys[no]
 		if k == nil { // forgotten by the idempotency layer; the ledger still tells
 			visible = true

@@ -51,7 +51,7 @@ func TestKeysFencesFlightsAndLag(t *testing.T) {
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	var hold atomic.Bool
 	hold.Store(true)
-	p := provider.Start(t, provider.Config{KeyTTL: time.Minute, ReadLag: 2, Now: clock, Fault: func(r provider.Request) provider.Fault {
+	p := provider.Start(t, provider.Config{KeyTTL: time.Minute, ReadLag: 2, ReadLagFor: time.Second, Now: clock, Fault: func(r provider.Request) provider.Fault {
 		if r.OutRequestNo == "held" && hold.Load() {
 			return provider.TimeoutAfterCommit
 		}
@@ -65,15 +65,31 @@ func TestKeysFencesFlightsAndLag(t *testing.T) {
 	if _, err := c.Refund(ctx, provider.Request{OutRequestNo: "a", Amount: 1}, 6); !errors.Is(err, provider.ErrStaleToken) {
 		t.Fatalf("a stale token: %v", err)
 	}
+	mu.Lock()
+	now = now.Add(time.Second) // ReadLagFor
+	mu.Unlock()
 	for i := range 3 {
 		_, found, err := c.Query(ctx, "a")
 		if err != nil || found != (i == 2) {
 			t.Fatalf("query %d: found %v, %v; want found only at the third", i, found, err)
 		}
 	}
+	if _, err := c.Refund(ctx, provider.Request{OutRequestNo: "b", Amount: 1}, 0); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if _, found, _ := c.Query(ctx, "b"); found {
+			t.Fatalf("query %d shows b before ReadLagFor", i)
+		}
+	}
 	mu.Lock()
 	now = now.Add(time.Minute)
 	mu.Unlock()
+	for i := range 3 {
+		if _, found, _ := c.Query(ctx, "b"); found != (i == 2) {
+			t.Fatalf("query %d of b after ReadLagFor: found %v, want found only at the third", i, found)
+		}
+	}
 	if _, err := c.Refund(ctx, provider.Request{OutRequestNo: "a", Amount: 1}, 8); err != nil || p.Executions()["a"] != 2 {
 		t.Fatalf("after the TTL: %v, %d executions; want a second one", err, p.Executions()["a"])
 	}
