@@ -122,6 +122,8 @@ type Server struct {
 	fences   map[string]int64
 	requests int
 	stale    int // requests refused by their token
+	queries  int
+	found    int // queries that showed an execution
 	inFlight int // requests refused as in flight
 	faults   map[Fault]int
 	release  chan struct{}
@@ -318,8 +320,10 @@ func (s *Server) query(w http.ResponseWriter, r *http.Request) {
 			visible = k.reads > s.cfg.ReadLag
 		}
 	}
+	s.queries++
 	var out map[string]any
 	if visible {
+		s.found++
 		out = map[string]any{"found": true, "refund": *found}
 	} else {
 		out = map[string]any{"found": false}
@@ -351,6 +355,8 @@ type Stats struct {
 	Requests int           // refund requests
 	Stale    int           // refused for a stale fencing token
 	InFlight int           // refused while the key was in flight
+	Queries  int           // read-backs
+	Found    int           // read-backs that showed an execution
 	Faults   map[Fault]int // requests by the fault they met
 }
 
@@ -362,7 +368,7 @@ func (s *Server) Stats() Stats {
 	for k, v := range s.faults {
 		f[k] = v
 	}
-	return Stats{Requests: s.requests, Stale: s.stale, InFlight: s.inFlight, Faults: f}
+	return Stats{Requests: s.requests, Stale: s.stale, InFlight: s.inFlight, Queries: s.queries, Found: s.found, Faults: f}
 }
 
 // Client calls a Server, as a refund consumer would.
