@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/internal/shorten"
 )
 
 // finishTimeout bounds the recording of an outcome, which outlives the
@@ -95,7 +96,7 @@ func (r *run) call(ctx context.Context) ([]byte, error) {
 	case err == nil:
 		return res, r.finish(ctx, dedup.StepOutcome{State: dedup.StepSucceeded, Result: res}, nil)
 	case errors.As(err, &refused):
-		return nil, r.finish(ctx, dedup.StepOutcome{State: dedup.StepFailed, Result: refused.Result, Error: refused.Reason}, consumer.Permanent(err))
+		return nil, r.finish(ctx, dedup.StepOutcome{State: dedup.StepFailed, Result: refused.Result, Error: shorten.Reason(refused.Reason)}, consumer.Permanent(err))
 	default:
 		return nil, r.unknown(ctx, fmt.Sprintf("attempt %d: %v", r.rec.Attempts, err), err)
 	}
@@ -160,7 +161,7 @@ func (r *run) repeat(ctx context.Context) ([]byte, error) {
 // next holder and for operators), and returns the error the consumer
 // retries.
 func (r *run) unknown(ctx context.Context, why string, err error) error {
-	return r.finish(ctx, dedup.StepOutcome{State: dedup.StepUnknown, Error: why},
+	return r.finish(ctx, dedup.StepOutcome{State: dedup.StepUnknown, Error: shorten.Reason(why)},
 		consumer.Retryable(fmt.Errorf("%w: step %q of %s (provider key %s, attempt %d): %w", ErrUnknownOutcome, r.s.Name, r.rec.Ref.Key, r.rec.ProviderKey, r.rec.Attempts, err)))
 }
 
