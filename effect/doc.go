@@ -21,7 +21,7 @@
 //     keeps the key (Step.KeyTTL). Otherwise the step is in doubt: Do
 //     returns an error the consumer dead-letters with cause in_doubt, with
 //     every fact in the letter's reason, for an operator to resolve
-//     (`idem effects`), and never repeats it.
+//     (dedup.Journal.ResolveStep), and never repeats it.
 //
 // What it cannot do: a provider that keeps no idempotency keys and has no
 // query leaves every unknown outcome in doubt — Do then never repeats,
