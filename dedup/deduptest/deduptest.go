@@ -1,8 +1,8 @@
 // Package deduptest is the conformance suite of dedup.Store. Every store runs
 // it; a store that passes keeps idem's promise: one committed claim per key.
-// RunOffsets, RunEpochs, RunAdmin and RunRequests are the suites of the
-// other contracts a store may implement (dedup.OffsetStore, EpochStore,
-// Admin, RequestStore).
+// RunOffsets, RunEpochs, RunAdmin, RunRequests and RunJournal are the
+// suites of the other contracts a store may implement (dedup.OffsetStore,
+// EpochStore, Admin, RequestStore, Journal).
 //
 //	func TestConformance(t *testing.T) {
 //		deduptest.Run(t, func(t *testing.T, cfg deduptest.Config) dedup.Store[pgx.Tx] {

@@ -20,6 +20,7 @@ func (s *Store) migrations() ([]sqlmigrate.Migration, error) {
 		Epochs      string
 		Audit       string
 		Locks       string
+		Steps       string
 		Distributed bool
 		Partitioned bool
 		Index       func(string) string
@@ -29,6 +30,7 @@ func (s *Store) migrations() ([]sqlmigrate.Migration, error) {
 		Epochs:      s.epochs,
 		Audit:       s.audit,
 		Locks:       s.locks,
+		Steps:       s.stepTab,
 		Distributed: s.cfg.Distributed,
 		Partitioned: s.part != nil,
 		Index:       pgmigrate.Index(s.cfg.Table),

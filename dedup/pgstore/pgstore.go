@@ -101,9 +101,11 @@ type Store struct {
 	table   string // sanitized schema.table
 	offsets string // sanitized schema.table_offsets: see offsets.go
 	offSQL  offsetQueries
-	epochs  string      // sanitized schema.table_epochs: see epochs.go
-	audit   string      // sanitized schema.table_audit: see audit.go
-	locks   string      // sanitized schema.table_locks: see lock.go
+	epochs  string // sanitized schema.table_epochs: see epochs.go
+	audit   string // sanitized schema.table_audit: see audit.go
+	locks   string // sanitized schema.table_locks: see lock.go
+	stepTab string // sanitized schema.table_steps: see journal.go
+	steps   stepQueries
 	part    *partitions // partitioned mode (partitions.go); nil without
 	lockSQL string      // partitioned mode: the claim's key locks
 	plainOK atomic.Bool // without partitions: the table was found not partitioned
@@ -227,6 +229,8 @@ SELECT ctid FROM ` + t + ` WHERE ` + purgeable + ` LIMIT $1 FOR UPDATE SKIP LOCK
 	st.epochs = pgx.Identifier{cfg.Schema, cfg.Table + "_epochs"}.Sanitize()
 	st.audit = pgx.Identifier{cfg.Schema, cfg.Table + "_audit"}.Sanitize()
 	st.locks = pgx.Identifier{cfg.Schema, cfg.Table + "_locks"}.Sanitize()
+	st.stepTab = pgx.Identifier{cfg.Schema, cfg.Table + "_steps"}.Sanitize()
+	st.steps = newStepQueries(st.stepTab)
 	st.epoch = time.Now()
 	return st, nil
 }
@@ -424,7 +428,9 @@ const purgeable = `expires_at < now() AND (state IS DISTINCT FROM 'processing' O
 
 // Purge deletes at most limit expired rows (by the database clock), skipping
 // rows other transactions hold and HTTP requests whose lease runs; see
-// dedup.Store.
+// dedup.Store. Within limit it then deletes the effect journal's succeeded
+// and failed steps whose scope's retention passed since they last changed
+// (never an unresolved one).
 //
 // In partitioned mode (Config.PartitionWidth) it first creates the
 // partitions ahead and drops the partitions whose upper bound has passed,
@@ -454,16 +460,18 @@ func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	if err != nil {
 		return dropped, fmt.Errorf("pgstore: purge: %w", err)
 	}
-	return dropped + int(tag.RowsAffected()), nil
+	n := int(tag.RowsAffected())
+	steps, err := s.purgeSteps(ctx, limit-n) // journal.go
+	return dropped + n + steps, err
 }
 
 // ClassifyError classifies Postgres errors by SQLSTATE (see
 // internal/storekit/pgerr: conflicts, unavailability, permanent and fatal codes), a
 // *dedup.ConnLostError as dedup.ClassUnavailable, and ErrDistributedHTTP,
-// ErrPartitionedHTTP, ErrPartitionedIsolation and ErrModeMismatch as
+// ErrDistributedJournal, ErrPartitionedHTTP, ErrPartitionedIsolation and ErrModeMismatch as
 // dedup.ClassFatal.
 func (s *Store) ClassifyError(err error) dedup.ErrorClass {
-	if errors.Is(err, ErrDistributedHTTP) || errors.Is(err, ErrPartitionedHTTP) || errors.Is(err, ErrPartitionedIsolation) || errors.Is(err, ErrModeMismatch) {
+	if errors.Is(err, ErrDistributedHTTP) || errors.Is(err, ErrDistributedJournal) || errors.Is(err, ErrPartitionedHTTP) || errors.Is(err, ErrPartitionedIsolation) || errors.Is(err, ErrModeMismatch) {
 		return dedup.ClassFatal
 	}
 	return pgerr.Classify(err)

@@ -12,9 +12,9 @@ import (
 )
 
 // The floors of docs/STYLE: dedup is the bottom of the library; the engine,
-// the source and outbox drivers, the HTTP middleware, observability, the
-// examples and the commands stand on it.
-var aboveDedup = []string{"consumer", "adapters", "outbox", "httpidem", "observe", "examples", "cmd"}
+// the effect journal's steps, the source and outbox drivers, the HTTP
+// middleware, observability, the examples and the commands stand on it.
+var aboveDedup = []string{"consumer", "effect", "adapters", "outbox", "httpidem", "observe", "examples", "cmd"}
 
 // storeKit is the floor between dedup and the stores: the helpers every SQL
 // store shares (error classes, row scanning, the migration runner), which

@@ -1,0 +1,41 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/dedup/deduptest"
+	"github.com/idemkit/idem/dedup/pgstore"
+)
+
+func TestJournalConformance(t *testing.T) {
+	deduptest.RunJournal(t, func(t *testing.T, cfg deduptest.Config) dedup.Journal {
+		return newStore(t, pgstore.Config{LockTimeout: cfg.LockTimeout, ScopeRetention: cfg.ScopeRetention})
+	})
+}
+
+// TestPartitionedJournalConformance: the steps table is plain in the
+// partitioned layout too, and Purge reaches it after the partitions.
+func TestPartitionedJournalConformance(t *testing.T) {
+	deduptest.RunJournal(t, func(t *testing.T, cfg deduptest.Config) dedup.Journal {
+		return partitionedStore(t, pgstore.Config{LockTimeout: cfg.LockTimeout, ScopeRetention: cfg.ScopeRetention})
+	})
+}
+
+// TestDistributedJournalRefused: a store in distributed mode refuses the
+// journal with an error that says why, classified fatal.
+func TestDistributedJournalRefused(t *testing.T) {
+	st, err := pgstore.New(new(pgxpool.Pool), pgstore.Config{Distributed: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = st.BeginStep(context.Background(), deduptest.Step("s", "k", "call"), "pk", time.Minute)
+	if !errors.Is(err, pgstore.ErrDistributedJournal) || st.ClassifyError(err) != dedup.ClassFatal {
+		t.Fatalf("BeginStep in distributed mode: %v, want ErrDistributedJournal, fatal", err)
+	}
+}
