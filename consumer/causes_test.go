@@ -29,6 +29,10 @@ func TestEveryLetterHasItsCause(t *testing.T) {
 			return consumer.Permanent(errors.New("account closed"))
 		case "R1":
 			return consumer.Retryable(errors.New("downstream away"))
+		case "D1":
+			if amount, _ := consumer.ByJSONField("amount")(m); amount == "1" {
+				return fmt.Errorf("refund step: %w", consumer.InDoubt(errors.New("provider keeps keys no more")))
+			}
 		case "J1":
 			if amount, _ := consumer.ByJSONField("amount")(m); amount != "2" {
 				return consumer.Reject(errors.New("wrong amount"))
@@ -52,7 +56,9 @@ func TestEveryLetterHasItsCause(t *testing.T) {
 		consumertest.Message("pay", 0, 6, "", `{"txn_id":"R1"}`),
 		consumertest.Message("pay", 0, 7, "", `{"txn_id":"F1","sig":"good"}`),
 		consumertest.Message("pay", 0, 8, "", `{"txn_id":"J1","amount":1}`),
-		consumertest.Message("pay", 0, 9, "", `{"txn_id":"J1","amount":2}`))
+		consumertest.Message("pay", 0, 9, "", `{"txn_id":"J1","amount":2}`),
+		consumertest.Message("pay", 0, 10, "", `{"txn_id":"D1","amount":1}`),
+		consumertest.Message("pay", 0, 11, "", `{"txn_id":"D1","amount":1}`))
 	want := []struct {
 		offset int64
 		cause  consumer.Cause
@@ -65,6 +71,8 @@ func TestEveryLetterHasItsCause(t *testing.T) {
 		{5, consumer.CauseFailedBefore, "P1"},
 		{6, consumer.CauseExhausted, "R1"},
 		{8, consumer.CauseRejected, "J1"},
+		{10, consumer.CauseInDoubt, "D1"},
+		{11, consumer.CauseInDoubt, "D1"},
 	}
 	if len(res.DeadLetters) != len(want) {
 		t.Fatalf("%d letters, want %d: %+v", len(res.DeadLetters), len(want), res.DeadLetters)
@@ -89,7 +97,9 @@ func TestEveryLetterHasItsCause(t *testing.T) {
 		}
 	}
 	// The forgery did not take F1, nor the rejected message J1: the genuine
-	// messages behind them were applied.
+	// messages behind them were applied. D1 in doubt took no key either: its
+	// re-send ran the handler again and was dead-lettered again (no
+	// failed_before).
 	if res.Stats.Applied != 3 {
 		t.Errorf("applied %d, want A1, the genuine F1 and J1", res.Stats.Applied)
 	}

@@ -65,6 +65,7 @@ const (
 	CauseExhausted    = wire.CauseExhausted    // its retries ran out
 	CauseValidate     = wire.CauseValidate     // Config.Validate refused it: no row recorded, the key stays free
 	CauseRejected     = wire.CauseRejected     // the handler refused it with Reject: rolled back, no row recorded, the key stays free
+	CauseInDoubt      = wire.CauseInDoubt      // InDoubt: a provider call's outcome is in doubt; rolled back, no row recorded, the key stays free
 )
 
 // fail dead-letters a message that cannot be processed. With record, the
@@ -73,7 +74,11 @@ const (
 // message with Reject, which leaves the key free.
 func (c *Consumer[TTx]) fail(ctx context.Context, it *item, reason error, record bool) error {
 	if IsRejected(reason) {
-		return c.deadLetter(ctx, it, reason, CauseRejected)
+		cause := CauseRejected
+		if IsInDoubt(reason) {
+			cause = CauseInDoubt
+		}
+		return c.deadLetter(ctx, it, reason, cause)
 	}
 	if record && c.cfg.Key != nil { // with Config.Offsets alone there is no key row: the offset moves past it after the dead letter
 		err := c.untilDone(ctx, nil, "", func() error {

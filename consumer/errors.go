@@ -32,9 +32,17 @@ func (e *permanentError) Unwrap() error { return e.err }
 
 type retryableError struct{ err error }
 
-type rejectedError struct{ err error }
+type rejectedError struct {
+	err     error
+	inDoubt bool // InDoubt: the letter's cause is CauseInDoubt
+}
 
-func (e *rejectedError) Error() string { return "rejected: " + e.err.Error() }
+func (e *rejectedError) Error() string {
+	if e.inDoubt {
+		return "in doubt: " + e.err.Error()
+	}
+	return "rejected: " + e.err.Error()
+}
 func (e *rejectedError) Unwrap() error { return e.err }
 
 // rejects tells the two marks of a message that fails for good apart; the
@@ -74,7 +82,33 @@ func Reject(err error) error {
 	if err == nil {
 		return nil
 	}
-	return &rejectedError{err}
+	return &rejectedError{err: err}
+}
+
+// InDoubt refuses the message the way Reject does — the handler's
+// transaction rolls back, nothing is recorded under the key, the message
+// is dead-lettered at once — with cause CauseInDoubt: a call the handler
+// made to another system (a payment provider) has an outcome that can no
+// longer be found out nor repeated safely, and an operator must resolve it
+// first. Package effect returns it; the key stays free so that the
+// message, redriven once the operator resolved the call, runs the handler
+// again. Outermost marks win as with Reject. InDoubt(nil) is nil.
+func InDoubt(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &rejectedError{err: err, inDoubt: true}
+}
+
+// IsInDoubt reports whether err was marked with InDoubt, and not wrapped in
+// Permanent since.
+func IsInDoubt(err error) bool {
+	var m interface{ rejects() bool }
+	if !errors.As(err, &m) || !m.rejects() {
+		return false
+	}
+	var r *rejectedError
+	return errors.As(err, &r) && r.inDoubt
 }
 
 // Retryable marks err as transient: the message is retried with backoff.

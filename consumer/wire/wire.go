@@ -47,7 +47,7 @@ type Retry struct {
 // message's own and stay: a letter redriven later keeps the key it is
 // deduplicated by.
 const (
-	MetaCause     = "idem-cause"              // why, as one value: Letter.Cause (bad_input, validate, rejected, fingerprint_mismatch, failed_before, permanent, exhausted)
+	MetaCause     = "idem-cause"              // why, as one value: Letter.Cause (bad_input, validate, rejected, fingerprint_mismatch, failed_before, permanent, exhausted, in_doubt)
 	MetaReason    = "idem-reason"             // why, in words: the error text, at most dedup.MaxReasonLen bytes
 	MetaAttempts  = "idem-attempts"           // failures charged to the message (Letter.Attempts), decimal
 	MetaTopic     = "idem-original-topic"     // the message's topic
@@ -260,6 +260,7 @@ const (
 	CauseExhausted                     // its retries ran out
 	CauseValidate                      // consumer.Config.Validate refused it: no row recorded, the key stays free
 	CauseRejected                      // the handler refused it with Reject: rolled back, no row recorded, the key stays free
+	CauseInDoubt                       // a call to a provider has an outcome that can no longer be found out or repeated safely (package effect): rolled back, no row recorded, the key stays free
 )
 
 var causeNames = [...]string{
@@ -270,6 +271,7 @@ var causeNames = [...]string{
 	CauseExhausted:    "exhausted",
 	CauseValidate:     "validate",
 	CauseRejected:     "rejected",
+	CauseInDoubt:      "in_doubt",
 }
 
 func (c Cause) String() string {
@@ -281,7 +283,7 @@ func (c Cause) String() string {
 
 // Causes lists every Cause, in their order.
 func Causes() []Cause {
-	return []Cause{CauseBadInput, CauseMismatch, CauseFailedBefore, CausePermanent, CauseExhausted, CauseValidate, CauseRejected}
+	return []Cause{CauseBadInput, CauseMismatch, CauseFailedBefore, CausePermanent, CauseExhausted, CauseValidate, CauseRejected, CauseInDoubt}
 }
 
 // ParseCause returns the Cause whose String is s: what a reader of the

@@ -4,6 +4,8 @@
 // (bounded by LockTimeout) like Postgres does on its unique index. Effects
 // staged with Tx.OnCommit run only when the transaction commits.
 //
+// The store is also a dedup.Journal (journal.go), on the same clock.
+//
 // It is for unit tests and demos: nothing survives the process.
 package memstore
 
@@ -40,6 +42,9 @@ type Store struct {
 	mu      sync.Mutex
 	rows    map[dedup.Key]row
 	pending map[dedup.Key]*Tx
+
+	steps     map[dedup.StepRef]*step // the effect journal (journal.go)
+	lastToken int64
 }
 
 type row struct {
@@ -69,7 +74,7 @@ func New(cfg Config) *Store {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Store{cfg: cfg, rows: make(map[dedup.Key]row), pending: make(map[dedup.Key]*Tx)}
+	return &Store{cfg: cfg, rows: make(map[dedup.Key]row), pending: make(map[dedup.Key]*Tx), steps: make(map[dedup.StepRef]*step)}
 }
 
 // OnCommit stages an effect: f runs if and when tx commits.
@@ -216,7 +221,8 @@ func (s *Store) RecordFailure(ctx context.Context, c dedup.Claim, reason string)
 	return nil
 }
 
-// Purge deletes expired rows; see dedup.Store.
+// Purge deletes expired rows, and the journal's succeeded and failed steps
+// past their scope's retention; see dedup.Store.
 func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
@@ -233,6 +239,7 @@ func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 			n++
 		}
 	}
+	n += s.purgeSteps(now, limit-n)
 	return n, nil
 }
 
