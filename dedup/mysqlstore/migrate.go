@@ -22,11 +22,13 @@ var collations = []string{"utf8mb4_nopad_bin", "utf8mb4_0900_bin"}
 // migrations renders the embedded migrations for this store's table.
 func (s *Store) migrations(collation string) ([]sqlmigrate.Migration, error) {
 	ms, err := sqlmigrate.Load(migrationFS, "migrations", struct {
-		Table, Epochs, Collation string
-		Name                     func(string) string
+		Table, Epochs, Tokens, Steps, Collation string
+		Name                                    func(string) string
 	}{
 		Table:     s.table,
 		Epochs:    s.epochs,
+		Tokens:    s.tokens,
+		Steps:     s.steps,
 		Collation: collation,
 		Name:      func(suffix string) string { return quote(s.cfg.Table + "_" + suffix) },
 	})

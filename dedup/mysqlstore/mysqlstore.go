@@ -205,6 +205,8 @@ type Store struct {
 	table    string // quoted, with the database when configured
 	versions string
 	epochs   string // the release epochs' table: see epochs.go
+	tokens   string // the counter of the journal's tokens: see journal.go
+	steps    string // the effect journal's table: see journal.go
 	// lookupSQL reads a claim's rows; the first parameter is the token.
 	lookupSQL string
 
@@ -232,9 +234,11 @@ func New(db *sql.DB, cfg Config) (*Store, error) {
 		s.preset = true
 	}
 	s.table, s.versions, s.epochs = quote(cfg.Table), quote("idem_schema_migrations"), quote(cfg.Table+"_epochs")
+	s.tokens, s.steps = quote(cfg.Table+"_tokens"), quote(cfg.Table+"_steps")
 	if cfg.Database != "" {
 		db := quote(cfg.Database) + "."
 		s.table, s.versions, s.epochs = db+s.table, db+s.versions, db+s.epochs
+		s.tokens, s.steps = db+s.tokens, db+s.steps
 	}
 	s.lookupSQL = "SELECT scope, `key`, fingerprint, outcome = 'failed', coalesce(reason, ''), " +
 		"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', created_at), claim_token = ? FROM " + s.table
@@ -690,7 +694,10 @@ func (s *Store) RecordFailure(ctx context.Context, c dedup.Claim, reason string)
 
 // Purge deletes at most limit expired rows (by the database clock) in a
 // READ COMMITTED transaction, skipping rows other transactions hold (FOR
-// UPDATE SKIP LOCKED: MySQL 8.0, MariaDB 10.6); see dedup.Purger.
+// UPDATE SKIP LOCKED: MySQL 8.0, MariaDB 10.6); see dedup.Purger. Within
+// limit it then deletes the effect journal's succeeded and failed steps
+// whose scope's retention passed since they last changed (never an
+// unresolved one).
 func (s *Store) Purge(ctx context.Context, limit int) (n int, err error) {
 	if limit <= 0 {
 		return 0, nil
@@ -744,7 +751,8 @@ func (s *Store) Purge(ctx context.Context, limit int) (n int, err error) {
 	if err := tx.Commit(); err != nil {
 		return 0, s.connErr("purge", err)
 	}
-	return n, nil
+	steps, err := s.purgeSteps(ctx, limit-n) // journal.go
+	return n + steps, err
 }
 
 // MySQL and MariaDB error numbers Classify knows.

@@ -15,13 +15,14 @@ var migrationFS embed.FS
 // migrations renders the embedded migrations for this store's table.
 func (s *Store) migrations() ([]sqlmigrate.Migration, error) {
 	ms, err := sqlmigrate.Load(migrationFS, "migrations", struct {
-		Table, Tokens, Epochs, Audit, Now string
-		Index                             func(string) string
+		Table, Tokens, Epochs, Audit, Steps, Now string
+		Index                                    func(string) string
 	}{
 		Table:  s.table,
 		Tokens: s.tokens,
 		Epochs: s.epochsTable(),
 		Audit:  s.auditTable(),
+		Steps:  s.stepsTable(),
 		Now:    nowMillis,
 		Index:  func(suffix string) string { return `"` + s.cfg.Table + "_" + suffix + `"` },
 	})

@@ -365,7 +365,9 @@ VALUES (?, ?, ?, ?, 'failed', ?, ? + `+nowMillis+`) ON CONFLICT (scope, key) DO 
 }
 
 // Purge deletes at most limit expired rows, but no HTTP request whose lease
-// runs; see dedup.Store.
+// runs; see dedup.Store. Within limit it then deletes the effect journal's
+// succeeded and failed steps whose scope's retention passed since they
+// last changed (never an unresolved one).
 func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
@@ -378,7 +380,11 @@ SELECT scope, key FROM `+s.table+` WHERE expires_at < `+nowMillis+`
 		return 0, s.wrap("purge", err)
 	}
 	n, err := res.RowsAffected()
-	return int(n), err
+	if err != nil {
+		return int(n), err
+	}
+	steps, err := s.purgeSteps(ctx, limit-int(n)) // journal.go
+	return int(n) + steps, err
 }
 
 // wrap names the operation and turns a busy database into

@@ -1,0 +1,336 @@
+package sqlitestore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/idemkit/idem/dedup"
+)
+
+// The effect journal (dedup.Journal) is the table <table>_steps (migration
+// 006): one row per (scope, key, step), times in Unix milliseconds by
+// SQLite's clock. Every method is one transaction of its own: BeginStep
+// and ResolveStep an IMMEDIATE one, which holds the database's write lock
+// from its start, so that of two callers beginning one step the second
+// finds what the first left. Tokens are drawn from the counter of lease
+// tokens (requests.go): they only grow, also across a purge of the step.
+
+func (s *Store) stepsTable() string { return `"` + s.cfg.Table + `_steps"` }
+
+// stepCols are a step's columns as scanStep reads them, with the
+// durations computed by SQLite's clock in the same statement.
+const stepCols = `scope, key, step, state, provider_key, attempts, token, lease_expires_at,
+    first_attempt_at, last_attempt_at, result, error, updated_at,
+    lease_expires_at - ` + nowMillis + `, ` + nowMillis + ` - first_attempt_at, ` + nowMillis + ` - last_attempt_at`
+
+// stepOpen says which steps are unresolved: unknown, in doubt, and
+// pending with the lease run out.
+const stepOpen = `(state IN ('unknown', 'in_doubt') OR state = 'pending' AND lease_expires_at <= ` + nowMillis + `)`
+
+const stepPK = `scope = ? AND key = ? AND step = ?`
+
+type rowScanner interface{ Scan(dest ...any) error }
+
+// scanStep reads a row of stepCols into a record.
+func scanStep(row rowScanner) (dedup.StepRecord, error) {
+	var (
+		rec                                   dedup.StepRecord
+		state                                 string
+		lease, first, last, upd, left, sf, sl int64
+	)
+	err := row.Scan(&rec.Ref.Key.Scope, &rec.Ref.Key.ID, &rec.Ref.Step, &state, &rec.ProviderKey, &rec.Attempts, &rec.Token,
+		&lease, &first, &last, &rec.Result, &rec.Error, &upd, &left, &sf, &sl)
+	if err != nil {
+		return rec, err
+	}
+	if rec.State, err = dedup.ParseStepState(state); err != nil {
+		return rec, fmt.Errorf("step %s/%s: %w", rec.Ref.Key, rec.Ref.Step, err)
+	}
+	rec.LeaseExpires, rec.FirstAttemptAt, rec.LastAttemptAt, rec.UpdatedAt = time.UnixMilli(lease), time.UnixMilli(first), time.UnixMilli(last), time.UnixMilli(upd)
+	rec.LeaseLeft = time.Duration(left) * time.Millisecond
+	rec.SinceFirstAttempt = time.Duration(sf) * time.Millisecond
+	rec.SinceLastAttempt = time.Duration(sl) * time.Millisecond
+	return rec, nil
+}
+
+func (s *Store) getStep(ctx context.Context, q execQuerier, ref dedup.StepRef) (dedup.StepRecord, error) {
+	return scanStep(q.QueryRowContext(ctx, `SELECT `+stepCols+` FROM `+s.stepsTable()+` WHERE `+stepPK, ref.Key.Scope, ref.Key.ID, ref.Step))
+}
+
+// stepLease checks a ref and a lease and returns the lease in ms.
+func stepLease(ref dedup.StepRef, lease time.Duration) (int64, error) {
+	if err := ref.Validate(); err != nil {
+		return 0, err
+	}
+	if lease <= 0 {
+		return 0, fmt.Errorf("sqlitestore: a step's lease must be positive, not %v", lease)
+	}
+	return max(lease.Milliseconds(), 1), nil
+}
+
+func leaseLost(ref dedup.StepRef, token int64) error {
+	return fmt.Errorf("%w: step %s/%s, token %d", dedup.ErrLeaseLost, ref.Key, ref.Step, token)
+}
+
+// BeginStep takes ref for one call; see dedup.Journal.
+func (s *Store) BeginStep(ctx context.Context, ref dedup.StepRef, providerKey string, lease time.Duration) (dedup.StepRecord, error) {
+	ms, err := stepLease(ref, lease)
+	if err != nil {
+		return dedup.StepRecord{}, err
+	}
+	var rec dedup.StepRecord
+	err = s.InTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		cur, err := s.getStep(ctx, tx, ref)
+		var verdict dedup.StepVerdict
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			token, err := s.nextToken(ctx, tx)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO `+s.stepsTable()+` (scope, key, step, state, provider_key, attempts, token,
+    lease_expires_at, first_attempt_at, last_attempt_at, updated_at)
+SELECT ?, ?, ?, 'pending', ?, 1, ?, now + ?, now, now, now FROM (SELECT `+nowMillis+` AS now)`,
+				ref.Key.Scope, ref.Key.ID, ref.Step, providerKey, token, ms); err != nil {
+				return err
+			}
+			verdict = dedup.StepCall
+		case err != nil:
+			return err
+		case (cur.State == dedup.StepPending || cur.State == dedup.StepUnknown) && cur.LeaseLeft <= 0:
+			token, err := s.nextToken(ctx, tx)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, `UPDATE `+s.stepsTable()+`
+SET token = max(token + 1, ?), lease_expires_at = `+nowMillis+` + ?, updated_at = `+nowMillis+`
+WHERE `+stepPK, token, ms, ref.Key.Scope, ref.Key.ID, ref.Step); err != nil {
+				return err
+			}
+			verdict = dedup.StepResolve
+		case cur.State == dedup.StepPending || cur.State == dedup.StepUnknown:
+			rec, rec.Verdict = cur, dedup.StepBusy
+			return nil
+		default:
+			rec, rec.Verdict = cur, dedup.StepDone
+			return nil
+		}
+		rec, err = s.getStep(ctx, tx, ref)
+		rec.Verdict = verdict
+		return err
+	})
+	if err != nil {
+		return dedup.StepRecord{}, s.wrap("begin step", err)
+	}
+	return rec, nil
+}
+
+// AttemptStep records another request of the holder of token; see
+// dedup.Journal.
+func (s *Store) AttemptStep(ctx context.Context, ref dedup.StepRef, token int64, lease time.Duration) (dedup.StepRecord, error) {
+	ms, err := stepLease(ref, lease)
+	if err != nil {
+		return dedup.StepRecord{}, err
+	}
+	rec, err := scanStep(s.db.QueryRowContext(ctx, `UPDATE `+s.stepsTable()+`
+SET attempts = attempts + 1, last_attempt_at = `+nowMillis+`, state = 'pending', lease_expires_at = `+nowMillis+` + ?, updated_at = `+nowMillis+`
+WHERE `+stepPK+` AND token = ? AND state IN ('pending', 'unknown')
+RETURNING `+stepCols, ms, ref.Key.Scope, ref.Key.ID, ref.Step, token))
+	if errors.Is(err, sql.ErrNoRows) {
+		return rec, leaseLost(ref, token)
+	}
+	if err != nil {
+		return rec, s.wrap("attempt step", err)
+	}
+	return rec, nil
+}
+
+// FinishStep records the outcome of the holder of token; see
+// dedup.Journal.
+func (s *Store) FinishStep(ctx context.Context, ref dedup.StepRef, token int64, out dedup.StepOutcome) error {
+	if err := ref.Validate(); err != nil {
+		return err
+	}
+	switch out.State {
+	case dedup.StepSucceeded, dedup.StepFailed, dedup.StepUnknown, dedup.StepInDoubt:
+	default:
+		return fmt.Errorf("sqlitestore: finish step: an outcome is succeeded, failed, unknown or in_doubt, not %v", out.State)
+	}
+	res, err := s.db.ExecContext(ctx, `UPDATE `+s.stepsTable()+`
+SET state = ?, result = ?, error = ?, lease_expires_at = `+nowMillis+`, updated_at = `+nowMillis+`
+WHERE `+stepPK+` AND token = ? AND state IN ('pending', 'unknown')`,
+		out.State.String(), out.Result, out.Error, ref.Key.Scope, ref.Key.ID, ref.Step, token)
+	if err != nil {
+		return s.wrap("finish step", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return s.wrap("finish step", err)
+	} else if n == 0 {
+		return leaseLost(ref, token)
+	}
+	return nil
+}
+
+// ResolveStep records an operator's resolution of an unresolved step; see
+// dedup.Journal.
+func (s *Store) ResolveStep(ctx context.Context, ref dedup.StepRef, token int64, out dedup.StepOutcome) (bool, error) {
+	if err := ref.Validate(); err != nil {
+		return false, err
+	}
+	if out.State != dedup.StepSucceeded && out.State != dedup.StepFailed {
+		return false, fmt.Errorf("sqlitestore: resolve step: a resolution is succeeded or failed, not %v", out.State)
+	}
+	var resolved bool
+	err := s.InTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		next, err := s.nextToken(ctx, tx)
+		if err != nil {
+			return err
+		}
+		res, err := tx.ExecContext(ctx, `UPDATE `+s.stepsTable()+`
+SET state = ?, result = ?, error = ?, token = max(token + 1, ?), lease_expires_at = `+nowMillis+`, updated_at = `+nowMillis+`
+WHERE `+stepPK+` AND (? = 0 OR token = ?) AND `+stepOpen,
+			out.State.String(), out.Result, out.Error, next, ref.Key.Scope, ref.Key.ID, ref.Step, token, token)
+		if err != nil {
+			return err
+		}
+		n, err := res.RowsAffected()
+		resolved = n > 0
+		return err
+	})
+	return resolved, s.wrap("resolve step", err)
+}
+
+// Step returns ref's record; see dedup.Journal.
+func (s *Store) Step(ctx context.Context, ref dedup.StepRef) (dedup.StepRecord, bool, error) {
+	if err := ref.Validate(); err != nil {
+		return dedup.StepRecord{}, false, err
+	}
+	rec, err := s.getStep(ctx, s.db, ref)
+	if errors.Is(err, sql.ErrNoRows) {
+		return rec, false, nil
+	}
+	if err != nil {
+		return rec, false, s.wrap("step", err)
+	}
+	return rec, true, nil
+}
+
+// Steps lists steps for operators; see dedup.Journal.
+func (s *Store) Steps(ctx context.Context, f dedup.StepFilter) ([]dedup.StepRecord, error) {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	where, args := stepOpen, []any{}
+	if len(f.States) > 0 {
+		marks := make([]string, len(f.States))
+		for i, st := range f.States {
+			if !st.Valid() {
+				return nil, fmt.Errorf("sqlitestore: steps: no state %d", st)
+			}
+			marks[i], args = "?", append(args, st.String())
+		}
+		where = `state IN (` + strings.Join(marks, ", ") + `)`
+	}
+	if f.Scope != "" {
+		where, args = where+` AND scope = ?`, append(args, f.Scope)
+	}
+	rows, err := s.db.QueryContext(ctx, `SELECT `+stepCols+` FROM `+s.stepsTable()+` WHERE `+where+`
+ORDER BY first_attempt_at, scope, key, step LIMIT ?`, append(args, limit)...)
+	if err != nil {
+		return nil, s.wrap("steps", err)
+	}
+	defer rows.Close()
+	var recs []dedup.StepRecord
+	for rows.Next() {
+		rec, err := scanStep(rows)
+		if err != nil {
+			return nil, s.wrap("steps", err)
+		}
+		recs = append(recs, rec)
+	}
+	return recs, s.wrap("steps", rows.Err())
+}
+
+// CountSteps counts steps by state; see dedup.Journal. StepPending counts
+// the steps whose lease runs, expiredPending the others.
+func (s *Store) CountSteps(ctx context.Context) (map[dedup.StepState]int64, int64, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT state, state = 'pending' AND lease_expires_at <= `+nowMillis+`, count(*)
+FROM `+s.stepsTable()+` GROUP BY 1, 2`)
+	if err != nil {
+		return nil, 0, s.wrap("count steps", err)
+	}
+	defer rows.Close()
+	byState, expired := map[dedup.StepState]int64{}, int64(0)
+	for rows.Next() {
+		var (
+			state string
+			out   bool
+			n     int64
+		)
+		if err := rows.Scan(&state, &out, &n); err != nil {
+			return nil, 0, s.wrap("count steps", err)
+		}
+		st, err := dedup.ParseStepState(state)
+		if err != nil {
+			return nil, 0, fmt.Errorf("sqlitestore: count steps: %w", err)
+		}
+		if out {
+			expired += n
+		} else {
+			byState[st] += n
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, s.wrap("count steps", err)
+	}
+	return byState, expired, nil
+}
+
+// purgeSteps deletes at most limit succeeded or failed steps whose
+// scope's retention passed since they last changed.
+func (s *Store) purgeSteps(ctx context.Context, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, nil
+	}
+	keep, args := retentionCase(s.cfg.Retention, s.cfg.ScopeRetention)
+	res, err := s.db.ExecContext(ctx, `DELETE FROM `+s.stepsTable()+` WHERE (scope, key, step) IN (
+SELECT scope, key, step FROM (SELECT scope, key, step, updated_at, `+keep+` AS keep FROM `+s.stepsTable()+`
+    WHERE state IN ('succeeded', 'failed'))
+WHERE keep > 0 AND updated_at < `+nowMillis+` - keep ORDER BY updated_at LIMIT ?)`, append(args, limit)...)
+	if err != nil {
+		return 0, s.wrap("purge steps", err)
+	}
+	n, err := res.RowsAffected()
+	return int(n), s.wrap("purge steps", err)
+}
+
+// retentionCase is the SQL of a step's retention in ms by its scope (0:
+// for ever), with its arguments.
+func retentionCase(def time.Duration, perScope map[string]time.Duration) (string, []any) {
+	if len(perScope) == 0 {
+		return "?", []any{keepMillis(def)}
+	}
+	var b strings.Builder
+	args := make([]any, 0, 2*len(perScope)+1)
+	b.WriteString("CASE scope")
+	for scope, r := range perScope {
+		b.WriteString(" WHEN ? THEN ?")
+		args = append(args, scope, keepMillis(r))
+	}
+	b.WriteString(" ELSE ? END")
+	return b.String(), append(args, keepMillis(def))
+}
+
+func keepMillis(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return max(d.Milliseconds(), 1)
+}
+
+var _ dedup.Journal = (*Store)(nil)
