@@ -274,3 +274,65 @@ func TestKafkaEffectExhaustedUnknownStaysVisible(t *testing.T) {
 		t.Fatalf("%d ledger rows, want none", rows)
 	}
 }
+
+// TestKafkaEffectKilledMidCallRecordsUnknown (39.10): the consumer is
+// killed while a refund's request is in flight (the provider executed
+// it; the answer never comes back). The outcome is recorded unknown at
+// once — not left pending for a lease to run out — and the next consumer
+// reads it back instead of calling again.
+func TestKafkaEffectKilledMidCallRecordsUnknown(t *testing.T) {
+	brokers, a, topic, group := kafkaTest(t, 1)
+	b := newTestBank(t)
+	p := newRefundProvider()
+	producePayments(t, a, topic, 3, "k")
+
+	inFlight := make(chan struct{})
+	var once sync.Once
+	run := func(hang bool) *running {
+		cfg := b.config(newSource(t, realSourceConfig(t, brokers, topic, group)), &consumertest.DeadLetters{})
+		cfg.Logger = testLogger(t)
+		cfg.BatchSize = 1
+		s := refundStep()
+		s.Lease = time.Hour // a holder that dies must not be waited out
+		cfg.Handler = b.refundHandler(p, s)
+		if hang {
+			cfg.Handler = consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+				var pay payment
+				if err := json.Unmarshal(m.Value, &pay); err != nil {
+					return consumer.Permanent(err)
+				}
+				s := s
+				s.Call = func(ctx context.Context, c effect.Call) ([]byte, error) {
+					res, err := p.refund(pay.TxnID, pay.Amount, c)
+					if pay.TxnID == "k-01" {
+						once.Do(func() { close(inFlight) })
+						<-ctx.Done() // executed; the answer never comes back
+						return nil, ctx.Err()
+					}
+					return res, err
+				}
+				s.ReadBack = func(ctx context.Context, c effect.Call) (effect.ReadBack, error) { return p.query(c) }
+				res, err := effect.Do(ctx, b.store, m, s)
+				if err != nil {
+					return err
+				}
+				_, err = tx.Exec(ctx, `INSERT INTO `+b.table+` (txn_id, amount, source) VALUES ($1, $2::text::bigint, $3)`, pay.TxnID, string(res), m.Coordinates())
+				return err
+			})
+		}
+		return start(t, cfg)
+	}
+	r := run(true)
+	<-inFlight
+	r.Kill(t)
+	rec, ok, err := b.store.Step(ctxTimeout(t, 10*time.Second), dedup.StepRef{Key: dedup.Key{Scope: "payments", ID: "k-01"}, Step: "refund"})
+	if err != nil || !ok || rec.State != dedup.StepUnknown {
+		t.Fatalf("step of k-01 after the kill: %+v %v %v; want unknown", rec, ok, err)
+	}
+	r = run(false)
+	waitUntil(t, time.Minute, "every refund booked", func() bool { rows, _ := b.rows(t); return rows >= 3 })
+	a.WaitNoLag(t, group, topic)
+	r.Stop(t)
+	b.requireLedgerMatchesProvider(t, 3)
+	p.requireOnce(t, 3)
+}
