@@ -11,10 +11,12 @@ import (
 	"github.com/idemkit/idem/dedup"
 )
 
-// StepCounter counts an effect journal's steps: dedup.Journal's
-// CountSteps (*pgstore.Store, *sqlitestore.Store, *mysqlstore.Store).
-type StepCounter interface {
+// JournalReader is what WatchJournal reads of an effect journal:
+// dedup.Journal's CountSteps and Steps (*pgstore.Store,
+// *sqlitestore.Store, *mysqlstore.Store).
+type JournalReader interface {
 	CountSteps(ctx context.Context) (byState map[dedup.StepState]int64, expiredPending int64, err error)
+	Steps(ctx context.Context, f dedup.StepFilter) ([]dedup.StepRecord, error)
 }
 
 // Attributes of the journal's gauges.
@@ -46,13 +48,16 @@ type watchedJournal struct {
 //     in_doubt;
 //   - idem_effect_steps_unresolved: the steps whose outcome nobody knows
 //     and no holder is finding out: unknown, in_doubt, and pending past
-//     the holder's lease — what `idem effects` lists.
+//     the holder's lease — what `idem effects` lists;
+//   - idem_effect_steps_unresolved_oldest_age_seconds: the time since the
+//     first attempt of the oldest of them (0 without any): a provider
+//     keeps a request's key for a limited time from about then.
 //
 // A step is unknown briefly as a matter of course (its message's next
 // delivery reads it back); one in doubt waits for an operator (`idem
 // effects resolve`). Every instance watching the same table reports the
 // same counts: aggregate them with max, not sum.
-func (s *Server) WatchJournal(name string, j StepCounter) error {
+func (s *Server) WatchJournal(name string, j JournalReader) error {
 	if j == nil {
 		return errors.New("observe: WatchJournal of a nil journal")
 	}
@@ -77,6 +82,11 @@ func (s *Server) WatchJournal(name string, j StepCounter) error {
 	if err != nil {
 		return err
 	}
+	oldest, err := m.Float64ObservableGauge("idem.effect.steps.unresolved.oldest_age", metric.WithUnit("s"),
+		metric.WithDescription("Seconds since the first attempt of the oldest unresolved effect journal step; 0 when none is unresolved."))
+	if err != nil {
+		return err
+	}
 	journal := AttrJournal.String(name)
 	reg, err := m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		byState, expired, err := j.CountSteps(ctx)
@@ -90,9 +100,21 @@ func (s *Server) WatchJournal(name string, j StepCounter) error {
 			}
 			o.ObserveInt64(steps, n, metric.WithAttributes(journal, AttrStepState.String(st.String())))
 		}
-		o.ObserveInt64(unresolved, byState[dedup.StepUnknown]+byState[dedup.StepInDoubt]+expired, metric.WithAttributes(journal))
+		n := byState[dedup.StepUnknown] + byState[dedup.StepInDoubt] + expired
+		o.ObserveInt64(unresolved, n, metric.WithAttributes(journal))
+		age := 0.0
+		if n > 0 {
+			recs, err := j.Steps(ctx, dedup.StepFilter{Limit: 1}) // the oldest first attempt first
+			if err != nil {
+				return fmt.Errorf("observe: journal %q: %w", name, err)
+			}
+			if len(recs) > 0 {
+				age = recs[0].SinceFirstAttempt.Seconds()
+			}
+		}
+		o.ObserveFloat64(oldest, age, metric.WithAttributes(journal))
 		return nil
-	}, steps, unresolved)
+	}, steps, unresolved, oldest)
 	if err != nil {
 		return err
 	}

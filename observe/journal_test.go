@@ -18,7 +18,8 @@ import (
 // pending whose holder's lease runs out, and an operator's resolution:
 // idem_effect_steps counts each state as the journal holds it and
 // idem_effect_steps_unresolved the unknown, in-doubt and lapsed pending
-// ones, as the journal's own Steps lists them.
+// ones, as the journal's own Steps lists them, with the age of the oldest
+// one's first attempt.
 func TestJournalGauges(t *testing.T) {
 	pool, schema := testenv.SchemaPool(t)
 	ctx := testenv.Context(t, 2*time.Minute)
@@ -44,8 +45,10 @@ func TestJournalGauges(t *testing.T) {
 			t.Errorf("idem_effect_steps{state=%q} of an empty journal: %d samples, %v", st, n, v)
 		}
 	}
-	if v, n := promtest.Sum(fams, "idem_effect_steps_unresolved", journal); n != 1 || v != 0 {
-		t.Errorf("idem_effect_steps_unresolved of an empty journal: %d samples, %v", n, v)
+	for _, name := range []string{"idem_effect_steps_unresolved", "idem_effect_steps_unresolved_oldest_age_seconds"} {
+		if v, n := promtest.Sum(fams, name, journal); n != 1 || v != 0 {
+			t.Errorf("%s of an empty journal: %d samples, %v", name, n, v)
+		}
 	}
 
 	// R1 succeeded, R2 failed, R3 and R4 unknown, R5 in doubt, R6 pending
@@ -74,6 +77,7 @@ func TestJournalGauges(t *testing.T) {
 	want := map[string]float64{"pending": 2, "succeeded": 1, "failed": 1, "unknown": 2, "in_doubt": 1}
 	check := func(what string, unresolved float64) {
 		t.Helper()
+		var age float64
 		testenv.WaitUntilProgress(t, 30*time.Second, what, func() (bool, string) {
 			fams := promtest.Scrape(t, base)
 			got := map[string]float64{}
@@ -81,11 +85,17 @@ func TestJournalGauges(t *testing.T) {
 				got[s], _ = promtest.Sum(fams, "idem_effect_steps", state(s))
 			}
 			u, _ := promtest.Sum(fams, "idem_effect_steps_unresolved", journal)
+			age, _ = promtest.Sum(fams, "idem_effect_steps_unresolved_oldest_age_seconds", journal)
 			return fmt.Sprint(got) == fmt.Sprint(want) && u == unresolved, fmt.Sprintf("steps %v, unresolved %v", got, u)
 		})
 		listed, err := store.Steps(ctx, dedup.StepFilter{})
 		if err != nil || float64(len(listed)) != unresolved {
-			t.Errorf("%s: the journal lists %d unresolved steps (%v), the gauge %v", what, len(listed), err, unresolved)
+			t.Fatalf("%s: the journal lists %d unresolved steps (%v), the gauge %v", what, len(listed), err, unresolved)
+		}
+		// The oldest unresolved step's age, as read after the scrape: at
+		// most that, and more than 0.
+		if after := listed[0].SinceFirstAttempt.Seconds(); age <= 0 || age > after {
+			t.Errorf("%s: oldest age %v, want in (0, %v] (%s %s)", what, age, after, listed[0].Ref.Key.ID, listed[0].State)
 		}
 	}
 	check("R3, R4, R5 and the lapsed R7 unresolved", 4)
