@@ -1,11 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -312,4 +315,106 @@ func runResolveStep(ctx context.Context, e *env, fs *flag.FlagSet, args []string
 		fmt.Fprintf(e.stdout, "resolved %s %s %s as %s\n", inert(*scope), inert(*key), inert(*step), plan.As)
 	}
 	return exitOK
+}
+
+// effects is the console's list of unresolved steps, as idem effects.
+func (c *console) effects(w http.ResponseWriter, r *http.Request) {
+	p := page{Title: "Provider calls of unknown outcome", Nav: "effects"}
+	recs, err := c.journal.Steps(r.Context(), dedup.StepFilter{Scope: r.URL.Query().Get("scope"), Limit: 100})
+	if err != nil {
+		p.Error = err.Error()
+	}
+	p.Data = recs
+	c.render(w, http.StatusOK, "effects", p)
+}
+
+// resolveStepDryRun shows the plan of a step's resolution, as idem effects
+// resolve --dry-run prints it, and keeps it: the confirmation records it
+// only while the step's token is the one read here. A token in the query
+// (listed: the list's) that is no longer the step's shows the step moved
+// on. (The console takes a query's token for its own: see console_auth.go.)
+func (c *console) resolveStepDryRun(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	ref := dedup.StepRef{Key: dedup.Key{Scope: q.Get("scope"), ID: q.Get("key")}, Step: q.Get("step")}
+	reference := q.Get("reference")
+	p := page{Title: "Resolve a provider call", Nav: "effects"}
+	var state dedup.StepState
+	switch q.Get("as") {
+	case "succeeded":
+		state = dedup.StepSucceeded
+	case "failed":
+		state = dedup.StepFailed
+	}
+	listed, tokErr := strconv.ParseInt(or(q.Get("listed"), "0"), 10, 64)
+	switch {
+	case ref.Validate() != nil:
+		p.Error = "a scope, a key and a step are required"
+	case state == 0:
+		p.Error = "resolve as succeeded or failed"
+	case state == dedup.StepSucceeded && reference == "":
+		p.Error = "succeeded needs the provider's reference of what it executed"
+	case tokErr != nil:
+		p.Error = "listed: the token listed is a number"
+	}
+	if p.Error != "" {
+		c.render(w, http.StatusBadRequest, "dryrun", p)
+		return
+	}
+	plan, rec, refusal, err := planResolve(r.Context(), c.journal, ref, state, reference)
+	if err != nil {
+		p.Error = err.Error()
+		c.render(w, http.StatusInternalServerError, "dryrun", p)
+		return
+	}
+	if refusal == "" && listed > 0 && listed != plan.Token {
+		refusal = fmt.Sprintf("the step moved on since it was listed: its token is %d now, not %d; look again", plan.Token, listed)
+	}
+	cmd := fmt.Sprintf("idem effects resolve --dry-run --scope %s --key %s --step %s --as %s", inert(ref.Key.Scope), inert(ref.Key.ID), inert(ref.Step), plan.As)
+	if reference != "" {
+		cmd += " --reference " + inert(reference)
+	}
+	var out bytes.Buffer
+	if plan.Seen != nil {
+		writeResolvePlan(&out, plan, rec)
+	}
+	d := dryRun{Command: cmd, Back: "/effects"}
+	if refusal != "" {
+		fmt.Fprintf(&out, "nothing to resolve: %s\n", refusal)
+	} else {
+		d.Token = c.keep(r, pendingAction{kind: "resolve-step", keys: []dedup.Key{ref.Key}, step: &plan})
+		d.Confirm = "Record " + plan.As
+		d.Question = fmt.Sprintf("Record step %s of %s %s as %s? Its message, run again, will find it %s and not call the provider.",
+			inert(ref.Step), inert(ref.Key.Scope), inert(ref.Key.ID), plan.As, plan.As)
+	}
+	d.Output = out.String()
+	d.unconfirmable()
+	p.Data = d
+	c.render(w, http.StatusOK, "dryrun", p)
+}
+
+// resolveStep executes a resolution the console kept: only while the
+// step's token is the one shown. It returns the page's status.
+func (c *console) resolveStep(ctx context.Context, plan *resolvePlan, p *page, out io.Writer) int {
+	ref := dedup.StepRef{Key: dedup.Key{Scope: plan.Scope, ID: plan.Key}, Step: plan.Step}
+	state := dedup.StepSucceeded
+	if plan.As == dedup.StepFailed.String() {
+		state = dedup.StepFailed
+	}
+	actor := "console"
+	if c.auth != nil {
+		actor = "console:" + c.auth.name
+	}
+	resolved, err := c.journal.ResolveStep(ctx, ref, plan.Token, dedup.StepOutcome{State: state, Result: []byte(plan.Reference), Error: "resolved by " + actor})
+	switch {
+	case err != nil:
+		p.Error = err.Error()
+		return http.StatusInternalServerError
+	case !resolved:
+		p.Title = "Refused"
+		p.Error = fmt.Sprintf("%v: step %s %s %s changed since its plan was shown (token %d): taken over, resolved or pending again; nothing recorded. Look again.",
+			errStale, inert(plan.Scope), inert(plan.Key), inert(plan.Step), plan.Token)
+		return http.StatusConflict
+	}
+	fmt.Fprintf(out, "resolved %s %s %s as %s\n", inert(plan.Scope), inert(plan.Key), inert(plan.Step), plan.As)
+	return http.StatusOK
 }

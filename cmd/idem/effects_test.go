@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net/http"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -245,6 +247,88 @@ func TestEffectsSQLite(t *testing.T) {
 	} {
 		if code, _, _ := idem(t, "", envs, append([]string{"effects", "resolve"}, args...)...); code != exitUsage {
 			t.Errorf("resolve %q: exit %d", args, code)
+		}
+	}
+}
+
+// TestConsoleResolvesAStep: the console lists a real Postgres journal's
+// unresolved steps, every field inert; Resolve shows the plan and keeps
+// it, its confirmation records it once; a step taken over between the
+// plan and the confirmation is refused (409, nothing recorded), and one
+// that moved on since the list was shown gets no confirmation at all.
+// Both executions are in the audit log.
+func TestConsoleResolvesAStep(t *testing.T) {
+	pool, schema := testenv.SchemaPool(t)
+	ctx := testenv.Context(t, 2*time.Minute)
+	store := pgtest.Store(t, pool, schema)
+	r1 := stepAt(t, store, pay("R1", "refund"), dedup.StepInDoubt, time.Minute, "no read-back\x1b]8;;http://evil\x07")
+	r2 := stepAt(t, store, pay("R2", "refund"), dedup.StepUnknown, time.Minute, "timeout")
+	stepAt(t, store, pay("R3", "refund"), dedup.StepSucceeded, time.Minute, "")
+	c := &console{admin: store.Admin(), reqs: store, journal: store, checkHost: true}
+	auth, err := newConsoleAuth(testConsoleToken, "tester", "7464", false, testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.auth = auth
+	f := &consoleFixture{console: c, h: c.handler(), store: store}
+
+	for _, target := range []string{"/effects", "/resolve-step?scope=refunds&key=R1&step=refund&as=failed"} {
+		if code, _ := f.do(t, http.MethodGet, target, nil, noAuth); code != http.StatusUnauthorized {
+			t.Errorf("GET %s without the token: %d, want 401", target, code)
+		}
+	}
+	code, body := f.do(t, http.MethodGet, "/effects", nil, nil)
+	if code != http.StatusOK || !strings.Contains(body, "pk-R1-refund") || !strings.Contains(body, "pk-R2-refund") || strings.Contains(body, "pk-R3-refund") ||
+		strings.Contains(body, "\x1b") || !strings.Contains(body, `\x1b]8;;http://evil\x07`) {
+		t.Fatalf("GET /effects: %d\n%s", code, body)
+	}
+
+	target := "/resolve-step?" + url.Values{"scope": {"refunds"}, "key": {"R1"}, "step": {"refund"}, "as": {"succeeded"},
+		"reference": {"2026120722001"}, "listed": {jsonInt(r1.Token)}}.Encode()
+	page, tok := f.dryRun(t, target)
+	if !strings.Contains(page, "will record   succeeded, reference 2026120722001") {
+		t.Errorf("the plan:\n%s", page)
+	}
+	if rec, _, _ := store.Step(ctx, pay("R1", "refund")); rec.State != dedup.StepInDoubt {
+		t.Fatalf("the dry run recorded: %+v", rec)
+	}
+	if code, body := f.confirm(t, tok, nil); code != http.StatusOK || !strings.Contains(body, "resolved refunds R1 refund as succeeded") {
+		t.Fatalf("confirm: %d\n%s", code, body)
+	}
+	if rec, _, _ := store.Step(ctx, pay("R1", "refund")); rec.State != dedup.StepSucceeded || string(rec.Result) != "2026120722001" || rec.Error != "resolved by console:tester" {
+		t.Fatalf("R1 after the confirmation: %+v", rec)
+	}
+	if code, _ := f.confirm(t, tok, nil); code != http.StatusForbidden {
+		t.Errorf("the confirmation again: %d", code)
+	}
+
+	// R2: planned, then taken over before the confirmation.
+	target = "/resolve-step?" + url.Values{"scope": {"refunds"}, "key": {"R2"}, "step": {"refund"}, "as": {"failed"}, "listed": {jsonInt(r2.Token)}}.Encode()
+	_, tok = f.dryRun(t, target)
+	takeover, err := store.BeginStep(ctx, pay("R2", "refund"), "pk-R2-refund", time.Minute)
+	if err != nil || takeover.Verdict != dedup.StepResolve {
+		t.Fatalf("the takeover: %+v, %v", takeover, err)
+	}
+	if code, body := f.confirm(t, tok, nil); code != http.StatusConflict || !strings.Contains(body, "stale plan") {
+		t.Fatalf("confirm of a step taken over: %d\n%s", code, body)
+	}
+	if rec, _, _ := store.Step(ctx, pay("R2", "refund")); rec.State != dedup.StepUnknown || rec.Token != takeover.Token {
+		t.Fatalf("R2 after the stale confirmation: %+v", rec)
+	}
+	// The list's token is no longer R2's: no confirmation offered.
+	if code, body := f.do(t, http.MethodGet, target, nil, nil); code != http.StatusOK || actionToken.MatchString(body) || !strings.Contains(body, "moved on") {
+		t.Errorf("a dry run from an old list: %d\n%s", code, body)
+	}
+
+	acts, err := store.Admin().Actions(ctx, 0)
+	if err != nil || len(acts) != 2 {
+		t.Fatalf("audit log: %+v, %v", acts, err)
+	}
+	for i, w := range []struct{ key, outcome string }{{"R2", "refused: stale plan"}, {"R1", "ok"}} {
+		var p consolePlan
+		if err := json.Unmarshal(acts[i].Plan, &p); err != nil || acts[i].Kind != "resolve-step" || acts[i].Actor != "console:tester" ||
+			p.Step == nil || p.Step.Key != w.key || p.Step.Token == 0 || !strings.HasPrefix(acts[i].Outcome, w.outcome) {
+			t.Errorf("entry %d: %s %s %q %s (%v), want resolve-step of %s, %q", i, acts[i].Actor, acts[i].Kind, acts[i].Outcome, acts[i].Plan, err, w.key, w.outcome)
 		}
 	}
 }
