@@ -171,6 +171,14 @@ type resolvePlan struct {
 	Seen *stepJSON `json:"seen,omitempty"`
 }
 
+// resolveJSON is what idem effects resolve --json prints.
+type resolveJSON struct {
+	DryRun   bool        `json:"dry_run"`
+	Resolved bool        `json:"resolved"`
+	Refused  string      `json:"refused,omitempty"` // why not: stale, resolved already, a lease runs, no such step
+	Plan     resolvePlan `json:"plan"`
+}
+
 // errStale is a resolution refused because the step changed since its plan
 // was shown.
 var errStale = errors.New("stale plan")
@@ -260,12 +268,13 @@ func runResolveStep(ctx context.Context, e *env, fs *flag.FlagSet, args []string
 	if err != nil {
 		return fail(e, err)
 	}
-	if *token > 0 && plan.Token != *token && refusal == "" {
-		refusal = fmt.Sprintf("%v: the step's token is %d, not %d as shown: it was taken over or resolved since", errStale, plan.Token, *token)
+	if *token > 0 && plan.Token != *token {
+		// Whatever it is now, it is not the step the plan was made of.
+		refusal = fmt.Sprintf("%v: the step's token is %d, not %d as shown: it was taken over, resolved or purged since", errStale, plan.Token, *token)
 	}
 	if *dry || refusal != "" {
 		if sf.json {
-			printJSON(e, map[string]any{"dry_run": *dry, "plan": plan, "refused": refusal})
+			printJSON(e, resolveJSON{DryRun: *dry, Refused: refusal, Plan: plan})
 		} else if plan.Seen != nil {
 			writeResolvePlan(e.stdout, plan, rec)
 		}
@@ -310,7 +319,7 @@ func runResolveStep(ctx context.Context, e *env, fs *flag.FlagSet, args []string
 		return code
 	}
 	if sf.json {
-		printJSON(e, map[string]any{"resolved": true, "plan": plan})
+		printJSON(e, resolveJSON{Resolved: true, Plan: plan})
 	} else {
 		fmt.Fprintf(e.stdout, "resolved %s %s %s as %s\n", inert(*scope), inert(*key), inert(*step), plan.As)
 	}
