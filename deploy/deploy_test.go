@@ -47,8 +47,9 @@ func (s lanesSource) Describe() source.Description {
 // TestDashboardAndAlertsMatchTheScrape serves, behind one observe.Server,
 // what the dashboard and the alerts watch: a consumer on Postgres (applied
 // messages, a duplicate, a bad input dead-lettered, a retry), an
-// idempotent HTTP API (executed, replayed, 409 in flight, 422 mismatch)
-// and an outbox relay that published what the API enqueued. Then it
+// idempotent HTTP API (executed, replayed, 409 in flight, 422 mismatch),
+// an outbox relay that published what the API enqueued, and the store's
+// effect journal. Then it
 // scrapes /metrics once every series the files use has a sample, and
 // checks every expression of deploy/prometheus/alerts.yml and every
 // target and variable query of deploy/grafana/idem.json against it.
@@ -122,6 +123,11 @@ func TestDashboardAndAlertsMatchTheScrape(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := obs.WatchRelay(ob, relay); err != nil {
+		t.Fatal(err)
+	}
+	// The effect journal of the same store: its gauges are listed at 0
+	// with no step recorded.
+	if err := obs.WatchJournal("payments", store); err != nil {
 		t.Fatal(err)
 	}
 

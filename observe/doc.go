@@ -16,6 +16,7 @@
 //	mw, err := httpidem.New(httpidem.Config[pgx.Tx]{Store: store, Observer: tel})
 //	err = obs.WatchHTTP("payments", store, tel) // the stuck-requests gauge, the store in /healthz
 //	err = obs.WatchRelay(ob, relay)             // before relay.Run: the outbox's series from zero
+//	err = obs.WatchJournal("refunds", store)    // the effect journal's steps by state, the unresolved ones
 //
 // /metrics is OpenTelemetry's Prometheus exporter (a bridge onto
 // client_golang's registry, served by promhttp) reading the meter provider

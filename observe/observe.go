@@ -46,11 +46,12 @@ type Server struct {
 	mp  *sdkmetric.MeterProvider
 	mux *http.ServeMux
 
-	mu      sync.Mutex
-	watched []watched
-	relays  []watchedRelay
-	http    []watchedHTTP
-	closed  bool
+	mu       sync.Mutex
+	watched  []watched
+	relays   []watchedRelay
+	http     []watchedHTTP
+	journals []watchedJournal
+	closed   bool
 }
 
 // watched is one consumer /healthz reports on, and its gauges.
@@ -180,7 +181,7 @@ func (s *Server) Close(ctx context.Context) error {
 		return nil
 	}
 	s.closed = true
-	ws, rs, hs := s.watched, s.relays, s.http
+	ws, rs, hs, js := s.watched, s.relays, s.http, s.journals
 	s.mu.Unlock()
 	var errs []error
 	for _, w := range ws {
@@ -195,6 +196,9 @@ func (s *Server) Close(ctx context.Context) error {
 		if w.reg != nil {
 			errs = append(errs, w.reg.Unregister())
 		}
+	}
+	for _, w := range js {
+		errs = append(errs, w.reg.Unregister())
 	}
 	errs = append(errs, s.mp.Shutdown(ctx))
 	return errors.Join(errs...)

@@ -23,7 +23,7 @@ import (
 )
 
 // The audit log: every action the command or the console executes (a
-// release, a redrive and the letters it skips, a purge) is recorded in the
+// release, a redrive and the letters it skips, a purge, a step resolved) is recorded in the
 // store (dedup.Auditor) with who ran it, the plan it executed and how it
 // ended. idem audit lists it; the console shows it on /audit and counts
 // its actions on /metrics.
@@ -176,9 +176,12 @@ type consolePlan struct {
 	// operator's choices; Digest names it as the page showed it.
 	Plan   *redrive.Plan `json:"plan,omitempty"`
 	Digest string        `json:"digest,omitempty"`
-	Shown  string        `json:"rows_digest,omitempty"`
-	Result []string      `json:"result,omitempty"`
-	Client string        `json:"client"`
+	// Step is a resolve-step's plan: the step as shown, its token, and
+	// what was recorded.
+	Step   *resolvePlan `json:"step,omitempty"`
+	Shown  string       `json:"rows_digest,omitempty"`
+	Result []string     `json:"result,omitempty"`
+	Client string       `json:"client"`
 }
 
 type keyJSON struct {
@@ -203,7 +206,7 @@ func (c *console) recordConfirmed(ctx context.Context, r *http.Request, a pendin
 	case status >= 400:
 		outcome = outcomePartial + ": " + strings.TrimSpace(output)
 	}
-	plan := consolePlan{Kind: a.kind, Lease: a.lease, Plan: a.plan, Shown: a.shown, Client: client(r)}
+	plan := consolePlan{Kind: a.kind, Lease: a.lease, Plan: a.plan, Step: a.step, Shown: a.shown, Client: client(r)}
 	if a.plan != nil {
 		plan.Digest = a.plan.Digest()
 	}
@@ -240,7 +243,7 @@ type consoleMetrics struct {
 func newConsoleMetrics() *consoleMetrics {
 	m := &consoleMetrics{reg: prometheus.NewRegistry(), actions: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "idem_operator_actions_total",
-		Help: "Operator actions the idem console executed, by action (release, release-request, redrive) and outcome (ok, partial, refused, error).",
+		Help: "Operator actions the idem console executed, by action (release, release-request, redrive, resolve-step) and outcome (ok, partial, refused, error).",
 	}, []string{"action", "outcome"})}
 	m.reg.MustRegister(m.actions)
 	return m

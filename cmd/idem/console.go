@@ -30,11 +30,12 @@ import (
 var consoleHTML string
 
 var consoleTemplates = template.Must(template.New("console").Funcs(template.FuncMap{
-	"age":      age,
-	"inert":    inert,
-	"duration": duration,
-	"oneLine":  oneLine,
-	"utc":      func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
+	"age":       age,
+	"inert":     inert,
+	"duration":  duration,
+	"oneLine":   oneLine,
+	"stepState": stepState,
+	"utc":       func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
 }).Parse(consoleHTML))
 
 // The console's limits.
@@ -49,8 +50,9 @@ const (
 // keeps the action, bound to what it showed, under a one-time token that
 // the confirmation POST carries.
 type console struct {
-	admin dedup.Admin
-	reqs  requestAdmin
+	admin   dedup.Admin
+	reqs    requestAdmin
+	journal dedup.Journal // the effect journal's unresolved steps (effects.go)
 	// broker, topic, group, max, maxRedrives: the dead-letter topic, as
 	// idem redrive's flags; broker nil without one.
 	broker           redrive.Broker
@@ -68,9 +70,10 @@ type console struct {
 
 // pendingAction is an action shown by its dry run and not confirmed yet.
 type pendingAction struct {
-	kind    string        // "release", "release-request", "redrive"
-	keys    []dedup.Key   // release: the failed keys shown; release-request: one
+	kind    string        // "release", "release-request", "redrive", "resolve-step"
+	keys    []dedup.Key   // release: the failed keys shown; release-request, resolve-step: one
 	lease   int64         // release-request: the lease token shown
+	step    *resolvePlan  // resolve-step: the plan shown, its token the step's as read
 	plan    *redrive.Plan // redrive: the plan shown, executed as shown or refused as stale
 	shown   string        // release: the digest of the rows shown (rowsDigest)
 	session string        // who saw the dry run: only they confirm it
@@ -119,12 +122,12 @@ func runConsole(ctx context.Context, e *env, fs *flag.FlagSet, args []string) in
 		}
 		c.broker = broker
 	}
-	admin, reqs, closeStore, err := sf.openWithRequests(ctx, false)
+	st, err := sf.openStore(ctx, false)
 	if err != nil {
 		return fail(e, err)
 	}
-	defer closeStore()
-	c.admin, c.reqs = admin, reqs
+	defer st.close()
+	c.admin, c.reqs, c.journal = st.admin, st.reqs, st.journal
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return fail(e, err)
@@ -187,6 +190,8 @@ func (c *console) handler() http.Handler {
 	mux.HandleFunc("GET /release-request", c.releaseRequestDryRun)
 	mux.HandleFunc("GET /letters", c.letters)
 	mux.HandleFunc("GET /redrive", c.redriveDryRun)
+	mux.HandleFunc("GET /effects", c.effects)
+	mux.HandleFunc("GET /resolve-step", c.resolveStepDryRun)
 	mux.HandleFunc("POST /confirm", c.confirm)
 	mux.HandleFunc("GET /audit", c.auditPage)
 	mux.Handle("GET /metrics", c.metricsHandler())
@@ -730,6 +735,9 @@ func (c *console) confirm(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			p.Error, status = err.Error(), http.StatusInternalServerError
 		}
+	case "resolve-step":
+		back = "/effects"
+		status = c.resolveStep(ctx, a.step, &p, &out)
 	}
 	if err := c.recordConfirmed(ctx, r, a, status, p.Error, out.String()); err != nil { // the audit log (audit.go)
 		// The action ran (or was refused) and the log does not say so:

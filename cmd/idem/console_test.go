@@ -76,7 +76,7 @@ func newConsoleFixture(t *testing.T) *consoleFixture {
 		recs, err := store.StuckRequests(ctx, 10)
 		return err == nil && len(recs) == 1
 	})
-	f.console = &console{admin: store.Admin(), reqs: store, checkHost: true,
+	f.console = &console{admin: store.Admin(), reqs: store, journal: store, checkHost: true,
 		broker: redrive.Kafka{Brokers: p.brokers, Timeout: 10 * time.Second}, topic: p.dlq, group: redrive.DefaultGroup,
 		max: 1000, maxRedrives: redrive.DefaultMaxRedrives, margin: 2}
 	f.authLog = &syncBuffer{}

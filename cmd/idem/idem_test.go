@@ -67,7 +67,7 @@ func TestHelpListsTheCommands(t *testing.T) {
 	if code != exitOK {
 		t.Errorf("exit %d", code)
 	}
-	for _, c := range []string{"migrate", "status", "show", "failed", "release", "redrive", "purge", "retention", "console", "retries"} {
+	for _, c := range []string{"migrate", "status", "show", "failed", "release", "redrive", "purge", "retention", "console", "retries", "audit", "effects"} {
 		if !strings.Contains(out, "\n  "+c+" ") {
 			t.Errorf("--help does not list %s", c)
 		}

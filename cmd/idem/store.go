@@ -43,8 +43,8 @@ var errNoStore = errors.New("no store: set --pg or IDEM_PG_URL (Postgres), or --
 // open opens the store the flags name; close it when done. Only migrate
 // creates an SQLite file that is not there.
 func (f *storeFlags) open(ctx context.Context, create bool) (dedup.Admin, func(), error) {
-	admin, _, closeStore, err := f.openWithRequests(ctx, create)
-	return admin, closeStore, err
+	st, err := f.openStore(ctx, create)
+	return st.admin, st.close, err
 }
 
 // parseOpen parses a subcommand's flags, which take no arguments, and
@@ -68,43 +68,58 @@ type requestAdmin interface {
 	ReleaseRequest(ctx context.Context, k dedup.Key, token int64) (bool, error)
 }
 
+// openedStore is a store as the commands use it: its admin, its HTTP
+// request keys, its effect journal, and close.
+type openedStore struct {
+	admin   dedup.Admin
+	reqs    requestAdmin
+	journal dedup.Journal
+	close   func()
+}
+
 // openWithRequests is open, with the store's request keys too.
 func (f *storeFlags) openWithRequests(ctx context.Context, create bool) (dedup.Admin, requestAdmin, func(), error) {
+	st, err := f.openStore(ctx, create)
+	return st.admin, st.reqs, st.close, err
+}
+
+// openStore opens the store the flags name (see open).
+func (f *storeFlags) openStore(ctx context.Context, create bool) (openedStore, error) {
 	switch {
 	case f.pg != "" && f.sqlite != "":
-		return nil, nil, nil, errors.New("both a Postgres URL and an SQLite file: choose one")
+		return openedStore{}, errors.New("both a Postgres URL and an SQLite file: choose one")
 	case f.pg != "":
 		var width time.Duration
 		if f.partitionWidth != "" {
 			var err error
 			if width, err = time.ParseDuration(f.partitionWidth); err != nil {
-				return nil, nil, nil, fmt.Errorf("--partition-width: %w", err)
+				return openedStore{}, fmt.Errorf("--partition-width: %w", err)
 			}
 		}
 		pool, err := pgxpool.New(ctx, f.pg)
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("postgres: %w", err)
+			return openedStore{}, fmt.Errorf("postgres: %w", err)
 		}
 		st, err := pgstore.New(pool, pgstore.Config{Schema: f.schema, Table: f.table, PartitionWidth: width})
 		if err != nil {
 			pool.Close()
-			return nil, nil, nil, err
+			return openedStore{}, err
 		}
-		return st.Admin(), st, pool.Close, nil
+		return openedStore{st.Admin(), st, st, pool.Close}, nil
 	case f.sqlite != "":
 		if _, err := os.Stat(f.sqlite); err != nil && !create {
-			return nil, nil, nil, fmt.Errorf("sqlite: %w", err)
+			return openedStore{}, fmt.Errorf("sqlite: %w", err)
 		}
 		db, err := sqlitestore.Open(f.sqlite, sqlitestore.Config{})
 		if err != nil {
-			return nil, nil, nil, err
+			return openedStore{}, err
 		}
 		st, err := sqlitestore.New(db, sqlitestore.Config{Table: f.table})
 		if err != nil {
 			db.Close()
-			return nil, nil, nil, err
+			return openedStore{}, err
 		}
-		return st.Admin(), st, func() { _ = db.Close() }, nil
+		return openedStore{st.Admin(), st, st, func() { _ = db.Close() }}, nil
 	}
-	return nil, nil, nil, errNoStore
+	return openedStore{}, errNoStore
 }
