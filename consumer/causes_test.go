@@ -37,6 +37,10 @@ func TestEveryLetterHasItsCause(t *testing.T) {
 			if amount, _ := consumer.ByJSONField("amount")(m); amount != "2" {
 				return consumer.Reject(errors.New("wrong amount"))
 			}
+		case "M1":
+			if amount, _ := consumer.ByJSONField("amount")(m); amount == "1" {
+				return fmt.Errorf("refund step: %w", consumer.Reject(fmt.Errorf("%w: begun for another payload", dedup.ErrFingerprintMismatch)))
+			}
 		}
 		return nil
 	})
@@ -58,7 +62,9 @@ func TestEveryLetterHasItsCause(t *testing.T) {
 		consumertest.Message("pay", 0, 8, "", `{"txn_id":"J1","amount":1}`),
 		consumertest.Message("pay", 0, 9, "", `{"txn_id":"J1","amount":2}`),
 		consumertest.Message("pay", 0, 10, "", `{"txn_id":"D1","amount":1}`),
-		consumertest.Message("pay", 0, 11, "", `{"txn_id":"D1","amount":1}`))
+		consumertest.Message("pay", 0, 11, "", `{"txn_id":"D1","amount":1}`),
+		consumertest.Message("pay", 0, 12, "", `{"txn_id":"M1","amount":1}`),
+		consumertest.Message("pay", 0, 13, "", `{"txn_id":"M1","amount":2}`))
 	want := []struct {
 		offset int64
 		cause  consumer.Cause
@@ -73,6 +79,7 @@ func TestEveryLetterHasItsCause(t *testing.T) {
 		{8, consumer.CauseRejected, "J1"},
 		{10, consumer.CauseInDoubt, "D1"},
 		{11, consumer.CauseInDoubt, "D1"},
+		{12, consumer.CauseMismatch, "M1"},
 	}
 	if len(res.DeadLetters) != len(want) {
 		t.Fatalf("%d letters, want %d: %+v", len(res.DeadLetters), len(want), res.DeadLetters)
@@ -99,9 +106,10 @@ func TestEveryLetterHasItsCause(t *testing.T) {
 	// The forgery did not take F1, nor the rejected message J1: the genuine
 	// messages behind them were applied. D1 in doubt took no key either: its
 	// re-send ran the handler again and was dead-lettered again (no
-	// failed_before).
-	if res.Stats.Applied != 3 {
-		t.Errorf("applied %d, want A1, the genuine F1 and J1", res.Stats.Applied)
+	// failed_before). M1 rejected as a mismatch by the handler (a call
+	// made under its key for another payload) took no key either.
+	if res.Stats.Applied != 4 {
+		t.Errorf("applied %d, want A1, the genuine F1, J1 and M1", res.Stats.Applied)
 	}
 }
 

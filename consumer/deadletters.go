@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 
 	"github.com/idemkit/idem/consumer/wire"
@@ -59,7 +60,7 @@ type Cause = wire.Cause
 
 const (
 	CauseBadInput     = wire.CauseBadInput     // no key, an invalid key, an unreadable or too large payload: no row recorded
-	CauseMismatch     = wire.CauseMismatch     // its key was applied before with another payload
+	CauseMismatch     = wire.CauseMismatch     // its key was applied before with another payload, or the handler rejected it with dedup.ErrFingerprintMismatch (a call was made under the key for another payload)
 	CauseFailedBefore = wire.CauseFailedBefore // its key was recorded as failed before: a repeat of an incident
 	CausePermanent    = wire.CausePermanent    // Permanent, a constraint violation: recorded as failed
 	CauseExhausted    = wire.CauseExhausted    // its retries ran out
@@ -71,12 +72,16 @@ const (
 // fail dead-letters a message that cannot be processed. With record, the
 // failure is first recorded in the store so that a redelivery is dead-lettered
 // without running the handler again — unless the handler refused the
-// message with Reject, which leaves the key free.
+// message with Reject, which leaves the key free (its cause
+// CauseMismatch when it refused it with dedup.ErrFingerprintMismatch).
 func (c *Consumer[TTx]) fail(ctx context.Context, it *item, reason error, record bool) error {
 	if IsRejected(reason) {
 		cause := CauseRejected
-		if IsInDoubt(reason) {
+		switch {
+		case IsInDoubt(reason):
 			cause = CauseInDoubt
+		case errors.Is(reason, dedup.ErrFingerprintMismatch):
+			cause = CauseMismatch
 		}
 		return c.deadLetter(ctx, it, reason, cause)
 	}

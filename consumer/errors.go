@@ -76,7 +76,9 @@ func Permanent(err error) error {
 // one's key, as Permanent would (the genuine one would then be
 // dead-lettered as a mismatch or as failed before). A re-send of a
 // rejected message is rejected again, each time a letter. Wrapped in
-// Permanent (or the other way round), the outermost mark wins. Reject(nil)
+// Permanent (or the other way round), the outermost mark wins. A rejection
+// of dedup.ErrFingerprintMismatch (package effect's, when a call under the
+// key was made for another payload) has cause CauseMismatch. Reject(nil)
 // is nil.
 func Reject(err error) error {
 	if err == nil {

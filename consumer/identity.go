@@ -49,7 +49,7 @@ func (c *Consumer[TTx]) keyItem(ctx context.Context, l *lane[TTx], it *item, flu
 	if err := c.pastRetention(it); err != nil {
 		return CauseExhausted, err
 	}
-	envelope.SetKey(m, it.claim.Key)
+	envelope.SetIdentity(m, it.claim.Key, it.claim.Fingerprint)
 	return 0, nil
 }
 

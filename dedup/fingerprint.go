@@ -15,6 +15,16 @@ type Fingerprint [32]byte
 
 func (f Fingerprint) String() string { return hex.EncodeToString(f[:]) }
 
+// IsZero reports whether f is the zero Fingerprint, which stands for none.
+func (f Fingerprint) IsZero() bool { return f == Fingerprint{} }
+
+// Mismatches reports whether a step kept with fingerprint f was begun for
+// another payload than fp: both are set and they differ (see
+// Journal.BeginStep).
+func (f Fingerprint) Mismatches(fp Fingerprint) bool {
+	return !f.IsZero() && !fp.IsZero() && f != fp
+}
+
 var canonicalizers = sync.Pool{New: func() any { return new(jsonx.Canonicalizer) }}
 
 // FingerprintOf returns the fingerprint of payload. A payload that is valid

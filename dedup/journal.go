@@ -26,6 +26,12 @@ import (
 //   - The outcome is recorded as soon as it is known (FinishStep): a
 //     succeeded or failed step is never called again, and every later
 //     BeginStep returns its stored result.
+//   - A step answers only the request that began it: it keeps the
+//     fingerprint of that request's payload, and a later BeginStep under
+//     the same key with another fingerprint is told StepMismatch — never
+//     the first request's result, never a lease. A key that stayed free
+//     (the handler rejected its message after the step, or the step went
+//     in doubt) may come back with another payload.
 
 // StepRef names one step of a message: the message's dedup key and the
 // step's name, unique within the message's handler.
@@ -118,6 +124,11 @@ const (
 	// larger token. Find out what happened (read back) before any repeat,
 	// and record another attempt (AttemptStep) before a repeat leaves.
 	StepResolve
+	// StepMismatch: the step was begun for another payload under the same
+	// key (Record.Fingerprint is its fingerprint, not the caller's); its
+	// result is not the caller's to use. Nothing changed and no lease was
+	// taken. Do not call; refuse the request (ErrFingerprintMismatch).
+	StepMismatch
 )
 
 func (v StepVerdict) String() string {
@@ -130,6 +141,8 @@ func (v StepVerdict) String() string {
 		return "busy"
 	case StepResolve:
 		return "resolve"
+	case StepMismatch:
+		return "mismatch"
 	default:
 		return "invalid"
 	}
@@ -145,6 +158,10 @@ type StepRecord struct {
 	// ProviderKey is the idempotency key the step's requests carry, fixed
 	// at the first BeginStep and the same on every attempt.
 	ProviderKey string
+	// Fingerprint is the fingerprint of the payload of the request that
+	// began the step, fixed at the first BeginStep; zero: it was begun
+	// without one.
+	Fingerprint Fingerprint
 	// Attempts counts the requests recorded as about to leave (BeginStep's
 	// first, then AttemptStep's).
 	Attempts int
@@ -200,8 +217,11 @@ type StepFilter struct {
 // passed since they last changed, and never an unresolved one.
 type Journal interface {
 	// BeginStep takes ref for one call, committed before it returns:
-	//   - a new step: State StepPending, Attempts 1, providerKey kept,
-	//     a lease of the given length and a fresh token; StepCall;
+	//   - a new step: State StepPending, Attempts 1, providerKey and fp
+	//     kept, a lease of the given length and a fresh token; StepCall;
+	//   - a step kept with a non-zero fingerprint other than a non-zero
+	//     fp, in whatever state: StepMismatch with the record, nothing
+	//     changed, no lease taken (checked before everything below);
 	//   - a succeeded, failed or in-doubt step: StepDone with the record;
 	//   - a pending step whose lease runs: StepBusy (LeaseLeft says how
 	//     long it runs);
@@ -209,9 +229,11 @@ type Journal interface {
 	//     stays as it is (State and Attempts unchanged: StepPending
 	//     reports a holder that died mid-call) under a new lease and a
 	//     larger token; StepResolve.
-	// providerKey is only stored for a new step; the record carries the
-	// stored one.
-	BeginStep(ctx context.Context, ref StepRef, providerKey string, lease time.Duration) (StepRecord, error)
+	// providerKey and fp are only stored for a new step; the record
+	// carries the stored ones. fp is the fingerprint of the payload of the
+	// request the step is begun for; the zero Fingerprint is none, and a
+	// zero fp, or a step kept with none, never mismatches.
+	BeginStep(ctx context.Context, ref StepRef, providerKey string, fp Fingerprint, lease time.Duration) (StepRecord, error)
 	// AttemptStep records that the holder of token is about to send
 	// another request (a repeat with the same provider key), committed
 	// before it returns: Attempts grows by one, LastAttemptAt is now, the

@@ -19,26 +19,35 @@ const finishTimeout = 10 * time.Second
 
 // Do runs step s of the message msg the consumer gave a handler, in the
 // journal j, and returns the provider's result: see the package
-// documentation for what it does on each delivery. The step's key is
-// msg.DedupKey(), the same on every delivery, retry copy and redrive.
+// documentation for what it does on each delivery. The step's key and
+// fingerprint are msg.DedupKey() and msg.DedupFingerprint(), the same on
+// every delivery, retry copy and redrive.
 //
 // Its errors say what the consumer should do with the message, marked for
 // it: ErrRefused (consumer.Permanent: the provider said nothing happened;
 // a handler that records the refusal instead reads the *RefusedError and
 // returns nil), ErrUnknownOutcome and ErrBusy (consumer.Retryable),
-// ErrInDoubt (consumer.InDoubt: dead-lettered with cause in_doubt). A
+// ErrInDoubt (consumer.InDoubt: dead-lettered with cause in_doubt),
+// dedup.ErrFingerprintMismatch (consumer.Reject: the step was begun under
+// the key for another payload; dead-lettered with cause
+// fingerprint_mismatch, the provider not called, the key left free). A
 // journal's own errors are returned as they are.
 func Do(ctx context.Context, j dedup.Journal, msg *consumer.Message, s Step) ([]byte, error) {
 	k, ok := msg.DedupKey()
 	if !ok {
 		return nil, fmt.Errorf("effect: step %q: the message has no dedup key (Do needs a message a consumer keyed; use DoKey otherwise)", s.Name)
 	}
-	return DoKey(ctx, j, k, s)
+	fp, _ := msg.DedupFingerprint()
+	return DoKey(ctx, j, k, fp, s)
 }
 
 // DoKey is Do for a step of whatever k identifies: an HTTP request's key
 // (httpidem), a job's. k must be the same every time the work is retried.
-func DoKey(ctx context.Context, j dedup.Journal, k dedup.Key, s Step) ([]byte, error) {
+// fp is the fingerprint of what the work was asked with (the request's
+// body): a step the journal keeps for another non-zero fingerprint is
+// refused with dedup.ErrFingerprintMismatch instead of answered with
+// another request's result. The zero Fingerprint is none: no check.
+func DoKey(ctx context.Context, j dedup.Journal, k dedup.Key, fp dedup.Fingerprint, s Step) ([]byte, error) {
 	if err := s.check(); err != nil {
 		return nil, err
 	}
@@ -47,7 +56,7 @@ func DoKey(ctx context.Context, j dedup.Journal, k dedup.Key, s Step) ([]byte, e
 	if derive == nil {
 		derive = DefaultProviderKey
 	}
-	rec, err := j.BeginStep(ctx, ref, derive(k, s.Name), s.lease())
+	rec, err := j.BeginStep(ctx, ref, derive(k, s.Name), fp, s.lease())
 	if err != nil {
 		return nil, err
 	}
@@ -57,6 +66,9 @@ func DoKey(ctx context.Context, j dedup.Journal, k dedup.Key, s Step) ([]byte, e
 		return r.call(ctx)
 	case dedup.StepResolve:
 		return r.resolve(ctx)
+	case dedup.StepMismatch:
+		return nil, consumer.Reject(fmt.Errorf("%w: step %q of %s was begun for another payload (fingerprint %s, this one's %s); its outcome is not this request's, and the provider was not called",
+			dedup.ErrFingerprintMismatch, s.Name, k, rec.Fingerprint, fp))
 	case dedup.StepBusy:
 		return nil, consumer.Retryable(fmt.Errorf("%w: step %q of %s, for %v more", ErrBusy, s.Name, k, rec.LeaseLeft.Round(time.Millisecond)))
 	case dedup.StepDone:

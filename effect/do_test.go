@@ -100,19 +100,20 @@ type fixture struct {
 	store *memstore.Store
 	bank  *bank
 	key   dedup.Key
+	fp    dedup.Fingerprint // of the request the steps are run for
 	step  effect.Step
 }
 
 func newFixture(t *testing.T) *fixture {
 	clk := &clock{now: time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)}
 	f := &fixture{t: t, clk: clk, store: memstore.New(memstore.Config{Now: clk.Now}), bank: newBank(),
-		key: dedup.Key{Scope: "refunds", ID: "R-1"}}
+		key: dedup.Key{Scope: "refunds", ID: "R-1"}, fp: dedup.FingerprintOf([]byte(`{"amount":100}`))}
 	f.step = effect.Step{Name: "refund", KeyTTL: 30 * time.Minute, Lease: 30 * time.Second, Call: f.bank.call}
 	return f
 }
 
 func (f *fixture) do() ([]byte, error) {
-	return effect.DoKey(context.Background(), f.store, f.key, f.step)
+	return effect.DoKey(context.Background(), f.store, f.key, f.fp, f.step)
 }
 
 // want checks the provider's own count of calls and executions.
@@ -145,6 +146,45 @@ func TestSucceededIsNeverCalledAgain(t *testing.T) {
 		}
 	}
 	f.want(1, 1)
+}
+
+// TestAnotherPayloadIsRefused (39.6): a step answers only the request that
+// began it. Another request under the same key — another amount — is
+// refused with dedup.ErrFingerprintMismatch, marked Reject (dead-lettered
+// as fingerprint_mismatch, the key left free), whether the step succeeded
+// or its outcome is unknown: it is neither given the first one's result,
+// nor does it read back, call, or take the step over. The first request,
+// and a caller with no fingerprint, go on as before.
+func TestAnotherPayloadIsRefused(t *testing.T) {
+	for _, unknown := range []bool{false, true} {
+		f := newFixture(t)
+		f.step.ReadBack = f.bank.read
+		if unknown {
+			f.bank.fault = func(int) error { return errTimeout }
+		}
+		first := f.fp
+		_, _ = f.do()
+		before := f.state()
+		f.fp = dedup.FingerprintOf([]byte(`{"amount":250}`))
+		for range 2 {
+			res, err := f.do()
+			if !errors.Is(err, dedup.ErrFingerprintMismatch) || !consumer.IsRejected(err) || consumer.IsPermanent(err) || res != nil {
+				t.Fatalf("unknown %v: Do for another payload = %q, %v; want a rejected ErrFingerprintMismatch", unknown, res, err)
+			}
+		}
+		f.want(1, 1)
+		if s := f.state(); s.Token != before.Token || s.State != before.State || s.Fingerprint != first || f.bank.reads != 0 {
+			t.Fatalf("unknown %v: step %+v after the mismatches (%d read-backs), want it unchanged from %+v", unknown, s, f.bank.reads, before)
+		}
+		f.bank.fault = nil
+		for _, fp := range []dedup.Fingerprint{first, {}} {
+			f.fp = fp
+			if res, err := f.do(); err != nil || !strings.HasPrefix(string(res), "refund-of-") {
+				t.Fatalf("unknown %v: Do with fingerprint %v = %q, %v; want the step's result", unknown, fp, res, err)
+			}
+		}
+		f.want(1, 1)
+	}
 }
 
 func TestRefusedIsStoredAndNotCalledAgain(t *testing.T) {
@@ -385,7 +425,7 @@ func TestZombieIsFencedOut(t *testing.T) {
 func TestStepIsChecked(t *testing.T) {
 	f := newFixture(t)
 	for _, s := range []effect.Step{{Call: f.bank.call}, {Name: "x"}, {Name: "x", Call: f.bank.call, KeyTTL: -1}} {
-		if _, err := effect.DoKey(context.Background(), f.store, f.key, s); err == nil || !strings.Contains(err.Error(), "Step.") {
+		if _, err := effect.DoKey(context.Background(), f.store, f.key, f.fp, s); err == nil || !strings.Contains(err.Error(), "Step.") {
 			t.Errorf("DoKey(%+v) = %v, want an error naming the field", s, err)
 		}
 	}

@@ -22,6 +22,13 @@
 //     returns an error the consumer dead-letters with cause in_doubt, with
 //     every fact in the letter's reason, for an operator to resolve
 //     (dedup.Journal.ResolveStep), and never repeats it.
+//   - A step answers only the message that began it: it keeps that
+//     message's fingerprint (Message.DedupFingerprint). A later message
+//     under the same key with another payload — the key stayed free after
+//     the step ran — gets an error matching dedup.ErrFingerprintMismatch,
+//     marked consumer.Reject, that the consumer dead-letters with cause
+//     fingerprint_mismatch; the provider is not called and the step is
+//     left as it is.
 //
 // What it cannot do: a provider that keeps no idempotency keys and has no
 // query leaves every unknown outcome in doubt — Do then never repeats,

@@ -25,7 +25,7 @@ func ExampleDoKey() {
 		},
 	}
 	for range 2 {
-		answer, err := effect.DoKey(ctx, journal, key, step)
+		answer, err := effect.DoKey(ctx, journal, key, dedup.Fingerprint{}, step)
 		fmt.Println(string(answer), err)
 	}
 	fmt.Println("calls:", calls)
@@ -46,7 +46,7 @@ func ExampleRefused() {
 			return nil, effect.Refused(errors.New("422 refund exceeds the payment"), []byte(`{"code":"REFUND_AMT_EXCEED"}`))
 		},
 	}
-	_, err := effect.DoKey(ctx, journal, dedup.Key{Scope: "refunds", ID: "rf-1002"}, step)
+	_, err := effect.DoKey(ctx, journal, dedup.Key{Scope: "refunds", ID: "rf-1002"}, dedup.Fingerprint{}, step)
 	var refused *effect.RefusedError
 	fmt.Println(errors.Is(err, effect.ErrRefused), errors.As(err, &refused) && string(refused.Result) == `{"code":"REFUND_AMT_EXCEED"}`)
 	// Output:

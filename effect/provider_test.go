@@ -51,7 +51,7 @@ func TestAgainstTheSimulator(t *testing.T) {
 		return s
 	}
 	do := func(trade string, readBack bool) error {
-		_, err := effect.DoKey(context.Background(), journal, dedup.Key{Scope: "refunds", ID: trade}, step(trade, readBack))
+		_, err := effect.DoKey(context.Background(), journal, dedup.Key{Scope: "refunds", ID: trade}, dedup.Fingerprint{}, step(trade, readBack))
 		return err
 	}
 	cases := []struct {
@@ -76,7 +76,7 @@ func TestAgainstTheSimulator(t *testing.T) {
 			if c.trade == "refused" {
 				// An amount the provider refuses: nothing happens, and the
 				// refusal is final.
-				_, err := effect.DoKey(context.Background(), journal, dedup.Key{Scope: "refunds", ID: c.trade}, effect.Step{Name: "refund",
+				_, err := effect.DoKey(context.Background(), journal, dedup.Key{Scope: "refunds", ID: c.trade}, dedup.Fingerprint{}, effect.Step{Name: "refund",
 					Call: func(ctx context.Context, call effect.Call) ([]byte, error) {
 						_, err := client.Refund(ctx, provider.Request{OutRequestNo: call.ProviderKey, TradeNo: c.trade, Amount: -1}, call.Token)
 						var refusal *provider.Refusal

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/effect"
 	"github.com/idemkit/idem/httpidem"
 	"github.com/idemkit/idem/internal/testenv"
@@ -64,7 +65,7 @@ func TestLeasedRouteStepAfterATakeover(t *testing.T) {
 		mu.Lock()
 		takenOver = append(takenOver, l.TakenOver())
 		mu.Unlock()
-		res, err := effect.DoKey(r.Context(), store, l.Key(), step)
+		res, err := effect.DoKey(r.Context(), store, l.Key(), dedup.Fingerprint{}, step)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return

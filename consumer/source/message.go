@@ -9,7 +9,10 @@ import (
 )
 
 func init() {
-	envelope.SetKey = func(m any, k dedup.Key) { m.(*Message).dedupKey = k }
+	envelope.SetIdentity = func(m any, k dedup.Key, fp dedup.Fingerprint) {
+		msg := m.(*Message)
+		msg.dedupKey, msg.dedupFingerprint = k, fp
+	}
 	envelope.SetOrigin = func(m any, o any) {
 		msg := m.(*Message)
 		msg.origin, msg.hasOrigin = Origin{}, o != nil
@@ -53,8 +56,10 @@ type Message struct {
 	// *primitive.MessageExt), for handlers that need more.
 	Raw any
 
-	// dedupKey is the key the consumer claimed for the message; see DedupKey.
-	dedupKey dedup.Key
+	// dedupKey and dedupFingerprint are the identity the consumer claimed
+	// the message with; see DedupKey and DedupFingerprint.
+	dedupKey         dedup.Key
+	dedupFingerprint dedup.Fingerprint
 	// origin is the identity a redriven copy was first delivered with,
 	// when hasOrigin; see Origin.
 	origin    Origin
@@ -70,6 +75,19 @@ type Message struct {
 // the consumer has not keyed (one built by hand) has none.
 func (m *Message) DedupKey() (dedup.Key, bool) {
 	return m.dedupKey, m.dedupKey != (dedup.Key{})
+}
+
+// DedupFingerprint returns the fingerprint the consumer derived for m with
+// its key (consumer.Config.Fingerprint) — what "the same request" is under
+// DedupKey — and whether there is one. Like the key it is decided at the
+// message's first delivery and carried by every copy: a retry copy and a
+// redriven letter give their original's. Work done for the message outside
+// the store's database keeps it, so that a later message under the same key
+// with another payload is not taken for this one (package effect). A
+// message the consumer has not keyed, or keyed by its position alone
+// (consumer.Config.Offsets without a Key), has none.
+func (m *Message) DedupFingerprint() (dedup.Fingerprint, bool) {
+	return m.dedupFingerprint, !m.dedupFingerprint.IsZero()
 }
 
 // Header is one message header or user property.

@@ -19,7 +19,8 @@ type JournalFactory func(t *testing.T, cfg Config) dedup.Journal
 // RunJournal runs the conformance suite of dedup.Journal: every sentence
 // of its contract — new, busy, done and unknown steps, leases run out,
 // fencing tokens on every write, operators' resolutions, the listing and
-// the counts, concurrent holders, the store's clock and Purge.
+// the counts, concurrent holders, the store's clock, Purge, and a step
+// asked for by another payload than the one that began it.
 func RunJournal(t *testing.T, newJournal JournalFactory) {
 	s := journalSuite{newJournal: newJournal}
 	t.Run("NewStepCall", s.newStep)
@@ -34,6 +35,7 @@ func RunJournal(t *testing.T, newJournal JournalFactory) {
 	t.Run("ConcurrentHoldersOneAtATime", s.concurrentHolders)
 	t.Run("StoreClock", s.storeClock)
 	t.Run("PurgeKeepsUnresolved", s.purge)
+	t.Run("FingerprintMismatch", s.fingerprintMismatch)
 }
 
 type journalSuite struct{ newJournal JournalFactory }
@@ -57,7 +59,13 @@ func Step(scope, id, step string) dedup.StepRef {
 
 func begin(t *testing.T, j dedup.Journal, ref dedup.StepRef, providerKey string, lease time.Duration, want dedup.StepVerdict) dedup.StepRecord {
 	t.Helper()
-	rec, err := j.BeginStep(ctxFor(t), ref, providerKey, lease)
+	return beginFor(t, j, ref, providerKey, dedup.Fingerprint{}, lease, want)
+}
+
+// beginFor is begin for a request with fingerprint fp.
+func beginFor(t *testing.T, j dedup.Journal, ref dedup.StepRef, providerKey string, fp dedup.Fingerprint, lease time.Duration, want dedup.StepVerdict) dedup.StepRecord {
+	t.Helper()
+	rec, err := j.BeginStep(ctxFor(t), ref, providerKey, fp, lease)
 	if err != nil {
 		t.Fatalf("BeginStep %v: %v", ref, err)
 	}
@@ -140,7 +148,7 @@ func (s journalSuite) newStep(t *testing.T) {
 		}
 	}
 	for _, bad := range []dedup.StepRef{Step("refunds", "order-1", ""), Step("", "order-1", "refund"), Step("refunds", "", "refund")} {
-		if _, err := j.BeginStep(ctx, bad, "pk", time.Hour); err == nil {
+		if _, err := j.BeginStep(ctx, bad, "pk", dedup.Fingerprint{}, time.Hour); err == nil {
 			t.Fatalf("BeginStep of %+v: no error, want the ref refused", bad)
 		}
 	}
@@ -492,7 +500,7 @@ func (s journalSuite) concurrentHolders(t *testing.T) {
 		)
 		for range n {
 			wg.Go(func() {
-				rec, err := j.BeginStep(ctx, ref, "pk", time.Hour)
+				rec, err := j.BeginStep(ctx, ref, "pk", dedup.Fingerprint{}, time.Hour)
 				mu.Lock()
 				defer mu.Unlock()
 				if err != nil {
@@ -628,6 +636,66 @@ func (s journalSuite) purge(t *testing.T) {
 	for name, tok := range tokens {
 		if again.Token <= tok {
 			t.Fatalf("a purged step begun again: token %d, want more than %s's %d", again.Token, name, tok)
+		}
+	}
+}
+
+// fingerprintMismatch: a step keeps the fingerprint it was begun with. A
+// BeginStep for another payload is StepMismatch with the kept record, in
+// every state — running lease, lease run out, unknown, succeeded — and
+// changes nothing: no lease, no token, the result not handed out as done.
+// The same fingerprint, or none, goes on as before; a step begun with none
+// never mismatches and keeps none.
+func (s journalSuite) fingerprintMismatch(t *testing.T) {
+	j := s.journal(t, Config{})
+	first, other := dedup.FingerprintOf([]byte(`{"amount":100}`)), dedup.FingerprintOf([]byte(`{"amount":250}`))
+	ref := Step("refunds", "order-1", "refund")
+	unchanged := func(what string, want dedup.StepRecord) {
+		t.Helper()
+		got := stepOf(t, j, ref)
+		if got.State != want.State || got.Token != want.Token || got.Attempts != want.Attempts || !got.LeaseExpires.Equal(want.LeaseExpires) ||
+			got.Fingerprint != first || string(got.Result) != string(want.Result) || !got.UpdatedAt.Equal(want.UpdatedAt) {
+			t.Fatalf("after a mismatch (%s): %+v, want it unchanged from %+v", what, got, want)
+		}
+	}
+	mismatch := func(what string) {
+		t.Helper()
+		before := stepOf(t, j, ref)
+		m := beginFor(t, j, ref, "another", other, time.Hour, dedup.StepMismatch)
+		if m.Fingerprint != first || m.State != before.State || m.Token != before.Token || m.ProviderKey != "pk" {
+			t.Fatalf("mismatch (%s): %+v, want the kept record (fingerprint %v, %v, token %d)", what, m, first, before.State, before.Token)
+		}
+		unchanged(what, before)
+	}
+
+	a := beginFor(t, j, ref, "pk", first, 50*time.Millisecond, dedup.StepCall)
+	if a.Fingerprint != first || stepOf(t, j, ref).Fingerprint != first {
+		t.Fatalf("new step: fingerprint %v, want %v kept", a.Fingerprint, first)
+	}
+	mismatch("running lease")
+	beginFor(t, j, ref, "pk", first, time.Hour, dedup.StepBusy)
+	beginFor(t, j, ref, "pk", dedup.Fingerprint{}, time.Hour, dedup.StepBusy)
+	waitLeaseOut(t, j, ref)
+	mismatch("lease run out")
+	b := beginFor(t, j, ref, "pk", first, time.Hour, dedup.StepResolve)
+	finish(t, j, ref, b.Token, dedup.StepOutcome{State: dedup.StepUnknown, Error: "timeout"})
+	mismatch("unknown")
+	c := beginFor(t, j, ref, "pk", dedup.Fingerprint{}, time.Hour, dedup.StepResolve)
+	finish(t, j, ref, c.Token, dedup.StepOutcome{State: dedup.StepSucceeded, Result: []byte("refund 100")})
+	mismatch("succeeded")
+	if d := beginFor(t, j, ref, "pk", first, time.Hour, dedup.StepDone); string(d.Result) != "refund 100" || d.Fingerprint != first {
+		t.Fatalf("the first payload again: %+v, want its result", d)
+	}
+
+	none := Step("refunds", "order-2", "refund")
+	n := beginFor(t, j, none, "pk", dedup.Fingerprint{}, time.Hour, dedup.StepCall)
+	if !n.Fingerprint.IsZero() {
+		t.Fatalf("a step begun with none: fingerprint %v", n.Fingerprint)
+	}
+	finish(t, j, none, n.Token, dedup.StepOutcome{State: dedup.StepSucceeded, Result: []byte("ok")})
+	for _, fp := range []dedup.Fingerprint{first, other} {
+		if d := beginFor(t, j, none, "pk", fp, time.Hour, dedup.StepDone); !d.Fingerprint.IsZero() {
+			t.Fatalf("a step begun with none, asked with %v: fingerprint %v, want none kept", fp, d.Fingerprint)
 		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 type step struct {
 	state        dedup.StepState
 	providerKey  string
+	fingerprint  dedup.Fingerprint
 	attempts     int
 	token        int64
 	leaseExpires time.Time
@@ -38,6 +39,7 @@ func (s *Store) record(ref dedup.StepRef, st *step, now time.Time) dedup.StepRec
 		Ref:               ref,
 		State:             st.state,
 		ProviderKey:       st.providerKey,
+		Fingerprint:       st.fingerprint,
 		Attempts:          st.attempts,
 		Token:             st.token,
 		LeaseExpires:      st.leaseExpires,
@@ -73,7 +75,7 @@ func checkLease(lease time.Duration) error {
 }
 
 // BeginStep takes ref for one call; see dedup.Journal.
-func (s *Store) BeginStep(ctx context.Context, ref dedup.StepRef, providerKey string, lease time.Duration) (dedup.StepRecord, error) {
+func (s *Store) BeginStep(ctx context.Context, ref dedup.StepRef, providerKey string, fp dedup.Fingerprint, lease time.Duration) (dedup.StepRecord, error) {
 	if err := ctx.Err(); err != nil {
 		return dedup.StepRecord{}, err
 	}
@@ -92,11 +94,15 @@ func (s *Store) BeginStep(ctx context.Context, ref dedup.StepRef, providerKey st
 		if providerKey == "" {
 			return dedup.StepRecord{}, errors.New("memstore: a new step needs a provider key")
 		}
-		st = &step{state: dedup.StepPending, providerKey: providerKey, attempts: 1, token: s.nextToken(),
+		st = &step{state: dedup.StepPending, providerKey: providerKey, fingerprint: fp, attempts: 1, token: s.nextToken(),
 			leaseExpires: now.Add(lease), firstAttempt: now, lastAttempt: now, updated: now}
 		s.steps[ref] = st
 		r := s.record(ref, st, now)
 		r.Verdict = dedup.StepCall
+		return r, nil
+	case st.fingerprint.Mismatches(fp):
+		r := s.record(ref, st, now)
+		r.Verdict = dedup.StepMismatch
 		return r, nil
 	case final(st.state):
 		r := s.record(ref, st, now)

@@ -33,23 +33,23 @@ func TestJournalLifecycle(t *testing.T) {
 	s := memstore.New(memstore.Config{Now: clk.Now, Retention: time.Hour})
 	ref := dedup.StepRef{Key: dedup.Key{Scope: "refunds", ID: "r1"}, Step: "refund"}
 
-	r, err := s.BeginStep(ctx, ref, "pk1", time.Minute)
+	r, err := s.BeginStep(ctx, ref, "pk1", dedup.Fingerprint{}, time.Minute)
 	if err != nil || r.Verdict != dedup.StepCall || r.State != dedup.StepPending || r.Attempts != 1 || r.ProviderKey != "pk1" {
 		t.Fatalf("first BeginStep = %+v, %v; want call, pending, attempt 1, pk1", r, err)
 	}
 	first := r.Token
 	clk.Add(10 * time.Second)
-	if b, _ := s.BeginStep(ctx, ref, "other", time.Minute); b.Verdict != dedup.StepBusy || b.LeaseLeft != 50*time.Second {
+	if b, _ := s.BeginStep(ctx, ref, "other", dedup.Fingerprint{}, time.Minute); b.Verdict != dedup.StepBusy || b.LeaseLeft != 50*time.Second {
 		t.Fatalf("BeginStep under a running lease = %v (lease left %v), want busy, 50s", b.Verdict, b.LeaseLeft)
 	}
 	if err := s.FinishStep(ctx, ref, first, dedup.StepOutcome{State: dedup.StepUnknown, Error: "timeout"}); err != nil {
 		t.Fatal(err)
 	}
-	r2, _ := s.BeginStep(ctx, ref, "other", time.Minute)
+	r2, _ := s.BeginStep(ctx, ref, "other", dedup.Fingerprint{}, time.Minute)
 	if r2.Verdict != dedup.StepResolve || r2.State != dedup.StepUnknown || r2.Token <= first || r2.ProviderKey != "pk1" || r2.Error != "timeout" {
 		t.Fatalf("BeginStep after unknown = %+v, want resolve, unknown, larger token, pk1", r2)
 	}
-	if b, _ := s.BeginStep(ctx, ref, "pk1", time.Minute); b.Verdict != dedup.StepBusy {
+	if b, _ := s.BeginStep(ctx, ref, "pk1", dedup.Fingerprint{}, time.Minute); b.Verdict != dedup.StepBusy {
 		t.Fatalf("BeginStep while a resolver holds the step = %v, want busy", b.Verdict)
 	}
 	if err := s.FinishStep(ctx, ref, first, dedup.StepOutcome{State: dedup.StepSucceeded}); !errors.Is(err, dedup.ErrLeaseLost) {
@@ -62,7 +62,7 @@ func TestJournalLifecycle(t *testing.T) {
 	}
 	// The holder dies mid-call: once its lease ran out, the next one resolves.
 	clk.Add(time.Minute)
-	r3, _ := s.BeginStep(ctx, ref, "pk1", time.Minute)
+	r3, _ := s.BeginStep(ctx, ref, "pk1", dedup.Fingerprint{}, time.Minute)
 	if r3.Verdict != dedup.StepResolve || r3.State != dedup.StepPending || r3.Attempts != 2 || r3.Token <= r2.Token {
 		t.Fatalf("BeginStep after a dead holder = %+v, want resolve, pending, attempts 2", r3)
 	}
@@ -72,7 +72,7 @@ func TestJournalLifecycle(t *testing.T) {
 	if err := s.FinishStep(ctx, ref, r3.Token, dedup.StepOutcome{State: dedup.StepSucceeded, Result: []byte("ok")}); err != nil {
 		t.Fatal(err)
 	}
-	if d, _ := s.BeginStep(ctx, ref, "pk1", time.Minute); d.Verdict != dedup.StepDone || string(d.Result) != "ok" {
+	if d, _ := s.BeginStep(ctx, ref, "pk1", dedup.Fingerprint{}, time.Minute); d.Verdict != dedup.StepDone || string(d.Result) != "ok" {
 		t.Fatalf("BeginStep of a succeeded step = %+v, want done with its result", d)
 	}
 	if err := s.FinishStep(ctx, ref, r3.Token, dedup.StepOutcome{State: dedup.StepFailed}); !errors.Is(err, dedup.ErrLeaseLost) {
@@ -98,12 +98,12 @@ func TestJournalOperators(t *testing.T) {
 	s := memstore.New(memstore.Config{Now: clk.Now, Retention: time.Minute})
 	doubt := dedup.StepRef{Key: dedup.Key{Scope: "refunds", ID: "d"}, Step: "refund"}
 	dead := dedup.StepRef{Key: dedup.Key{Scope: "payouts", ID: "p"}, Step: "payout"}
-	r, _ := s.BeginStep(ctx, doubt, "pkd", time.Minute)
+	r, _ := s.BeginStep(ctx, doubt, "pkd", dedup.Fingerprint{}, time.Minute)
 	if err := s.FinishStep(ctx, doubt, r.Token, dedup.StepOutcome{State: dedup.StepInDoubt, Error: "key expired"}); err != nil {
 		t.Fatal(err)
 	}
 	clk.Add(time.Second)
-	if _, err := s.BeginStep(ctx, dead, "pkp", time.Minute); err != nil {
+	if _, err := s.BeginStep(ctx, dead, "pkp", dedup.Fingerprint{}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if l, _ := s.Steps(ctx, dedup.StepFilter{}); len(l) != 1 || l[0].Ref != doubt {

@@ -35,7 +35,7 @@ import (
 // stepCols are a step's columns as scanStep reads them: times in µs since
 // the epoch, durations computed by the server's clock in the same
 // statement.
-const stepCols = "scope, `key`, step, state, provider_key, attempts, token, " +
+const stepCols = "scope, `key`, step, state, provider_key, fingerprint, attempts, token, " +
 	"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', lease_expires_at), " +
 	"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', first_attempt_at), " +
 	"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', last_attempt_at), result, `error`, " +
@@ -57,9 +57,10 @@ func scanStep(row rowScanner) (dedup.StepRecord, error) {
 	var (
 		rec                                   dedup.StepRecord
 		state                                 string
+		fp                                    []byte
 		lease, first, last, upd, left, sf, sl int64
 	)
-	err := row.Scan(&rec.Ref.Key.Scope, &rec.Ref.Key.ID, &rec.Ref.Step, &state, &rec.ProviderKey, &rec.Attempts, &rec.Token,
+	err := row.Scan(&rec.Ref.Key.Scope, &rec.Ref.Key.ID, &rec.Ref.Step, &state, &rec.ProviderKey, &fp, &rec.Attempts, &rec.Token,
 		&lease, &first, &last, &rec.Result, &rec.Error, &upd, &left, &sf, &sl)
 	if err != nil {
 		return rec, err
@@ -67,6 +68,7 @@ func scanStep(row rowScanner) (dedup.StepRecord, error) {
 	if rec.State, err = dedup.ParseStepState(state); err != nil {
 		return rec, fmt.Errorf("step %s/%s: %w", rec.Ref.Key, rec.Ref.Step, err)
 	}
+	copy(rec.Fingerprint[:], fp) // NULL: none
 	rec.LeaseExpires, rec.FirstAttemptAt, rec.LastAttemptAt, rec.UpdatedAt = time.UnixMicro(lease), time.UnixMicro(first), time.UnixMicro(last), time.UnixMicro(upd)
 	rec.LeaseLeft = time.Duration(left) * time.Microsecond
 	rec.SinceFirstAttempt = time.Duration(sf) * time.Microsecond
@@ -136,7 +138,7 @@ func leaseLost(ref dedup.StepRef, token int64) error {
 }
 
 // BeginStep takes ref for one call; see dedup.Journal.
-func (s *Store) BeginStep(ctx context.Context, ref dedup.StepRef, providerKey string, lease time.Duration) (dedup.StepRecord, error) {
+func (s *Store) BeginStep(ctx context.Context, ref dedup.StepRef, providerKey string, fp dedup.Fingerprint, lease time.Duration) (dedup.StepRecord, error) {
 	us, err := stepLease(ref, lease)
 	if err != nil {
 		return dedup.StepRecord{}, err
@@ -153,14 +155,18 @@ func (s *Store) BeginStep(ctx context.Context, ref dedup.StepRef, providerKey st
 			// read again, locked, before inserting.
 			cur, err = s.getStep(ctx, tx, ref, " FOR UPDATE")
 			if err == nil {
-				return s.beginFound(ctx, tx, ref, cur, us, &rec)
+				return s.beginFound(ctx, tx, ref, cur, fp, us, &rec)
 			} else if !errors.Is(err, sql.ErrNoRows) {
 				return err
 			}
-			_, err = tx.ExecContext(ctx, "INSERT INTO "+s.steps+" (scope, `key`, step, state, provider_key, attempts, token, "+
+			var fpArg []byte // NULL: none
+			if !fp.IsZero() {
+				fpArg = fp[:]
+			}
+			_, err = tx.ExecContext(ctx, "INSERT INTO "+s.steps+" (scope, `key`, step, state, provider_key, fingerprint, attempts, token, "+
 				"lease_expires_at, first_attempt_at, last_attempt_at, `error`, updated_at) "+
-				"VALUES (?, ?, ?, 'pending', ?, 1, ?, DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), '', UTC_TIMESTAMP(6))",
-				ref.Key.Scope, ref.Key.ID, ref.Step, providerKey, token, us)
+				"VALUES (?, ?, ?, 'pending', ?, ?, 1, ?, DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), '', UTC_TIMESTAMP(6))",
+				ref.Key.Scope, ref.Key.ID, ref.Step, providerKey, fpArg, token, us)
 			if err != nil {
 				return err
 			}
@@ -170,7 +176,7 @@ func (s *Store) BeginStep(ctx context.Context, ref dedup.StepRef, providerKey st
 		} else if err != nil {
 			return err
 		}
-		return s.beginFound(ctx, tx, ref, cur, us, &rec)
+		return s.beginFound(ctx, tx, ref, cur, fp, us, &rec)
 	})
 	if err != nil {
 		return dedup.StepRecord{}, err
@@ -179,8 +185,10 @@ func (s *Store) BeginStep(ctx context.Context, ref dedup.StepRef, providerKey st
 }
 
 // beginFound is BeginStep of a step found, its row locked by tx.
-func (s *Store) beginFound(ctx context.Context, tx *sql.Tx, ref dedup.StepRef, cur dedup.StepRecord, us int64, rec *dedup.StepRecord) error {
+func (s *Store) beginFound(ctx context.Context, tx *sql.Tx, ref dedup.StepRef, cur dedup.StepRecord, fp dedup.Fingerprint, us int64, rec *dedup.StepRecord) error {
 	switch {
+	case cur.Fingerprint.Mismatches(fp):
+		*rec, rec.Verdict = cur, dedup.StepMismatch
 	case (cur.State == dedup.StepPending || cur.State == dedup.StepUnknown) && cur.LeaseLeft <= 0:
 		token, err := s.nextToken(ctx, tx)
 		if err != nil {

@@ -44,7 +44,7 @@ type stepQueries struct {
 
 // stepCols are a step's columns as scanStep reads them, with the
 // durations computed by the database's clock, in microseconds.
-const stepCols = `scope, key, step, state, provider_key, attempts, token, lease_expires_at,
+const stepCols = `scope, key, step, state, provider_key, fingerprint, attempts, token, lease_expires_at,
     first_attempt_at, last_attempt_at, result, error, updated_at,
     (extract(epoch FROM lease_expires_at - now()) * 1000000)::bigint,
     (extract(epoch FROM now() - first_attempt_at) * 1000000)::bigint,
@@ -60,12 +60,13 @@ const openSteps = `(state IN ('unknown', 'in_doubt') OR state = 'pending' AND le
 func newStepQueries(t string) stepQueries {
 	pk := `scope = $1 AND key = $2 AND step = $3`
 	return stepQueries{
-		begin: `INSERT INTO ` + t + ` AS s (scope, key, step, state, provider_key, attempts, token,
+		begin: `INSERT INTO ` + t + ` AS s (scope, key, step, state, provider_key, fingerprint, attempts, token,
     lease_expires_at, first_attempt_at, last_attempt_at, updated_at)
-VALUES ($1, $2, $3, 'pending', $4, 1, ` + tokenSQL + `, ` + stepLease + `, now(), now(), now())
+VALUES ($1, $2, $3, 'pending', $4, $6, 1, ` + tokenSQL + `, ` + stepLease + `, now(), now(), now())
 ON CONFLICT (scope, key, step) DO UPDATE
 SET token = greatest(s.token + 1, ` + tokenSQL + `), lease_expires_at = ` + stepLease + `, updated_at = now()
 WHERE s.state IN ('pending', 'unknown') AND s.lease_expires_at <= now()
+    AND (s.fingerprint IS NULL OR $6::bytea IS NULL OR s.fingerprint = $6)
 RETURNING s.xmax = 0, ` + stepCols,
 		get: `SELECT ` + stepCols + ` FROM ` + t + ` WHERE ` + pk,
 		attempt: `UPDATE ` + t + `
@@ -100,10 +101,11 @@ func scanStep(row pgx.Row, dest ...any) (dedup.StepRecord, error) {
 	var (
 		rec                   dedup.StepRecord
 		state                 string
+		fp                    []byte
 		left, sinceF, sinceL  int64
 		lease, first, last, u time.Time
 	)
-	err := row.Scan(append(dest, &rec.Ref.Key.Scope, &rec.Ref.Key.ID, &rec.Ref.Step, &state, &rec.ProviderKey, &rec.Attempts, &rec.Token,
+	err := row.Scan(append(dest, &rec.Ref.Key.Scope, &rec.Ref.Key.ID, &rec.Ref.Step, &state, &rec.ProviderKey, &fp, &rec.Attempts, &rec.Token,
 		&lease, &first, &last, &rec.Result, &rec.Error, &u, &left, &sinceF, &sinceL)...)
 	if err != nil {
 		return rec, err
@@ -111,6 +113,7 @@ func scanStep(row pgx.Row, dest ...any) (dedup.StepRecord, error) {
 	if rec.State, err = dedup.ParseStepState(state); err != nil {
 		return rec, fmt.Errorf("pgstore: step %s/%s: %w", rec.Ref.Key, rec.Ref.Step, err)
 	}
+	copy(rec.Fingerprint[:], fp) // NULL: none
 	rec.LeaseExpires, rec.FirstAttemptAt, rec.LastAttemptAt, rec.UpdatedAt = lease, first, last, u
 	rec.LeaseLeft = time.Duration(left) * time.Microsecond
 	rec.SinceFirstAttempt = time.Duration(sinceF) * time.Microsecond
@@ -137,7 +140,7 @@ func micros(d time.Duration) (int64, error) {
 }
 
 // BeginStep takes ref for one call; see dedup.Journal.
-func (s *Store) BeginStep(ctx context.Context, ref dedup.StepRef, providerKey string, lease time.Duration) (dedup.StepRecord, error) {
+func (s *Store) BeginStep(ctx context.Context, ref dedup.StepRef, providerKey string, fp dedup.Fingerprint, lease time.Duration) (dedup.StepRecord, error) {
 	args, err := s.stepArgs(ref)
 	if err != nil {
 		return dedup.StepRecord{}, err
@@ -147,7 +150,11 @@ func (s *Store) BeginStep(ctx context.Context, ref dedup.StepRef, providerKey st
 		return dedup.StepRecord{}, err
 	}
 	var b pgx.Batch
-	b.Queue(s.steps.begin, append(args, providerKey, us)...)
+	var fpArg []byte // NULL: none
+	if !fp.IsZero() {
+		fpArg = fp[:]
+	}
+	b.Queue(s.steps.begin, append(args, providerKey, us, fpArg)...)
 	b.Queue(s.steps.get, args...)
 	br := s.pool.SendBatch(ctx, &b)
 	defer br.Close()
@@ -159,12 +166,15 @@ func (s *Store) BeginStep(ctx context.Context, ref dedup.StepRef, providerKey st
 	case err == nil:
 		rec.Verdict = dedup.StepResolve
 	case errors.Is(err, pgx.ErrNoRows):
-		// Busy or done: the row as the upsert found it, locked.
+		// Busy, done or begun for another payload: the row as the upsert
+		// found it, locked.
 		if rec, err = scanStep(br.QueryRow()); err != nil {
 			return rec, fmt.Errorf("pgstore: begin step: %w", err)
 		}
-		switch rec.State {
-		case dedup.StepPending, dedup.StepUnknown:
+		switch {
+		case rec.Fingerprint.Mismatches(fp):
+			rec.Verdict = dedup.StepMismatch
+		case rec.State == dedup.StepPending, rec.State == dedup.StepUnknown:
 			rec.Verdict = dedup.StepBusy
 		default:
 			rec.Verdict = dedup.StepDone

@@ -34,7 +34,7 @@ func TestDistributedJournalRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = st.BeginStep(context.Background(), deduptest.Step("s", "k", "call"), "pk", time.Minute)
+	_, err = st.BeginStep(context.Background(), deduptest.Step("s", "k", "call"), "pk", dedup.Fingerprint{}, time.Minute)
 	if !errors.Is(err, pgstore.ErrDistributedJournal) || st.ClassifyError(err) != dedup.ClassFatal {
 		t.Fatalf("BeginStep in distributed mode: %v, want ErrDistributedJournal, fatal", err)
 	}

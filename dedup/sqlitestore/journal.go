@@ -23,7 +23,7 @@ func (s *Store) stepsTable() string { return `"` + s.cfg.Table + `_steps"` }
 
 // stepCols are a step's columns as scanStep reads them, with the
 // durations computed by SQLite's clock in the same statement.
-const stepCols = `scope, key, step, state, provider_key, attempts, token, lease_expires_at,
+const stepCols = `scope, key, step, state, provider_key, fingerprint, attempts, token, lease_expires_at,
     first_attempt_at, last_attempt_at, result, error, updated_at,
     lease_expires_at - ` + nowMillis + `, ` + nowMillis + ` - first_attempt_at, ` + nowMillis + ` - last_attempt_at`
 
@@ -40,9 +40,10 @@ func scanStep(row rowScanner) (dedup.StepRecord, error) {
 	var (
 		rec                                   dedup.StepRecord
 		state                                 string
+		fp                                    []byte
 		lease, first, last, upd, left, sf, sl int64
 	)
-	err := row.Scan(&rec.Ref.Key.Scope, &rec.Ref.Key.ID, &rec.Ref.Step, &state, &rec.ProviderKey, &rec.Attempts, &rec.Token,
+	err := row.Scan(&rec.Ref.Key.Scope, &rec.Ref.Key.ID, &rec.Ref.Step, &state, &rec.ProviderKey, &fp, &rec.Attempts, &rec.Token,
 		&lease, &first, &last, &rec.Result, &rec.Error, &upd, &left, &sf, &sl)
 	if err != nil {
 		return rec, err
@@ -50,6 +51,7 @@ func scanStep(row rowScanner) (dedup.StepRecord, error) {
 	if rec.State, err = dedup.ParseStepState(state); err != nil {
 		return rec, fmt.Errorf("step %s/%s: %w", rec.Ref.Key, rec.Ref.Step, err)
 	}
+	copy(rec.Fingerprint[:], fp) // NULL: none
 	rec.LeaseExpires, rec.FirstAttemptAt, rec.LastAttemptAt, rec.UpdatedAt = time.UnixMilli(lease), time.UnixMilli(first), time.UnixMilli(last), time.UnixMilli(upd)
 	rec.LeaseLeft = time.Duration(left) * time.Millisecond
 	rec.SinceFirstAttempt = time.Duration(sf) * time.Millisecond
@@ -77,7 +79,7 @@ func leaseLost(ref dedup.StepRef, token int64) error {
 }
 
 // BeginStep takes ref for one call; see dedup.Journal.
-func (s *Store) BeginStep(ctx context.Context, ref dedup.StepRef, providerKey string, lease time.Duration) (dedup.StepRecord, error) {
+func (s *Store) BeginStep(ctx context.Context, ref dedup.StepRef, providerKey string, fp dedup.Fingerprint, lease time.Duration) (dedup.StepRecord, error) {
 	ms, err := stepLease(ref, lease)
 	if err != nil {
 		return dedup.StepRecord{}, err
@@ -92,15 +94,22 @@ func (s *Store) BeginStep(ctx context.Context, ref dedup.StepRef, providerKey st
 			if err != nil {
 				return err
 			}
-			if _, err := tx.ExecContext(ctx, `INSERT INTO `+s.stepsTable()+` (scope, key, step, state, provider_key, attempts, token,
+			var fpArg []byte // NULL: none
+			if !fp.IsZero() {
+				fpArg = fp[:]
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO `+s.stepsTable()+` (scope, key, step, state, provider_key, fingerprint, attempts, token,
     lease_expires_at, first_attempt_at, last_attempt_at, updated_at)
-SELECT ?, ?, ?, 'pending', ?, 1, ?, now + ?, now, now, now FROM (SELECT `+nowMillis+` AS now)`,
-				ref.Key.Scope, ref.Key.ID, ref.Step, providerKey, token, ms); err != nil {
+SELECT ?, ?, ?, 'pending', ?, ?, 1, ?, now + ?, now, now, now FROM (SELECT `+nowMillis+` AS now)`,
+				ref.Key.Scope, ref.Key.ID, ref.Step, providerKey, fpArg, token, ms); err != nil {
 				return err
 			}
 			verdict = dedup.StepCall
 		case err != nil:
 			return err
+		case cur.Fingerprint.Mismatches(fp):
+			rec, rec.Verdict = cur, dedup.StepMismatch
+			return nil
 		case (cur.State == dedup.StepPending || cur.State == dedup.StepUnknown) && cur.LeaseLeft <= 0:
 			token, err := s.nextToken(ctx, tx)
 			if err != nil {
