@@ -56,7 +56,7 @@ func TestJournalGauges(t *testing.T) {
 	step := func(id string, out dedup.StepState, lease time.Duration) {
 		t.Helper()
 		ref := dedup.StepRef{Key: dedup.Key{Scope: "refunds", ID: id}, Step: "refund"}
-		rec, err := store.BeginStep(ctx, ref, "pk-"+id, lease)
+		rec, err := store.BeginStep(ctx, ref, "pk-"+id, dedup.Fingerprint{}, lease)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -23,7 +23,7 @@ import (
 func stepAt(t *testing.T, j dedup.Journal, ref dedup.StepRef, state dedup.StepState, lease time.Duration, errText string) dedup.StepRecord {
 	t.Helper()
 	ctx := testenv.Context(t, time.Minute)
-	rec, err := j.BeginStep(ctx, ref, "pk-"+ref.Key.ID+"-"+ref.Step, lease)
+	rec, err := j.BeginStep(ctx, ref, "pk-"+ref.Key.ID+"-"+ref.Step, dedup.Fingerprint{}, lease)
 	if err != nil || rec.Verdict != dedup.StepCall {
 		t.Fatalf("begin %v: %+v, %v", ref, rec, err)
 	}
@@ -130,7 +130,7 @@ func TestEffectsPostgres(t *testing.T) {
 	if code, _, _ = idem(t, "y\n", envs, resolve...); code != exitOK {
 		t.Fatalf("resolve: exit %d", code)
 	}
-	rec, err := store.BeginStep(ctx, pay("R3", "refund"), "pk-R3-refund", time.Minute)
+	rec, err := store.BeginStep(ctx, pay("R3", "refund"), "pk-R3-refund", dedup.Fingerprint{}, time.Minute)
 	if err != nil || rec.Verdict != dedup.StepDone || rec.State != dedup.StepSucceeded || string(rec.Result) != "2026120722001" || !strings.HasPrefix(rec.Error, "resolved by cli:") {
 		t.Fatalf("R3 after its resolution: %+v, %v", rec, err)
 	}
@@ -138,7 +138,7 @@ func TestEffectsPostgres(t *testing.T) {
 	// Taken over while the operator read the plan: refused, not recorded.
 	var takeover dedup.StepRecord
 	stdin := &stdinFunc{answer: strings.NewReader("y\n"), fn: func() {
-		takeover, err = store.BeginStep(ctx, pay("R2", "refund"), "pk-R2-refund", time.Minute)
+		takeover, err = store.BeginStep(ctx, pay("R2", "refund"), "pk-R2-refund", dedup.Fingerprint{}, time.Minute)
 	}}
 	code, _, errOut := idemWithStdin(t, stdin, envs, "effects", "resolve", "--scope", "refunds", "--key", "R2", "--step", "refund", "--as", "failed")
 	if err != nil || takeover.Verdict != dedup.StepResolve {
@@ -158,7 +158,7 @@ func TestEffectsPostgres(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &shown); err != nil || code != exitOK || shown.Plan.Token == 0 || shown.Plan.Seen == nil {
 		t.Fatalf("dry run: exit %d, %v\n%s", code, err, out)
 	}
-	if _, err := store.BeginStep(ctx, pay("R4", "refund"), "pk-R4-refund", 50*time.Millisecond); err != nil {
+	if _, err := store.BeginStep(ctx, pay("R4", "refund"), "pk-R4-refund", dedup.Fingerprint{}, 50*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	testenv.WaitUntil(t, 30*time.Second, "R4's new lease to run out", func() bool {
@@ -305,7 +305,7 @@ func TestConsoleResolvesAStep(t *testing.T) {
 	// R2: planned, then taken over before the confirmation.
 	target = "/resolve-step?" + url.Values{"scope": {"refunds"}, "key": {"R2"}, "step": {"refund"}, "as": {"failed"}, "listed": {jsonInt(r2.Token)}}.Encode()
 	_, tok = f.dryRun(t, target)
-	takeover, err := store.BeginStep(ctx, pay("R2", "refund"), "pk-R2-refund", time.Minute)
+	takeover, err := store.BeginStep(ctx, pay("R2", "refund"), "pk-R2-refund", dedup.Fingerprint{}, time.Minute)
 	if err != nil || takeover.Verdict != dedup.StepResolve {
 		t.Fatalf("the takeover: %+v, %v", takeover, err)
 	}
