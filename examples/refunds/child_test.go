@@ -12,6 +12,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -155,6 +156,7 @@ func (f *failpoints) RoundTrip(r *http.Request) (*http.Response, error) {
 		f.froze = true
 		f.mu.Unlock()
 		if freeze {
+			fmt.Fprintf(os.Stderr, "zombie: freezing at %s before request with token %s\n", time.Now().Format(time.RFC3339Nano), r.Header.Get("Fencing-Token"))
 			os.WriteFile(f.spec.ZombieMark, []byte("frozen"), 0o644) //nolint:errcheck
 			syscall.Kill(os.Getpid(), syscall.SIGSTOP)               //nolint:errcheck
 			// Woken: the client's timeout ran out while frozen, and the
@@ -162,7 +164,7 @@ func (f *failpoints) RoundTrip(r *http.Request) (*http.Response, error) {
 			// request goes out all the same, as a zombie's would.
 			late := r.Clone(context.WithoutCancel(r.Context()))
 			late.Cancel = nil //nolint:staticcheck // the client's timeout sets it
-			return (&http.Transport{}).RoundTrip(late)
+			return lateRequest(late)
 		}
 	}
 	switch {
@@ -178,6 +180,23 @@ func (f *failpoints) RoundTrip(r *http.Request) (*http.Response, error) {
 		die()
 	}
 	return f.inner.RoundTrip(r)
+}
+
+// lateRequest sends the zombie's late request and says on the child's
+// output what it sent and what came back, for the test's failure message.
+func lateRequest(r *http.Request) (*http.Response, error) {
+	token := r.Header.Get("Fencing-Token")
+	fmt.Fprintf(os.Stderr, "zombie: woke at %s; late request with token %s to %s\n", time.Now().Format(time.RFC3339Nano), token, r.URL)
+	resp, err := (&http.Transport{}).RoundTrip(r)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "zombie: late request with token %s failed: %v\n", token, err)
+		return nil, err
+	}
+	answer, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	fmt.Fprintf(os.Stderr, "zombie: late request with token %s answered %d %s (read: %v)\n", token, resp.StatusCode, bytes.TrimSpace(answer), err)
+	resp.Body = io.NopCloser(bytes.NewReader(answer))
+	return resp, nil
 }
 
 // commit kills the child after the handler returned nil, before the
