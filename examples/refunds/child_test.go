@@ -12,6 +12,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -52,7 +53,8 @@ type childSpec struct {
 	Kill        string
 	KillAt      int
 	// ZombieTrade: the child freezes itself (SIGSTOP) when its first
-	// request for this trade is about to leave, after touching ZombieMark.
+	// request for this trade is about to leave, after touching ZombieMark;
+	// the request leaves, late, once the test continues it (SIGCONT).
 	ZombieTrade string
 	ZombieMark  string
 	// Naive: no journal; each attempt calls the provider with a fresh
@@ -151,18 +153,18 @@ func (f *failpoints) RoundTrip(r *http.Request) (*http.Response, error) {
 	json.Unmarshal(body, &req) //nolint:errcheck
 	if f.spec.ZombieTrade != "" && req.TradeNo == f.spec.ZombieTrade {
 		f.mu.Lock()
-		freeze := !f.froze
+		first := !f.froze
 		f.froze = true
 		f.mu.Unlock()
-		if freeze {
-			os.WriteFile(f.spec.ZombieMark, []byte("frozen"), 0o644) //nolint:errcheck
-			syscall.Kill(os.Getpid(), syscall.SIGSTOP)               //nolint:errcheck
+		if first {
+			fmt.Fprintf(os.Stderr, "zombie: freezing at %s before request with token %s\n", time.Now().Format(time.RFC3339Nano), r.Header.Get("Fencing-Token"))
+			freeze(f.spec.ZombieMark)
 			// Woken: the client's timeout ran out while frozen, and the
 			// provider's restart closed the pooled connections; the late
 			// request goes out all the same, as a zombie's would.
 			late := r.Clone(context.WithoutCancel(r.Context()))
 			late.Cancel = nil //nolint:staticcheck // the client's timeout sets it
-			return (&http.Transport{}).RoundTrip(late)
+			return lateRequest(late)
 		}
 	}
 	switch {
@@ -178,6 +180,40 @@ func (f *failpoints) RoundTrip(r *http.Request) (*http.Response, error) {
 		die()
 	}
 	return f.inner.RoundTrip(r)
+}
+
+// freeze touches mark, stops the whole process (SIGSTOP) and returns once
+// the test has continued it (SIGCONT).
+//
+// The stop alone does not hold the caller: kill(2) queues a stop signal
+// for the process and returns, and the group stop takes hold only when a
+// thread dequeues it — often another thread, which on a loaded machine
+// may not run for milliseconds while this goroutine sends its request
+// first. Waiting for the SIGCONT to arrive is what makes the request late.
+func freeze(mark string) {
+	cont := make(chan os.Signal, 1)
+	signal.Notify(cont, syscall.SIGCONT)
+	defer signal.Stop(cont)
+	os.WriteFile(mark, []byte("frozen"), 0o644) //nolint:errcheck
+	syscall.Kill(os.Getpid(), syscall.SIGSTOP)  //nolint:errcheck
+	<-cont
+}
+
+// lateRequest sends the zombie's late request and says on the child's
+// output what it sent and what came back, for the test's failure message.
+func lateRequest(r *http.Request) (*http.Response, error) {
+	token := r.Header.Get("Fencing-Token")
+	fmt.Fprintf(os.Stderr, "zombie: woke at %s; late request with token %s to %s\n", time.Now().Format(time.RFC3339Nano), token, r.URL)
+	resp, err := (&http.Transport{}).RoundTrip(r)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "zombie: late request with token %s failed: %v\n", token, err)
+		return nil, err
+	}
+	answer, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	fmt.Fprintf(os.Stderr, "zombie: late request with token %s answered %d %s (read: %v)\n", token, resp.StatusCode, bytes.TrimSpace(answer), err)
+	resp.Body = io.NopCloser(bytes.NewReader(answer))
+	return resp, nil
 }
 
 // commit kills the child after the handler returned nil, before the

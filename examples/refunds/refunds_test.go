@@ -194,7 +194,7 @@ func TestRefundsExactlyOnce(t *testing.T) {
 	for deadline := time.Now().Add(30 * time.Second); w.p.Stats().Stale == 0; {
 		if time.Now().After(deadline) || z.Exited() {
 			t.Errorf("the provider refused no stale token: the zombie's late request went through or never left (%+v, zombie exited %v)\n%s",
-				w.p.Stats(), z.Exited(), z.Out)
+				w.p.Stats(), z.Exited(), w.zombieReport(z, zombie))
 			break
 		}
 		time.Sleep(20 * time.Millisecond) // polling the provider's count
@@ -256,6 +256,39 @@ func TestRefundsExactlyOnce(t *testing.T) {
 	t.Logf("%d messages (+40 re-sends, +1 zombie) for %d refunds; 4 children killed at their failpoints, 1 frozen as a zombie, the provider restarted once; "+
 		"provider: %d requests, faults: %s, %d refused as in flight, %d stale tokens, %d read-backs (%d found the execution); executed once each: %d, refused: %d",
 		sent, nRefunds+1, st.Requests, strings.Join(fs, ", "), st.InFlight, st.Stale, st.Queries, st.Found, len(exec), refused)
+}
+
+// zombieReport says where the zombie's refund stands — its executions on
+// the provider's ledger, its step in the journal, the zombie's process
+// state — then has the zombie print its goroutines (SIGQUIT) and returns
+// the zombie's output.
+func (w *world) zombieReport(z *testenv.Child, r refunds.Request) string {
+	var b strings.Builder
+	for _, e := range w.p.Ledger() {
+		if e.TradeNo == r.TradeNo {
+			fmt.Fprintf(&b, "ledger: %s executed with token %d at %s\n", e.OutRequestNo, e.Token, e.At.Format(time.RFC3339Nano))
+		}
+	}
+	ctx := testenv.Context(w.t, 10*time.Second)
+	steps, err := w.store.Steps(ctx, dedup.StepFilter{States: []dedup.StepState{dedup.StepPending, dedup.StepSucceeded, dedup.StepFailed, dedup.StepUnknown, dedup.StepInDoubt}, Limit: 1000})
+	if err != nil {
+		fmt.Fprintf(&b, "journal: %v\n", err)
+	}
+	for _, st := range steps {
+		if st.Ref.Key.ID == r.RefundID {
+			fmt.Fprintf(&b, "journal: %s %s token %d, %d attempts, error %q\n", st.Ref.Key, st.State, st.Token, st.Attempts, st.Error)
+		}
+	}
+	if stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", z.Cmd.Process.Pid)); err == nil {
+		fmt.Fprintf(&b, "zombie process: %s\n", stat)
+	}
+	if !z.Exited() {
+		z.Signal(syscall.SIGCONT)
+		z.Signal(syscall.SIGQUIT)
+		z.WaitExit(10 * time.Second)
+	}
+	b.WriteString(z.Out.String())
+	return b.String()
 }
 
 // TestRefundsWithoutJournalPayTwice is the negative control: the same
