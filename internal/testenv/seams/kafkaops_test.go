@@ -122,6 +122,7 @@ func (o kopCrashAfterCopy) String() string {
 
 func (o kopCrashAfterCopy) apply(_ context.Context, r *kafkaRunner) {
 	r.crashArmed.Store(true)
+	r.prov.mustRetry(o.pay.id)
 	r.produce(o.pay, false)
 	select {
 	case slot := <-r.crashed:
@@ -171,6 +172,7 @@ func (o kopRedrive) apply(ctx context.Context, r *kafkaRunner) {
 	r.mu.Unlock()
 	r.beh.fix(o.pay)
 	r.beh.set(o.pay, false, 0)
+	r.resolveInDoubt(ctx, o.pay)
 	var mine []*letter
 	for _, l := range r.dlq.all() {
 		var pl payload
@@ -316,7 +318,9 @@ func generateKafka(seed uint64, cfg config, steps int) []kop {
 
 // kafkaSeedConfig is the first configuration of a seed's Kafka run.
 func kafkaSeedConfig(seed uint64) config {
-	return drawConfig(rand.New(rand.NewPCG(seed, seed^0xc0f1637)))
+	c := drawConfig(rand.New(rand.NewPCG(seed, seed^0xc0f1637)))
+	c.step = drawStep(rand.New(rand.NewPCG(seed, seed^0x57e939)))
+	return c
 }
 
 // kafkaFixedSeeds run in `go test`. On the code issue 37 was filed
