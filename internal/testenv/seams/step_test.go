@@ -33,8 +33,9 @@ type stepConfig struct {
 	// readBack: the step has a ReadBack (the provider's query, truthful).
 	readBack bool
 	// keyTTL is Step.KeyTTL, and how long the fake keeps a key from its
-	// first request: stepKeyLong, stepKeyShort (shorter than a retry copy's
-	// trip, longer than the Blocking retries) or 0 (it keeps none).
+	// first request: stepKeyLong, stepKeyShort (a repeat may leave only
+	// within 5ms of the first attempt: shorter than the run's retries, but
+	// for the quickest Blocking ones) or 0 (it keeps none).
 	keyTTL time.Duration
 }
 
@@ -43,7 +44,7 @@ const (
 	// holder killed mid-call blocks the step no longer than this.
 	stepLease    = time.Second
 	stepKeyLong  = time.Hour
-	stepKeyShort = stepLease + 100*time.Millisecond
+	stepKeyShort = stepLease + 5*time.Millisecond
 	stepName     = "charge"
 )
 
