@@ -85,13 +85,17 @@ type kafkaRunner struct {
 	topic   string
 	group   string
 
-	pool  *pgxpool.Pool
-	pg    *pgstore.Store
-	lying *retrytest.LyingStore
-	store dedup.Store[pgx.Tx]
-	front *redisfront.Store[pgx.Tx]
-	rdb   *redis.Client
-	table string
+	pool *pgxpool.Pool
+	pg   *pgstore.Store
+	// journal is the store's effect journal on a pool of its own: Do's
+	// transactions must not wait for a connection the handlers' open
+	// transactions hold.
+	journal *pgstore.Store
+	lying   *retrytest.LyingStore
+	store   dedup.Store[pgx.Tx]
+	front   *redisfront.Store[pgx.Tx]
+	rdb     *redis.Client
+	table   string
 	// pgURL and schema are the store's, for the idem command
 	// (operator_test.go).
 	pgURL, schema string
@@ -164,6 +168,9 @@ func newKafkaRunner(t testing.TB, cfg config, rep *reporter) *kafkaRunner {
 		t.Fatal(err)
 	}
 	r.pg = st
+	if r.journal, err = pgstore.New(pool(t), pcfg); err != nil {
+		t.Fatal(err)
+	}
 	r.lying = retrytest.NewLyingStore(st)
 	r.store = r.lying
 	r.table = pgx.Identifier{schema, "business"}.Sanitize()
@@ -358,7 +365,7 @@ func (r *kafkaRunner) handler() consumer.Handler[pgx.Tx] {
 		if r.prov.cfg.on {
 			// The charge first, as a handler would: its result goes with
 			// the payment's row.
-			if _, err := effect.Do(ctx, r.pg, m, r.prov.step(pl.Pay)); err != nil {
+			if _, err := effect.Do(ctx, r.journal, m, r.prov.step(pl.Pay)); err != nil {
 				return err
 			}
 		}
@@ -541,7 +548,7 @@ func (r *kafkaRunner) resolveInDoubt(ctx context.Context, pay string) {
 	if !r.prov.cfg.on {
 		return
 	}
-	n, err := r.prov.resolveInDoubt(ctx, r.pg, pay)
+	n, err := r.prov.resolveInDoubt(ctx, r.journal, pay)
 	if err != nil {
 		r.t.Fatalf("seams: seed=%d mode=kafka step=%d: resolve the steps of %s in doubt: %v", r.rep.seed, r.rep.stepNow(), pay, err)
 	}
