@@ -52,6 +52,8 @@ type config struct {
 	// store: "pg" or "pg-partitioned" (pgstore.Config.PartitionWidth).
 	store string
 	redis bool // the Redis front over the store
+	// step: the handler's call to a payment provider (step_test.go).
+	step stepConfig
 }
 
 const (
@@ -216,6 +218,7 @@ func (c config) String() string {
 	if c.redis {
 		b.WriteString("+redis")
 	}
+	b.WriteString(c.step.String())
 	return b.String()
 }
 

@@ -26,6 +26,7 @@ import (
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/pgstore"
 	"github.com/idemkit/idem/dedup/redisfront"
+	"github.com/idemkit/idem/effect"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/internal/testenv/kafkatest"
 	"github.com/idemkit/idem/internal/testenv/retrytest"
@@ -84,17 +85,22 @@ type kafkaRunner struct {
 	topic   string
 	group   string
 
-	pool  *pgxpool.Pool
-	pg    *pgstore.Store
-	lying *retrytest.LyingStore
-	store dedup.Store[pgx.Tx]
-	front *redisfront.Store[pgx.Tx]
-	rdb   *redis.Client
-	table string
+	pool *pgxpool.Pool
+	pg   *pgstore.Store
+	// journal is the store's effect journal on a pool of its own: Do's
+	// transactions must not wait for a connection the handlers' open
+	// transactions hold.
+	journal *pgstore.Store
+	lying   *retrytest.LyingStore
+	store   dedup.Store[pgx.Tx]
+	front   *redisfront.Store[pgx.Tx]
+	rdb     *redis.Client
+	table   string
 	// pgURL and schema are the store's, for the idem command
 	// (operator_test.go).
 	pgURL, schema string
 	beh           *behaviour
+	prov          *provider // the payment provider of the step dimension
 	dlq           *dlq
 	log           *slog.Logger
 
@@ -114,6 +120,7 @@ type kafkaRunner struct {
 func newKafkaRunner(t testing.TB, cfg config, rep *reporter) *kafkaRunner {
 	r := &kafkaRunner{t: t, rep: rep, cfg: cfg, beh: newBehaviour(), dlq: &dlq{},
 		pays: map[string]*kpay{}, counts: map[string]int{}, crashed: make(chan int, 2)}
+	r.prov = newProvider(cfg.step, rep.seed, rep, r.count)
 	r.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	if os.Getenv("IDEM_TEST_LOG") != "" {
 		r.log = testenv.Logger(t)
@@ -161,6 +168,9 @@ func newKafkaRunner(t testing.TB, cfg config, rep *reporter) *kafkaRunner {
 		t.Fatal(err)
 	}
 	r.pg = st
+	if r.journal, err = pgstore.New(pool(t), pcfg); err != nil {
+		t.Fatal(err)
+	}
 	r.lying = retrytest.NewLyingStore(st)
 	r.store = r.lying
 	r.table = pgx.Identifier{schema, "business"}.Sanitize()
@@ -329,6 +339,9 @@ func (s letterSink) DeadLetter(ctx context.Context, l consumer.Letter) error {
 	}
 	_ = s.r.dlq.DeadLetter(ctx, l)
 	s.r.note(l.Message.Value, func(p *kpay) { p.letters++; p.dead = true })
+	var pl payload
+	_ = json.Unmarshal(l.Message.Value, &pl)
+	s.r.prov.checkLetter(pl.Pay, l)
 	return nil
 }
 
@@ -348,6 +361,13 @@ func (r *kafkaRunner) handler() consumer.Handler[pgx.Tx] {
 		var pl payload
 		if err := json.Unmarshal(m.Value, &pl); err != nil || pl.Pay == "" {
 			return consumer.Permanent(fmt.Errorf("bad payload %q: %v", m.Value, err))
+		}
+		if r.prov.cfg.on {
+			// The charge first, as a handler would: its result goes with
+			// the payment's row.
+			if _, err := effect.Do(ctx, r.journal, m, r.prov.step(pl.Pay)); err != nil {
+				return err
+			}
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO `+r.table+` (pay, topic, part, off) VALUES ($1, $2, $3, $4)`,
 			pl.Pay, m.Topic, m.Partition, m.Offset); err != nil {
@@ -510,6 +530,30 @@ func (r *kafkaRunner) check(ctx context.Context, final bool) {
 		case final && n == 0 && !p.dead:
 			r.rep.violation(checkAckedApplied, id, "payment %s was never applied nor dead-lettered; %s", id, r.describe(ctx, p))
 		}
+		if !r.prov.cfg.on {
+			continue
+		}
+		switch {
+		case n > 0 && !r.prov.executed(id):
+			r.rep.violation(checkStepApplied, id, "payment %s applied %d times, its charge never executed by the provider; %s", id, n, r.describe(ctx, p))
+		case final && n == 0 && !p.dead && r.prov.succeeded(id):
+			r.rep.violation(checkStepApplied, id, "payment %s: its charge succeeded, and it was neither applied nor dead-lettered; %s", id, r.describe(ctx, p))
+		}
+	}
+}
+
+// resolveInDoubt is an operator resolving pay's steps in doubt before a
+// redrive, with what the provider says happened.
+func (r *kafkaRunner) resolveInDoubt(ctx context.Context, pay string) {
+	if !r.prov.cfg.on {
+		return
+	}
+	n, err := r.prov.resolveInDoubt(ctx, r.journal, pay)
+	if err != nil {
+		r.t.Fatalf("seams: seed=%d mode=kafka step=%d: resolve the steps of %s in doubt: %v", r.rep.seed, r.rep.stepNow(), pay, err)
+	}
+	for range n {
+		r.count("steps in doubt resolved")
 	}
 }
 
@@ -552,6 +596,9 @@ func (r *kafkaRunner) describe(ctx context.Context, p *kpay) string {
 	sort.Strings(keys)
 	if len(keys) > 0 {
 		parts = append(parts, "key rows: "+strings.Join(keys, ", "))
+	}
+	if r.prov.cfg.on {
+		parts = append(parts, r.prov.describe(p.id))
 	}
 	return strings.Join(parts, "; ")
 }

@@ -141,6 +141,7 @@ func (o kopOperatorRedrive) apply(ctx context.Context, r *kafkaRunner) {
 		for _, id := range fixed {
 			r.beh.fix(id)
 			r.beh.set(id, false, 0)
+			r.resolveInDoubt(ctx, id)
 		}
 	}
 	raw, plan := r.dryRun(ctx, o.release)

@@ -14,7 +14,7 @@
 // TestSeamsKafka (kafka_test.go) draws the whole configuration from the
 // seed (config_test.go: key mode, tenant source, Offsets, KeyLanes,
 // BatchSize, Blocking or NonBlocking retries, StartFrom, the store, the
-// Redis front) and drives the real kafka.Source, consumer.Consumer and
+// Redis front, a provider call through effect.Do: step_test.go) and drives the real kafka.Source, consumer.Consumer and
 // pgstore over an in-process Kafka (kfake) of its own: retry topics, start
 // offsets, generations and rebalances are the real code's. Its ops crash
 // processes in flight, and after a retry copy is durable and before the
