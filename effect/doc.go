@@ -35,4 +35,9 @@
 // and an operator decides. The journal fences its own writes; the
 // provider fences a zombie holder's late request only if it checks the
 // token Do hands to Call.
+//
+// Do's journal writes are transactions of their own, on connections of
+// their own, beside the handler's transaction: give the journal a store on
+// a pool of its own, or a pool larger than the consumer's lanes, so that
+// handlers holding every connection do not wait in Do for each other.
 package effect
