@@ -212,9 +212,16 @@ type StepFilter struct {
 // Journal is the effect journal of a store. Every method runs in a
 // transaction of its own, committed before it returns, and is safe for
 // concurrent use. pgstore, sqlitestore, mysqlstore and memstore implement
-// it; deduptest.RunJournal pins the contract down. A store's Purge also
-// deletes succeeded and failed steps once their scope's retention has
-// passed since they last changed, and never an unresolved one.
+// it; deduptest.RunJournal pins the contract down.
+//
+// A succeeded or failed step lives exactly as long as its message's key
+// row: a store's Purge deletes it together with that row (in the same
+// transaction, or with the partition that held the row), never before. A
+// step whose key has no row — its message never committed: the handler
+// rejected it after the step, its retries ran out — is never purged: it
+// stays, answering a re-send or a redrive, and operators list it
+// (Steps with States succeeded or failed; idem effects --state). An
+// unknown, in-doubt or pending step is never purged either.
 type Journal interface {
 	// BeginStep takes ref for one call, committed before it returns:
 	//   - a new step: State StepPending, Attempts 1, providerKey and fp

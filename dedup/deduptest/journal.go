@@ -1,6 +1,7 @@
 package deduptest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -39,6 +40,12 @@ func RunJournal(t *testing.T, newJournal JournalFactory) {
 }
 
 type journalSuite struct{ newJournal JournalFactory }
+
+// failureRecorder is the part of a dedup.Store the purge test writes key
+// rows with: a journal's store is a dedup.Store.
+type failureRecorder interface {
+	RecordFailure(ctx context.Context, c dedup.Claim, reason string) error
+}
 
 func (s journalSuite) journal(t *testing.T, cfg Config) dedup.Journal {
 	t.Helper()
@@ -578,10 +585,12 @@ func (s journalSuite) storeClock(t *testing.T) {
 	}
 }
 
-// purge: a succeeded or failed step is deleted once its scope's retention
-// passed since it last changed; an unknown, in-doubt or pending step never
-// is, nor a step of a scope kept for ever. A purged step begins anew with
-// a token above every earlier one.
+// purge: a succeeded or failed step lives as long as its message's key
+// row — Purge deletes it with that row once the scope's retention passed —
+// and a step whose key has no row (its message never committed) is kept
+// past the retention. An unknown, in-doubt or pending step is never
+// purged, nor a step of a scope kept for ever. A purged step begins anew
+// with a token above every earlier one.
 func (s journalSuite) purge(t *testing.T) {
 	j := s.journal(t, Config{ScopeRetention: map[string]time.Duration{"short": time.Millisecond}})
 	ctx := ctxFor(t)
@@ -589,45 +598,61 @@ func (s journalSuite) purge(t *testing.T) {
 	if !ok {
 		t.Fatal("deduptest: the journal is not a dedup.Purger")
 	}
+	rec, ok := j.(failureRecorder)
+	if !ok {
+		t.Fatal("deduptest: the journal's store has no RecordFailure to write a key row with")
+	}
 	tokens := map[string]int64{}
+	keyRows := 0
 	for _, c := range []struct {
 		scope, name string
 		lease       time.Duration
 		out         dedup.StepState
+		keyRow      bool // the message committed: its key has a row
 	}{
-		{"short", "succeeded", time.Hour, dedup.StepSucceeded},
-		{"short", "failed", time.Hour, dedup.StepFailed},
-		{"short", "unknown", time.Hour, dedup.StepUnknown},
-		{"short", "doubt", time.Hour, dedup.StepInDoubt},
-		{"short", "expired", time.Millisecond, 0},
-		{"short", "running", time.Hour, 0},
-		{"kept", "succeeded", time.Hour, dedup.StepSucceeded},
+		{"short", "succeeded", time.Hour, dedup.StepSucceeded, true},
+		{"short", "failed", time.Hour, dedup.StepFailed, true},
+		{"short", "uncommitted", time.Hour, dedup.StepSucceeded, false},
+		{"short", "unknown", time.Hour, dedup.StepUnknown, true},
+		{"short", "doubt", time.Hour, dedup.StepInDoubt, true},
+		{"short", "expired", time.Millisecond, 0, true},
+		{"short", "running", time.Hour, 0, true},
+		{"kept", "succeeded", time.Hour, dedup.StepSucceeded, true},
 	} {
 		ref := Step(c.scope, c.name, "call")
-		rec := begin(t, j, ref, "pk", c.lease, dedup.StepCall)
-		tokens[c.scope+"/"+c.name] = rec.Token
+		r := begin(t, j, ref, "pk", c.lease, dedup.StepCall)
+		tokens[c.scope+"/"+c.name] = r.Token
 		if c.out != 0 {
-			finish(t, j, ref, rec.Token, dedup.StepOutcome{State: c.out, Result: []byte("r")})
+			finish(t, j, ref, r.Token, dedup.StepOutcome{State: c.out, Result: []byte("r")})
+		}
+		if c.keyRow {
+			if err := rec.RecordFailure(ctx, Claim(c.scope, c.name, "p"), "done"); err != nil {
+				t.Fatalf("RecordFailure %s/%s: %v", c.scope, c.name, err)
+			}
+			if c.scope == "short" {
+				keyRows++
+			}
 		}
 	}
 	waitLeaseOut(t, j, Step("short", "expired", "call"))
-	deleted := 0
-	eventually(t, "the succeeded and failed steps of scope short to be purged", func() bool {
-		n, err := p.Purge(ctx, 1)
+	deleted, want := 0, keyRows+2 // the expired key rows and the two steps of committed keys
+	eventually(t, "the expired key rows of scope short and their settled steps to be purged", func() bool {
+		n, err := p.Purge(ctx, 100)
 		if err != nil {
 			t.Fatal(err)
 		}
 		deleted += n
-		return deleted >= 2
+		return deleted >= want
 	})
-	if n, err := p.Purge(ctx, 100); err != nil || n != 0 || deleted != 2 {
-		t.Fatalf("purged %d, then %d, %v: want 2, then none", deleted, n, err)
+	if n, err := p.Purge(ctx, 100); err != nil || n != 0 || deleted != want {
+		t.Fatalf("purged %d, then %d, %v: want %d (key rows and steps), then none", deleted, n, err, want)
 	}
 	for _, c := range []struct {
 		scope, name string
 		kept        bool
-	}{{"short", "succeeded", false}, {"short", "failed", false}, {"short", "unknown", true}, {"short", "doubt", true},
-		{"short", "expired", true}, {"short", "running", true}, {"kept", "succeeded", true}} {
+	}{{"short", "succeeded", false}, {"short", "failed", false}, {"short", "uncommitted", true},
+		{"short", "unknown", true}, {"short", "doubt", true}, {"short", "expired", true}, {"short", "running", true},
+		{"kept", "succeeded", true}} {
 		if _, ok, err := j.Step(ctx, Step(c.scope, c.name, "call")); err != nil || ok != c.kept {
 			t.Fatalf("step %s/%s after purge: found %v, %v; want found %v", c.scope, c.name, ok, err, c.kept)
 		}

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/internal/retention"
 )
 
 // step is one row of the effect journal; see dedup.Journal.
@@ -306,19 +305,15 @@ func (s *Store) CountSteps(ctx context.Context) (map[dedup.StepState]int64, int6
 	return by, expired, nil
 }
 
-// purgeSteps deletes succeeded and failed steps whose scope's retention
-// has passed since they last changed, at most limit of them; s.mu is held.
-func (s *Store) purgeSteps(now time.Time, limit int) int {
+// purgeSteps deletes the succeeded and failed steps of the keys whose
+// rows Purge deleted; s.mu is held.
+func (s *Store) purgeSteps(gone map[dedup.Key]bool) int {
+	if len(gone) == 0 {
+		return 0
+	}
 	n := 0
 	for ref, st := range s.steps {
-		if n >= limit {
-			break
-		}
-		if st.state != dedup.StepSucceeded && st.state != dedup.StepFailed {
-			continue
-		}
-		d, ok := retention.Of(s.cfg.Retention, s.cfg.ScopeRetention, ref.Key.Scope)
-		if ok && st.updated.Add(d).Before(now) {
+		if gone[ref.Key] && (st.state == dedup.StepSucceeded || st.state == dedup.StepFailed) {
 			delete(s.steps, ref)
 			n++
 		}

@@ -85,8 +85,16 @@ func TestJournalLifecycle(t *testing.T) {
 		t.Fatalf("Purge within retention deleted %d", n)
 	}
 	clk.Add(2 * time.Hour)
-	if n, _ := s.Purge(ctx, 10); n != 1 {
-		t.Fatalf("Purge past retention deleted %d, want the succeeded step", n)
+	if n, _ := s.Purge(ctx, 10); n != 0 {
+		t.Fatalf("Purge past retention deleted %d, want the step of a key without a row kept", n)
+	}
+	// The message commits (here: recorded failed): the step goes with its key row.
+	if err := s.RecordFailure(ctx, dedup.Claim{Key: ref.Key}, "done"); err != nil {
+		t.Fatal(err)
+	}
+	clk.Add(2 * time.Hour)
+	if n, _ := s.Purge(ctx, 10); n != 2 {
+		t.Fatalf("Purge past the key row's retention deleted %d, want the row and its succeeded step", n)
 	}
 }
 

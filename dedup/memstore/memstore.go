@@ -221,8 +221,9 @@ func (s *Store) RecordFailure(ctx context.Context, c dedup.Claim, reason string)
 	return nil
 }
 
-// Purge deletes expired rows, and the journal's succeeded and failed steps
-// past their scope's retention; see dedup.Store.
+// Purge deletes expired rows, and with them the journal's succeeded and
+// failed steps of their keys (counted too); see dedup.Store and
+// dedup.Journal. A step whose key has no row is never purged.
 func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
@@ -230,16 +231,21 @@ func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now, n := s.cfg.Now(), 0
+	var gone map[dedup.Key]bool
 	for k, r := range s.rows {
 		if n >= limit {
 			break
 		}
 		if !r.expires.IsZero() && r.expires.Before(now) {
 			delete(s.rows, k)
+			if gone == nil {
+				gone = make(map[dedup.Key]bool)
+			}
+			gone[k] = true
 			n++
 		}
 	}
-	n += s.purgeSteps(now, limit-n)
+	n += s.purgeSteps(gone)
 	return n, nil
 }
 

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -387,67 +386,29 @@ func (s *Store) CountSteps(ctx context.Context) (map[dedup.StepState]int64, int6
 	return byState, expired, nil
 }
 
-// purgeSteps deletes at most limit succeeded or failed steps whose
-// scope's retention passed since they last changed, skipping the rows
-// other transactions hold.
-func (s *Store) purgeSteps(ctx context.Context, limit int) (n int, err error) {
-	if limit <= 0 {
+// purgeSteps deletes, in Purge's transaction tx, the succeeded and failed
+// steps of keys, whose rows it deleted.
+func (s *Store) purgeSteps(ctx context.Context, tx *sql.Tx, keys []dedup.Key) (int, error) {
+	if len(keys) == 0 {
 		return 0, nil
 	}
-	keep, args := retentionCase(s.cfg.Retention, s.cfg.ScopeRetention)
-	err = s.stepTx(ctx, "purge steps", func(tx *sql.Tx) error {
-		rows, err := tx.QueryContext(ctx, "SELECT scope, `key`, step FROM "+s.steps+
-			" WHERE state IN ('succeeded', 'failed') AND "+keep+" > 0"+
-			" AND updated_at < DATE_SUB(UTC_TIMESTAMP(6), INTERVAL "+keep+" MICROSECOND)"+
-			" ORDER BY updated_at LIMIT ? FOR UPDATE SKIP LOCKED", slices.Concat(args, args, []any{limit})...)
-		if err != nil {
-			return err
+	var q strings.Builder
+	args := make([]any, 0, 2*len(keys))
+	q.WriteString("DELETE FROM " + s.steps + " WHERE state IN ('succeeded', 'failed') AND (")
+	for i, k := range keys {
+		if i > 0 {
+			q.WriteString(" OR ")
 		}
-		var refs []dedup.StepRef
-		for rows.Next() {
-			var r dedup.StepRef
-			if err := rows.Scan(&r.Key.Scope, &r.Key.ID, &r.Step); err != nil {
-				rows.Close()
-				return err
-			}
-			refs = append(refs, r)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		for _, r := range refs {
-			res, err := tx.ExecContext(ctx, "DELETE FROM "+s.steps+" WHERE "+stepPK, r.Key.Scope, r.Key.ID, r.Step)
-			if err != nil {
-				return err
-			}
-			d, _ := res.RowsAffected()
-			n += int(d)
-		}
-		return nil
-	})
+		q.WriteString("(scope = ? AND `key` = ?)")
+		args = append(args, k.Scope, k.ID)
+	}
+	q.WriteString(")")
+	res, err := tx.ExecContext(ctx, q.String(), args...)
 	if err != nil {
-		return 0, err
+		return 0, s.connErr("purge steps", err)
 	}
-	return n, nil
-}
-
-// retentionCase is the SQL of a step's retention in µs by its scope (0:
-// for ever), with its arguments.
-func retentionCase(def time.Duration, perScope map[string]time.Duration) (string, []any) {
-	us := func(d time.Duration) int64 { return max(d.Microseconds(), 0) }
-	if len(perScope) == 0 {
-		return "?", []any{us(def)}
-	}
-	var b strings.Builder
-	args := make([]any, 0, 2*len(perScope)+1)
-	b.WriteString("(CASE scope")
-	for scope, r := range perScope {
-		b.WriteString(" WHEN ? THEN ?")
-		args = append(args, scope, us(r))
-	}
-	b.WriteString(" ELSE ? END)")
-	return b.String(), append(args, us(def))
+	n, _ := res.RowsAffected()
+	return int(n), nil
 }
 
 var _ dedup.Journal = (*Store)(nil)

@@ -694,10 +694,11 @@ func (s *Store) RecordFailure(ctx context.Context, c dedup.Claim, reason string)
 
 // Purge deletes at most limit expired rows (by the database clock) in a
 // READ COMMITTED transaction, skipping rows other transactions hold (FOR
-// UPDATE SKIP LOCKED: MySQL 8.0, MariaDB 10.6); see dedup.Purger. Within
-// limit it then deletes the effect journal's succeeded and failed steps
-// whose scope's retention passed since they last changed (never an
-// unresolved one).
+// UPDATE SKIP LOCKED: MySQL 8.0, MariaDB 10.6); see dedup.Purger. In the
+// same transaction it deletes the effect journal's succeeded and failed
+// steps of the keys it deleted (counted too): a step lives as long as its
+// message's key row, and a step whose key has no row is never purged (see
+// dedup.Journal).
 func (s *Store) Purge(ctx context.Context, limit int) (n int, err error) {
 	if limit <= 0 {
 		return 0, nil
@@ -747,12 +748,16 @@ func (s *Store) Purge(ctx context.Context, limit int) (n int, err error) {
 		}
 		d, _ := res.RowsAffected()
 		n += int(d)
+		steps, err := s.purgeSteps(ctx, tx, part) // journal.go
+		if err != nil {
+			return 0, err
+		}
+		n += steps
 	}
 	if err := tx.Commit(); err != nil {
 		return 0, s.connErr("purge", err)
 	}
-	steps, err := s.purgeSteps(ctx, limit-n) // journal.go
-	return n + steps, err
+	return n, nil
 }
 
 // MySQL and MariaDB error numbers Classify knows.

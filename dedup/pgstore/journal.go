@@ -39,7 +39,7 @@ var ErrDistributedJournal = errors.New("pgstore: the effect journal's tokens nee
 
 // stepQueries are a store's journal statements, built once for its table.
 type stepQueries struct {
-	begin, get, attempt, finish, resolve, list, listStates, count, purge string
+	begin, get, attempt, finish, resolve, list, listStates, count string
 }
 
 // stepCols are a step's columns as scanStep reads them, with the
@@ -86,13 +86,6 @@ ORDER BY first_attempt_at, scope, key, step LIMIT $2`,
 WHERE ($1::text = '' OR scope = $1) AND state = ANY ($3::text[])
 ORDER BY first_attempt_at, scope, key, step LIMIT $2`,
 		count: `SELECT state, state = 'pending' AND lease_expires_at <= now(), count(*) FROM ` + t + ` GROUP BY 1, 2`,
-		// $2 and $3: the scopes with a retention of their own and theirs
-		// in ms; $4: the others' (≤ 0: for ever).
-		purge: `DELETE FROM ` + t + ` WHERE (scope, key, step) IN (
-SELECT s.scope, s.key, s.step FROM ` + t + ` s LEFT JOIN unnest($2::text[], $3::int8[]) AS r (scope, ms) ON r.scope = s.scope
-WHERE s.state IN ('succeeded', 'failed') AND coalesce(r.ms, $4::bigint) > 0
-    AND s.updated_at < now() - coalesce(r.ms, $4::bigint) * interval '1 millisecond'
-ORDER BY s.updated_at LIMIT $1 FOR UPDATE OF s SKIP LOCKED)`,
 	}
 }
 
@@ -340,21 +333,19 @@ func (s *Store) CountSteps(ctx context.Context) (map[dedup.StepState]int64, int6
 	return byState, expired, nil
 }
 
-// purgeSteps deletes at most limit succeeded or failed steps whose
-// scope's retention passed since they last changed.
-func (s *Store) purgeSteps(ctx context.Context, limit int) (int, error) {
-	if s.cfg.Distributed || limit <= 0 {
-		return 0, nil
-	}
-	scopes, ms := make([]string, 0, len(s.cfg.ScopeRetention)), make([]int64, 0, len(s.cfg.ScopeRetention))
-	for scope, r := range s.cfg.ScopeRetention {
-		scopes, ms = append(scopes, scope), append(ms, millis(r))
-	}
-	tag, err := s.pool.Exec(ctx, s.steps.purge, limit, scopes, ms, millis(s.cfg.Retention))
-	if err != nil {
-		return 0, fmt.Errorf("pgstore: purge steps: %w", err)
-	}
-	return int(tag.RowsAffected()), nil
+// purgeWithSteps turns del, a DELETE of expired key rows, into one
+// statement that also deletes the succeeded and failed steps of the keys
+// it deletes, and returns the count of both.
+func purgeWithSteps(del, steps string) string {
+	return `WITH k AS (` + del + ` RETURNING scope, key),
+s AS (DELETE FROM ` + steps + ` s USING k WHERE s.scope = k.scope AND s.key = k.key AND s.state IN ('succeeded', 'failed') RETURNING 1)
+SELECT (SELECT count(*) FROM k) + (SELECT count(*) FROM s)`
+}
+
+// dropStepsOf deletes the succeeded and failed steps of the keys of the
+// detached partition q: it runs in the transaction that drops q.
+func (s *Store) dropStepsOf(q string) string {
+	return `DELETE FROM ` + s.stepTab + ` s USING ` + q + ` d WHERE s.scope = d.scope AND s.key = d.key AND s.state IN ('succeeded', 'failed')`
 }
 
 var _ dedup.Journal = (*Store)(nil)

@@ -303,9 +303,11 @@ func (s *Store) afterMigrate(ctx context.Context) error {
 
 // dropExpired detaches (CONCURRENTLY: claims do not wait) and drops the
 // partitions whose upper bound is past, and finishes a detach that was
-// interrupted. It returns the rows they held: counted when fewer than
-// countLimit, otherwise the planner's estimate. One purger at a time: the
-// others skip this step (a session advisory lock, tried).
+// interrupted. Each is dropped in one transaction with the succeeded and
+// failed steps of its keys. It returns the rows they held (counted when
+// fewer than countLimit, otherwise the planner's estimate) and the steps.
+// One purger at a time: the others skip this step (a session advisory
+// lock, tried).
 func (s *Store) dropExpired(ctx context.Context) (int, error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
@@ -343,7 +345,18 @@ func (s *Store) dropExpired(ctx context.Context) (int, error) {
 		if _, err := conn.Exec(ctx, detach); err != nil {
 			return total, err
 		}
-		if _, err := conn.Exec(ctx, `DROP TABLE `+q); err != nil {
+		// The partition's keys take their succeeded and failed steps with
+		// them, in one transaction: a step lives as long as its key row.
+		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			tag, err := tx.Exec(ctx, s.dropStepsOf(q))
+			if err != nil {
+				return err
+			}
+			n += int(tag.RowsAffected())
+			_, err = tx.Exec(ctx, `DROP TABLE `+q)
+			return err
+		})
+		if err != nil {
 			return total, err
 		}
 		total += n

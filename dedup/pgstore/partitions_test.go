@@ -464,3 +464,57 @@ func TestPartitionedMigrateOnOneConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestPartitionedPurgeDropsStepsWithTheirKeys (39.8): a partition dropped
+// by Purge takes the succeeded step of its committed key with it, in the
+// same transaction, and leaves the unknown step of another of its keys and
+// the succeeded step of a key that has no row (its message never
+// committed), finished before the partition's end.
+func TestPartitionedPurgeDropsStepsWithTheirKeys(t *testing.T) {
+	st := partitionedStore(t, pgstore.Config{PartitionWidth: time.Second, Retention: time.Second})
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	if _, err := claimOnce(ctx, st, deduptest.Claim("s", "done", "p"), deduptest.Claim("s", "open", "p")); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		id    string
+		state dedup.StepState
+	}{{"done", dedup.StepSucceeded}, {"open", dedup.StepUnknown}, {"uncommitted", dedup.StepSucceeded}} {
+		ref := deduptest.Step("s", c.id, "call")
+		r, err := st.BeginStep(ctx, ref, "pk-"+c.id, dedup.Fingerprint{}, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.FinishStep(ctx, ref, r.Token, dedup.StepOutcome{State: c.state}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var part string
+	var finished time.Time
+	if err := pool.QueryRow(ctx, `SELECT DISTINCT tableoid::regclass::text, now() FROM `+st.Table()+` WHERE scope = 's'`).Scan(&part, &finished); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitUntil(t, 30*time.Second, "the partition's upper bound and the retention passed", func() bool {
+		var past bool
+		err := pool.QueryRow(ctx, `SELECT (regexp_match(pg_get_expr(relpartbound, oid), 'TO \(''([^'']*)''\)'))[1]::timestamptz <= now()
+    AND now() > $2::timestamptz + interval '1 second'
+FROM pg_class WHERE oid = $1::regclass`, part, finished).Scan(&past)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return past
+	})
+	if n, err := st.Purge(ctx, 100); err != nil || n != 3 {
+		t.Fatalf("Purge once the partition expired: %d, %v: want its 2 rows and the committed key's step", n, err)
+	}
+	var gone bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NULL`, part).Scan(&gone); err != nil || !gone {
+		t.Fatalf("partition %s still there (%v) after Purge", part, err)
+	}
+	for id, kept := range map[string]bool{"done": false, "open": true, "uncommitted": true} {
+		if _, ok, err := st.Step(ctx, deduptest.Step("s", id, "call")); err != nil || ok != kept {
+			t.Errorf("step of key %s after the drop: found %v, %v; want found %v", id, ok, err, kept)
+		}
+	}
+}

@@ -231,6 +231,9 @@ SELECT ctid FROM ` + t + ` WHERE ` + purgeable + ` LIMIT $1 FOR UPDATE SKIP LOCK
 	st.locks = pgx.Identifier{cfg.Schema, cfg.Table + "_locks"}.Sanitize()
 	st.stepTab = pgx.Identifier{cfg.Schema, cfg.Table + "_steps"}.Sanitize()
 	st.steps = newStepQueries(st.stepTab)
+	if !cfg.Distributed { // distributed mode has no journal
+		st.purgeSQL = purgeWithSteps(st.purgeSQL, st.stepTab)
+	}
 	st.epoch = time.Now()
 	return st, nil
 }
@@ -428,13 +431,16 @@ const purgeable = `expires_at < now() AND (state IS DISTINCT FROM 'processing' O
 
 // Purge deletes at most limit expired rows (by the database clock), skipping
 // rows other transactions hold and HTTP requests whose lease runs; see
-// dedup.Store. Within limit it then deletes the effect journal's succeeded
-// and failed steps whose scope's retention passed since they last changed
-// (never an unresolved one).
+// dedup.Store. With each key row it deletes, in the same statement, the
+// effect journal's succeeded and failed steps of that key: a step lives as
+// long as its message's key row. A step whose key has no row (its message
+// never committed) and an unresolved step are never purged; see
+// dedup.Journal. The count returned includes the steps.
 //
 // In partitioned mode (Config.PartitionWidth) it first creates the
 // partitions ahead and drops the partitions whose upper bound has passed,
-// whole, whatever limit says: the count returned includes their rows
+// whole, whatever limit says, each in one transaction with the succeeded
+// and failed steps of its keys: the count returned includes their rows
 // (estimated for a partition of 100,000 rows or more). Then it deletes at
 // most limit expired rows of the partitions still live, as without
 // partitions.
@@ -456,13 +462,18 @@ func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 		}
 		dropped = n
 	}
-	tag, err := s.pool.Exec(ctx, s.purgeSQL, limit)
-	if err != nil {
+	if s.cfg.Distributed {
+		tag, err := s.pool.Exec(ctx, s.purgeSQL, limit)
+		if err != nil {
+			return dropped, fmt.Errorf("pgstore: purge: %w", err)
+		}
+		return dropped + int(tag.RowsAffected()), nil
+	}
+	var n int64
+	if err := s.pool.QueryRow(ctx, s.purgeSQL, limit).Scan(&n); err != nil {
 		return dropped, fmt.Errorf("pgstore: purge: %w", err)
 	}
-	n := int(tag.RowsAffected())
-	steps, err := s.purgeSteps(ctx, limit-n) // journal.go
-	return dropped + n + steps, err
+	return dropped + int(n), nil
 }
 
 // ClassifyError classifies Postgres errors by SQLSTATE (see

@@ -300,46 +300,22 @@ FROM `+s.stepsTable()+` GROUP BY 1, 2`)
 	return byState, expired, nil
 }
 
-// purgeSteps deletes at most limit succeeded or failed steps whose
-// scope's retention passed since they last changed.
-func (s *Store) purgeSteps(ctx context.Context, limit int) (int, error) {
-	if limit <= 0 {
-		return 0, nil
+// purgeSteps deletes, in Purge's transaction tx, the succeeded and failed
+// steps of the keys whose rows it deleted.
+func (s *Store) purgeSteps(ctx context.Context, tx *sql.Tx, keys []dedup.Key) (int, error) {
+	n := 0
+	for _, k := range keys {
+		res, err := tx.ExecContext(ctx, `DELETE FROM `+s.stepsTable()+` WHERE scope = ? AND key = ? AND state IN ('succeeded', 'failed')`, k.Scope, k.ID)
+		if err != nil {
+			return n, s.wrap("purge steps", err)
+		}
+		m, err := res.RowsAffected()
+		if err != nil {
+			return n, s.wrap("purge steps", err)
+		}
+		n += int(m)
 	}
-	keep, args := retentionCase(s.cfg.Retention, s.cfg.ScopeRetention)
-	res, err := s.db.ExecContext(ctx, `DELETE FROM `+s.stepsTable()+` WHERE (scope, key, step) IN (
-SELECT scope, key, step FROM (SELECT scope, key, step, updated_at, `+keep+` AS keep FROM `+s.stepsTable()+`
-    WHERE state IN ('succeeded', 'failed'))
-WHERE keep > 0 AND updated_at < `+nowMillis+` - keep ORDER BY updated_at LIMIT ?)`, append(args, limit)...)
-	if err != nil {
-		return 0, s.wrap("purge steps", err)
-	}
-	n, err := res.RowsAffected()
-	return int(n), s.wrap("purge steps", err)
-}
-
-// retentionCase is the SQL of a step's retention in ms by its scope (0:
-// for ever), with its arguments.
-func retentionCase(def time.Duration, perScope map[string]time.Duration) (string, []any) {
-	if len(perScope) == 0 {
-		return "?", []any{keepMillis(def)}
-	}
-	var b strings.Builder
-	args := make([]any, 0, 2*len(perScope)+1)
-	b.WriteString("CASE scope")
-	for scope, r := range perScope {
-		b.WriteString(" WHEN ? THEN ?")
-		args = append(args, scope, keepMillis(r))
-	}
-	b.WriteString(" ELSE ? END")
-	return b.String(), append(args, keepMillis(def))
-}
-
-func keepMillis(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return max(d.Milliseconds(), 1)
+	return n, nil
 }
 
 var _ dedup.Journal = (*Store)(nil)

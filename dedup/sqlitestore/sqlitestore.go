@@ -365,26 +365,51 @@ VALUES (?, ?, ?, ?, 'failed', ?, ? + `+nowMillis+`) ON CONFLICT (scope, key) DO 
 }
 
 // Purge deletes at most limit expired rows, but no HTTP request whose lease
-// runs; see dedup.Store. Within limit it then deletes the effect journal's
-// succeeded and failed steps whose scope's retention passed since they
-// last changed (never an unresolved one).
-func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
+// runs; see dedup.Store. In the same transaction it deletes the effect
+// journal's succeeded and failed steps of the keys it deleted (counted
+// too): a step lives as long as its message's key row, and a step whose
+// key has no row is never purged (see dedup.Journal).
+func (s *Store) Purge(ctx context.Context, limit int) (n int, err error) {
 	if limit <= 0 {
 		return 0, nil
 	}
-	// Never a request in processing whose lease runs (see http.go).
-	res, err := s.db.ExecContext(ctx, `DELETE FROM `+s.table+` WHERE (scope, key) IN (
-SELECT scope, key FROM `+s.table+` WHERE expires_at < `+nowMillis+`
-    AND (state IS NOT 'processing' OR lease_expires_at <= `+nowMillis+`) LIMIT ?)`, limit)
+	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, s.wrap("purge", err)
 	}
-	n, err := res.RowsAffected()
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback()
+		}
+	}()
+	// Never a request in processing whose lease runs (see http.go).
+	rows, err := tx.QueryContext(ctx, `DELETE FROM `+s.table+` WHERE (scope, key) IN (
+SELECT scope, key FROM `+s.table+` WHERE expires_at < `+nowMillis+`
+    AND (state IS NOT 'processing' OR lease_expires_at <= `+nowMillis+`) LIMIT ?)
+RETURNING scope, key`, limit)
 	if err != nil {
-		return int(n), err
+		return 0, s.wrap("purge", err)
 	}
-	steps, err := s.purgeSteps(ctx, limit-int(n)) // journal.go
-	return int(n) + steps, err
+	var gone []dedup.Key
+	for rows.Next() {
+		var k dedup.Key
+		if err := rows.Scan(&k.Scope, &k.ID); err != nil {
+			rows.Close()
+			return 0, s.wrap("purge", err)
+		}
+		gone = append(gone, k)
+	}
+	if err := rows.Err(); err != nil {
+		return 0, s.wrap("purge", err)
+	}
+	steps, err := s.purgeSteps(ctx, tx, gone) // journal.go
+	if err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, s.wrap("purge", err)
+	}
+	return len(gone) + steps, nil
 }
 
 // wrap names the operation and turns a busy database into

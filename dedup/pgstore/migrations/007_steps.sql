@@ -3,8 +3,9 @@
 -- idempotency key, the attempts, the holder's lease and fencing token, and
 -- the provider's answer, and the fingerprint of the request it answers. Tokens come from the same source as the request
 -- leases' (pg_current_xact_id, see requests.go), so they only grow, also
--- across a purge. A plain table in every layout: few rows, purged by
--- retention once succeeded or failed.
+-- across a purge. A plain table in every layout: few rows. A succeeded or
+-- failed step is purged with its key's row (never a step whose key has no
+-- row), by primary key.
 CREATE TABLE IF NOT EXISTS {{.Steps}} (
     scope            text        NOT NULL CHECK (octet_length(scope) BETWEEN 1 AND 128),
     key              text        NOT NULL CHECK (octet_length(key) BETWEEN 1 AND 256),
