@@ -29,7 +29,7 @@ func TestSplitStatements(t *testing.T) {
 		4: {"CREATE TABLE IF NOT EXISTS"},
 		5: {"CREATE TABLE IF NOT EXISTS"},
 		6: {"CREATE TABLE IF NOT EXISTS"},
-		7: {"CREATE TABLE IF NOT EXISTS", "CREATE INDEX IF NOT EXISTS", "CREATE INDEX IF NOT EXISTS"},
+		7: {"CREATE TABLE IF NOT EXISTS", "CREATE INDEX IF NOT EXISTS"},
 	}
 	for _, m := range ms {
 		got := sqlmigrate.Split(m.SQL)

@@ -20,7 +20,6 @@ CREATE TABLE IF NOT EXISTS {{.Steps}} (
     updated_at       DATETIME(6)  NOT NULL,
     PRIMARY KEY (scope, `key`, step),
     KEY {{call .Name "steps_first"}} (state, first_attempt_at),
-    KEY {{call .Name "steps_updated"}} (state, updated_at),
     CONSTRAINT {{call .Name "step_len"}} CHECK (octet_length(step) BETWEEN 1 AND 200),
     CONSTRAINT {{call .Name "step_attempts"}} CHECK (attempts > 0),
     CONSTRAINT {{call .Name "step_token"}} CHECK (token > 0)

@@ -27,6 +27,3 @@ CREATE TABLE IF NOT EXISTS {{.Steps}} (
 -- Operators' listing of the unresolved steps, the oldest first attempt first.
 CREATE INDEX IF NOT EXISTS {{call .Index "steps_open"}} ON {{.Steps}} (first_attempt_at)
     WHERE state IN ('pending', 'unknown', 'in_doubt');
--- Purge: the succeeded and failed steps, by when they last changed.
-CREATE INDEX IF NOT EXISTS {{call .Index "steps_done"}} ON {{.Steps}} (updated_at)
-    WHERE state IN ('succeeded', 'failed');

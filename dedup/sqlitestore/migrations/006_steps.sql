@@ -22,5 +22,3 @@ CREATE TABLE IF NOT EXISTS {{.Steps}} (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS {{call .Index "steps_open"}} ON {{.Steps}} (first_attempt_at)
     WHERE state IN ('pending', 'unknown', 'in_doubt');
-CREATE INDEX IF NOT EXISTS {{call .Index "steps_done"}} ON {{.Steps}} (updated_at)
-    WHERE state IN ('succeeded', 'failed');
