@@ -102,7 +102,7 @@ func (s *settler[TTx]) settle(ctx context.Context, its []*item) error {
 		case stop:
 			return s.c.fatal(s.l, f.err)
 		case giveUp:
-			return s.c.fail(ctx, its[0], f.err, true)
+			return s.fail(ctx, its[0], f.err, true)
 		case retryWhole:
 			if wait == nil {
 				wait = s.c.newWait(s.c.infra)
@@ -148,7 +148,7 @@ func (s *settler[TTx]) alone(ctx context.Context, it *item, f *failure) error {
 		case f.class == dedup.ClassFatal:
 			return s.c.fatal(s.l, f.err)
 		case f.class == dedup.ClassPermanent:
-			return s.c.fail(ctx, it, f.err, true)
+			return s.fail(ctx, it, f.err, true)
 		case !f.charged():
 			if err := infra.wait(ctx, s.l, f.err); err != nil {
 				return err
@@ -167,7 +167,7 @@ func (s *settler[TTx]) alone(ctx context.Context, it *item, f *failure) error {
 					s.c.halt(s.l, it, err)
 					return ErrLaneStopped
 				}
-				return s.c.fail(ctx, it, err, false)
+				return s.fail(ctx, it, err, false)
 			}
 		}
 		if f = s.attempt.run(ctx, one); f == nil {
@@ -177,6 +177,22 @@ func (s *settler[TTx]) alone(ctx context.Context, it *item, f *failure) error {
 			return err
 		}
 	}
+}
+
+// fail dead-letters it (Consumer.fail) and, with Config.Offsets, moves
+// the partition's next offset past it at once, before the lane settles
+// anything after it: the items before it are settled. From the moment its
+// letter is written the letter can be redriven, and with Offsets alone the
+// original writes no key row for its copy's claim to find: a redelivery of
+// the original from an offset at or below it — the rest of the batch
+// never settled (a crash, a rebalance), the process restarted from the
+// stored offset — would be applied, once its cause is fixed, beside the
+// copy.
+func (s *settler[TTx]) fail(ctx context.Context, it *item, reason error, record bool) error {
+	if err := s.c.fail(ctx, it, reason, record); err != nil {
+		return err
+	}
+	return s.l.advancePast(ctx, s.c, it.msg)
 }
 
 // committed settles the items of a committed transaction: the new ones are

@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
 	"github.com/idemkit/idem/consumer/source"
+	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup"
 	"github.com/idemkit/idem/dedup/pgstore"
 )
@@ -184,6 +185,88 @@ func TestOffsetsDeadLetterAdvances(t *testing.T) {
 	}
 	if rows, _ := countEffects(t, pool, table); rows != 9 {
 		t.Fatalf("effects %d, want 9", rows)
+	}
+}
+
+// TestOffsetsLetterMovesTheOffsetAtOnce: with offsets alone, a batch's
+// first message is dead-lettered and the process dies before the batch's
+// next message commits (its handler still running). The letter exists from
+// then on: the operator fixes the cause and redrives it, and the restart
+// redelivers the batch. The original, which writes no key row, must be a
+// duplicate by then, or it is applied beside the copy claimed under its
+// identity: the offset moves past a letter as soon as it is written, not
+// when the rest of its batch settles.
+func TestOffsetsLetterMovesTheOffsetAtOnce(t *testing.T) {
+	pool, _, st, table := effectsRig(t, pgstore.Config{})
+	effect := insertEffect(table)
+	var broken atomic.Bool // the account's cause, fixed before the redrive
+	broken.Store(true)
+	entered := make(chan struct{})
+	var once sync.Once
+	cfg := consumer.Config[pgx.Tx]{
+		Name: "payments", Store: st, Offsets: st, Logger: quiet,
+		Handler: consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			switch {
+			case m.Offset == 0 && broken.Load():
+				return consumer.Permanent(errors.New("account closed"))
+			case m.Offset == 1 && broken.Load(): // the process dies with it in the handler
+				once.Do(func() { close(entered) })
+				<-ctx.Done()
+				return ctx.Err()
+			}
+			return effect(ctx, tx, m)
+		}),
+	}
+	msgs := paymentMsgs("payments", 1, 2, 0)
+
+	letters := &consumertest.DeadLetters{}
+	src := consumertest.NewSource(consumertest.Script{})
+	first := cfg
+	first.Source, first.DeadLetter, first.Clock = src, letters, consumertest.NewClock()
+	first.BatchSize, first.BatchWait = 2, time.Minute // both messages in one batch
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	runCtx, crash := context.WithCancel(ctx)
+	_, done := running(t, runCtx, first)
+	src.Push(msgs...)
+	select {
+	case <-entered:
+	case err := <-done:
+		t.Fatalf("consumer stopped: %v", err)
+	case <-ctx.Done():
+		t.Fatal("the batch's second message never reached its handler")
+	}
+	if n := len(letters.Letters()); n != 1 {
+		t.Fatalf("%d letters before the crash, want the first message's", n)
+	}
+	crash()
+	<-done
+	if got := storedOffsets(t, st, "payments", "payments"); got[0] != 1 {
+		t.Errorf("stored offsets %v after the crash, want 0:1: past the letter written", got)
+	}
+
+	// The operator fixes the cause and redrives the letter: its copy lies
+	// at offset 2 with the original's lineage. The restart redelivers the
+	// batch from wherever the broker's offset was.
+	broken.Store(false)
+	l := letters.Letters()[0]
+	cp := consumertest.Message("payments", 0, 2, "", string(l.Message.Value))
+	cp.Headers = []consumer.Header{
+		{Key: wire.MetaTopic, Value: []byte("payments")}, {Key: wire.MetaPartition, Value: []byte("0")},
+		{Key: wire.MetaOffset, Value: []byte("0")}, {Key: wire.MetaMessageID, Value: []byte(l.Message.ID)},
+		{Key: wire.MetaKeyScope, Value: []byte(l.Key.Scope)}, {Key: wire.MetaKey, Value: []byte(l.Key.ID)},
+		{Key: wire.MetaRedriveCount, Value: []byte("1")}, {Key: wire.MetaRedrivenFrom, Value: []byte("payments.dlq/0/0")},
+	}
+	again := consumertest.Run(t, cfg, consumertest.Script{}, append(paymentMsgs("payments", 1, 2, 0), cp)...)
+	var applied int64
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE txn_id = 'T00000'`).Scan(&applied); err != nil {
+		t.Fatal(err)
+	}
+	if applied != 1 {
+		t.Fatalf("payment T00000 applied %d times, want once (the redriven copy, or its original): %v", applied, again)
+	}
+	if rows, distinct := countEffects(t, pool, table); rows != 2 || distinct != 2 {
+		t.Fatalf("effects %d (distinct %d), want 2", rows, distinct)
 	}
 }
 

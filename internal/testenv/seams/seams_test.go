@@ -72,9 +72,11 @@ var (
 )
 
 // fixedSeeds run in `go test`. On the code issue 25 was filed against each
-// of them finds holes 1 (in modes msgid and offsets), 2 (lease) and 7
-// (redis).
-var fixedSeeds = []uint64{3, 16, 19}
+// of 3, 16 and 19 finds holes 1 (in modes msgid and offsets), 2 (lease)
+// and 7 (redis); 46 finds seam 37.9 (offsets: a letter whose offset had
+// not moved when its batch's process died, its original applied beside
+// the redriven copy).
+var fixedSeeds = []uint64{3, 16, 19, 46}
 
 func TestMain(m *testing.M) {
 	redis.SetLogger(silent{}) // the Redis front's client logs the restarts the test makes
