@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/internal/storekit/rowscan"
 )
 
 // The effect journal (dedup.Journal) is the table <table>_steps (migration
@@ -354,34 +355,10 @@ func (s *Store) Steps(ctx context.Context, f dedup.StepFilter) ([]dedup.StepReco
 // CountSteps counts steps by state; see dedup.Journal. StepPending counts
 // the steps whose lease runs, expiredPending the others.
 func (s *Store) CountSteps(ctx context.Context) (map[dedup.StepState]int64, int64, error) {
-	rows, err := s.db.QueryContext(ctx, "SELECT state, state = 'pending' AND lease_expires_at <= UTC_TIMESTAMP(6), count(*) FROM "+
-		s.steps+" GROUP BY 1, 2")
+	byState, expired, err := rowscan.StepCounts(s.db.QueryContext(ctx, "SELECT state, state = 'pending' AND lease_expires_at <= UTC_TIMESTAMP(6), count(*) FROM "+
+		s.steps+" GROUP BY 1, 2"))
 	if err != nil {
-		return nil, 0, s.connErr("count steps", err)
-	}
-	defer rows.Close()
-	byState, expired := map[dedup.StepState]int64{}, int64(0)
-	for rows.Next() {
-		var (
-			state string
-			out   bool
-			n     int64
-		)
-		if err := rows.Scan(&state, &out, &n); err != nil {
-			return nil, 0, s.connErr("count steps", err)
-		}
-		st, err := dedup.ParseStepState(state)
-		if err != nil {
-			return nil, 0, fmt.Errorf("mysqlstore: count steps: %w", err)
-		}
-		if out {
-			expired += n
-		} else {
-			byState[st] += n
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return nil, 0, s.connErr("count steps", err)
+		return nil, 0, s.connErr("count steps", err) // state is an ENUM: every error is the connection's
 	}
 	return byState, expired, nil
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/internal/storekit/rowscan"
 )
 
 // The effect journal (dedup.Journal) is the table <Table>_steps (migration
@@ -302,32 +303,8 @@ func (s *Store) CountSteps(ctx context.Context) (map[dedup.StepState]int64, int6
 	if s.cfg.Distributed {
 		return nil, 0, ErrDistributedJournal
 	}
-	rows, err := s.pool.Query(ctx, s.steps.count)
+	byState, expired, err := rowscan.StepCounts(s.pool.Query(ctx, s.steps.count))
 	if err != nil {
-		return nil, 0, fmt.Errorf("pgstore: count steps: %w", err)
-	}
-	defer rows.Close()
-	byState, expired := map[dedup.StepState]int64{}, int64(0)
-	for rows.Next() {
-		var (
-			state string
-			out   bool
-			n     int64
-		)
-		if err := rows.Scan(&state, &out, &n); err != nil {
-			return nil, 0, fmt.Errorf("pgstore: count steps: %w", err)
-		}
-		st, err := dedup.ParseStepState(state)
-		if err != nil {
-			return nil, 0, fmt.Errorf("pgstore: count steps: %w", err)
-		}
-		if out {
-			expired += n
-		} else {
-			byState[st] += n
-		}
-	}
-	if err := rows.Err(); err != nil {
 		return nil, 0, fmt.Errorf("pgstore: count steps: %w", err)
 	}
 	return byState, expired, nil

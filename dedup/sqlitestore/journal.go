@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/internal/storekit/rowscan"
 )
 
 // The effect journal (dedup.Journal) is the table <table>_steps (migration
@@ -268,33 +269,9 @@ ORDER BY first_attempt_at, scope, key, step LIMIT ?`, append(args, limit)...)
 // CountSteps counts steps by state; see dedup.Journal. StepPending counts
 // the steps whose lease runs, expiredPending the others.
 func (s *Store) CountSteps(ctx context.Context) (map[dedup.StepState]int64, int64, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT state, state = 'pending' AND lease_expires_at <= `+nowMillis+`, count(*)
-FROM `+s.stepsTable()+` GROUP BY 1, 2`)
+	byState, expired, err := rowscan.StepCounts(s.db.QueryContext(ctx, `SELECT state, state = 'pending' AND lease_expires_at <= `+nowMillis+`, count(*)
+FROM `+s.stepsTable()+` GROUP BY 1, 2`))
 	if err != nil {
-		return nil, 0, s.wrap("count steps", err)
-	}
-	defer rows.Close()
-	byState, expired := map[dedup.StepState]int64{}, int64(0)
-	for rows.Next() {
-		var (
-			state string
-			out   bool
-			n     int64
-		)
-		if err := rows.Scan(&state, &out, &n); err != nil {
-			return nil, 0, s.wrap("count steps", err)
-		}
-		st, err := dedup.ParseStepState(state)
-		if err != nil {
-			return nil, 0, fmt.Errorf("sqlitestore: count steps: %w", err)
-		}
-		if out {
-			expired += n
-		} else {
-			byState[st] += n
-		}
-	}
-	if err := rows.Err(); err != nil {
 		return nil, 0, s.wrap("count steps", err)
 	}
 	return byState, expired, nil

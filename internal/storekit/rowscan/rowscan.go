@@ -2,7 +2,11 @@
 // from pgx.Rows and *sql.Rows both.
 package rowscan
 
-import "github.com/idemkit/idem/dedup"
+import (
+	"fmt"
+
+	"github.com/idemkit/idem/dedup"
+)
 
 // Rows is what pgx.Rows and *sql.Rows have in common.
 type Rows interface {
@@ -31,6 +35,41 @@ func Epochs(rows Rows, err error) (map[string]dedup.Epoch, error) {
 		return nil, err
 	}
 	return out, nil
+}
+
+// StepCounts reads the result of a query of (state, expired pending,
+// count) into dedup.Journal.CountSteps's answer, and closes its rows:
+// rowscan.StepCounts(db.Query(…)). Expired pending steps are counted apart,
+// not under StepPending.
+func StepCounts(rows Rows, err error) (byState map[dedup.StepState]int64, expiredPending int64, _ error) {
+	if err != nil {
+		return nil, 0, err
+	}
+	defer closeRows(rows)
+	byState = make(map[dedup.StepState]int64)
+	for rows.Next() {
+		var (
+			state   string
+			expired bool
+			n       int64
+		)
+		if err := rows.Scan(&state, &expired, &n); err != nil {
+			return nil, 0, err
+		}
+		st, err := dedup.ParseStepState(state)
+		if err != nil {
+			return nil, 0, fmt.Errorf("a row of the steps table: %w", err)
+		}
+		if expired {
+			expiredPending += n
+		} else {
+			byState[st] += n
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, err
+	}
+	return byState, expiredPending, nil
 }
 
 // closeRows closes pgx.Rows (Close()) and *sql.Rows (Close() error) alike;
