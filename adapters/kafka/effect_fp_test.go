@@ -1,19 +1,16 @@
 package kafka_test
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
 	"github.com/idemkit/idem/dedup"
-	"github.com/idemkit/idem/effect"
 )
 
 // TestKafkaEffectStepKeepsItsFingerprint (39.6): a refund request is
@@ -21,8 +18,6 @@ import (
 // key stays free, the step succeeded. A second request under the same
 // txn_id with another amount must not be told that its refund executed:
 // the provider executed the first one's amount.
-var errAccountFrozen = errors.New("account frozen")
-
 func TestKafkaEffectStepKeepsItsFingerprint(t *testing.T) {
 	brokers, a, topic, group := kafkaTest(t, 1)
 	b := newTestBank(t)
@@ -37,23 +32,7 @@ func TestKafkaEffectStepKeepsItsFingerprint(t *testing.T) {
 	cfg := b.config(src, dl)
 	cfg.Logger = testLogger(t)
 	cfg.BatchSize = 1
-	cfg.Handler = consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		var pay payment
-		if err := json.Unmarshal(m.Value, &pay); err != nil {
-			return consumer.Permanent(err)
-		}
-		s := refundStep()
-		s.Call = func(ctx context.Context, c effect.Call) ([]byte, error) { return p.refund(pay.TxnID, pay.Amount, c) }
-		s.ReadBack = func(ctx context.Context, c effect.Call) (effect.ReadBack, error) { return p.query(c) }
-		if _, err := effect.Do(ctx, b.store, m, s); err != nil {
-			return err
-		}
-		if _, ok := m.Header("frozen"); ok {
-			return consumer.Reject(errAccountFrozen)
-		}
-		_, err := tx.Exec(ctx, `INSERT INTO `+b.table+` (txn_id, amount, source) VALUES ($1, $2, $3)`, pay.TxnID, pay.Amount, m.Coordinates())
-		return err
-	})
+	cfg.Handler = b.frozenRefundHandler(b.store, p)
 	r := start(t, cfg)
 	waitUntil(t, time.Minute, "both requests settled", func() bool { st := r.Stats(); return st.Applied+st.DeadLettered >= 2 })
 	r.Stop(t)

@@ -1,18 +1,14 @@
 package kafka_test
 
 import (
-	"context"
 	"encoding/json"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	kafkago "github.com/segmentio/kafka-go"
 
-	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
 	"github.com/idemkit/idem/dedup/pgstore"
-	"github.com/idemkit/idem/effect"
 )
 
 // TestKafkaEffectPurgeSparesAnUncommittedStep (39.8): a refund executes,
@@ -37,23 +33,7 @@ func TestKafkaEffectPurgeSparesAnUncommittedStep(t *testing.T) {
 	cfg := b.config(src, dl)
 	cfg.Store = store
 	cfg.Logger = testLogger(t)
-	cfg.Handler = consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		var pay payment
-		if err := json.Unmarshal(m.Value, &pay); err != nil {
-			return consumer.Permanent(err)
-		}
-		s := refundStep()
-		s.Call = func(ctx context.Context, c effect.Call) ([]byte, error) { return p.refund(pay.TxnID, pay.Amount, c) }
-		s.ReadBack = func(ctx context.Context, c effect.Call) (effect.ReadBack, error) { return p.query(c) }
-		if _, err := effect.Do(ctx, store, m, s); err != nil {
-			return err
-		}
-		if _, ok := m.Header("frozen"); ok {
-			return consumer.Reject(errAccountFrozen)
-		}
-		_, err := tx.Exec(ctx, `INSERT INTO `+b.table+` (txn_id, amount, source) VALUES ($1, $2, $3)`, pay.TxnID, pay.Amount, m.Coordinates())
-		return err
-	})
+	cfg.Handler = b.frozenRefundHandler(store, p)
 	r := start(t, cfg)
 	waitUntil(t, time.Minute, "the frozen refund rejected", func() bool { return r.Stats().DeadLettered >= 1 })
 	// The retention passes (by the store's clock) and Purge runs after it:

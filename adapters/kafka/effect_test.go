@@ -108,6 +108,32 @@ func (b *bank) refundHandler(p *refundProvider, s effect.Step) consumer.Handler[
 	})
 }
 
+// errAccountFrozen: frozenRefundHandler refuses a payment with the frozen
+// header after its refund executed, which leaves its key free.
+var errAccountFrozen = errors.New("account frozen")
+
+// frozenRefundHandler refunds a payment through the journal j, then
+// rejects it when it has the frozen header, else books its amount.
+func (b *bank) frozenRefundHandler(j dedup.Journal, p *refundProvider) consumer.Handler[pgx.Tx] {
+	return consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		var pay payment
+		if err := json.Unmarshal(m.Value, &pay); err != nil {
+			return consumer.Permanent(err)
+		}
+		s := refundStep()
+		s.Call = func(ctx context.Context, c effect.Call) ([]byte, error) { return p.refund(pay.TxnID, pay.Amount, c) }
+		s.ReadBack = func(ctx context.Context, c effect.Call) (effect.ReadBack, error) { return p.query(c) }
+		if _, err := effect.Do(ctx, j, m, s); err != nil {
+			return err
+		}
+		if _, ok := m.Header("frozen"); ok {
+			return consumer.Reject(errAccountFrozen)
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO `+b.table+` (txn_id, amount, source) VALUES ($1, $2, $3)`, pay.TxnID, pay.Amount, m.Coordinates())
+		return err
+	})
+}
+
 func refundStep() effect.Step {
 	return effect.Step{Name: "refund", KeyTTL: time.Hour, Lease: 5 * time.Second,
 		ReadBack: func(context.Context, effect.Call) (effect.ReadBack, error) { return effect.ReadBack{}, nil }}
