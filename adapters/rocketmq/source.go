@@ -189,7 +189,7 @@ func (s *Source) Run(ctx context.Context, deliver source.DeliverFunc) error {
 		info := pc.GetConsumerRunningInfo(false)
 		out := make([]processQueue, 0, len(info.MQTable))
 		for mq, pq := range info.MQTable {
-			out = append(out, processQueue{lane: laneOf(&mq), dropped: pq.Dropped, commit: pq.CommitOffset,
+			out = append(out, processQueue{mq: mq, lane: laneOf(&mq), dropped: pq.Dropped, commit: pq.CommitOffset,
 				cached: int64(pq.CachedMsgCount), minC: pq.CachedMsgMinOffset,
 				taken: int64(pq.TransactionMsgCount), minT: pq.TransactionMsgMinOffset})
 		}
@@ -199,6 +199,7 @@ func (s *Source) Run(ctx context.Context, deliver source.DeliverFunc) error {
 		s.log.Warn("rocketmq: the client did not handle the result of a queue's last consume calls before the shutdown; what they acked may come again to the queue's next owner",
 			slog.String("lane", lane), slog.Duration("waited", min(s.cfg.CloseTimeout, handleWait)))
 	}
+	s.commitRecorded(r, states(), min(s.cfg.CloseTimeout, handleWait))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
