@@ -37,6 +37,7 @@ func TestLeasedRouteStepAfterATakeover(t *testing.T) {
 	executed := map[string]bool{}
 	hang, hung := make(chan struct{}), make(chan struct{})
 	var takenOver []bool
+	var leased dedup.Key
 	step := effect.Step{Name: "payout", KeyTTL: time.Hour, Lease: 300 * time.Millisecond,
 		Call: func(ctx context.Context, c effect.Call) ([]byte, error) {
 			mu.Lock()
@@ -64,8 +65,9 @@ func TestLeasedRouteStepAfterATakeover(t *testing.T) {
 		l := httpidem.LeaseFrom(r.Context())
 		mu.Lock()
 		takenOver = append(takenOver, l.TakenOver())
+		leased = l.Key()
 		mu.Unlock()
-		res, err := effect.DoKey(r.Context(), store, l.Key(), dedup.Fingerprint{}, step)
+		res, err := effect.DoKey(r.Context(), store, l.Key(), l.Fingerprint(), step)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
@@ -105,6 +107,15 @@ func TestLeasedRouteStepAfterATakeover(t *testing.T) {
 		if n != 1 {
 			t.Fatalf("provider key %s called %d times, want once", k, n)
 		}
+	}
+	// The step carries the request's identity: its key and the fingerprint
+	// the key was claimed with, not an empty one.
+	rec, ok, err := store.Step(testenv.Context(t, 10*time.Second), dedup.StepRef{Key: leased, Step: "payout"})
+	if err != nil || !ok {
+		t.Fatalf("the payout's step in the journal: %v (found %v)", err, ok)
+	}
+	if rec.Fingerprint == (dedup.Fingerprint{}) {
+		t.Fatalf("the payout's step was journaled without the request's fingerprint: %+v", rec)
 	}
 	if !takenOver[len(takenOver)-1] {
 		t.Fatalf("the answered retry's lease was not a takeover: %v", takenOver)

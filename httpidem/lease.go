@@ -24,10 +24,18 @@ type leaseStore interface {
 // Effects outside the store's database cannot be fenced by the store: pass
 // Key and Token to the system that performs them (the key as its
 // idempotency key, the token as a fencing token it checks), and when
-// TakenOver reports true, find out what the earlier holder did first.
+// TakenOver reports true, find out what the earlier holder did first. The
+// effect package does all of that with the effect journal:
+//
+//	res, err := effect.DoKey(ctx, journal, l.Key(), l.Fingerprint(), step)
+//
+// journals the call under the request's key, hands the provider a key
+// derived from it, and reads back before it repeats a call whose outcome is
+// unknown (docs/effects.md).
 type Lease struct {
 	store     leaseStore
 	key       dedup.Key
+	fp        dedup.Fingerprint
 	token     int64
 	takenOver bool
 	lease     time.Duration
@@ -52,6 +60,17 @@ func (l *Lease) Key() dedup.Key {
 		return dedup.Key{}
 	}
 	return l.key
+}
+
+// Fingerprint is the request's fingerprint, the one its key was claimed
+// with (the route's Fingerprint over the body, with the method, route and
+// path values). A step journaled with it refuses to run for a request
+// with other content under the same key.
+func (l *Lease) Fingerprint() dedup.Fingerprint {
+	if l == nil {
+		return dedup.Fingerprint{}
+	}
+	return l.fp
 }
 
 // Token is the fencing token: larger for every lease of the key than for

@@ -369,7 +369,7 @@ func (l *leaseRoute[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	noteKey(p.r, rec)
 	note(p.r, OutcomeExecuted, nil)
-	lease := &Lease{store: m.leaseStore(), key: k, token: rec.Token, takenOver: rec.Takeover, lease: rt.Lease, expires: time.Now().Add(rec.LeaseLeft)}
+	lease := &Lease{store: m.leaseStore(), key: k, fp: p.claim.Fingerprint, token: rec.Token, takenOver: rec.Takeover, lease: rt.Lease, expires: time.Now().Add(rec.LeaseLeft)}
 	cw := newCapture(rt.MaxResponseBytes)
 	herr := serveHTTP(l.next, cw, p.r.WithContext(context.WithValue(p.r.Context(), leaseKey{}, lease)))
 	cw.finish()
