@@ -90,12 +90,13 @@ seams-kafka: ## the Kafka mode of the seams test alone, long, on the test enviro
 	go test -race -count=1 -timeout $(or $(TIMEOUT),3h) -run '^TestSeamsKafka$$' ./internal/testenv/seams/
 
 .PHONY: test-faults
-test-faults: ## the fault-injection suite alone (child consumers, SIGKILLs, restarts; failovers on a three-node Kafka and a two-broker RocketMQ) with its summary table, and the outbox relay's faults (examples/twohop)
+test-faults: ## the fault-injection suite alone (child consumers, SIGKILLs, restarts; failovers on a three-node Kafka and a two-broker RocketMQ) with its summary table, the outbox relay's faults (examples/twohop) and 2,000 refunds through a provider that lies (examples/refunds)
 	@set -e; out=$$(scripts/testenv.sh up $(filter-out kafka-cluster rocketmq-cluster,$(SERVICES)) kafka-cluster rocketmq-cluster); eval "$$out"; \
 	summary=$$(mktemp); trap 'rm -f $$summary' EXIT; \
 	rc=0; export IDEM_FAULTS_SUMMARY=$$summary; \
 	go test -C internal/testenv/faults -race -count=1 -timeout 20m . || rc=1; \
 	go test -race -count=1 -timeout 20m ./examples/twohop || rc=1; \
+	IDEM_TEST_REFUNDS=2000 go test -race -count=1 -timeout 20m -run 'TestRefunds' ./examples/refunds || rc=1; \
 	cat $$summary; exit $$rc
 
 # The soak is build-tagged (soak) and out of make test: it takes SOAK (30m)

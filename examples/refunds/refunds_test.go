@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -30,10 +31,25 @@ func TestMain(m *testing.M) {
 }
 
 const (
-	nRefunds   = 300
 	partitions = 4
 	refusedOne = 25 // every 25th refund asks too much: the channel refuses it
 )
+
+// nRefunds is how many refunds a run asks for: 300 in make test, 2,000 in
+// make test-faults (IDEM_TEST_REFUNDS).
+var nRefunds = refundsWanted()
+
+func refundsWanted() int {
+	v := os.Getenv("IDEM_TEST_REFUNDS")
+	if v == "" {
+		return 300
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 2*refusedOne {
+		panic(fmt.Sprintf("IDEM_TEST_REFUNDS=%q: want a number of refunds, at least %d", v, 2*refusedOne))
+	}
+	return n
+}
 
 // world is one run's services: Postgres, a topic, the provider.
 type world struct {
@@ -144,10 +160,10 @@ func (w *world) byTrade() map[string]int {
 	return n
 }
 
-// TestRefundsExactlyOnce: 300 refund requests with duplicates and
-// re-sends, through real Kafka to consumers that die by SIGKILL before a
-// call, during it, between the answer and its record, and before the
-// business commit, one frozen mid-call as a zombie, the provider
+// TestRefundsExactlyOnce: 300 refund requests (2,000 in make test-faults)
+// with duplicates and re-sends, through real Kafka to consumers that die
+// by SIGKILL before a call, during it, between the answer and its record,
+// and before the business commit, one frozen mid-call as a zombie, the provider
 // faulting on 15% of requests and restarted once. On the provider's own
 // ledger, every refund is executed exactly once and the refused ones
 // never; the zombie's late request is refused by its fencing token; every
