@@ -148,7 +148,8 @@ type Config[TTx any] struct {
 	// blocks; default 2*BatchSize.
 	LaneBuffer int
 	// KeyLanes, above 1, spreads each partition's (queue's) messages over
-	// that many lanes by record key (Message.Key; FNV-1a modulo KeyLanes):
+	// that many lanes by record key (Message.Key; FNV-1a, mixed, modulo
+	// KeyLanes — independent of a producer's FNV-1a partitioner):
 	// messages of one key stay in one lane and in order, messages of other
 	// keys commit beside them in their own transactions. For topics with
 	// fewer partitions than the store has room for transactions. The

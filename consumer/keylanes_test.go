@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -137,4 +138,51 @@ func TestKeyLanesValidated(t *testing.T) {
 			t.Errorf("KeyLanes %d: error %v, want one naming KeyLanes", n, err)
 		}
 	}
+}
+
+// TestKeyLanesSpreadHashPartitionedKeys: a topic whose producer picked
+// each record's partition by FNV-1a of its key — Sarama's default
+// partitioner, kafka-go's Hash balancer — has on each partition only keys
+// of a few FNV-1a residues. Key lanes must still spread each partition's
+// keys over all of them, not over the few that FNV-1a modulo KeyLanes
+// leaves (2 or 4 of 8 on a topic of 4 partitions).
+func TestKeyLanesSpreadHashPartitionedKeys(t *testing.T) {
+	const partitions, lanes = 4, 8
+	var names sync.Map
+	cfg := baseConfig(func(context.Context, *memstore.Tx, *consumer.Message) error { return nil })
+	cfg.KeyLanes = lanes
+	cfg.Observer = laneNames{m: &names}
+	var msgs []*consumer.Message
+	offsets := make([]int64, partitions)
+	for i := range 512 {
+		key := fmt.Sprintf("rf-%04d", i)
+		p := saramaPartition(key, partitions)
+		msgs = append(msgs, consumertest.Message("pay", p, offsets[p], key, payment(i)))
+		offsets[p]++
+	}
+	consumertest.Run(t, cfg, consumertest.Script{}, msgs...)
+	used := map[string]int{}
+	names.Range(func(k, _ any) bool {
+		source, _, _ := strings.Cut(k.(string), "#")
+		used[source]++
+		return true
+	})
+	for p := range partitions {
+		if n := used[fmt.Sprintf("pay/%d", p)]; n != lanes {
+			t.Errorf("partition %d: its keys ran in %d of %d key lanes (%v)", p, n, lanes, used)
+		}
+	}
+}
+
+// saramaPartition is the partition Sarama's default partitioner and
+// kafka-go's Hash balancer give key: FNV-1a, as an int32, modulo n, its
+// absolute value.
+func saramaPartition(key string, n int) int32 {
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	p := int32(h.Sum32()) % int32(n)
+	if p < 0 {
+		p = -p
+	}
+	return p
 }

@@ -4,8 +4,9 @@
 // commits and then times out, commits and drops the connection, answers
 // 500 after committing, answers 409 while a request with the same key is
 // in flight, forgets keys after a TTL, lets its query lag its executions,
-// and refuses stale fencing tokens. Its ledger of executions is the tests'
-// truth: a refund executed twice is there twice.
+// refuses stale fencing tokens, and takes its time (Config.Latency). Its
+// ledger of executions is the tests' truth: a refund executed twice is
+// there twice.
 //
 //	POST /refund        Fencing-Token header (optional);
 //	                    {"out_request_no","trade_no","amount"}
@@ -81,6 +82,11 @@ type Config struct {
 	Fault func(r Request) Fault
 	// Now is the clock KeyTTL runs on; default time.Now.
 	Now func() time.Time
+	// Latency is the provider's processing time: every refund request and
+	// every query is held that long (a timer) before the provider looks
+	// at it. A client that gives up meanwhile leaves nothing executed and
+	// is counted in Stats.Abandoned. 0: it answers at once.
+	Latency time.Duration
 }
 
 // Request is a refund request as the provider received it.
@@ -115,18 +121,19 @@ type Server struct {
 	cfg  Config
 	addr string
 
-	mu       sync.Mutex
-	srv      *http.Server
-	ledger   []Execution
-	keys     map[string]*key
-	fences   map[string]int64
-	requests int
-	stale    int // requests refused by their token
-	queries  int
-	found    int // queries that showed an execution
-	inFlight int // requests refused as in flight
-	faults   map[Fault]int
-	release  chan struct{}
+	mu        sync.Mutex
+	srv       *http.Server
+	ledger    []Execution
+	keys      map[string]*key
+	fences    map[string]int64
+	requests  int
+	stale     int // requests refused by their token
+	queries   int
+	found     int // queries that showed an execution
+	inFlight  int // requests refused as in flight
+	abandoned int // requests whose client left during Latency
+	faults    map[Fault]int
+	release   chan struct{}
 }
 
 // Start starts a Server on 127.0.0.1:0; it stops when the test ends.
@@ -219,6 +226,9 @@ func (s *Server) refund(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if !s.hold(r.Context()) {
+		return
+	}
 	s.mu.Lock()
 	s.requests++
 	req.Seq = s.requests
@@ -300,8 +310,30 @@ func drop(w http.ResponseWriter) {
 	}
 }
 
+// hold holds a request for Config.Latency; it reports false, the request
+// abandoned, when the client gave up first.
+func (s *Server) hold(ctx context.Context) bool {
+	if s.cfg.Latency <= 0 {
+		return true
+	}
+	t := time.NewTimer(s.cfg.Latency)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		s.mu.Lock()
+		s.abandoned++
+		s.mu.Unlock()
+		return false
+	}
+}
+
 func (s *Server) query(w http.ResponseWriter, r *http.Request) {
 	no := r.URL.Query().Get("out_request_no")
+	if !s.hold(r.Context()) {
+		return
+	}
 	s.mu.Lock()
 	var found *Execution
 	for i := range s.ledger {
@@ -352,12 +384,13 @@ func (s *Server) Executions() map[string]int {
 
 // Stats is what the provider saw.
 type Stats struct {
-	Requests int           // refund requests
-	Stale    int           // refused for a stale fencing token
-	InFlight int           // refused while the key was in flight
-	Queries  int           // read-backs
-	Found    int           // read-backs that showed an execution
-	Faults   map[Fault]int // requests by the fault they met
+	Requests  int           // refund requests
+	Stale     int           // refused for a stale fencing token
+	InFlight  int           // refused while the key was in flight
+	Queries   int           // read-backs
+	Found     int           // read-backs that showed an execution
+	Abandoned int           // requests and queries whose client left during Latency: not counted above
+	Faults    map[Fault]int // requests by the fault they met
 }
 
 // Stats returns what the provider saw so far.
@@ -368,7 +401,7 @@ func (s *Server) Stats() Stats {
 	for k, v := range s.faults {
 		f[k] = v
 	}
-	return Stats{Requests: s.requests, Stale: s.stale, InFlight: s.inFlight, Queries: s.queries, Found: s.found, Faults: f}
+	return Stats{Requests: s.requests, Stale: s.stale, InFlight: s.inFlight, Queries: s.queries, Found: s.found, Abandoned: s.abandoned, Faults: f}
 }
 
 // Client calls a Server, as a refund consumer would.

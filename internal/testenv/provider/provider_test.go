@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/http/httptrace"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/poll"
 	"github.com/idemkit/idem/internal/testenv/provider"
 )
 
@@ -123,5 +125,41 @@ func TestRestart(t *testing.T) {
 	c = &provider.Client{URL: p.URL(), HTTP: &http.Client{Transport: &http.Transport{}}} // the pooled connections are gone
 	if _, err := c.Refund(ctx, provider.Request{OutRequestNo: "x", Amount: 1}, 0); err != nil || len(p.Ledger()) != 1 {
 		t.Fatalf("after a restart: %v, ledger %v", err, p.Ledger())
+	}
+}
+
+// TestLatency: a refund request and a query each take at least Latency; a
+// client that gives up during it leaves nothing executed, and the provider
+// counts it abandoned.
+func TestLatency(t *testing.T) {
+	const latency = 100 * time.Millisecond
+	p := provider.Start(t, provider.Config{Latency: latency})
+	c := &provider.Client{URL: p.URL()}
+	ctx := context.Background()
+	start := time.Now()
+	if _, err := c.Refund(ctx, provider.Request{OutRequestNo: "slow", Amount: 1}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took < latency {
+		t.Errorf("a refund request took %v, less than Latency %v", took, latency)
+	}
+	start = time.Now()
+	if _, found, err := c.Query(ctx, "slow"); err != nil || !found {
+		t.Fatalf("query: found %v, %v", found, err)
+	}
+	if took := time.Since(start); took < latency {
+		t.Errorf("a query took %v, less than Latency %v", took, latency)
+	}
+
+	// The client gives up as soon as its request is written.
+	gone, cancel := context.WithCancel(ctx)
+	defer cancel()
+	gone = httptrace.WithClientTrace(gone, &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) { cancel() }})
+	if _, err := c.Refund(gone, provider.Request{OutRequestNo: "gone", Amount: 1}, 0); err == nil {
+		t.Fatal("a refund request whose client gave up was answered")
+	}
+	poll.Until(t, 10*time.Second, "the provider to count the cancelled request abandoned", func() bool { return p.Stats().Abandoned == 1 })
+	if st := p.Stats(); st.Requests != 1 || st.Queries != 1 || p.Executions()["gone"] != 0 {
+		t.Fatalf("after an abandoned request: %+v, executions %v; want it neither counted nor executed", st, p.Executions())
 	}
 }
