@@ -693,7 +693,10 @@ func (s journalSuite) fingerprintMismatch(t *testing.T) {
 		unchanged(what, before)
 	}
 
-	a := beginFor(t, j, ref, "pk", first, 50*time.Millisecond, dedup.StepCall)
+	// A lease that runs through the checks of a running one on a loaded
+	// machine (50 ms did not: the busy check found it run out), then is
+	// waited out.
+	a := beginFor(t, j, ref, "pk", first, 2*time.Second, dedup.StepCall)
 	if a.Fingerprint != first || stepOf(t, j, ref).Fingerprint != first {
 		t.Fatalf("new step: fingerprint %v, want %v kept", a.Fingerprint, first)
 	}
