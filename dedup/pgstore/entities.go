@@ -4,9 +4,10 @@ package pgstore
 // row per (scope, entity), and the stale events the table <Table>_stale
 // (migration 008). AdvanceEntities runs a fixed number of statements
 // whatever the number of events, in two round trips: the entities' rows
-// locked (the missing ones inserted, then all taken FOR UPDATE, in one
-// canonical order), the events decided in Go in their order, then one
-// statement that moves the watermarks and records the stale events.
+// locked (the missing ones inserted at their first event's version, then
+// all taken FOR NO KEY UPDATE, in one canonical order), the events decided
+// in Go in their order, then one statement that moves the watermarks and
+// records the stale events.
 
 import (
 	"cmp"
@@ -34,12 +35,16 @@ func newMarkQueries(marks, stale string, distributed bool) markQueries {
 		skipLocked = "" // YugabyteDB refuses SKIP LOCKED under SERIALIZABLE
 	}
 	return markQueries{
-		// The entities without a row get one without a watermark (major
-		// NULL), which locks them like the FOR UPDATE below locks the
-		// others. Bytewise order (COLLATE "C"), as the lock's.
-		insert: `INSERT INTO ` + marks + ` (scope, entity)
-SELECT s, e FROM unnest($1::text[], $2::text[]) AS i(s, e) ORDER BY s COLLATE "C", e COLLATE "C"
-ON CONFLICT (scope, entity) DO NOTHING`,
+		// The entities without a row get one at their first event's
+		// version, which that event applies (the row's insertion locks it
+		// like the lock below locks the others); the entities inserted are
+		// returned. Bytewise order (COLLATE "C"), as the lock's.
+		insert: `INSERT INTO ` + marks + ` (scope, entity, major, minor, expires_at)
+SELECT s, e, ma, mi, CASE WHEN r < 0 THEN NULL ELSE now() + r * interval '1 millisecond' END
+FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[]) AS i(s, e, ma, mi, r)
+ORDER BY s COLLATE "C", e COLLATE "C"
+ON CONFLICT (scope, entity) DO NOTHING
+RETURNING scope, entity`,
 		// Each entity's row by primary key, locked in bytewise (scope,
 		// entity) order: a lateral probe, so that the prepared statement's
 		// generic plan is an index scan whatever the table's size was when
@@ -47,7 +52,7 @@ ON CONFLICT (scope, entity) DO NOTHING`,
 		// another transaction moved is read as it committed it.
 		lock: `SELECT i.s, i.e, w.major, w.minor
 FROM (SELECT s, e FROM unnest($1::text[], $2::text[]) AS u(s, e) ORDER BY s COLLATE "C", e COLLATE "C") i
-CROSS JOIN LATERAL (SELECT major, minor FROM ` + marks + ` m WHERE m.scope = i.s AND m.entity = i.e FOR UPDATE) w`,
+CROSS JOIN LATERAL (SELECT major, minor FROM ` + marks + ` m WHERE m.scope = i.s AND m.entity = i.e FOR NO KEY UPDATE) w`,
 		// The watermarks moved and the stale events recorded, in one
 		// statement, run as an unnamed statement (planned each time: its
 		// UPDATE joins the table). The stale rows go in event order, so
@@ -67,7 +72,7 @@ recorded AS (
     ORDER BY o
     RETURNING 1)
 SELECT (SELECT count(*) FROM moved)::int8, (SELECT count(*) FROM recorded)::int8`,
-		watermark: `SELECT major, minor FROM ` + marks + ` WHERE scope = $1 AND entity = $2 AND major IS NOT NULL`,
+		watermark: `SELECT major, minor FROM ` + marks + ` WHERE scope = $1 AND entity = $2`,
 		stale: `SELECT scope, key, entity, major, minor, mark_major, mark_minor, at FROM ` + stale + `
 WHERE ($1 = '' OR scope = $1) AND ($2 = '' OR entity = $2)
 ORDER BY at DESC, id DESC LIMIT $3`,
@@ -83,18 +88,18 @@ type entityRef struct{ scope, name string }
 
 // watermark is an entity's watermark as the events of a call move it.
 type watermark struct {
-	v     dedup.Version
-	had   bool
-	moved bool
+	v      dedup.Version // as the call's events moved it
+	had    bool
+	stored dedup.Version // the row's: written back when v differs
 }
 
 // AdvanceEntities decides events against their entities' watermarks in
-// tx; see dedup.Watermarks. It inserts the entities that have no row,
-// takes every entity's row FOR UPDATE in bytewise (scope, entity) order —
-// one round trip, its waits bounded by Config.LockTimeout like a claim's,
-// a timed-out wait being dedup.ErrInFlight — decides the events in their
-// order, then moves the watermarks and records the stale events in one
-// statement.
+// tx; see dedup.Watermarks. It inserts the entities that have no row (at
+// their first event's version), takes every entity's row FOR NO KEY
+// UPDATE in bytewise (scope, entity) order — one round trip, its waits
+// bounded by Config.LockTimeout like a claim's, a timed-out wait being
+// dedup.ErrInFlight — decides the events in their order, then moves the
+// watermarks and records the stale events in one statement.
 func (s *Store) AdvanceEntities(ctx context.Context, tx pgx.Tx, events []dedup.EntityEvent, results []dedup.Advance) error {
 	if len(results) < len(events) {
 		return fmt.Errorf("pgstore: %d results for %d entity events", len(results), len(events))
@@ -107,42 +112,51 @@ func (s *Store) AdvanceEntities(ctx context.Context, tx pgx.Tx, events []dedup.E
 	if len(events) == 0 {
 		return nil
 	}
-	refs := make([]entityRef, len(events))
-	for i, e := range events {
-		refs[i] = entityRef{e.Key.Scope, e.Entity}
+	// The entities in lock order, each with its first event's version.
+	order := make([]int, len(events))
+	for i := range order {
+		order[i] = i
 	}
-	slices.SortFunc(refs, func(a, b entityRef) int { return cmp.Or(cmp.Compare(a.scope, b.scope), cmp.Compare(a.name, b.name)) })
-	refs = slices.Compact(refs)
-	scopes, names := make([]string, len(refs)), make([]string, len(refs))
-	for i, r := range refs {
-		scopes[i], names[i] = r.scope, r.name
+	slices.SortStableFunc(order, func(a, b int) int {
+		return cmp.Or(cmp.Compare(events[a].Key.Scope, events[b].Key.Scope), cmp.Compare(events[a].Entity, events[b].Entity))
+	})
+	var first movedArgs
+	for k, i := range order {
+		e := &events[i]
+		if k > 0 && e.Key.Scope == first.scopes[len(first.scopes)-1] && e.Entity == first.names[len(first.names)-1] {
+			continue
+		}
+		first.add(entityRef{e.Key.Scope, e.Entity}, e.Version, s.retentionMillis(e.Key.Scope))
 	}
 
-	marks, err := s.lockEntities(ctx, tx, scopes, names)
+	marks, err := s.lockEntities(ctx, tx, &first)
 	if err != nil {
 		return err
 	}
-	if len(marks) != len(refs) {
-		return fmt.Errorf("%w: %d of %d entities' watermarks vanished while they were locked (purged?)", dedup.ErrInFlight, len(refs)-len(marks), len(refs))
+	if len(marks) != len(first.scopes) {
+		return fmt.Errorf("%w: %d of %d entities' watermarks vanished while they were locked (purged?)", dedup.ErrInFlight, len(first.scopes)-len(marks), len(first.scopes))
 	}
 
 	var st staleArgs
 	for i, e := range events {
-		ref := entityRef{e.Key.Scope, e.Entity}
-		w := marks[ref]
+		w := marks[entityRef{e.Key.Scope, e.Entity}]
 		results[i] = dedup.Advance{Watermark: w.v, Had: w.had}
 		if w.had && e.Version.Compare(w.v) <= 0 {
 			results[i].Stale = true
 			st.add(e, w.v, s.retentionMillis(e.Key.Scope))
 			continue
 		}
-		marks[ref] = &watermark{v: e.Version, had: true, moved: true}
+		w.v, w.had = e.Version, true
 	}
 	var mv movedArgs
-	for _, r := range refs { // in lock order, for a plan that follows it
-		if w := marks[r]; w.moved {
-			mv.add(r, w.v, s.retentionMillis(r.scope))
+	for i := range first.scopes { // in lock order
+		r := entityRef{first.scopes[i], first.names[i]}
+		if w := marks[r]; w.v != w.stored {
+			mv.add(r, w.v, first.rets[i])
 		}
+	}
+	if len(mv.scopes) == 0 && len(st.scopes) == 0 {
+		return nil
 	}
 	var moved, recorded int64
 	err = tx.QueryRow(ctx, s.marks.apply, pgx.QueryExecModeExec,
@@ -157,56 +171,65 @@ func (s *Store) AdvanceEntities(ctx context.Context, tx pgx.Tx, events []dedup.E
 	return nil
 }
 
-// lockEntities inserts the rows of the entities that have none and locks
-// every entity's row, in one round trip, and returns their watermarks.
+// lockEntities inserts the rows of the entities that have none, at their
+// first event's version, and locks every entity's row, in one round trip,
+// and returns their watermarks: an entity it inserted has none yet.
 // Non-distributed, the lock_timeout set first bounds both statements; in
 // distributed mode each has statement_timeout set around it.
-func (s *Store) lockEntities(ctx context.Context, tx pgx.Tx, scopes, names []string) (map[entityRef]*watermark, error) {
+func (s *Store) lockEntities(ctx context.Context, tx pgx.Tx, first *movedArgs) (map[entityRef]*watermark, error) {
 	var b pgx.Batch
+	s.queueBounded(&b, s.marks.insert, first.scopes, first.names, first.majors, first.minors, first.rets)
+	insertAt := len(b.QueuedQueries) - 1
 	if s.cfg.Distributed {
-		s.queueBounded(&b, s.marks.insert, scopes, names)
-		s.queueBounded(&b, s.marks.lock, scopes, names)
+		insertAt-- // the restore of statement_timeout follows it
+		s.queueBounded(&b, s.marks.lock, first.scopes, first.names)
 	} else {
-		s.queueBounded(&b, s.marks.insert, scopes, names)
-		b.Queue(s.marks.lock, scopes, names)
+		b.Queue(s.marks.lock, first.scopes, first.names)
 	}
 	lockAt := len(b.QueuedQueries) - 1
 	if s.cfg.Distributed {
-		lockAt-- // the restore of statement_timeout follows it
+		lockAt--
 	}
-	marks := make(map[entityRef]*watermark, len(scopes))
+	inserted := make(map[entityRef]bool)
+	marks := make(map[entityRef]*watermark, len(first.scopes))
 	br := tx.SendBatch(ctx, &b)
+	fail := func(err error) (map[entityRef]*watermark, error) {
+		br.Close()
+		return nil, s.boundedErr("advance entities", err)
+	}
 	for i := range b.QueuedQueries {
-		if i != lockAt {
+		if i != insertAt && i != lockAt {
 			if _, err := br.Exec(); err != nil {
-				br.Close()
-				return nil, s.boundedErr("advance entities", err)
+				return fail(err)
 			}
 			continue
 		}
 		rows, err := br.Query()
 		if err != nil {
-			br.Close()
-			return nil, s.boundedErr("advance entities", err)
+			return fail(err)
 		}
 		for rows.Next() {
 			var r entityRef
-			var major, minor *int64
-			if err := rows.Scan(&r.scope, &r.name, &major, &minor); err != nil {
+			var v dedup.Version
+			if i == insertAt {
+				err = rows.Scan(&r.scope, &r.name)
+				inserted[r] = true
+			} else {
+				err = rows.Scan(&r.scope, &r.name, &v.Major, &v.Minor)
+				if inserted[r] {
+					marks[r] = &watermark{stored: v} // its first event applies
+				} else {
+					marks[r] = &watermark{v: v, had: true, stored: v}
+				}
+			}
+			if err != nil {
 				rows.Close()
-				br.Close()
-				return nil, s.boundedErr("advance entities", err)
+				return fail(err)
 			}
-			w := &watermark{}
-			if major != nil && minor != nil {
-				w.v, w.had = dedup.Version{Major: *major, Minor: *minor}, true
-			}
-			marks[r] = w
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
-			br.Close()
-			return nil, s.boundedErr("advance entities", err)
+			return fail(err)
 		}
 	}
 	if err := br.Close(); err != nil {
@@ -215,7 +238,7 @@ func (s *Store) lockEntities(ctx context.Context, tx pgx.Tx, scopes, names []str
 	return marks, nil
 }
 
-// movedArgs are the arguments of the watermarks moved, an entity each.
+// movedArgs are the arguments of watermarks written, an entity each.
 type movedArgs struct {
 	scopes, names  []string
 	majors, minors []int64
