@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 
 	"github.com/jackc/pgx/v5"
 
@@ -23,10 +24,13 @@ import (
 
 // markQueries are the statements of the entity watermarks.
 type markQueries struct {
-	insert, lock, apply string
-	watermark, stale    string
-	purgeMarks          string
-	purgeStale          string
+	insert, lock string
+	// apply moves the watermarks, records the stale events, or both, in
+	// one statement (applyMoved, applyStale, applyBoth).
+	apply            [3]string
+	watermark, stale string
+	purgeMarks       string
+	purgeStale       string
 }
 
 func newMarkQueries(marks, stale string, distributed bool) markQueries {
@@ -53,25 +57,12 @@ RETURNING scope, entity`,
 		lock: `SELECT i.s, i.e, w.major, w.minor
 FROM (SELECT s, e FROM unnest($1::text[], $2::text[]) AS u(s, e) ORDER BY s COLLATE "C", e COLLATE "C") i
 CROSS JOIN LATERAL (SELECT major, minor FROM ` + marks + ` m WHERE m.scope = i.s AND m.entity = i.e FOR NO KEY UPDATE) w`,
-		// The watermarks moved and the stale events recorded, in one
-		// statement, run as an unnamed statement (planned each time: its
-		// UPDATE joins the table). The stale rows go in event order, so
-		// that ids, and the clock, grow with it.
-		apply: `WITH moved AS (
-    UPDATE ` + marks + ` w SET major = u.ma, minor = u.mi, updated_at = now(),
-        expires_at = CASE WHEN u.r < 0 THEN NULL ELSE now() + u.r * interval '1 millisecond' END
-    FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[]) AS u(s, e, ma, mi, r)
-    WHERE w.scope = u.s AND w.entity = u.e
-    RETURNING 1),
-recorded AS (
-    INSERT INTO ` + stale + ` (scope, key, entity, major, minor, mark_major, mark_minor, at, expires_at)
-    SELECT s, k, e, ma, mi, wma, wmi, clock_timestamp(),
-        CASE WHEN r < 0 THEN NULL ELSE clock_timestamp() + r * interval '1 millisecond' END
-    FROM unnest($6::text[], $7::text[], $8::text[], $9::int8[], $10::int8[], $11::int8[], $12::int8[], $13::int8[])
-        WITH ORDINALITY AS x(s, k, e, ma, mi, wma, wmi, r, o)
-    ORDER BY o
-    RETURNING 1)
+		apply: [3]string{
+			`WITH moved AS (` + moveSQL(marks) + `) SELECT count(*)::int8, 0::int8 FROM moved`,
+			`WITH recorded AS (` + recordSQL(stale, 1) + `) SELECT 0::int8, count(*)::int8 FROM recorded`,
+			`WITH moved AS (` + moveSQL(marks) + `), recorded AS (` + recordSQL(stale, 6) + `)
 SELECT (SELECT count(*) FROM moved)::int8, (SELECT count(*) FROM recorded)::int8`,
+		},
 		watermark: `SELECT major, minor FROM ` + marks + ` WHERE scope = $1 AND entity = $2`,
 		stale: `SELECT scope, key, entity, major, minor, mark_major, mark_minor, at FROM ` + stale + `
 WHERE ($1 = '' OR scope = $1) AND ($2 = '' OR entity = $2)
@@ -81,6 +72,36 @@ SELECT scope, entity FROM ` + marks + ` WHERE expires_at < now() LIMIT $1` + ski
 		purgeStale: `DELETE FROM ` + stale + ` WHERE id IN (
 SELECT id FROM ` + stale + ` WHERE expires_at < now() LIMIT $1` + skipLocked + `)`,
 	}
+}
+
+const (
+	applyMoved = iota
+	applyStale
+	applyBoth
+)
+
+// moveSQL is the UPDATE of the watermarks moved, an entity each in
+// parameters $1 to $5. It runs as an unnamed statement, planned each time:
+// it joins the table.
+func moveSQL(marks string) string {
+	return `UPDATE ` + marks + ` w SET major = u.ma, minor = u.mi, updated_at = now(),
+    expires_at = CASE WHEN u.r < 0 THEN NULL ELSE now() + u.r * interval '1 millisecond' END
+FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[]) AS u(s, e, ma, mi, r)
+WHERE w.scope = u.s AND w.entity = u.e
+RETURNING 1`
+}
+
+// recordSQL is the INSERT of the stale events, in parameters $first to
+// $first+7, in event order, so that ids, and the clock, grow with it.
+func recordSQL(stale string, first int) string {
+	p := func(i int) string { return "$" + strconv.Itoa(first+i) }
+	return `INSERT INTO ` + stale + ` (scope, key, entity, major, minor, mark_major, mark_minor, at, expires_at)
+SELECT s, k, e, ma, mi, wma, wmi, clock_timestamp(),
+    CASE WHEN r < 0 THEN NULL ELSE clock_timestamp() + r * interval '1 millisecond' END
+FROM unnest(` + p(0) + `::text[], ` + p(1) + `::text[], ` + p(2) + `::text[], ` + p(3) + `::int8[], ` + p(4) + `::int8[], ` +
+		p(5) + `::int8[], ` + p(6) + `::int8[], ` + p(7) + `::int8[]) WITH ORDINALITY AS x(s, k, e, ma, mi, wma, wmi, r, o)
+ORDER BY o
+RETURNING 1`
 }
 
 // entityRef is an entity of a scope.
@@ -158,10 +179,22 @@ func (s *Store) AdvanceEntities(ctx context.Context, tx pgx.Tx, events []dedup.E
 	if len(mv.scopes) == 0 && len(st.scopes) == 0 {
 		return nil
 	}
+	args := []any{pgx.QueryExecModeExec}
+	which := applyBoth
+	switch {
+	case len(st.scopes) == 0:
+		which = applyMoved
+	case len(mv.scopes) == 0:
+		which = applyStale
+	}
+	if which != applyStale {
+		args = append(args, mv.scopes, mv.names, mv.majors, mv.minors, mv.rets)
+	}
+	if which != applyMoved {
+		args = append(args, st.scopes, st.keys, st.names, st.majors, st.minors, st.markMajors, st.markMinors, st.rets)
+	}
 	var moved, recorded int64
-	err = tx.QueryRow(ctx, s.marks.apply, pgx.QueryExecModeExec,
-		mv.scopes, mv.names, mv.majors, mv.minors, mv.rets,
-		st.scopes, st.keys, st.names, st.majors, st.minors, st.markMajors, st.markMinors, st.rets).Scan(&moved, &recorded)
+	err = tx.QueryRow(ctx, s.marks.apply[which], args...).Scan(&moved, &recorded)
 	if err != nil {
 		return s.boundedErr("advance entities", err)
 	}
