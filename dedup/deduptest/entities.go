@@ -254,6 +254,17 @@ func holdEntities[TTx any](ctx context.Context, st WatermarkStore[TTx], events [
 	return done
 }
 
+// releaser returns a holder's release channel and end, which closes it
+// once; t's cleanup ends it too, so that a holder never outlives a failed
+// test.
+func releaser(t *testing.T) (release chan struct{}, end func()) {
+	release = make(chan struct{})
+	var once sync.Once
+	end = func() { once.Do(func() { close(release) }) }
+	t.Cleanup(end)
+	return release, end
+}
+
 // waitBounded: a transaction that advances an entity another uncommitted
 // transaction advanced waits at most the lock timeout, then fails with
 // ErrInFlight (a store whose lock is the database's, SQLite, reports the
@@ -261,7 +272,8 @@ func holdEntities[TTx any](ctx context.Context, st WatermarkStore[TTx], events [
 // holder's watermark.
 func (s watermarkSuite[TTx]) waitBounded(t *testing.T) {
 	st, ctx := s.store(t, Config{LockTimeout: 200 * time.Millisecond}), ctxFor(t)
-	ready, release := make(chan struct{}), make(chan struct{})
+	ready := make(chan struct{})
+	release, end := releaser(t)
 	done := holdEntities(ctx, st, []dedup.EntityEvent{Event("trades", "k1", "T1", 5, 0)}, false, ready, release)
 	<-ready
 	_, err := advanceTx(ctx, st, Event("trades", "k2", "T1", 6, 0))
@@ -271,7 +283,7 @@ func (s watermarkSuite[TTx]) waitBounded(t *testing.T) {
 	if err != nil && st.ClassifyError(err) == dedup.ClassPermanent {
 		t.Errorf("in-flight error classified permanent: %v", err)
 	}
-	close(release)
+	end()
 	if err := <-done; err != nil {
 		t.Fatalf("holder: %v", err)
 	}
@@ -287,7 +299,8 @@ func (s watermarkSuite[TTx]) secondWaits(t *testing.T) {
 		t.Run(map[bool]string{false: "Commit", true: "Rollback"}[rollback], func(t *testing.T) {
 			st, ctx := s.store(t, Config{LockTimeout: 30 * time.Second}), ctxFor(t)
 			mustAdvance(t, st, []dedup.EntityEvent{Event("trades", "k0", "T1", 1, 0)}, "apply")
-			ready, release := make(chan struct{}), make(chan struct{})
+			ready := make(chan struct{})
+			release, end := releaser(t)
 			done := holdEntities(ctx, st, []dedup.EntityEvent{Event("trades", "k1", "T1", 5, 0)}, rollback, ready, release)
 			<-ready
 			type out struct {
@@ -313,7 +326,7 @@ func (s watermarkSuite[TTx]) secondWaits(t *testing.T) {
 				t.Fatalf("v6 decided while the holder of T1 was open: %+v, %v", o.res, o.err)
 			case <-time.After(100 * time.Millisecond):
 			}
-			close(release)
+			end()
 			if err := <-done; err != nil && !(rollback && errors.Is(err, errRollback)) {
 				t.Fatalf("holder: %v", err)
 			}
@@ -502,12 +515,13 @@ func (s watermarkSuite[TTx]) staleEvents(t *testing.T) {
 func (s watermarkSuite[TTx]) committed(t *testing.T) {
 	st, ctx := s.store(t, Config{}), ctxFor(t)
 	mustAdvance(t, st, []dedup.EntityEvent{Event("trades", "k1", "T1", 1, 0)}, "apply")
-	ready, release := make(chan struct{}), make(chan struct{})
+	ready := make(chan struct{})
+	release, end := releaser(t)
 	done := holdEntities(ctx, st, []dedup.EntityEvent{Event("trades", "k2", "T1", 2, 0), Event("trades", "k2", "T2", 1, 0)}, false, ready, release)
 	<-ready
 	wantMark(t, st, "trades", "T1", "1.0")
 	wantMark(t, st, "trades", "T2", "")
-	close(release)
+	end()
 	if err := <-done; err != nil {
 		t.Fatalf("holder: %v", err)
 	}
