@@ -343,3 +343,55 @@ func TestEntityTravelsWithARetryCopy(t *testing.T) {
 		t.Fatalf("dead letters %+v, want v1's copy, stale, entity %v", letters, want)
 	}
 }
+
+// TestEntityTravelsWithARedrivenLetter: versions by the record's time; v1
+// is rejected and dead-lettered, v2 applies, and the operator redrives
+// v1's letter: the copy lies at a new offset with a later time. It is
+// ordered by the entity and version its letter carries, and is stale.
+func TestEntityTravelsWithARedrivenLetter(t *testing.T) {
+	log := newTradeLog()
+	var mu sync.Mutex
+	fixed := false
+	cfg := entityConfig(func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
+		ev, _ := consumer.ByJSONField("event")(m)
+		mu.Lock()
+		reject := ev == "v1" && !fixed
+		mu.Unlock()
+		if reject {
+			return consumer.Reject(errors.New("the ledger refuses v1 until the fix"))
+		}
+		return log.handle(ctx, tx, m)
+	})
+	cfg.Entity = func(m *consumer.Message) (consumer.Entity, error) {
+		trade, err := consumer.ByJSONField("trade")(m)
+		return consumer.Entity{Name: trade, Version: dedup.Version{Major: m.Time.UnixNano()}}, err
+	}
+	t0 := time.Now().Add(-time.Hour)
+	v1 := consumertest.Message("pay", 0, 0, "t1", tradeEvent("v1", "t1", 1))
+	v2 := consumertest.Message("pay", 0, 1, "t1", tradeEvent("v2", "t1", 2))
+	v1.Time, v2.Time = t0, t0.Add(time.Second)
+	res := consumertest.Run(t, cfg, consumertest.Script{}, v1, v2)
+	if len(res.DeadLetters) != 1 || res.DeadLetters[0].Cause != consumer.CauseRejected {
+		t.Fatalf("dead letters %+v, want v1's, rejected", res.DeadLetters)
+	}
+	mu.Lock()
+	fixed = true
+	mu.Unlock()
+	// The redrive: the letter's headers but its own metadata, a count.
+	headers, value := wire.Letter(res.DeadLetters[0]).Record(1 << 20)
+	cp := consumertest.Message("pay", 0, 2, "t1", string(value))
+	cp.Time = time.Now()
+	for _, h := range headers {
+		switch h.Key {
+		case wire.MetaReason, wire.MetaCause, wire.MetaFingerprint, wire.MetaAttempts, wire.MetaAttempt, wire.MetaLane:
+		default:
+			cp.Headers = append(cp.Headers, h)
+		}
+	}
+	cp.Headers = append(cp.Headers, consumer.Header{Key: wire.MetaRedriveCount, Value: []byte("1")})
+	res = consumertest.Run(t, cfg, consumertest.Script{}, cp)
+	log.check(t, map[string]int{"t1": 2})
+	if res.Stats.Stale != 1 || res.Stats.Applied != 0 {
+		t.Errorf("the redriven copy: %v, stale %d; want it stale", res, res.Stats.Stale)
+	}
+}
