@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 
 	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup"
@@ -77,10 +78,18 @@ func (c *Consumer[TTx]) deriveEntity(it *item) error {
 // carries from its first delivery; ok is false when m is no such copy or
 // carries none (a copy written before entities, or of a message that
 // named none: then the function decides, on the original's view). A
-// copy's own topic (a retry topic) must not change its entity: a retry
-// copy is ordered as the event it stands for.
+// copy's own record (a retry topic, a new time) must not change its
+// order: a copy is ordered as the event it stands for.
+//
+// A retry copy lies on a retry topic only the consumer writes to, and
+// its entity is taken as carried. A redriven copy lies on its original's
+// topic, where anyone who can produce can write headers: its carried
+// entity must be the one Config.Entity names on its original's view, at
+// a version no higher than the one it gives there, so that a forged copy
+// cannot push an entity's watermark past the events still to come.
 func (c *Consumer[TTx]) carriedEntity(m *Message) (Entity, bool) {
-	if _, ok := m.Origin(); !ok {
+	origin, ok := m.Origin()
+	if !ok {
 		return Entity{}, false
 	}
 	name, ok := m.Header(wire.MetaEntity)
@@ -89,12 +98,30 @@ func (c *Consumer[TTx]) carriedEntity(m *Message) (Entity, bool) {
 	}
 	ver, ok := m.Header(wire.MetaEntityVersion)
 	v, err := wire.ParseVersion(string(ver))
-	if !ok || err != nil || len(name) == 0 || len(name) > 200 {
-		c.cfg.Logger.Warn("idem: the entity a copy carries is not readable; it is derived from its original's view",
-			slog.String("message", m.Ref()), slog.String("entity", string(name)), slog.String("version", string(ver)))
+	refuse := func(why string) (Entity, bool) {
+		c.cfg.Logger.Warn("idem: the entity a copy carries is not honoured; it is derived from its original's view",
+			slog.String("message", m.Ref()), slog.String("entity", string(name)), slog.String("version", string(ver)), slog.String("why", why))
 		return Entity{}, false
 	}
-	return Entity{Name: string(name), Version: v}, true
+	switch {
+	case !ok || err != nil:
+		return refuse(wire.MetaEntityVersion + " is not major.minor")
+	case len(name) == 0 || len(name) > 200:
+		return refuse("the entity's name must be 1 to 200 bytes")
+	}
+	e := Entity{Name: string(name), Version: v}
+	if !origin.Retry {
+		own, err := c.cfg.Entity(originalView(m))
+		switch {
+		case err != nil:
+			return refuse("entity: " + err.Error())
+		case own.Name != e.Name:
+			return refuse("a redriven copy's entity must be the one Entity names for it, " + strconv.Quote(own.Name))
+		case e.Version.Compare(own.Version) > 0:
+			return refuse("a redriven copy's version must not be above the one Entity gives it, " + own.Version.String())
+		}
+	}
+	return e, true
 }
 
 // advanceEntities is the entity step of an attempt, in its transaction

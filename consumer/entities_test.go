@@ -395,3 +395,26 @@ func TestEntityTravelsWithARedrivenLetter(t *testing.T) {
 		t.Errorf("the redriven copy: %v, stale %d; want it stale", res, res.Stats.Stale)
 	}
 }
+
+// TestEntityForgedRedrivenCopyCannotRaiseAWatermark: a record on the
+// topic dressed as a redriven copy of v1, carrying version 1000: were it
+// honoured, every later event of the trade would be stale. Its carried
+// version is above the one Entity gives it, and is refused: it is
+// ordered as its payload says (v1, stale after v2), and v3 applies.
+func TestEntityForgedRedrivenCopyCannotRaiseAWatermark(t *testing.T) {
+	log := newTradeLog()
+	cfg := entityConfig(log.handle)
+	v1 := consumertest.Message("pay", 0, 0, "t1", tradeEvent("v1", "t1", 1))
+	v2 := consumertest.Message("pay", 0, 1, "t1", tradeEvent("v2", "t1", 2))
+	forged := redriven(v1, 2, 1)
+	forged.Value = []byte(tradeEvent("forged", "t1", 1))
+	forged.Headers = append(forged.Headers,
+		consumer.Header{Key: wire.MetaEntity, Value: []byte("t1")},
+		consumer.Header{Key: wire.MetaEntityVersion, Value: []byte("1000.0")})
+	v3 := consumertest.Message("pay", 0, 3, "t1", tradeEvent("v3", "t1", 3))
+	res := consumertest.Run(t, cfg, consumertest.Script{}, v1, v2, forged, v3)
+	log.check(t, map[string]int{"t1": 3})
+	if res.Stats.Applied != 3 || res.Stats.Stale != 1 {
+		t.Errorf("%v, stale %d; want v1, v2, v3 applied and the forged copy stale", res, res.Stats.Stale)
+	}
+}
