@@ -28,7 +28,8 @@ type Consumer[TTx any] struct {
 	nonBlocking *NonBlocking       // Config.Retries when it is NonBlocking, defaults set
 	holds       *holds             // the record keys in retry, with NonBlocking.KeyOrdered; else nil
 	stats       counters
-	keyCheck    keyCheck // Config.Key's failures over the first messages
+	keyCheck    keyCheck              // Config.Key's failures over the first messages
+	marks       dedup.Watermarks[TTx] // the Store's entity watermarks, with Config.Entity; else nil
 
 	lanesMu sync.Mutex
 	lanes   map[laneID]*lane[TTx]
@@ -73,7 +74,12 @@ func New[TTx any](cfg Config[TTx]) (*Consumer[TTx], error) {
 	if o, ok := cfg.Observer.(DeadLetterObserver); ok {
 		cfg.DeadLetter = o.ObserveDeadLetter(cfg.DeadLetter)
 	}
+	marks, _ := cfg.Store.(dedup.Watermarks[TTx])
+	if cfg.Entity == nil {
+		marks = nil
+	}
 	return &Consumer[TTx]{
+		marks:       marks,
 		cfg:         cfg,
 		handler:     h,
 		batch:       cfg.BatchHandler,
