@@ -155,3 +155,73 @@ func TestEntityOrderInEveryLayout(t *testing.T) {
 		}
 	}
 }
+
+// TestEntityOneBatchOfOneTrade: one batch of 100 holds a trade's events
+// in this order: seq 1, 3, 3 again under a new notification (equal: not
+// ordered, stale), 2 (stale), 2's copy under its own key (a duplicate in
+// the same claim), 4, then the same again delivered later (all
+// duplicates). On real Postgres seq 1, 3 and 4 apply in that order, two
+// events are recorded stale once, and nothing else is counted stale.
+func TestEntityOneBatchOfOneTrade(t *testing.T) {
+	pool, schema, st, _ := effectsRig(t, pgstore.Config{})
+	ctx := context.Background()
+	events := pgx.Identifier{schema, "trade_events"}.Sanitize()
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+events+` (id bigserial PRIMARY KEY, nid text NOT NULL, seq bigint NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	var msgs []*consumer.Message
+	for i, n := range []tradeSeq{{"n1", "T1", 1}, {"n3", "T1", 3}, {"n3b", "T1", 3}, {"n2", "T1", 2}, {"n2", "T1", 2}, {"n4", "T1", 4}} {
+		v, _ := json.Marshal(n)
+		msgs = append(msgs, consumertest.Message("notify", 0, int64(i), n.ID, string(v)))
+	}
+	cfg := consumer.Config[pgx.Tx]{
+		Name: "alipay", Store: st, Logger: quiet, BatchSize: 100, Key: consumer.ByJSONField("id"),
+		Entity: func(m *consumer.Message) (consumer.Entity, error) {
+			var n tradeSeq
+			err := json.Unmarshal(m.Value, &n)
+			return consumer.Entity{Name: n.Trade, Version: dedup.Version{Major: n.Seq}}, err
+		},
+		Handler: consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			var n tradeSeq
+			if err := json.Unmarshal(m.Value, &n); err != nil {
+				return consumer.Permanent(err)
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO `+events+` (nid, seq) VALUES ($1, $2)`, n.ID, n.Seq)
+			return err
+		}),
+	}
+	first := consumertest.Run(t, cfg, consumertest.Script{}, msgs...)
+	if first.Stats.Commits != 1 {
+		t.Fatalf("%v: the test needs the six in one batch", first)
+	}
+	for i, m := range msgs {
+		m.Offset = int64(len(msgs) + i)
+	}
+	again := consumertest.Run(t, cfg, consumertest.Script{}, msgs...)
+
+	rows, err := pool.Query(ctx, `SELECT nid FROM `+events+` ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applied, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(applied) != "[n1 n3 n4]" {
+		t.Errorf("applied %v, want [n1 n3 n4]", applied)
+	}
+	stale, err := st.StaleEvents(ctx, dedup.StaleFilter{Scope: "alipay"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, s := range stale {
+		got = append(got, fmt.Sprintf("%s@%s/%s", s.Key.ID, s.Version, s.Watermark))
+	}
+	if fmt.Sprint(got) != "[n2@2.0/3.0 n3b@3.0/3.0]" {
+		t.Errorf("stale records %v, want n2 and n3b against watermark 3", got)
+	}
+	if first.Stats.Stale != 2 || first.Stats.Duplicates != 1 || again.Stats.Stale != 0 || again.Stats.Duplicates != 6 {
+		t.Errorf("first run %v (stale %d), second %v (stale %d): want 2 stale and 1 duplicate, then 6 duplicates", first, first.Stats.Stale, again, again.Stats.Stale)
+	}
+}
