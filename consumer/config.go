@@ -157,7 +157,13 @@ type Config[TTx any] struct {
 	// (the default) acknowledges it, counted in Stats.Stale, the store
 	// keeping the record (dedup.Watermarks.StaleEvents); StaleDeadLetter
 	// dead-letters it with CauseStale, its letter naming the entity, the
-	// event's version and the watermark it met.
+	// event's version and the watermark it met. Whatever it says, a stale
+	// event whose key has provider steps in the Store's effect journal
+	// (dedup.Journal, package effect) that are not failed — an earlier,
+	// rolled-back attempt called a provider before a later event of its
+	// entity committed — is dead-lettered with CauseInDoubt, its reason
+	// naming the steps: the call's effect is not booked, and an operator
+	// resolves it by hand.
 	Stale StalePolicy
 
 	// MaxPayloadBytes dead-letters larger payloads before any parsing, with

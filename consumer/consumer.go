@@ -30,6 +30,7 @@ type Consumer[TTx any] struct {
 	stats       counters
 	keyCheck    keyCheck              // Config.Key's failures over the first messages
 	marks       dedup.Watermarks[TTx] // the Store's entity watermarks, with Config.Entity; else nil
+	journal     dedup.Journal         // the Store's effect journal, with marks; else nil (see stale)
 
 	lanesMu sync.Mutex
 	lanes   map[laneID]*lane[TTx]
@@ -75,11 +76,13 @@ func New[TTx any](cfg Config[TTx]) (*Consumer[TTx], error) {
 		cfg.DeadLetter = o.ObserveDeadLetter(cfg.DeadLetter)
 	}
 	marks, _ := cfg.Store.(dedup.Watermarks[TTx])
+	journal, _ := cfg.Store.(dedup.Journal)
 	if cfg.Entity == nil {
-		marks = nil
+		marks, journal = nil, nil
 	}
 	return &Consumer[TTx]{
 		marks:       marks,
+		journal:     journal,
 		cfg:         cfg,
 		handler:     h,
 		batch:       cfg.BatchHandler,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 
 	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup"
@@ -30,7 +31,9 @@ type StalePolicy uint8
 const (
 	// StaleSkip (the default) acknowledges a stale event without applying
 	// it; Stats.Stale counts it, the Observer sees OutcomeStale, and the
-	// store records it (dedup.Watermarks.StaleEvents).
+	// store records it (dedup.Watermarks.StaleEvents). Under either policy
+	// a stale event with provider steps is dead-lettered in doubt (see
+	// Config.Stale).
 	StaleSkip StalePolicy = iota
 	// StaleDeadLetter dead-letters a stale event (CauseStale) after its
 	// transaction committed, its letter naming the entity, the event's
@@ -169,8 +172,22 @@ func staleReason(it *item) error {
 }
 
 // stale settles a stale item of a committed transaction, as Config.Stale
-// says.
+// says — unless its key has provider steps (the Store's dedup.Journal)
+// that are not failed. Then an earlier attempt of the event, rolled back
+// with the decision that it applied, called a provider (effect.Do) before
+// a later event of its entity committed: the call's effect may have
+// happened, and nothing books it. Such an event is dead-lettered with
+// CauseInDoubt whatever Config.Stale says, its reason naming the entity,
+// both versions and the steps, for an operator to resolve by hand; its
+// stale record stays as it is.
 func (c *Consumer[TTx]) stale(ctx context.Context, it *item) error {
+	steps, unread, err := c.openSteps(ctx, it)
+	if err != nil {
+		return err
+	}
+	if len(steps) > 0 || unread != nil {
+		return c.fail(ctx, it, InDoubt(staleStepsReason(it, steps, unread)), false)
+	}
 	if c.cfg.Stale == StaleDeadLetter {
 		return c.deadLetter(ctx, it, staleReason(it), CauseStale)
 	}
@@ -183,4 +200,72 @@ func (c *Consumer[TTx]) stale(ctx context.Context, it *item) error {
 		c.holds.settled(it.msg, c.cfg.Clock.Now())
 	}
 	return nil
+}
+
+// openSteps returns the steps of it's key that are not failed, from the
+// Store's journal: a stale event is rare, and one query per stale event
+// costs nothing on the way of the others. A journal that fails for a
+// moment is asked again; one that cannot answer (a permanent or fatal
+// error) leaves the steps unknown, unread says why, and the event is
+// treated as having some. A store that keeps no journal
+// (dedup.ErrNoJournal) has no steps.
+func (c *Consumer[TTx]) openSteps(ctx context.Context, it *item) (steps []dedup.StepRecord, unread, err error) {
+	if c.journal == nil {
+		return nil, nil, nil
+	}
+	f := dedup.StepFilter{Scope: it.claim.Key.Scope, Key: it.claim.Key.ID,
+		States: []dedup.StepState{dedup.StepPending, dedup.StepSucceeded, dedup.StepUnknown, dedup.StepInDoubt}}
+	err = c.untilDone(ctx, nil, "reading a stale event's provider steps", func() error {
+		var err error
+		steps, err = c.journal.Steps(ctx, f)
+		return err
+	}, func(err error) (error, bool) {
+		if errors.Is(err, dedup.ErrNoJournal) {
+			steps = nil
+			return nil, true
+		}
+		if class := classify(err, c.cfg.Store.ClassifyError); class == dedup.ClassPermanent || class == dedup.ClassFatal {
+			unread = err
+			return nil, true
+		}
+		return nil, false
+	})
+	return steps, unread, err
+}
+
+// staleStepsError is the reason a stale event with provider steps is
+// dead-lettered (CauseInDoubt); errors.Is(err, ErrStale) holds.
+type staleStepsError struct{ msg string }
+
+func (e *staleStepsError) Error() string { return e.msg }
+func (e *staleStepsError) Unwrap() error { return ErrStale }
+
+// staleStepsReason says why it, a stale event, is dead-lettered in doubt:
+// its steps, or, with unread, that they could not be read.
+func staleStepsReason(it *item, steps []dedup.StepRecord, unread error) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "stale event of entity %q (version %s at or below watermark %s) ", it.entity.Name, it.entity.Version, it.watermark)
+	if unread != nil {
+		fmt.Fprintf(&b, "whose provider steps could not be read (%v): an effect may have happened and not be booked; check its steps and resolve by hand", unread)
+		return &staleStepsError{b.String()}
+	}
+	happened := false
+	for i, s := range steps {
+		switch {
+		case i == 0 && len(steps) == 1:
+			b.WriteString("whose provider step ")
+		case i == 0:
+			b.WriteString("whose provider steps ")
+		default:
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s %s (provider key %s)", s.Ref.Step, s.State, s.ProviderKey)
+		happened = happened || s.State == dedup.StepSucceeded
+	}
+	if happened {
+		b.WriteString(": its effect happened and is not booked; resolve by hand")
+	} else {
+		b.WriteString(": its effect may have happened and is not booked; resolve by hand")
+	}
+	return &staleStepsError{b.String()}
 }

@@ -306,7 +306,7 @@ const (
 	CauseExhausted                     // its retries ran out
 	CauseValidate                      // consumer.Config.Validate refused it: no row recorded, the key stays free
 	CauseRejected                      // the handler refused it with Reject: rolled back, no row recorded, the key stays free
-	CauseInDoubt                       // a call to a provider has an outcome that can no longer be found out or repeated safely (package effect): rolled back, no row recorded, the key stays free
+	CauseInDoubt                       // a call to a provider has an outcome that can no longer be found out or repeated safely (package effect): rolled back, no row recorded, the key stays free; or a stale event whose key has provider steps that did not fail (its stale record kept)
 	CauseStale                         // an event at or below its entity's watermark (consumer.StaleDeadLetter): not applied; the store recorded it
 )
 

@@ -562,6 +562,9 @@ func (r *kafkaRunner) check(ctx context.Context, final bool) {
 		p := r.pays[id]
 		n := rows[id]
 		if final && n == 0 && !p.dead && r.cfg.entity.on && r.checkStaleRecorded(ctx, applied, p) {
+			if r.prov.cfg.on && r.prov.executed(id) {
+				r.rep.violation(checkStepApplied, id, "payment %s ended stale, its charge executed by the provider, and it was not dead-lettered: the charge is booked nowhere; %s", id, r.describe(ctx, p))
+			}
 			continue
 		}
 		switch {
