@@ -64,6 +64,11 @@ type attempt[TTx any] struct {
 	fresh      []*Message // a BatchHandler's messages
 	freshAt    []int      // their positions in the items
 	tx         TxEvent    // what the Observer is told of the transaction
+	// with Config.Entity: the events of the new items, their positions in
+	// the items, and what AdvanceEntities decided
+	events   []dedup.EntityEvent
+	eventAt  []int
+	advances []dedup.Advance
 }
 
 // run runs the transaction. It returns nil when it committed, with each
@@ -107,6 +112,10 @@ func (a *attempt[TTx]) run(ctx context.Context, its []*item) *failure {
 				return fmt.Errorf("%w: Claim left the result of key %q unset (status %d)", dedup.ErrContract, it.claim.Key, results[i].Status)
 			}
 			it.status, it.reason, it.firstAt = results[i].Status, results[i].Reason, results[i].FirstAt
+		}
+		if err := a.advanceEntities(ctx, tx, its); err != nil {
+			f.phase = phaseClaim // no handler ran: the store's trouble, not a message's
+			return err
 		}
 		if err := a.handle(ctx, tx, its, &f); err != nil {
 			return err
@@ -170,7 +179,7 @@ func (a *attempt[TTx]) handle(ctx context.Context, tx TTx, its []*item, f *failu
 		return a.handleBatch(ctx, tx, its, f)
 	}
 	for i, it := range its {
-		if it.status != dedup.StatusNew {
+		if it.status != dedup.StatusNew || it.stale {
 			continue
 		}
 		if err := a.c.handler.Handle(ctx, tx, it.msg); err != nil {
@@ -186,7 +195,7 @@ func (a *attempt[TTx]) handle(ctx context.Context, tx TTx, its []*item, f *failu
 func (a *attempt[TTx]) handleBatch(ctx context.Context, tx TTx, its []*item, f *failure) error {
 	fresh, at := a.fresh[:0], a.freshAt[:0]
 	for i, it := range its {
-		if it.status == dedup.StatusNew {
+		if it.status == dedup.StatusNew && !it.stale {
 			fresh, at = append(fresh, it.msg), append(at, i)
 		}
 	}

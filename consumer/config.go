@@ -134,6 +134,38 @@ type Config[TTx any] struct {
 	// coordinates, without idem's metadata headers). See docs/keys.md.
 	Tenant KeyFunc
 
+	// Entity, when set, names the entity each message is an event of (a
+	// trade, a payment intent, an account) and the event's version, so
+	// that the events of one entity apply in version order whatever order
+	// they arrive in: in each batch's transaction, right after the claim,
+	// each new message's version is compared with its entity's watermark
+	// (the highest version applied, per key scope and entity; see
+	// dedup.Watermarks), and one at or below it is stale — never handed to
+	// Handler or BatchHandler, and settled as Stale says. Use it where a
+	// re-sent older event (TRADE_SUCCESS after TRADE_CLOSED) is a new
+	// message to dedup, with a key of its own, but must not apply.
+	//
+	// It sees the message as first delivered: a retry copy or a redriven
+	// letter carries the entity and version decided then (like its key),
+	// and is ordered by them. A zero Entity.Name: the message is of no
+	// entity and is not ordered. An error dead-letters the message
+	// (CauseBadInput), as a Key error does. Requires a Store that
+	// implements dedup.Watermarks[TTx] (New says so otherwise). Default
+	// nil: no entity order.
+	Entity func(m *Message) (Entity, error)
+	// Stale says what happens to a stale event (see Entity): StaleSkip
+	// (the default) acknowledges it, counted in Stats.Stale, the store
+	// keeping the record (dedup.Watermarks.StaleEvents); StaleDeadLetter
+	// dead-letters it with CauseStale, its letter naming the entity, the
+	// event's version and the watermark it met. Whatever it says, a stale
+	// event whose key has provider steps in the Store's effect journal
+	// (dedup.Journal, package effect) that are not failed — an earlier,
+	// rolled-back attempt called a provider before a later event of its
+	// entity committed — is dead-lettered with CauseInDoubt, its reason
+	// naming the steps: the call's effect is not booked, and an operator
+	// resolves it by hand.
+	Stale StalePolicy
+
 	// MaxPayloadBytes dead-letters larger payloads before any parsing, with
 	// ErrPayloadTooLarge; default 0: no limit beyond the broker's.
 	MaxPayloadBytes int
@@ -292,6 +324,17 @@ func (c *Config[TTx]) validate() error {
 	}
 	if c.OnExhausted > StopLaneOnExhausted {
 		add("OnExhausted is %d, not a known policy", c.OnExhausted)
+	}
+	if c.Entity != nil && c.Store != nil {
+		if _, ok := c.Store.(dedup.Watermarks[TTx]); !ok {
+			add("Entity is set, but Store (%T) keeps no entity watermarks (it does not implement dedup.Watermarks): use a store that does, such as pgstore, or leave Entity nil", c.Store)
+		}
+	}
+	if c.Stale > StaleDeadLetter {
+		add("Stale is %d, not a known policy", c.Stale)
+	}
+	if c.Stale != StaleSkip && c.Entity == nil {
+		add("Stale is set without Entity: no event is ever stale")
 	}
 	c.validateRetries(add)
 	return errors.Join(errs...)

@@ -28,7 +28,9 @@ type Consumer[TTx any] struct {
 	nonBlocking *NonBlocking       // Config.Retries when it is NonBlocking, defaults set
 	holds       *holds             // the record keys in retry, with NonBlocking.KeyOrdered; else nil
 	stats       counters
-	keyCheck    keyCheck // Config.Key's failures over the first messages
+	keyCheck    keyCheck              // Config.Key's failures over the first messages
+	marks       dedup.Watermarks[TTx] // the Store's entity watermarks, with Config.Entity; else nil
+	journal     dedup.Journal         // the Store's effect journal, with marks; else nil (see stale)
 
 	lanesMu sync.Mutex
 	lanes   map[laneID]*lane[TTx]
@@ -73,7 +75,14 @@ func New[TTx any](cfg Config[TTx]) (*Consumer[TTx], error) {
 	if o, ok := cfg.Observer.(DeadLetterObserver); ok {
 		cfg.DeadLetter = o.ObserveDeadLetter(cfg.DeadLetter)
 	}
+	marks, _ := cfg.Store.(dedup.Watermarks[TTx])
+	journal, _ := cfg.Store.(dedup.Journal)
+	if cfg.Entity == nil {
+		marks, journal = nil, nil
+	}
 	return &Consumer[TTx]{
+		marks:       marks,
+		journal:     journal,
 		cfg:         cfg,
 		handler:     h,
 		batch:       cfg.BatchHandler,

@@ -38,6 +38,13 @@ type Letter struct {
 	// producer's. wire.Letter.Record applies them; Message stays the message the
 	// Source delivered.
 	Headers []Header
+	// Entity is the entity the message is an event of, and its version
+	// (Config.Entity; for a copy, the ones it carries); zero when it names
+	// none.
+	Entity Entity
+	// Watermark is, for a stale event (CauseStale), the entity's watermark
+	// it met; zero otherwise.
+	Watermark dedup.Version
 }
 
 // DeadLetter stores messages that cannot be processed. The consumer
@@ -66,7 +73,8 @@ const (
 	CauseExhausted    = wire.CauseExhausted    // its retries ran out
 	CauseValidate     = wire.CauseValidate     // Config.Validate refused it: no row recorded, the key stays free
 	CauseRejected     = wire.CauseRejected     // the handler refused it with Reject: rolled back, no row recorded, the key stays free
-	CauseInDoubt      = wire.CauseInDoubt      // InDoubt: a provider call's outcome is in doubt; rolled back, no row recorded, the key stays free
+	CauseInDoubt      = wire.CauseInDoubt      // InDoubt: a provider call's outcome is in doubt; rolled back, no row recorded, the key stays free. Also a stale event whose key has provider steps that did not fail (see Config.Stale): its stale record is kept
+	CauseStale        = wire.CauseStale        // an event at or below its entity's watermark, with StaleDeadLetter: not applied; the store recorded it
 )
 
 // fail dead-letters a message that cannot be processed. With record, the
@@ -110,8 +118,12 @@ func (c *Consumer[TTx]) fail(ctx context.Context, it *item, reason error, record
 // ctx ends, and marks it settled.
 func (c *Consumer[TTx]) deadLetter(ctx context.Context, it *item, reason error, cause Cause) error {
 	err := c.untilDone(ctx, nil, "dead letter", func() error {
-		return c.cfg.DeadLetter.DeadLetter(ctx, Letter{Message: it.msg, Key: it.claim.Key, Fingerprint: it.claim.Fingerprint,
-			Cause: cause, Reason: reason, Attempts: it.attempts})
+		l := Letter{Message: it.msg, Key: it.claim.Key, Fingerprint: it.claim.Fingerprint,
+			Cause: cause, Reason: reason, Attempts: it.attempts, Entity: it.entity}
+		if cause == CauseStale {
+			l.Watermark = it.watermark
+		}
+		return c.cfg.DeadLetter.DeadLetter(ctx, l)
 	}, nil)
 	if err != nil {
 		return err

@@ -46,6 +46,9 @@ func (c *Consumer[TTx]) keyItem(ctx context.Context, l *lane[TTx], it *item, flu
 	if err := c.deriveKey(it, false); err != nil {
 		return CauseBadInput, err
 	}
+	if err := c.deriveEntity(it); err != nil {
+		return CauseBadInput, err
+	}
 	if err := c.pastRetention(it); err != nil {
 		return CauseExhausted, err
 	}

@@ -190,7 +190,7 @@ func (c *Consumer[TTx]) sendFollower(ctx context.Context, it *item, delay time.D
 	}
 	reason := errFollowing
 	r := RetryLetter{
-		Letter: Letter{Message: it.msg, Key: it.claim.Key, Fingerprint: it.claim.Fingerprint, Cause: CauseExhausted, Reason: reason, Attempts: it.attempts},
+		Letter: Letter{Message: it.msg, Key: it.claim.Key, Fingerprint: it.claim.Fingerprint, Cause: CauseExhausted, Reason: reason, Attempts: it.attempts, Entity: it.entity},
 		Retry:  wire.Retry{Attempt: done + 1, Delay: delay, Due: now.Add(delay), FirstFailure: first, Following: true},
 	}
 	tooLarge, err := c.writeRetry(ctx, r)

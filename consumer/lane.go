@@ -110,6 +110,12 @@ type item struct {
 	// lineage: with Config.Offsets and no Key, a redriven copy, claimed
 	// in the key table under its original's identity (see lineage.go)
 	lineage bool
+	// entity: the entity it is an event of (Config.Entity), zero for none;
+	// stale: the attempt's AdvanceEntities found it at or below the
+	// entity's watermark, which it met
+	entity    Entity
+	stale     bool
+	watermark dedup.Version
 }
 
 // process settles one batch in order — bad input is dead-lettered in its

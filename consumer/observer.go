@@ -15,7 +15,7 @@ import (
 //
 //	BatchStart            a lane took messages into a batch
 //	  TxStart, TxEnd      per transaction: the batch's first, a retry, a part of a split batch
-//	  Settled             per message: applied, skipped as a duplicate, or dead-lettered
+//	  Settled             per message: applied, skipped as a duplicate or stale, or dead-lettered
 //	  Retry               before each wait to retry
 //	BatchEnd              the settled messages were acknowledged, the rest released
 //
@@ -84,6 +84,11 @@ const (
 	// written to the retry sink (NonBlocking), to come back after a delay;
 	// Reason and Attempts say why, as for a dead letter
 	OutcomeRetryLater
+	// not applied: an event at or below its entity's watermark
+	// (Config.Entity, StaleSkip); Reason wraps ErrStale and names the
+	// versions. With StaleDeadLetter a stale event is OutcomeDeadLettered,
+	// CauseStale.
+	OutcomeStale
 )
 
 func (o Outcome) String() string {
@@ -96,6 +101,8 @@ func (o Outcome) String() string {
 		return "dead_lettered"
 	case OutcomeRetryLater:
 		return "retry_later"
+	case OutcomeStale:
+		return "stale"
 	}
 	return "unknown"
 }

@@ -308,7 +308,7 @@ func (c *Consumer[TTx]) retryLater(ctx context.Context, it *item, reason error) 
 		c.holds.sentToRetry(it.msg, delay, now) // before the write: a later message of the key follows it from now
 	}
 	r := RetryLetter{
-		Letter: Letter{Message: it.msg, Key: it.claim.Key, Fingerprint: it.claim.Fingerprint, Cause: CauseExhausted, Reason: reason, Attempts: it.attempts},
+		Letter: Letter{Message: it.msg, Key: it.claim.Key, Fingerprint: it.claim.Fingerprint, Cause: CauseExhausted, Reason: reason, Attempts: it.attempts, Entity: it.entity},
 		Retry:  wire.Retry{Attempt: done + 1, Delay: delay, Due: now.Add(delay), FirstFailure: first},
 	}
 	tooLarge, err := c.writeRetry(ctx, r)

@@ -53,7 +53,8 @@ func (s *retrySource) Describe() source.Description {
 }
 
 // retrySink writes retry copies back to its source, as a broker would:
-// a new offset on the retry topic, the headers of the copy's record.
+// a new offset and time on the retry topic, the headers of the copy's
+// record.
 type retrySink struct {
 	src     *retrySource
 	mu      sync.Mutex
@@ -67,6 +68,7 @@ func (s *retrySink) Retry(_ context.Context, r consumer.RetryLetter) error {
 	s.mu.Lock()
 	s.letters = append(s.letters, r)
 	m := consumertest.Message("pay.retry", 0, s.offset, "", string(value))
+	m.Time = time.Now() // the broker's time of the copy's record
 	s.offset++
 	s.mu.Unlock()
 	if s.edit != nil {

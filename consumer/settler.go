@@ -200,6 +200,13 @@ func (s *settler[TTx]) fail(ctx context.Context, it *item, reason error, record 
 // payload under the key, a key that failed before — dead-lettered.
 func (c *Consumer[TTx]) committed(ctx context.Context, its []*item) error {
 	for _, it := range its {
+		switch {
+		case it.status == dedup.StatusNew && it.stale:
+			if err := c.stale(ctx, it); err != nil {
+				return err
+			}
+			continue
+		}
 		switch it.status {
 		case dedup.StatusNew:
 			c.stats.applied.Add(1)

@@ -17,21 +17,22 @@ type Stats struct {
 	Commits      int64 // transactions committed
 	Released     int64 // messages given back unacknowledged (stop, stopped lane)
 	KeyFallbacks int64 // messages keyed by their message ID for want of a key (FallBackToMessageID)
+	Stale        int64 // stale events skipped (Config.Entity, StaleSkip); dead-lettered ones count in DeadLettered
 	// DuplicateAge is how old the duplicates were when they arrived: the
 	// retention a scope needs is above its Quantile(0.999).
 	DuplicateAge AgeHistogram
 }
 
 type counters struct {
-	delivered, applied, duplicates, deadLettered, retriedLater, retries, commits, released, keyFallbacks atomic.Int64
-	dupAges                                                                                              ageCounters
+	delivered, applied, duplicates, deadLettered, retriedLater, retries, commits, released, keyFallbacks, stale atomic.Int64
+	dupAges                                                                                                     ageCounters
 }
 
 func (c *counters) snapshot() Stats {
 	return Stats{
 		Delivered: c.delivered.Load(), Applied: c.applied.Load(), Duplicates: c.duplicates.Load(),
 		DeadLettered: c.deadLettered.Load(), RetriedLater: c.retriedLater.Load(), Retries: c.retries.Load(), Commits: c.commits.Load(),
-		Released: c.released.Load(), KeyFallbacks: c.keyFallbacks.Load(), DuplicateAge: c.dupAges.snapshot(),
+		Released: c.released.Load(), KeyFallbacks: c.keyFallbacks.Load(), Stale: c.stale.Load(), DuplicateAge: c.dupAges.snapshot(),
 	}
 }
 

@@ -3,6 +3,7 @@ package dedup
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -200,14 +201,38 @@ type StepOutcome struct {
 	Error  string // why unknown or in doubt; who resolved it (operators)
 }
 
-// StepFilter selects steps for operators.
+// StepFilter selects steps for operators, and for the consumer, which
+// lists a stale event's steps by its key.
 type StepFilter struct {
 	// States selects steps in these states; empty: the unresolved ones
 	// (unknown, in doubt, and pending steps whose lease ran out).
 	States []StepState
 	Scope  string // exact; empty: every scope
-	Limit  int    // at most this many, the oldest first attempt first; 0: 100
+	// Key selects the steps of one message: its key's ID within Scope,
+	// exact; empty: every key. It requires Scope.
+	Key   string
+	Limit int // at most this many, the oldest first attempt first; 0: 100
 }
+
+// Validate reports whether f can be used: known states, and Scope with
+// Key.
+func (f StepFilter) Validate() error {
+	for _, st := range f.States {
+		if !st.Valid() {
+			return fmt.Errorf("dedup: step filter: no state %d", st)
+		}
+	}
+	if f.Key != "" && f.Scope == "" {
+		return errors.New("dedup: step filter: Key needs Scope (a key's ID is unique only within its scope)")
+	}
+	return nil
+}
+
+// ErrNoJournal: the store keeps no effect journal in its configuration
+// (pgstore with Distributed), though its type implements Journal. Such a
+// store has no steps; every Journal method returns an error wrapping
+// ErrNoJournal.
+var ErrNoJournal = errors.New("dedup: the store keeps no effect journal")
 
 // Journal is the effect journal of a store. Every method runs in a
 // transaction of its own, committed before it returns, and is safe for

@@ -30,6 +30,7 @@
 //	messaging.process.duration           histogram  s, one batch; error.type released or ack_failed
 //	idem.consumer.applied                counter    = Stats.Applied
 //	idem.consumer.duplicates             counter    = Stats.Duplicates
+//	idem.consumer.stale                  counter    = Stats.Stale
 //	idem.consumer.duplicate.age          histogram  s, the buckets of Stats.DuplicateAge
 //	idem.consumer.dead_letters           counter    = Stats.DeadLettered, by idem.dead_letter.cause (consumer.Cause; failed_before is a repeat)
 //	idem.consumer.released               counter    = Stats.Released

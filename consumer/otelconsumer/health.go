@@ -108,7 +108,7 @@ func (t *Telemetry) zero(attrs []attribute.KeyValue) {
 		return metric.WithAttributeSet(attribute.NewSet(append(attrs[:len(attrs):len(attrs)], kv...)...))
 	}
 	set := with()
-	for _, c := range []metric.Int64Counter{t.applied, t.duplicates, t.released, t.conflicts} {
+	for _, c := range []metric.Int64Counter{t.applied, t.duplicates, t.stale, t.released, t.conflicts} {
 		c.Add(ctx, 0, set)
 	}
 	t.consumed.Inst().Add(ctx, 0, with(semconv.MessagingOperationName("process")))

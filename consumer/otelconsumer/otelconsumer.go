@@ -31,7 +31,7 @@ const ScopeName = "github.com/idemkit/idem/consumer/otelconsumer"
 // Attributes of idem's own, beside the messaging conventions'.
 const (
 	AttrConsumer = attribute.Key("idem.consumer.name")     // consumer.Config.Name
-	AttrCause    = attribute.Key("idem.dead_letter.cause") // consumer.Cause: bad_input, validate, rejected, fingerprint_mismatch, failed_before, permanent, exhausted
+	AttrCause    = attribute.Key("idem.dead_letter.cause") // consumer.Cause: bad_input, validate, rejected, fingerprint_mismatch, failed_before, permanent, exhausted, in_doubt, stale
 	AttrOutcome  = attribute.Key("idem.transaction.outcome")
 	AttrMessages = attribute.Key("idem.transaction.messages")
 	AttrKeyScope = attribute.Key("idem.key.scope")   // the dedup key's scope, as the letter's idem-key-scope
@@ -79,6 +79,7 @@ type Telemetry struct {
 	process    messagingconv.ProcessDuration
 	applied    metric.Int64Counter
 	duplicates metric.Int64Counter
+	stale      metric.Int64Counter
 	dupAge     metric.Float64Histogram
 	dead       metric.Int64Counter
 	released   metric.Int64Counter
@@ -149,6 +150,7 @@ func New(cfg Config) (*Telemetry, error) {
 	}
 	t.applied = counter("idem.consumer.applied", "{message}", "Messages whose handler's effects committed.")
 	t.duplicates = counter("idem.consumer.duplicates", "{message}", "Messages skipped: their key was claimed before.")
+	t.stale = counter("idem.consumer.stale", "{message}", "Stale events skipped: at or below their entity's watermark (Config.Entity, StaleSkip).")
 	t.dead = counter("idem.consumer.dead_letters", "{message}", "Messages written to the dead-letter sink, by cause.")
 	t.released = counter("idem.consumer.released", "{message}", "Messages given back unacknowledged (a stop, a stopped lane).")
 	t.retries = counter("idem.consumer.retries", "{retry}", "Waits before a retry, by the class of the failure.")
@@ -262,6 +264,7 @@ type batch struct {
 	span       trace.Span
 	applied    int64
 	duplicates int64
+	stale      int64
 	dead       map[consumer.Cause]int64
 }
 
@@ -397,6 +400,8 @@ func (t *Telemetry) Settled(ctx context.Context, s consumer.Settlement) {
 	switch s.Outcome {
 	case consumer.OutcomeApplied:
 		b.applied++
+	case consumer.OutcomeStale:
+		b.stale++
 	case consumer.OutcomeDuplicate:
 		b.duplicates++
 		if !s.FirstAt.IsZero() {
@@ -447,6 +452,9 @@ func (t *Telemetry) BatchEnd(ctx context.Context, e consumer.Batch) {
 	}
 	if b.duplicates > 0 {
 		t.duplicates.Add(ctx, b.duplicates, set)
+	}
+	if b.stale > 0 {
+		t.stale.Add(ctx, b.stale, set)
 	}
 	for cause, n := range b.dead {
 		t.dead.Add(ctx, n, metric.WithAttributes(append(b.lane.attrs[:len(b.lane.attrs):len(b.lane.attrs)], AttrCause.String(cause.String()))...))

@@ -79,6 +79,11 @@ func countsAgree(t testing.TB, ms map[string]metricdata.Metrics, st consumer.Sta
 			t.Errorf("%s = %d, Stats say %d", name, got, want)
 		}
 	}
+	if _, ok := ms["idem.consumer.stale"]; ok || st.Stale != 0 {
+		if got := total(t, ms, "idem.consumer.stale", where...); got != st.Stale {
+			t.Errorf("idem.consumer.stale = %d, Stats say %d", got, st.Stale)
+		}
+	}
 }
 
 // total sums a counter's points, or counts a histogram's observations,

@@ -234,6 +234,7 @@ func TestObserveExportsEveryCounterFromZero(t *testing.T) {
 			"messaging.client.consumed.messages": {attribute.String("messaging.operation.name", "process")},
 			"idem.consumer.applied":              nil,
 			"idem.consumer.duplicates":           nil,
+			"idem.consumer.stale":                nil,
 			"idem.consumer.released":             nil,
 			"idem.consumer.conflicts":            nil,
 			"idem.consumer.transactions":         {attribute.String("idem.transaction.outcome", "commit")},

@@ -3,6 +3,7 @@ package wire
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"math"
 	"strconv"
 	"strings"
@@ -28,6 +29,34 @@ type Letter struct {
 	// same names (matched case-insensitively; one with a nil Value only
 	// removes them): a dead-letter observer's trace context.
 	Headers []source.Header
+	// Entity is the entity the message is an event of, and the event's
+	// version (MetaEntity, MetaEntityVersion); zero when it names none.
+	Entity Entity
+	// Watermark is, for a stale event (CauseStale), the entity's watermark
+	// it met (MetaEntityWatermark); zero otherwise.
+	Watermark dedup.Version
+}
+
+// Entity names the entity a message is an event of (a trade, a payment
+// intent) and the event's version, which orders it among the entity's
+// events (dedup.Watermarks). A zero Name: the message is of no entity.
+type Entity struct {
+	Name    string
+	Version dedup.Version
+}
+
+// ParseVersion reads a version as Version.String writes it: "major.minor".
+func ParseVersion(s string) (dedup.Version, error) {
+	maj, min, ok := strings.Cut(s, ".")
+	if !ok {
+		return dedup.Version{}, fmt.Errorf("wire: version %q is not major.minor", s)
+	}
+	a, err1 := strconv.ParseInt(maj, 10, 64)
+	b, err2 := strconv.ParseInt(min, 10, 64)
+	if err1 != nil || err2 != nil {
+		return dedup.Version{}, fmt.Errorf("wire: version %q is not major.minor", s)
+	}
+	return dedup.Version{Major: a, Minor: b}, nil
 }
 
 // Retry is what a retry copy carries beside its Letter (consumer.RetryLetter).
@@ -47,7 +76,7 @@ type Retry struct {
 // message's own and stay: a letter redriven later keeps the key it is
 // deduplicated by.
 const (
-	MetaCause     = "idem-cause"              // why, as one value: Letter.Cause (bad_input, validate, rejected, fingerprint_mismatch, failed_before, permanent, exhausted, in_doubt)
+	MetaCause     = "idem-cause"              // why, as one value: Letter.Cause (bad_input, validate, rejected, fingerprint_mismatch, failed_before, permanent, exhausted, in_doubt, stale)
 	MetaReason    = "idem-reason"             // why, in words: the error text, at most dedup.MaxReasonLen bytes
 	MetaAttempts  = "idem-attempts"           // failures charged to the message (Letter.Attempts), decimal
 	MetaTopic     = "idem-original-topic"     // the message's topic
@@ -62,6 +91,15 @@ const (
 	// absent when none was computed. With the cause and the key it tells
 	// a re-send of one bad payload from another payload.
 	MetaFingerprint = "idem-fingerprint"
+	// The entity the message is an event of and the event's version
+	// ("major.minor", dedup.Version.String), decided at its first delivery
+	// (consumer.Config.Entity); absent when it names none. A retry copy and
+	// a redriven letter are ordered by them, not by what the entity
+	// function makes of the copy.
+	MetaEntity        = "idem-entity"
+	MetaEntityVersion = "idem-entity-version"
+	// A stale event's letter (CauseStale): the entity's watermark it met.
+	MetaEntityWatermark = "idem-entity-watermark"
 	// A value larger than the adapter's dead-letter limit is left out, so
 	// that an oversized message cannot block its partition; these say what
 	// it was.
@@ -131,6 +169,13 @@ func (l Letter) Record(maxValue int) (headers []source.Header, value []byte) {
 			add(MetaFingerprint, hex.EncodeToString(l.Fingerprint[:]))
 		}
 	}
+	if l.Entity.Name != "" {
+		add(MetaEntity, l.Entity.Name)
+		add(MetaEntityVersion, l.Entity.Version.String())
+		if l.Cause == CauseStale {
+			add(MetaEntityWatermark, l.Watermark.String())
+		}
+	}
 	value = m.Value
 	if len(value) > maxValue {
 		sum := sha256.Sum256(value)
@@ -144,6 +189,7 @@ func (l Letter) Record(maxValue int) (headers []source.Header, value []byte) {
 var metaNames = map[string]bool{
 	MetaCause: true, MetaFingerprint: true, MetaReason: true, MetaAttempts: true, MetaTopic: true, MetaPartition: true, MetaLane: true,
 	MetaOffset: true, MetaMessageID: true, MetaAttempt: true, MetaKeyScope: true, MetaKey: true,
+	MetaEntity: true, MetaEntityVersion: true, MetaEntityWatermark: true,
 	MetaValueSHA256: true, MetaValueSize: true,
 	MetaRetryAttempt: true, MetaRetryDue: true, MetaRetryFirstFailure: true, MetaRetryFollowing: true, MetaRetryDelay: true,
 }
@@ -260,7 +306,8 @@ const (
 	CauseExhausted                     // its retries ran out
 	CauseValidate                      // consumer.Config.Validate refused it: no row recorded, the key stays free
 	CauseRejected                      // the handler refused it with Reject: rolled back, no row recorded, the key stays free
-	CauseInDoubt                       // a call to a provider has an outcome that can no longer be found out or repeated safely (package effect): rolled back, no row recorded, the key stays free
+	CauseInDoubt                       // a call to a provider has an outcome that can no longer be found out or repeated safely (package effect): rolled back, no row recorded, the key stays free; or a stale event whose key has provider steps that did not fail (its stale record kept)
+	CauseStale                         // an event at or below its entity's watermark (consumer.StaleDeadLetter): not applied; the store recorded it
 )
 
 var causeNames = [...]string{
@@ -272,6 +319,7 @@ var causeNames = [...]string{
 	CauseValidate:     "validate",
 	CauseRejected:     "rejected",
 	CauseInDoubt:      "in_doubt",
+	CauseStale:        "stale",
 }
 
 func (c Cause) String() string {
@@ -283,7 +331,7 @@ func (c Cause) String() string {
 
 // Causes lists every Cause, in their order.
 func Causes() []Cause {
-	return []Cause{CauseBadInput, CauseMismatch, CauseFailedBefore, CausePermanent, CauseExhausted, CauseValidate, CauseRejected, CauseInDoubt}
+	return []Cause{CauseBadInput, CauseMismatch, CauseFailedBefore, CausePermanent, CauseExhausted, CauseValidate, CauseRejected, CauseInDoubt, CauseStale}
 }
 
 // ParseCause returns the Cause whose String is s: what a reader of the

@@ -33,6 +33,7 @@ func RunJournal(t *testing.T, newJournal JournalFactory) {
 	t.Run("StaleTokensRefused", s.staleTokens)
 	t.Run("ResolveStep", s.resolveStep)
 	t.Run("StepsAndCounts", s.stepsAndCounts)
+	t.Run("StepsOfOneKey", s.stepsOfOneKey)
 	t.Run("ConcurrentHoldersOneAtATime", s.concurrentHolders)
 	t.Run("StoreClock", s.storeClock)
 	t.Run("PurgeKeepsUnresolved", s.purge)
@@ -485,6 +486,60 @@ func (s journalSuite) stepsAndCounts(t *testing.T) {
 	list(dedup.StepFilter{}, "unknown", "doubt", "unknown-2")
 	if byState, expired, err := j.CountSteps(ctx); err != nil || expired != 0 || byState[dedup.StepPending] != 2 {
 		t.Fatalf("CountSteps after the takeover: %v, %d, %v; want 2 pending, none expired", byState, expired, err)
+	}
+}
+
+// stepsOfOneKey: StepFilter{Scope, Key, States: all} lists exactly that
+// key's steps, whatever their states: not a step of the same ID in another
+// scope, nor of a key the ID is a prefix of. Key without States lists the
+// key's unresolved steps; Key without Scope is refused.
+func (s journalSuite) stepsOfOneKey(t *testing.T) {
+	j, ctx := s.journal(t, Config{}), ctxFor(t)
+	for _, c := range []struct {
+		scope, id, step string
+		out             dedup.StepState // 0: left pending
+	}{
+		{"a", "k1", "charge", dedup.StepSucceeded},
+		{"a", "k1", "refund", 0},
+		{"a", "k1", "notify", dedup.StepFailed},
+		{"a", "k1", "audit", dedup.StepUnknown},
+		{"a", "k1", "payout", dedup.StepInDoubt},
+		{"b", "k1", "charge", dedup.StepSucceeded},
+		{"a", "k10", "charge", dedup.StepSucceeded},
+		{"a", "k2", "charge", dedup.StepUnknown},
+	} {
+		ref := Step(c.scope, c.id, c.step)
+		rec := begin(t, j, ref, "pk-"+c.scope+"-"+c.id+"-"+c.step, time.Hour, dedup.StepCall)
+		if c.out != 0 {
+			finish(t, j, ref, rec.Token, dedup.StepOutcome{State: c.out})
+		}
+	}
+	all := []dedup.StepState{dedup.StepPending, dedup.StepSucceeded, dedup.StepFailed, dedup.StepUnknown, dedup.StepInDoubt}
+	list := func(f dedup.StepFilter, want ...string) {
+		t.Helper()
+		got, err := j.Steps(ctx, f)
+		if err != nil {
+			t.Fatalf("Steps(%+v): %v", f, err)
+		}
+		var steps []string
+		for _, r := range got {
+			if r.Ref.Key != (dedup.Key{Scope: f.Scope, ID: f.Key}) || r.ProviderKey != "pk-"+f.Scope+"-"+f.Key+"-"+r.Ref.Step {
+				t.Fatalf("Steps(%+v) listed step %s of key %s (provider key %s), of another key", f, r.Ref.Step, r.Ref.Key, r.ProviderKey)
+			}
+			steps = append(steps, r.Ref.Step)
+		}
+		slices.Sort(steps)
+		if !slices.Equal(steps, want) {
+			t.Fatalf("Steps(%+v) = %v, want %v", f, steps, want)
+		}
+	}
+	list(dedup.StepFilter{Scope: "a", Key: "k1", States: all}, "audit", "charge", "notify", "payout", "refund")
+	list(dedup.StepFilter{Scope: "b", Key: "k1", States: all}, "charge")
+	list(dedup.StepFilter{Scope: "a", Key: "k1"}, "audit", "payout")
+	list(dedup.StepFilter{Scope: "a", Key: "k1", States: []dedup.StepState{dedup.StepSucceeded, dedup.StepPending}}, "charge", "refund")
+	list(dedup.StepFilter{Scope: "a", Key: "k3", States: all})
+	if got, err := j.Steps(ctx, dedup.StepFilter{Key: "k1", States: all}); err == nil {
+		t.Fatalf("Steps with Key and no Scope = %d steps, want an error: a key's ID is unique only within its scope", len(got))
 	}
 }
 

@@ -259,6 +259,9 @@ func (s *Store) Steps(ctx context.Context, f dedup.StepFilter) ([]dedup.StepReco
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if err := f.Validate(); err != nil {
+		return nil, fmt.Errorf("memstore: steps: %w", err)
+	}
 	limit := f.Limit
 	if limit <= 0 {
 		limit = 100
@@ -268,7 +271,7 @@ func (s *Store) Steps(ctx context.Context, f dedup.StepFilter) ([]dedup.StepReco
 	now := s.cfg.Now()
 	var out []dedup.StepRecord
 	for ref, st := range s.steps {
-		if f.Scope != "" && ref.Key.Scope != f.Scope {
+		if f.Scope != "" && ref.Key.Scope != f.Scope || f.Key != "" && ref.Key.ID != f.Key {
 			continue
 		}
 		if len(f.States) == 0 && !unresolved(st, now) || len(f.States) > 0 && !slices.Contains(f.States, st.state) {

@@ -4,7 +4,9 @@
 // (bounded by LockTimeout) like Postgres does on its unique index. Effects
 // staged with Tx.OnCommit run only when the transaction commits.
 //
-// The store is also a dedup.Journal (journal.go), on the same clock.
+// The store is also a dedup.Journal (journal.go), on the same clock, and
+// keeps entity watermarks (dedup.Watermarks, entities.go) in its
+// transactions like its claims.
 //
 // It is for unit tests and demos: nothing survives the process.
 package memstore
@@ -45,6 +47,10 @@ type Store struct {
 
 	steps     map[dedup.StepRef]*step // the effect journal (journal.go)
 	lastToken int64
+
+	marks       map[entity]mark // entity watermarks (entities.go)
+	markHolders map[entity]*Tx
+	stale       []staleRecord // in commit order
 }
 
 type row struct {
@@ -64,6 +70,10 @@ type Tx struct {
 	onCommit []func()
 	done     chan struct{}
 	finished bool
+
+	marks map[entity]dedup.Version // watermarks moved, uncommitted
+	stale []dedup.StaleEvent       // stale events, unrecorded
+	held  []entity                 // entities this transaction holds
 }
 
 // New returns an empty Store.
@@ -74,7 +84,8 @@ func New(cfg Config) *Store {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Store{cfg: cfg, rows: make(map[dedup.Key]row), pending: make(map[dedup.Key]*Tx), steps: make(map[dedup.StepRef]*step)}
+	return &Store{cfg: cfg, rows: make(map[dedup.Key]row), pending: make(map[dedup.Key]*Tx), steps: make(map[dedup.StepRef]*step),
+		marks: make(map[entity]mark), markHolders: make(map[entity]*Tx)}
 }
 
 // OnCommit stages an effect: f runs if and when tx commits.
@@ -85,7 +96,8 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *Tx) e
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	tx := &Tx{s: s, claims: make(map[dedup.Key]dedup.Fingerprint), first: make(map[dedup.Key]time.Time), done: make(chan struct{})}
+	tx := &Tx{s: s, claims: make(map[dedup.Key]dedup.Fingerprint), first: make(map[dedup.Key]time.Time), done: make(chan struct{}),
+		marks: make(map[entity]dedup.Version)}
 	err := fn(ctx, tx)
 	if err == nil {
 		err = ctx.Err()
@@ -98,7 +110,9 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *Tx) e
 				s.rows[k] = row{fp: tx.claims[k], created: tx.first[k], expires: s.expiry(k.Scope, now)}
 			}
 		}
+		s.commitEntities(tx, now)
 	}
+	s.releaseEntities(tx)
 	for _, k := range tx.order {
 		if s.pending[k] == tx {
 			delete(s.pending, k)
@@ -223,7 +237,10 @@ func (s *Store) RecordFailure(ctx context.Context, c dedup.Claim, reason string)
 
 // Purge deletes expired rows, and with them the journal's succeeded and
 // failed steps of their keys (counted too); see dedup.Store and
-// dedup.Journal. A step whose key has no row is never purged.
+// dedup.Journal. A step whose key has no row is never purged. Watermarks
+// untouched, and stale records kept, for longer than their scope's
+// retention are deleted too (counted, within limit): a forgotten watermark
+// is forgotten as a key is, and the entity's next event applies.
 func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
@@ -245,6 +262,7 @@ func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 			n++
 		}
 	}
+	n += s.purgeEntities(now, limit-n)
 	n += s.purgeSteps(gone)
 	return n, nil
 }

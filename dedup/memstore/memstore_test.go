@@ -13,3 +13,9 @@ func TestConformance(t *testing.T) {
 		return memstore.New(memstore.Config{LockTimeout: cfg.LockTimeout, ScopeRetention: cfg.ScopeRetention})
 	})
 }
+
+func TestWatermarksConformance(t *testing.T) {
+	deduptest.RunWatermarks(t, func(t *testing.T, cfg deduptest.Config) deduptest.WatermarkStore[*memstore.Tx] {
+		return memstore.New(memstore.Config{LockTimeout: cfg.LockTimeout, ScopeRetention: cfg.ScopeRetention})
+	})
+}

@@ -11,6 +11,23 @@ import (
 	"github.com/idemkit/idem/internal/testenv"
 )
 
+func TestWatermarksConformance(t *testing.T) {
+	deduptest.RunWatermarks(t, func(t *testing.T, cfg deduptest.Config) deduptest.WatermarkStore[*sql.Tx] {
+		st, _ := newStore(t, mysqlstore.Config{LockTimeout: cfg.LockTimeout, ScopeRetention: cfg.ScopeRetention})
+		return st
+	})
+}
+
+// TestWatermarksConformanceRepeatableRead: under REPEATABLE READ a plain
+// read of a watermark would see the snapshot, not what a transaction the
+// advance waited for committed; the locking read sees it.
+func TestWatermarksConformanceRepeatableRead(t *testing.T) {
+	deduptest.RunWatermarks(t, func(t *testing.T, cfg deduptest.Config) deduptest.WatermarkStore[*sql.Tx] {
+		st, _ := newStore(t, mysqlstore.Config{LockTimeout: cfg.LockTimeout, ScopeRetention: cfg.ScopeRetention, Isolation: sql.LevelRepeatableRead})
+		return st
+	})
+}
+
 func TestJournalConformance(t *testing.T) {
 	deduptest.RunJournal(t, func(t *testing.T, cfg deduptest.Config) dedup.Journal {
 		st, _ := newStore(t, mysqlstore.Config{LockTimeout: cfg.LockTimeout, ScopeRetention: cfg.ScopeRetention})

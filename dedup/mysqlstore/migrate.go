@@ -23,14 +23,17 @@ var collations = []string{"utf8mb4_nopad_bin", "utf8mb4_0900_bin"}
 func (s *Store) migrations(collation string) ([]sqlmigrate.Migration, error) {
 	ms, err := sqlmigrate.Load(migrationFS, "migrations", struct {
 		Table, Epochs, Tokens, Steps, Collation string
+		Watermarks, Stale                       string
 		Name                                    func(string) string
 	}{
-		Table:     s.table,
-		Epochs:    s.epochs,
-		Tokens:    s.tokens,
-		Steps:     s.steps,
-		Collation: collation,
-		Name:      func(suffix string) string { return quote(s.cfg.Table + "_" + suffix) },
+		Table:      s.table,
+		Epochs:     s.epochs,
+		Tokens:     s.tokens,
+		Steps:      s.steps,
+		Watermarks: s.marks,
+		Stale:      s.stale,
+		Collation:  collation,
+		Name:       func(suffix string) string { return quote(s.cfg.Table + "_" + suffix) },
 	})
 	if err != nil {
 		return nil, fmt.Errorf("mysqlstore: %w", err)

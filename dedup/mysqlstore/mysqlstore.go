@@ -207,6 +207,8 @@ type Store struct {
 	epochs   string // the release epochs' table: see epochs.go
 	tokens   string // the counter of the journal's tokens: see journal.go
 	steps    string // the effect journal's table: see journal.go
+	marks    string // the entity watermarks' table: see entities.go
+	stale    string // the stale events' table: see entities.go
 	// lookupSQL reads a claim's rows; the first parameter is the token.
 	lookupSQL string
 
@@ -235,10 +237,12 @@ func New(db *sql.DB, cfg Config) (*Store, error) {
 	}
 	s.table, s.versions, s.epochs = quote(cfg.Table), quote("idem_schema_migrations"), quote(cfg.Table+"_epochs")
 	s.tokens, s.steps = quote(cfg.Table+"_tokens"), quote(cfg.Table+"_steps")
+	s.marks, s.stale = quote(cfg.Table+"_watermarks"), quote(cfg.Table+"_stale")
 	if cfg.Database != "" {
 		db := quote(cfg.Database) + "."
 		s.table, s.versions, s.epochs = db+s.table, db+s.versions, db+s.epochs
 		s.tokens, s.steps = db+s.tokens, db+s.steps
+		s.marks, s.stale = db+s.marks, db+s.stale
 	}
 	s.lookupSQL = "SELECT scope, `key`, fingerprint, outcome = 'failed', coalesce(reason, ''), " +
 		"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', created_at), claim_token = ? FROM " + s.table
@@ -636,13 +640,17 @@ func (s *Store) scanRows(ctx context.Context, tx *sql.Tx, q string, args []any, 
 	return nil
 }
 
-// claimErr turns a lock wait timeout into dedup.ErrInFlight.
-func (s *Store) claimErr(err error) error {
+// claimErr is lockErr for a claim.
+func (s *Store) claimErr(err error) error { return s.lockErr("claim", err) }
+
+// lockErr turns a lock wait timeout into dedup.ErrInFlight, and wraps
+// other errors with what failed.
+func (s *Store) lockErr(what string, err error) error {
 	var me *mysql.MySQLError
 	if errors.As(err, &me) && me.Number == erLockWaitTimeout {
 		return fmt.Errorf("%w (innodb_lock_wait_timeout %ds): %w", dedup.ErrInFlight, s.session.lockTimeout, err)
 	}
-	return fmt.Errorf("mysqlstore: claim: %w", err)
+	return fmt.Errorf("mysqlstore: %s: %w", what, err)
 }
 
 // Bounds of the audit columns, in bytes.
@@ -698,7 +706,11 @@ func (s *Store) RecordFailure(ctx context.Context, c dedup.Claim, reason string)
 // same transaction it deletes the effect journal's succeeded and failed
 // steps of the keys it deleted (counted too): a step lives as long as its
 // message's key row, and a step whose key has no row is never purged (see
-// dedup.Journal).
+// dedup.Journal). Within what is left of limit it then deletes the entity
+// watermarks untouched, and the stale records kept, for longer than their
+// scope's retention (counted too): a watermark is forgotten as a key is,
+// and the entity's next event applies whatever its version (see
+// dedup.Watermarks).
 func (s *Store) Purge(ctx context.Context, limit int) (n int, err error) {
 	if limit <= 0 {
 		return 0, nil
@@ -754,6 +766,11 @@ func (s *Store) Purge(ctx context.Context, limit int) (n int, err error) {
 		}
 		n += steps
 	}
+	marks, err := s.purgeEntities(ctx, tx, limit-len(keys)) // entities.go
+	if err != nil {
+		return 0, err
+	}
+	n += marks
 	if err := tx.Commit(); err != nil {
 		return 0, s.connErr("purge", err)
 	}

@@ -271,15 +271,9 @@ func (s *Store) closeBounded(br pgx.BatchResults) error {
 	return br.Close()
 }
 
-// claimErr turns a lock timeout into dedup.ErrInFlight; in distributed
-// mode, a statement timeout too: the claim's INSERT ran out of
-// statement_timeout, most likely waiting on a key another transaction holds
-// (or slow enough that retrying later is right anyway).
+// claimErr is boundedErr for a claim; in partitioned mode, a key beyond
+// the partitions made has them made and is dedup.ErrInFlight too.
 func (s *Store) claimErr(err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
-		return fmt.Errorf("%w (lock_timeout %s): %w", dedup.ErrInFlight, s.lockTimeout, err)
-	}
 	if s.part != nil && noPartition(err) {
 		// A row beyond the partitions made: create them, and let the
 		// consumer retry.
@@ -291,10 +285,23 @@ func (s *Store) claimErr(err error) error {
 		// Not wrapped: its SQLSTATE (23514) would classify it permanent.
 		return fmt.Errorf("%w (no partition for the key's expiry yet, now made): %v", dedup.ErrInFlight, err)
 	}
-	if s.cfg.Distributed && errors.As(err, &pgErr) && pgErr.Code == "57014" {
-		return fmt.Errorf("%w (statement_timeout %s on the claim): %w", dedup.ErrInFlight, s.lockTimeout, err)
+	return s.boundedErr("claim", err)
+}
+
+// boundedErr turns the end of a wait bounded by queueBounded into
+// dedup.ErrInFlight: a lock timeout, and in distributed mode a statement
+// timeout (the statement ran out of statement_timeout, most likely waiting
+// on a row another transaction holds, or slow enough that retrying later
+// is right anyway). Other errors are wrapped with what failed.
+func (s *Store) boundedErr(what string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+		return fmt.Errorf("%w (lock_timeout %s): %w", dedup.ErrInFlight, s.lockTimeout, err)
 	}
-	return fmt.Errorf("pgstore: claim: %w", err)
+	if s.cfg.Distributed && errors.As(err, &pgErr) && pgErr.Code == "57014" {
+		return fmt.Errorf("%w (statement_timeout %s on the %s): %w", dedup.ErrInFlight, s.lockTimeout, what, err)
+	}
+	return fmt.Errorf("pgstore: %s: %w", what, err)
 }
 
 // RecordFailure inserts a 'failed' row in its own transaction; see

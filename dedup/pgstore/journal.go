@@ -35,12 +35,13 @@ import (
 // ErrDistributedJournal: the effect journal of a store in distributed
 // mode. Its fencing tokens are transaction IDs (pg_current_xact_id),
 // which CockroachDB and YugabyteDB do not give. Keep the journal in a
-// Store without Distributed.
-var ErrDistributedJournal = errors.New("pgstore: the effect journal's tokens need pg_current_xact_id, which Config.Distributed does without: keep the journal in a Store without Distributed")
+// Store without Distributed. It wraps dedup.ErrNoJournal.
+var ErrDistributedJournal = fmt.Errorf("%w (pgstore with Distributed): its tokens need pg_current_xact_id, which Config.Distributed does without: keep the journal in a Store without Distributed", dedup.ErrNoJournal)
 
 // stepQueries are a store's journal statements, built once for its table.
 type stepQueries struct {
-	begin, get, attempt, finish, resolve, list, listStates, count string
+	begin, get, attempt, finish, resolve, count string
+	list, listStates, listKey, listKeyStates    string // Steps: by scope, and by scope and key
 }
 
 // stepCols are a step's columns as scanStep reads them, with the
@@ -86,6 +87,12 @@ ORDER BY first_attempt_at, scope, key, step LIMIT $2`,
 		listStates: `SELECT ` + stepCols + ` FROM ` + t + `
 WHERE ($1::text = '' OR scope = $1) AND state = ANY ($3::text[])
 ORDER BY first_attempt_at, scope, key, step LIMIT $2`,
+		listKey: `SELECT ` + stepCols + ` FROM ` + t + `
+WHERE scope = $1 AND key = $3 AND ` + openSteps + `
+ORDER BY first_attempt_at, step LIMIT $2`,
+		listKeyStates: `SELECT ` + stepCols + ` FROM ` + t + `
+WHERE scope = $1 AND key = $3 AND state = ANY ($4::text[])
+ORDER BY first_attempt_at, step LIMIT $2`,
 		count: `SELECT state, state = 'pending' AND lease_expires_at <= now(), count(*) FROM ` + t + ` GROUP BY 1, 2`,
 	}
 }
@@ -263,20 +270,23 @@ func (s *Store) Steps(ctx context.Context, f dedup.StepFilter) ([]dedup.StepReco
 	if s.cfg.Distributed {
 		return nil, ErrDistributedJournal
 	}
+	if err := f.Validate(); err != nil {
+		return nil, fmt.Errorf("pgstore: steps: %w", err)
+	}
 	limit := f.Limit
 	if limit <= 0 {
 		limit = 100
 	}
-	q, args := s.steps.list, []any{f.Scope, limit}
+	q, qStates, args := s.steps.list, s.steps.listStates, []any{f.Scope, limit}
+	if f.Key != "" {
+		q, qStates, args = s.steps.listKey, s.steps.listKeyStates, append(args, f.Key)
+	}
 	if len(f.States) > 0 {
 		states := make([]string, len(f.States))
 		for i, st := range f.States {
-			if !st.Valid() {
-				return nil, fmt.Errorf("pgstore: steps: no state %d", st)
-			}
 			states[i] = st.String()
 		}
-		q, args = s.steps.listStates, append(args, states)
+		q, args = qStates, append(args, states)
 	}
 	rows, err := s.pool.Query(ctx, q, args...)
 	if err != nil {

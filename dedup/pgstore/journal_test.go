@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/dedup"
@@ -23,6 +24,20 @@ func TestJournalConformance(t *testing.T) {
 // partitioned layout too, and Purge reaches it after the partitions.
 func TestPartitionedJournalConformance(t *testing.T) {
 	deduptest.RunJournal(t, func(t *testing.T, cfg deduptest.Config) dedup.Journal {
+		return partitionedStore(t, pgstore.Config{LockTimeout: cfg.LockTimeout, ScopeRetention: cfg.ScopeRetention})
+	})
+}
+
+func TestWatermarksConformance(t *testing.T) {
+	deduptest.RunWatermarks(t, func(t *testing.T, cfg deduptest.Config) deduptest.WatermarkStore[pgx.Tx] {
+		return newStore(t, pgstore.Config{LockTimeout: cfg.LockTimeout, ScopeRetention: cfg.ScopeRetention})
+	})
+}
+
+// TestPartitionedWatermarksConformance: the watermark tables are plain in
+// the partitioned layout too, and Purge reaches them after the partitions.
+func TestPartitionedWatermarksConformance(t *testing.T) {
+	deduptest.RunWatermarks(t, func(t *testing.T, cfg deduptest.Config) deduptest.WatermarkStore[pgx.Tx] {
 		return partitionedStore(t, pgstore.Config{LockTimeout: cfg.LockTimeout, ScopeRetention: cfg.ScopeRetention})
 	})
 }

@@ -21,6 +21,8 @@ func (s *Store) migrations() ([]sqlmigrate.Migration, error) {
 		Audit       string
 		Locks       string
 		Steps       string
+		Watermarks  string
+		Stale       string
 		Distributed bool
 		Partitioned bool
 		Index       func(string) string
@@ -31,6 +33,8 @@ func (s *Store) migrations() ([]sqlmigrate.Migration, error) {
 		Audit:       s.audit,
 		Locks:       s.locks,
 		Steps:       s.stepTab,
+		Watermarks:  s.marksTab,
+		Stale:       s.staleTab,
 		Distributed: s.cfg.Distributed,
 		Partitioned: s.part != nil,
 		Index:       pgmigrate.Index(s.cfg.Table),

@@ -106,9 +106,13 @@ type Store struct {
 	locks   string // sanitized schema.table_locks: see lock.go
 	stepTab string // sanitized schema.table_steps: see journal.go
 	steps   stepQueries
-	part    *partitions // partitioned mode (partitions.go); nil without
-	lockSQL string      // partitioned mode: the claim's key locks
-	plainOK atomic.Bool // without partitions: the table was found not partitioned
+	// Entity watermarks (entities.go): schema.table_watermarks and
+	// schema.table_stale.
+	marksTab, staleTab string
+	marks              markQueries
+	part               *partitions // partitioned mode (partitions.go); nil without
+	lockSQL            string      // partitioned mode: the claim's key locks
+	plainOK            atomic.Bool // without partitions: the table was found not partitioned
 
 	lockTimeout string
 	boundSQL    [3]string // the statements around the claim's INSERT that bound its wait
@@ -231,6 +235,9 @@ SELECT ctid FROM ` + t + ` WHERE ` + purgeable + ` LIMIT $1 FOR UPDATE SKIP LOCK
 	st.locks = pgx.Identifier{cfg.Schema, cfg.Table + "_locks"}.Sanitize()
 	st.stepTab = pgx.Identifier{cfg.Schema, cfg.Table + "_steps"}.Sanitize()
 	st.steps = newStepQueries(st.stepTab)
+	st.marksTab = pgx.Identifier{cfg.Schema, cfg.Table + "_watermarks"}.Sanitize()
+	st.staleTab = pgx.Identifier{cfg.Schema, cfg.Table + "_stale"}.Sanitize()
+	st.marks = newMarkQueries(st.marksTab, st.staleTab, cfg.Distributed)
 	if !cfg.Distributed { // distributed mode has no journal
 		st.purgeSQL = purgeWithSteps(st.purgeSQL, st.stepTab)
 	}
@@ -435,7 +442,11 @@ const purgeable = `expires_at < now() AND (state IS DISTINCT FROM 'processing' O
 // effect journal's succeeded and failed steps of that key: a step lives as
 // long as its message's key row. A step whose key has no row (its message
 // never committed) and an unresolved step are never purged; see
-// dedup.Journal. The count returned includes the steps.
+// dedup.Journal. The count returned includes the steps. Within what is
+// left of limit it then deletes the entity watermarks untouched, and the
+// stale records kept, for longer than their scope's retention (counted
+// too): a watermark is forgotten as a key is, and the entity's next event
+// applies whatever its version; see dedup.Watermarks.
 //
 // In partitioned mode (Config.PartitionWidth) it first creates the
 // partitions ahead and drops the partitions whose upper bound has passed,
@@ -467,13 +478,15 @@ func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 		if err != nil {
 			return dropped, fmt.Errorf("pgstore: purge: %w", err)
 		}
-		return dropped + int(tag.RowsAffected()), nil
+		m, err := s.purgeEntities(ctx, limit-int(tag.RowsAffected()))
+		return dropped + int(tag.RowsAffected()) + m, err
 	}
 	var n int64
 	if err := s.pool.QueryRow(ctx, s.purgeSQL, limit).Scan(&n); err != nil {
 		return dropped, fmt.Errorf("pgstore: purge: %w", err)
 	}
-	return dropped + int(n), nil
+	m, err := s.purgeEntities(ctx, limit-int(n))
+	return dropped + int(n) + m, err
 }
 
 // ClassifyError classifies Postgres errors by SQLSTATE (see

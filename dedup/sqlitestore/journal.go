@@ -231,6 +231,9 @@ func (s *Store) Step(ctx context.Context, ref dedup.StepRef) (dedup.StepRecord, 
 
 // Steps lists steps for operators; see dedup.Journal.
 func (s *Store) Steps(ctx context.Context, f dedup.StepFilter) ([]dedup.StepRecord, error) {
+	if err := f.Validate(); err != nil {
+		return nil, fmt.Errorf("sqlitestore: steps: %w", err)
+	}
 	limit := f.Limit
 	if limit <= 0 {
 		limit = 100
@@ -239,15 +242,15 @@ func (s *Store) Steps(ctx context.Context, f dedup.StepFilter) ([]dedup.StepReco
 	if len(f.States) > 0 {
 		marks := make([]string, len(f.States))
 		for i, st := range f.States {
-			if !st.Valid() {
-				return nil, fmt.Errorf("sqlitestore: steps: no state %d", st)
-			}
 			marks[i], args = "?", append(args, st.String())
 		}
 		where = `state IN (` + strings.Join(marks, ", ") + `)`
 	}
 	if f.Scope != "" {
 		where, args = where+` AND scope = ?`, append(args, f.Scope)
+	}
+	if f.Key != "" {
+		where, args = where+` AND key = ?`, append(args, f.Key)
 	}
 	rows, err := s.db.QueryContext(ctx, `SELECT `+stepCols+` FROM `+s.stepsTable()+` WHERE `+where+`
 ORDER BY first_attempt_at, scope, key, step LIMIT ?`, append(args, limit)...)

@@ -1,6 +1,7 @@
 package sqlitestore_test
 
 import (
+	"database/sql"
 	"testing"
 
 	"github.com/idemkit/idem/dedup"
@@ -8,6 +9,13 @@ import (
 	"github.com/idemkit/idem/dedup/sqlitestore"
 	"github.com/idemkit/idem/internal/testenv/sqlitetest"
 )
+
+func TestWatermarksConformance(t *testing.T) {
+	deduptest.RunWatermarks(t, func(t *testing.T, cfg deduptest.Config) deduptest.WatermarkStore[*sql.Tx] {
+		st, _ := sqlitetest.Store(t, sqlitestore.Config{LockTimeout: cfg.LockTimeout, ScopeRetention: cfg.ScopeRetention})
+		return st
+	})
+}
 
 func TestJournalConformance(t *testing.T) {
 	deduptest.RunJournal(t, func(t *testing.T, cfg deduptest.Config) dedup.Journal {

@@ -16,15 +16,18 @@ var migrationFS embed.FS
 func (s *Store) migrations() ([]sqlmigrate.Migration, error) {
 	ms, err := sqlmigrate.Load(migrationFS, "migrations", struct {
 		Table, Tokens, Epochs, Audit, Steps, Now string
+		Watermarks, Stale                        string
 		Index                                    func(string) string
 	}{
-		Table:  s.table,
-		Tokens: s.tokens,
-		Epochs: s.epochsTable(),
-		Audit:  s.auditTable(),
-		Steps:  s.stepsTable(),
-		Now:    nowMillis,
-		Index:  func(suffix string) string { return `"` + s.cfg.Table + "_" + suffix + `"` },
+		Table:      s.table,
+		Tokens:     s.tokens,
+		Epochs:     s.epochsTable(),
+		Audit:      s.auditTable(),
+		Steps:      s.stepsTable(),
+		Watermarks: s.marksTable(),
+		Stale:      s.staleTable(),
+		Now:        nowMillis,
+		Index:      func(suffix string) string { return `"` + s.cfg.Table + "_" + suffix + `"` },
 	})
 	if err != nil {
 		return nil, fmt.Errorf("sqlitestore: %w", err)

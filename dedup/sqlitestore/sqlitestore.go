@@ -368,7 +368,11 @@ VALUES (?, ?, ?, ?, 'failed', ?, ? + `+nowMillis+`) ON CONFLICT (scope, key) DO 
 // runs; see dedup.Store. In the same transaction it deletes the effect
 // journal's succeeded and failed steps of the keys it deleted (counted
 // too): a step lives as long as its message's key row, and a step whose
-// key has no row is never purged (see dedup.Journal).
+// key has no row is never purged (see dedup.Journal). Within what is left
+// of limit it then deletes the entity watermarks untouched, and the stale
+// records kept, for longer than their scope's retention (counted too): a
+// watermark is forgotten as a key is, and the entity's next event applies
+// whatever its version (see dedup.Watermarks).
 func (s *Store) Purge(ctx context.Context, limit int) (n int, err error) {
 	if limit <= 0 {
 		return 0, nil
@@ -406,10 +410,14 @@ RETURNING scope, key`, limit)
 	if err != nil {
 		return 0, err
 	}
+	marks, err := s.purgeEntities(ctx, tx, limit-len(gone)) // entities.go
+	if err != nil {
+		return 0, err
+	}
 	if err := tx.Commit(); err != nil {
 		return 0, s.wrap("purge", err)
 	}
-	return len(gone) + steps, nil
+	return len(gone) + steps + marks, nil
 }
 
 // wrap names the operation and turns a busy database into

@@ -54,6 +54,8 @@ type config struct {
 	redis bool // the Redis front over the store
 	// step: the handler's call to a payment provider (step_test.go).
 	step stepConfig
+	// entity: Config.Entity and Config.Stale (entity_test.go).
+	entity entityConfig
 }
 
 const (
@@ -219,6 +221,7 @@ func (c config) String() string {
 		b.WriteString("+redis")
 	}
 	b.WriteString(c.step.String())
+	b.WriteString(c.entity.String())
 	return b.String()
 }
 

@@ -65,6 +65,9 @@ type kpay struct {
 	// it need not be applied.
 	dead     bool
 	redrives int
+	// the entity dimension: its account and version (entity_test.go)
+	ent string
+	ver int64
 }
 
 // kproc is one consumer process: a kafka.Source and a Consumer on it.
@@ -115,6 +118,10 @@ type kafkaRunner struct {
 	// the process it killed.
 	crashArmed atomic.Bool
 	crashed    chan int
+	// freshNext: the next payment produced, with the entity dimension,
+	// gets a version above every other, so that it is handled (an op that
+	// needs its handler to fail)
+	freshNext bool
 }
 
 func newKafkaRunner(t testing.TB, cfg config, rep *reporter) *kafkaRunner {
@@ -175,7 +182,7 @@ func newKafkaRunner(t testing.TB, cfg config, rep *reporter) *kafkaRunner {
 	r.store = r.lying
 	r.table = pgx.Identifier{schema, "business"}.Sanitize()
 	if _, err := r.pool.Exec(ctx, `CREATE TABLE `+r.table+` (id bigserial PRIMARY KEY, pay text NOT NULL,
-		topic text NOT NULL, part int NOT NULL, off bigint NOT NULL)`); err != nil {
+		topic text NOT NULL, part int NOT NULL, off bigint NOT NULL, ent text NOT NULL DEFAULT '', ver bigint NOT NULL DEFAULT 0)`); err != nil {
 		t.Fatal(err)
 	}
 	if cfg.redis {
@@ -254,6 +261,7 @@ func (r *kafkaRunner) start(i int) {
 		Name: consumerName, Source: src, Store: r.store, Handler: r.handler(),
 		DeadLetter: letterSink{r: r, src: src},
 		Key:        c.keyFunc(), Tenant: c.tenantFunc(), KeyLanes: c.keyLanes, BatchSize: c.batch,
+		Entity: c.entityFunc(), Stale: c.entity.stale,
 		Retry:  consumer.RetryPolicy{Initial: time.Millisecond, Max: 5 * time.Millisecond, MaxAttempts: 5},
 		Logger: r.log,
 	}
@@ -342,6 +350,10 @@ func (s letterSink) DeadLetter(ctx context.Context, l consumer.Letter) error {
 	var pl payload
 	_ = json.Unmarshal(l.Message.Value, &pl)
 	s.r.prov.checkLetter(pl.Pay, l)
+	if l.Cause == consumer.CauseStale {
+		s.r.count("stale letters")
+		s.r.checkStaleLetter(ctx, l)
+	}
 	return nil
 }
 
@@ -369,8 +381,8 @@ func (r *kafkaRunner) handler() consumer.Handler[pgx.Tx] {
 				return err
 			}
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO `+r.table+` (pay, topic, part, off) VALUES ($1, $2, $3, $4)`,
-			pl.Pay, m.Topic, m.Partition, m.Offset); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO `+r.table+` (pay, topic, part, off, ent, ver) VALUES ($1, $2, $3, $4, $5, $6)`,
+			pl.Pay, m.Topic, m.Partition, m.Offset, pl.Ent, pl.Ver); err != nil {
 			return err
 		}
 		r.mu.Lock()
@@ -394,9 +406,26 @@ func (r *kafkaRunner) record(p *kpay) kafkago.Message {
 }
 
 func (r *kafkaRunner) produce(np newPay, uncertain bool) {
-	v, _ := json.Marshal(payload{np.id, np.amount})
+	pl := payload{Pay: np.id, Amount: np.amount}
+	tenant := "t" + np.id[len(np.id)-1:]
+	if r.cfg.entity.on {
+		pl.Ent, pl.Ver = entityOf(r.rep.seed, np.id)
+		if r.cfg.tenant == "header" {
+			pl.Ent = tenant + "/" + pl.Ent // an entity is its tenant's: the watermark is per key scope
+		}
+		if r.freshNext {
+			pl.Ver = 1 // newer than any of its entity's: it is handled
+			for _, q := range r.pays {
+				if q.ent == pl.Ent && q.ver >= pl.Ver {
+					pl.Ver = q.ver + 1
+				}
+			}
+		}
+	}
+	r.freshNext = false
+	v, _ := json.Marshal(pl)
 	p := &kpay{id: np.id, part: int(partitionOf(np.id)), value: v, poisoned: np.poisoned, flaky: np.flaky,
-		uncertain: uncertain && r.front == nil, tenant: "t" + np.id[len(np.id)-1:]}
+		uncertain: uncertain && r.front == nil, tenant: tenant, ent: pl.Ent, ver: pl.Ver}
 	r.mu.Lock()
 	r.pays[p.id] = p
 	r.order = append(r.order, p.id)
@@ -468,12 +497,19 @@ func (r *kafkaRunner) lag(ctx context.Context, topic string) string {
 // dead-lettered, every retry topic committed too.
 func (r *kafkaRunner) unsettled(ctx context.Context, final bool) string {
 	rows := r.rows(ctx)
+	var applied map[string][]int64
+	if r.cfg.entity.on {
+		applied = r.entityRows(ctx)
+	}
 	r.mu.Lock()
 	var waiting []string
 	for _, id := range r.order {
 		p := r.pays[id]
 		if rows[id] > 0 || p.dead || !final && p.copies > 0 {
 			continue
+		}
+		if r.cfg.entity.on && staleNow(applied, p) {
+			continue // stale: it will not apply (the lag below says whether it was read)
 		}
 		waiting = append(waiting, id)
 	}
@@ -515,11 +551,22 @@ func (r *kafkaRunner) settle(ctx context.Context, final bool, d time.Duration) (
 // dead-lettered applied.
 func (r *kafkaRunner) check(ctx context.Context, final bool) {
 	rows := r.rows(ctx)
+	var applied map[string][]int64
+	if r.cfg.entity.on {
+		applied = r.entityRows(ctx)
+		r.checkEntities(applied)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, id := range r.order {
 		p := r.pays[id]
 		n := rows[id]
+		if final && n == 0 && !p.dead && r.cfg.entity.on && r.checkStaleRecorded(ctx, applied, p) {
+			if r.prov.cfg.on && r.prov.executed(id) {
+				r.rep.violation(checkStepApplied, id, "payment %s ended stale, its charge executed by the provider, and it was not dead-lettered: the charge is booked nowhere; %s", id, r.describe(ctx, p))
+			}
+			continue
+		}
 		switch {
 		case n > 1 && p.copies > 0:
 			r.rep.violation(checkRetryCopyOnce, id, "payment %s applied %d times; %s", id, n, r.describe(ctx, p))

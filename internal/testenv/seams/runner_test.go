@@ -275,10 +275,13 @@ func (r *runner) check(ctx context.Context) {
 type payload struct {
 	Pay    string `json:"pay"`
 	Amount int    `json:"amount"`
+	// the entity dimension's account and version (entity_test.go)
+	Ent string `json:"ent,omitempty"`
+	Ver int64  `json:"ver,omitempty"`
 }
 
 func (r *runner) produce(np newPay) {
-	v, _ := json.Marshal(payload{np.id, np.amount})
+	v, _ := json.Marshal(payload{Pay: np.id, Amount: np.amount})
 	part := partitionOf(np.id)
 	rec := r.b.append(part, []byte(np.id), v, nil, np.id, false)
 	r.mo.add(&payment{id: np.id, part: part, value: v, first: rec.id, poisoned: np.poisoned})

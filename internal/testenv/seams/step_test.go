@@ -127,7 +127,8 @@ const (
 	// not dead-lettered is applied in the end.
 	checkStepApplied = "step-applied"
 	// checkStepInDoubt: a letter in doubt only for a step that has no
-	// read-back, past the provider's key TTL.
+	// read-back, past the provider's key TTL, or for a stale event whose
+	// key has steps (an earlier attempt called the provider).
 	checkStepInDoubt = "step-in-doubt"
 )
 
@@ -337,6 +338,11 @@ func (pv *provider) checkLetter(pay string, l consumer.Letter) {
 	switch {
 	case !pv.cfg.on:
 		pv.rep.violation(checkStepInDoubt, pay, "payment %s dead-lettered in doubt without a step: %v", pay, l.Reason)
+	case errors.Is(l.Reason, consumer.ErrStale):
+		pv.count("letters in doubt, stale with steps")
+		if l.Entity.Name == "" || !strings.Contains(l.Reason.Error(), "provider step") {
+			pv.rep.violation(checkStepInDoubt, pay, "payment %s dead-lettered in doubt as stale, its letter naming no entity or no step: %v", pay, l.Reason)
+		}
 	case !errors.As(l.Reason, &e):
 		pv.rep.violation(checkStepInDoubt, pay, "payment %s dead-lettered in doubt, its reason not an *effect.InDoubtError: %v", pay, l.Reason)
 	case pv.cfg.readBack:

@@ -1,0 +1,271 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+
+	"github.com/idemkit/idem/consumer/wire"
+	"github.com/idemkit/idem/dedup"
+)
+
+// Entity order (Config.Entity): a message names the entity it is an event
+// of and the event's version; in each batch's transaction, right after
+// the claim, the new messages that name one meet their entities'
+// watermarks in one dedup.Watermarks.AdvanceEntities call, in the batch's
+// order, and those at or below it are stale: never handled, settled as
+// Config.Stale says. A rolled-back attempt moved nothing, and the next
+// attempt decides again.
+
+// Entity names the entity a message is an event of and the event's
+// version (Config.Entity). A zero Name: the message is of no entity.
+type Entity = wire.Entity
+
+// StalePolicy says what happens to a stale event: one whose version is at
+// or below its entity's watermark (Config.Stale).
+type StalePolicy uint8
+
+const (
+	// StaleSkip (the default) acknowledges a stale event without applying
+	// it; Stats.Stale counts it, the Observer sees OutcomeStale, and the
+	// store records it (dedup.Watermarks.StaleEvents). Under either policy
+	// a stale event with provider steps is dead-lettered in doubt (see
+	// Config.Stale).
+	StaleSkip StalePolicy = iota
+	// StaleDeadLetter dead-letters a stale event (CauseStale) after its
+	// transaction committed, its letter naming the entity, the event's
+	// version and the watermark it met. The store records it as well: a
+	// process that dies between the commit and the letter leaves the
+	// record, and the event, a duplicate when it comes back, is not
+	// dead-lettered again.
+	StaleDeadLetter
+)
+
+// ErrStale is what a stale event's Reason wraps (CauseStale, and
+// Settlement.Reason of OutcomeStale).
+var ErrStale = errors.New("stale event: its version is at or below its entity's watermark")
+
+// deriveEntity sets it.entity with Config.Entity: from what a copy
+// carries (wire.MetaEntity, wire.MetaEntityVersion), decided at its
+// original's first delivery, or else from the function on the message as
+// first delivered (originalView). An error means the message is
+// dead-lettered with it (CauseBadInput).
+func (c *Consumer[TTx]) deriveEntity(it *item) error {
+	if c.cfg.Entity == nil {
+		return nil
+	}
+	m := it.msg
+	if e, ok := c.carriedEntity(m); ok {
+		it.entity = e
+		return nil
+	}
+	e, err := c.cfg.Entity(originalView(m))
+	if err != nil {
+		return fmt.Errorf("entity of message %s: %w", m.Ref(), err)
+	}
+	if len(e.Name) > 200 {
+		return fmt.Errorf("entity of message %s: the name is %d bytes, the limit is 200", m.Ref(), len(e.Name))
+	}
+	if e.Name == "" && e.Version != (dedup.Version{}) {
+		return fmt.Errorf("entity of message %s: version %s without an entity name", m.Ref(), e.Version)
+	}
+	it.entity = e
+	return nil
+}
+
+// carriedEntity returns the entity and version a copy whose lineage the
+// consumer honours (Message.Origin: a retry copy, a redriven letter)
+// carries from its first delivery; ok is false when m is no such copy or
+// carries none (a copy written before entities, or of a message that
+// named none: then the function decides, on the original's view). A
+// copy's own record (a retry topic, a new time) must not change its
+// order: a copy is ordered as the event it stands for.
+//
+// A retry copy lies on a retry topic only the consumer writes to, and
+// its entity is taken as carried. A redriven copy lies on its original's
+// topic, where anyone who can produce can write headers: its carried
+// entity must be the one Config.Entity names on its original's view, at
+// a version no higher than the one it gives there, so that a forged copy
+// cannot push an entity's watermark past the events still to come.
+func (c *Consumer[TTx]) carriedEntity(m *Message) (Entity, bool) {
+	origin, ok := m.Origin()
+	if !ok {
+		return Entity{}, false
+	}
+	name, ok := m.Header(wire.MetaEntity)
+	if !ok {
+		return Entity{}, false
+	}
+	ver, ok := m.Header(wire.MetaEntityVersion)
+	v, err := wire.ParseVersion(string(ver))
+	refuse := func(why string) (Entity, bool) {
+		c.cfg.Logger.Warn("idem: the entity a copy carries is not honoured; it is derived from its original's view",
+			slog.String("message", m.Ref()), slog.String("entity", string(name)), slog.String("version", string(ver)), slog.String("why", why))
+		return Entity{}, false
+	}
+	switch {
+	case !ok || err != nil:
+		return refuse(wire.MetaEntityVersion + " is not major.minor")
+	case len(name) == 0 || len(name) > 200:
+		return refuse("the entity's name must be 1 to 200 bytes")
+	}
+	e := Entity{Name: string(name), Version: v}
+	if !origin.Retry {
+		own, err := c.cfg.Entity(originalView(m))
+		switch {
+		case err != nil:
+			return refuse("entity: " + err.Error())
+		case own.Name != e.Name:
+			return refuse("a redriven copy's entity must be the one Entity names for it, " + strconv.Quote(own.Name))
+		case e.Version.Compare(own.Version) > 0:
+			return refuse("a redriven copy's version must not be above the one Entity gives it, " + own.Version.String())
+		}
+	}
+	return e, true
+}
+
+// advanceEntities is the entity step of an attempt, in its transaction
+// right after the claim: the items whose claim is new and that name an
+// entity meet their watermarks in one AdvanceEntities call, in the items'
+// order, and the stale ones are marked, for handle to skip. Every item's
+// mark is set afresh: nothing is carried from a rolled-back attempt.
+func (a *attempt[TTx]) advanceEntities(ctx context.Context, tx TTx, its []*item) error {
+	marks := a.c.marks
+	if marks == nil {
+		return nil
+	}
+	events, at := a.events[:0], a.eventAt[:0]
+	for i, it := range its {
+		it.stale, it.watermark = false, dedup.Version{}
+		if it.status == dedup.StatusNew && it.entity.Name != "" {
+			events = append(events, dedup.EntityEvent{Key: it.claim.Key, Entity: it.entity.Name, Version: it.entity.Version})
+			at = append(at, i)
+		}
+	}
+	a.events, a.eventAt = events, at
+	defer clear(events)
+	if len(events) == 0 {
+		return nil
+	}
+	if cap(a.advances) < len(events) {
+		a.advances = make([]dedup.Advance, len(events))
+	}
+	adv := a.advances[:len(events)]
+	clear(adv)
+	if err := marks.AdvanceEntities(ctx, tx, events, adv); err != nil {
+		return err
+	}
+	for j, i := range at {
+		if adv[j].Stale {
+			its[i].stale, its[i].watermark = true, adv[j].Watermark
+		}
+	}
+	return nil
+}
+
+// staleReason is why it, a stale event, was not applied.
+func staleReason(it *item) error {
+	return fmt.Errorf("%w: entity %q, event version %s, watermark %s", ErrStale, it.entity.Name, it.entity.Version, it.watermark)
+}
+
+// stale settles a stale item of a committed transaction, as Config.Stale
+// says — unless its key has provider steps (the Store's dedup.Journal)
+// that are not failed. Then an earlier attempt of the event, rolled back
+// with the decision that it applied, called a provider (effect.Do) before
+// a later event of its entity committed: the call's effect may have
+// happened, and nothing books it. Such an event is dead-lettered with
+// CauseInDoubt whatever Config.Stale says, its reason naming the entity,
+// both versions and the steps, for an operator to resolve by hand; its
+// stale record stays as it is.
+func (c *Consumer[TTx]) stale(ctx context.Context, it *item) error {
+	steps, unread, err := c.openSteps(ctx, it)
+	if err != nil {
+		return err
+	}
+	if len(steps) > 0 || unread != nil {
+		return c.fail(ctx, it, InDoubt(staleStepsReason(it, steps, unread)), false)
+	}
+	if c.cfg.Stale == StaleDeadLetter {
+		return c.deadLetter(ctx, it, staleReason(it), CauseStale)
+	}
+	c.stats.stale.Add(1)
+	c.settled(ctx, Settlement{Message: it.msg, Key: it.claim.Key, Outcome: OutcomeStale, Reason: staleReason(it)})
+	c.cfg.Logger.Debug("idem: stale event skipped", append(refAttrs(it.msg, it.claim.Key),
+		slog.String("entity", it.entity.Name), slog.String("version", it.entity.Version.String()), slog.String("watermark", it.watermark.String()))...)
+	it.settled = true
+	if c.holds != nil {
+		c.holds.settled(it.msg, c.cfg.Clock.Now())
+	}
+	return nil
+}
+
+// openSteps returns the steps of it's key that are not failed, from the
+// Store's journal: a stale event is rare, and one query per stale event
+// costs nothing on the way of the others. A journal that fails for a
+// moment is asked again; one that cannot answer (a permanent or fatal
+// error) leaves the steps unknown, unread says why, and the event is
+// treated as having some. A store that keeps no journal
+// (dedup.ErrNoJournal) has no steps.
+func (c *Consumer[TTx]) openSteps(ctx context.Context, it *item) (steps []dedup.StepRecord, unread, err error) {
+	if c.journal == nil {
+		return nil, nil, nil
+	}
+	f := dedup.StepFilter{Scope: it.claim.Key.Scope, Key: it.claim.Key.ID,
+		States: []dedup.StepState{dedup.StepPending, dedup.StepSucceeded, dedup.StepUnknown, dedup.StepInDoubt}}
+	err = c.untilDone(ctx, nil, "reading a stale event's provider steps", func() error {
+		var err error
+		steps, err = c.journal.Steps(ctx, f)
+		return err
+	}, func(err error) (error, bool) {
+		if errors.Is(err, dedup.ErrNoJournal) {
+			steps = nil
+			return nil, true
+		}
+		if class := classify(err, c.cfg.Store.ClassifyError); class == dedup.ClassPermanent || class == dedup.ClassFatal {
+			unread = err
+			return nil, true
+		}
+		return nil, false
+	})
+	return steps, unread, err
+}
+
+// staleStepsError is the reason a stale event with provider steps is
+// dead-lettered (CauseInDoubt); errors.Is(err, ErrStale) holds.
+type staleStepsError struct{ msg string }
+
+func (e *staleStepsError) Error() string { return e.msg }
+func (e *staleStepsError) Unwrap() error { return ErrStale }
+
+// staleStepsReason says why it, a stale event, is dead-lettered in doubt:
+// its steps, or, with unread, that they could not be read.
+func staleStepsReason(it *item, steps []dedup.StepRecord, unread error) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "stale event of entity %q (version %s at or below watermark %s) ", it.entity.Name, it.entity.Version, it.watermark)
+	if unread != nil {
+		fmt.Fprintf(&b, "whose provider steps could not be read (%v): an effect may have happened and not be booked; check its steps and resolve by hand", unread)
+		return &staleStepsError{b.String()}
+	}
+	happened := false
+	for i, s := range steps {
+		switch {
+		case i == 0 && len(steps) == 1:
+			b.WriteString("whose provider step ")
+		case i == 0:
+			b.WriteString("whose provider steps ")
+		default:
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s %s (provider key %s)", s.Ref.Step, s.State, s.ProviderKey)
+		happened = happened || s.State == dedup.StepSucceeded
+	}
+	if happened {
+		b.WriteString(": its effect happened and is not booked; resolve by hand")
+	} else {
+		b.WriteString(": its effect may have happened and is not booked; resolve by hand")
+	}
+	return &staleStepsError{b.String()}
+}
