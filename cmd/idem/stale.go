@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -14,7 +16,11 @@ import (
 // Entity order (consumer.Config.Entity): idem stale lists the stale
 // events the store recorded — events at or below their entity's watermark,
 // not applied — with the entity and both versions, and an entity's
-// watermark.
+// watermark. A stale event whose key has provider steps that did not fail
+// (effect.Do in an attempt rolled back before its entity moved on) is
+// shown with them: its effect may have happened, and nothing booked it.
+// The consumer dead-letters such an event in doubt after its commit; the
+// store's record is what is left when that letter was lost to a crash.
 
 // staleLister is what idem stale needs of a store that keeps entity
 // watermarks (dedup.Watermarks, whatever its transaction type).
@@ -31,6 +37,16 @@ type staleJSON struct {
 	Version   string    `json:"version"`   // the event's, major.minor
 	Watermark string    `json:"watermark"` // the entity's when the event came
 	At        time.Time `json:"at"`
+	// Steps are the provider steps of the event's key that did not fail:
+	// effects that may have happened and are not booked.
+	Steps []staleStepJSON `json:"steps,omitempty"`
+}
+
+// staleStepJSON is a provider step of a stale event's key.
+type staleStepJSON struct {
+	Step        string `json:"step"`
+	State       string `json:"state"`
+	ProviderKey string `json:"provider_key"`
 }
 
 // runStale lists recorded stale events.
@@ -64,11 +80,19 @@ func runStale(ctx context.Context, e *env, fs *flag.FlagSet, args []string) int 
 	if err != nil {
 		return fail(e, err)
 	}
+	steps, err := staleSteps(ctx, st.journal, evs)
+	if err != nil {
+		return fail(e, err)
+	}
 	if sf.json {
 		out := make([]staleJSON, 0, len(evs))
-		for _, ev := range evs {
-			out = append(out, staleJSON{Scope: ev.Key.Scope, Key: ev.Key.ID, Entity: ev.Entity, Version: ev.Version.String(),
-				Watermark: ev.Watermark.String(), At: ev.At.UTC()})
+		for i, ev := range evs {
+			j := staleJSON{Scope: ev.Key.Scope, Key: ev.Key.ID, Entity: ev.Entity, Version: ev.Version.String(),
+				Watermark: ev.Watermark.String(), At: ev.At.UTC()}
+			for _, r := range steps[i] {
+				j.Steps = append(j.Steps, staleStepJSON{Step: r.Ref.Step, State: r.State.String(), ProviderKey: r.ProviderKey})
+			}
+			out = append(out, j)
 		}
 		printJSON(e, out)
 		return exitOK
@@ -88,19 +112,59 @@ func runStale(ctx context.Context, e *env, fs *flag.FlagSet, args []string) int 
 		fmt.Fprintln(e.stdout, "no stale events")
 		return exitOK
 	}
-	writeStale(e.stdout, evs)
+	writeStale(e.stdout, evs, steps)
 	fmt.Fprintf(e.stdout, "\n%d stale events: events at or below their entity's watermark when they came, acknowledged and not applied.\n", len(evs))
+	withSteps := 0
+	for _, s := range steps {
+		if len(s) > 0 {
+			withSteps++
+		}
+	}
+	if withSteps > 0 {
+		fmt.Fprintf(e.stdout, "%d of them called a provider (STEPS) before their entity moved on: the effect may have happened and nothing booked it; check with the provider and book or reverse it by hand.\n", withSteps)
+	}
 	return exitOK
+}
+
+// staleSteps returns, for each of evs, the provider steps of its key that
+// did not fail, from j; none when the store keeps no journal.
+func staleSteps(ctx context.Context, j dedup.Journal, evs []dedup.StaleEvent) ([][]dedup.StepRecord, error) {
+	out := make([][]dedup.StepRecord, len(evs))
+	if j == nil {
+		return out, nil
+	}
+	for i, ev := range evs {
+		recs, err := j.Steps(ctx, dedup.StepFilter{Scope: ev.Key.Scope, Key: ev.Key.ID,
+			States: []dedup.StepState{dedup.StepPending, dedup.StepSucceeded, dedup.StepUnknown, dedup.StepInDoubt}})
+		switch {
+		case errors.Is(err, dedup.ErrNoJournal):
+			return out, nil
+		case err != nil:
+			return nil, fmt.Errorf("reading the provider steps of stale event %s/%s: %w", inert(ev.Key.Scope), inert(ev.Key.ID), err)
+		}
+		out[i] = recs
+	}
+	return out, nil
 }
 
 // writeStale prints stale events as a table, every field from outside
 // inert.
-func writeStale(w io.Writer, evs []dedup.StaleEvent) {
+func writeStale(w io.Writer, evs []dedup.StaleEvent, steps [][]dedup.StepRecord) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "AT\tSCOPE\tKEY\tENTITY\tVERSION\tWATERMARK")
-	for _, ev := range evs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", ev.At.UTC().Format(time.RFC3339), inert(ev.Key.Scope), inert(ev.Key.ID), inert(ev.Entity),
-			ev.Version, ev.Watermark)
+	fmt.Fprintln(tw, "AT\tSCOPE\tKEY\tENTITY\tVERSION\tWATERMARK\tSTEPS")
+	for i, ev := range evs {
+		var b strings.Builder
+		for k, r := range steps[i] {
+			if k > 0 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "%s %s", inert(r.Ref.Step), r.State)
+		}
+		if b.Len() == 0 {
+			b.WriteString("-")
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", ev.At.UTC().Format(time.RFC3339), inert(ev.Key.Scope), inert(ev.Key.ID), inert(ev.Entity),
+			ev.Version, ev.Watermark, b.String())
 	}
 	tw.Flush()
 }

@@ -64,3 +64,49 @@ func TestStalePostgres(t *testing.T) {
 		t.Errorf("--limit 0: exit %d, want usage", code)
 	}
 }
+
+// TestStaleShowsProviderSteps: refund n2 of trade T1 called the provider
+// (its step succeeded) in an attempt that rolled back, and ended stale
+// behind n3; its in_doubt letter was lost to a crash after the commit
+// (the redelivery is a duplicate). Refund n1b ended stale too, its
+// provider having refused it (the step failed: nothing happened). idem
+// stale shows n2's step, and only n2's: the record that is left must say
+// that an effect may be unbooked.
+func TestStaleShowsProviderSteps(t *testing.T) {
+	pool, schema := testenv.SchemaPool(t)
+	ctx := testenv.Context(t, 2*time.Minute)
+	store := pgtest.Store(t, pool, schema)
+	envs := map[string]string{"IDEM_PG_URL": testenv.PostgresURL(t), "IDEM_PG_SCHEMA": schema}
+	ev := func(id string, major int64) dedup.EntityEvent {
+		return dedup.EntityEvent{Key: dedup.Key{Scope: "refunds", ID: id}, Entity: "T1", Version: dedup.Version{Major: major}}
+	}
+	batch := []dedup.EntityEvent{ev("n3", 3), ev("n2", 2), ev("n1b", 1)}
+	res := make([]dedup.Advance, len(batch))
+	if err := store.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error { return store.AdvanceEntities(ctx, tx, batch, res) }); err != nil {
+		t.Fatal(err)
+	}
+	stepAt(t, store, pay("n3", "refund"), dedup.StepSucceeded, time.Minute, "")
+	stepAt(t, store, pay("n2", "refund"), dedup.StepSucceeded, time.Minute, "")
+	stepAt(t, store, pay("n1b", "refund"), dedup.StepFailed, time.Minute, "")
+
+	code, out, _ := idem(t, "", envs, "stale", "--json")
+	evs := decode[[]struct {
+		Key   string
+		Steps []struct{ Step, State, ProviderKey string }
+	}](t, out)
+	got := map[string]string{}
+	for _, e := range evs {
+		var s []string
+		for _, st := range e.Steps {
+			s = append(s, st.Step+" "+st.State)
+		}
+		got[e.Key] = strings.Join(s, ",")
+	}
+	if code != exitOK || len(evs) != 2 || got["n2"] != "refund succeeded" || got["n1b"] != "" {
+		t.Errorf("idem stale --json: exit %d, steps by key %q; want n2's succeeded refund alone\n%s", code, got, out)
+	}
+	code, out, _ = idem(t, "", envs, "stale")
+	if code != exitOK || !strings.Contains(out, "refund succeeded") || !strings.Contains(out, "1 of them called a provider") {
+		t.Errorf("idem stale: exit %d: want n2's succeeded refund and the line that says it may be unbooked\n%s", code, out)
+	}
+}

@@ -463,7 +463,7 @@ func (r *run) decide(ctx context.Context, q queue, l *letter) (Entry, *message, 
 	// A letter whose key is done is a duplicate whatever else it says (its
 	// redrive count, a value left out): passed by, never a stop.
 	if slices.ContainsFunc(rows, func(row dedup.Row) bool { return row.Outcome == "done" }) {
-		e.Verdict, e.Reason = VerdictDuplicate, "the key was applied (a done row): a copy would be a duplicate; passed by"
+		e.Verdict, e.Reason = VerdictDuplicate, doneReason(e.Cause, l)
 		return e, c, nil
 	}
 	switch {
@@ -496,6 +496,27 @@ func (p *Plan) results() []Result {
 		out = append(out, e.result(true))
 	}
 	return out
+}
+
+// doneReason says why a letter whose key is done is passed by. A done
+// row is an applied key, or an event entity order recorded stale (its
+// claim commits with its stale record): a stale letter's event was never
+// applied, and an in_doubt letter of an entity's event whose key is done
+// may be a stale event whose provider call is not booked — a copy books
+// nothing either way.
+func doneReason(cause string, l *letter) string {
+	entity, named := l.header(wire.MetaEntity)
+	switch {
+	case cause == wire.CauseStale.String():
+		version, _ := l.header(wire.MetaEntityVersion)
+		watermark, _ := l.header(wire.MetaEntityWatermark)
+		return fmt.Sprintf("the event was recorded stale, never applied (entity %q, version %s at or below watermark %s; idem stale): a copy would be a duplicate; passed by",
+			entity, version, watermark)
+	case cause == wire.CauseInDoubt.String() && named:
+		return fmt.Sprintf("the key is done: applied by a later copy, or recorded stale with its provider steps (entity %q; idem stale, idem effects), and then nothing books its effect: book it by hand; a copy would be a duplicate; passed by",
+			entity)
+	}
+	return "the key was applied (a done row): a copy would be a duplicate; passed by"
 }
 
 // result is e as a Result: what a dry run shows, or (dry false) what a run

@@ -412,3 +412,37 @@ func TestDoneKeyIsADuplicateWhateverElse(t *testing.T) {
 		t.Fatalf("results %+v, %v; want the done key's letters passed by as duplicates and L sent", res, err)
 	}
 }
+
+// TestDoneReasonSaysWhatADoneKeyMeans: a letter whose key is done is
+// passed by; the reason says the key was applied only when that is all a
+// done row can mean. A stale letter's event was recorded stale, never
+// applied; an in_doubt letter of an entity's event may be a stale event
+// whose provider call nothing booked.
+func TestDoneReasonSaysWhatADoneKeyMeans(t *testing.T) {
+	h := func(kv ...string) *letter {
+		l := &letter{}
+		for i := 0; i < len(kv); i += 2 {
+			l.headers = append(l.headers, consumer.Header{Key: kv[i], Value: []byte(kv[i+1])})
+		}
+		return l
+	}
+	for _, c := range []struct {
+		cause string
+		l     *letter
+		want  []string
+	}{
+		{"permanent", h(), []string{"the key was applied"}},
+		{"in_doubt", h(), []string{"the key was applied"}},
+		{"stale", h(wire.MetaEntity, "T1", wire.MetaEntityVersion, "3.0", wire.MetaEntityWatermark, "5.0"),
+			[]string{"recorded stale, never applied", `entity "T1", version 3.0 at or below watermark 5.0`}},
+		{"in_doubt", h(wire.MetaEntity, "T1", wire.MetaEntityVersion, "3.0"),
+			[]string{"recorded stale with its provider steps", "book it by hand"}},
+	} {
+		got := doneReason(c.cause, c.l)
+		for _, w := range c.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("cause %s, headers %v: reason %q, want it to say %q", c.cause, c.l.headers, got, w)
+			}
+		}
+	}
+}
