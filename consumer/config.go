@@ -161,9 +161,9 @@ type Config[TTx any] struct {
 	// event whose key has provider steps in the Store's effect journal
 	// (dedup.Journal, package effect) that are not failed — an earlier,
 	// rolled-back attempt called a provider before a later event of its
-	// entity committed — is dead-lettered with CauseInDoubt, its reason
-	// naming the steps: the call's effect is not booked, and an operator
-	// resolves it by hand.
+	// entity committed — is refused before its commit and dead-lettered
+	// with CauseInDoubt, its reason naming the steps: the call's effect is
+	// not booked, and an operator resolves it by hand.
 	Stale StalePolicy
 
 	// MaxPayloadBytes dead-letters larger payloads before any parsing, with

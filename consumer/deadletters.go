@@ -73,7 +73,7 @@ const (
 	CauseExhausted    = wire.CauseExhausted    // its retries ran out
 	CauseValidate     = wire.CauseValidate     // Config.Validate refused it: no row recorded, the key stays free
 	CauseRejected     = wire.CauseRejected     // the handler refused it with Reject: rolled back, no row recorded, the key stays free
-	CauseInDoubt      = wire.CauseInDoubt      // InDoubt: a provider call's outcome is in doubt; rolled back, no row recorded, the key stays free. Also a stale event whose key has provider steps that did not fail (see Config.Stale): its stale record is kept
+	CauseInDoubt      = wire.CauseInDoubt      // InDoubt: a provider call's outcome is in doubt; rolled back, no row recorded, the key stays free. Also a stale event whose key has provider steps that did not fail (see Config.Stale), refused so before its commit
 	CauseStale        = wire.CauseStale        // an event at or below its entity's watermark, with StaleDeadLetter: not applied; the store recorded it
 )
 

@@ -172,22 +172,9 @@ func staleReason(it *item) error {
 }
 
 // stale settles a stale item of a committed transaction, as Config.Stale
-// says — unless its key has provider steps (the Store's dedup.Journal)
-// that are not failed. Then an earlier attempt of the event, rolled back
-// with the decision that it applied, called a provider (effect.Do) before
-// a later event of its entity committed: the call's effect may have
-// happened, and nothing books it. Such an event is dead-lettered with
-// CauseInDoubt whatever Config.Stale says, its reason naming the entity,
-// both versions and the steps, for an operator to resolve by hand; its
-// stale record stays as it is.
+// says. (One whose key has provider steps never gets here: staleSteps
+// refused it in doubt before the commit.)
 func (c *Consumer[TTx]) stale(ctx context.Context, it *item) error {
-	steps, unread, err := c.openSteps(ctx, it)
-	if err != nil {
-		return err
-	}
-	if len(steps) > 0 || unread != nil {
-		return c.fail(ctx, it, InDoubt(staleStepsReason(it, steps, unread)), false)
-	}
 	if c.cfg.Stale == StaleDeadLetter {
 		return c.deadLetter(ctx, it, staleReason(it), CauseStale)
 	}
@@ -202,35 +189,47 @@ func (c *Consumer[TTx]) stale(ctx context.Context, it *item) error {
 	return nil
 }
 
-// openSteps returns the steps of it's key that are not failed, from the
-// Store's journal: a stale event is rare, and one query per stale event
-// costs nothing on the way of the others. A journal that fails for a
-// moment is asked again; one that cannot answer (a permanent or fatal
-// error) leaves the steps unknown, unread says why, and the event is
-// treated as having some. A store that keeps no journal
-// (dedup.ErrNoJournal) has no steps.
-func (c *Consumer[TTx]) openSteps(ctx context.Context, it *item) (steps []dedup.StepRecord, unread, err error) {
+// staleSteps looks, in the attempt before its commit, for the provider
+// steps (the Store's dedup.Journal) of each item found stale that are not
+// failed. An earlier attempt of such an event, rolled back with the
+// decision that it applied, called a provider (effect.Do) before a later
+// event of its entity committed: the call's effect may have happened, and
+// nothing books it. The first such item is refused with InDoubt, naming
+// the entity, both versions and the steps, and its index returned: the
+// transaction rolls back, the key stays free, and the event is
+// dead-lettered with CauseInDoubt before its offset moves, whatever
+// Config.Stale says. Deciding it after the commit would leave a done key
+// behind a letter not yet written: a crash in between, and the event came
+// back a duplicate, its effect unbooked and unsaid. A journal that cannot
+// answer (a permanent or fatal error) refuses the item the same way; one
+// that fails for a moment fails the attempt (index -1), which is tried
+// again; a store without a journal (dedup.ErrNoJournal) has no steps. A
+// stale event is rare: one query for each.
+func (a *attempt[TTx]) staleSteps(ctx context.Context, its []*item) (int, error) {
+	c := a.c
 	if c.journal == nil {
-		return nil, nil, nil
+		return -1, nil
 	}
-	f := dedup.StepFilter{Scope: it.claim.Key.Scope, Key: it.claim.Key.ID,
-		States: []dedup.StepState{dedup.StepPending, dedup.StepSucceeded, dedup.StepUnknown, dedup.StepInDoubt}}
-	err = c.untilDone(ctx, nil, "reading a stale event's provider steps", func() error {
-		var err error
-		steps, err = c.journal.Steps(ctx, f)
-		return err
-	}, func(err error) (error, bool) {
-		if errors.Is(err, dedup.ErrNoJournal) {
-			steps = nil
-			return nil, true
+	for i, it := range its {
+		if !it.stale {
+			continue
 		}
-		if class := classify(err, c.cfg.Store.ClassifyError); class == dedup.ClassPermanent || class == dedup.ClassFatal {
-			unread = err
-			return nil, true
+		f := dedup.StepFilter{Scope: it.claim.Key.Scope, Key: it.claim.Key.ID,
+			States: []dedup.StepState{dedup.StepPending, dedup.StepSucceeded, dedup.StepUnknown, dedup.StepInDoubt}}
+		steps, err := c.journal.Steps(ctx, f)
+		switch {
+		case errors.Is(err, dedup.ErrNoJournal):
+			return -1, nil
+		case err != nil:
+			if class := classify(err, c.cfg.Store.ClassifyError); class == dedup.ClassPermanent || class == dedup.ClassFatal {
+				return i, InDoubt(staleStepsReason(it, nil, err))
+			}
+			return -1, fmt.Errorf("reading the provider steps of stale event %s: %w", it.msg.Ref(), err)
+		case len(steps) > 0:
+			return i, InDoubt(staleStepsReason(it, steps, nil))
 		}
-		return nil, false
-	})
-	return steps, unread, err
+	}
+	return -1, nil
 }
 
 // staleStepsError is the reason a stale event with provider steps is
