@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/internal/storekit/rowscan"
 )
 
 type entityRef struct{ scope, name string }
@@ -227,25 +228,11 @@ func (s *Store) StaleEvents(ctx context.Context, f dedup.StaleFilter) ([]dedup.S
 	if limit <= 0 {
 		limit = 100
 	}
-	rows, err := s.db.QueryContext(ctx, "SELECT scope, `key`, entity, major, minor, mark_major, mark_minor, "+
+	evs, err := rowscan.StaleEvents(time.UnixMicro)(s.db.QueryContext(ctx, "SELECT scope, `key`, entity, major, minor, mark_major, mark_minor, "+
 		"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', at) FROM "+s.stale+
 		" WHERE (? = '' OR scope = ?) AND (? = '' OR entity = ?) ORDER BY at DESC, id DESC LIMIT ?",
-		f.Scope, f.Scope, f.Entity, f.Entity, limit)
+		f.Scope, f.Scope, f.Entity, f.Entity, limit))
 	if err != nil {
-		return nil, s.connErr("stale events", err)
-	}
-	defer rows.Close()
-	var evs []dedup.StaleEvent
-	for rows.Next() {
-		var e dedup.StaleEvent
-		var at int64
-		if err := rows.Scan(&e.Key.Scope, &e.Key.ID, &e.Entity, &e.Version.Major, &e.Version.Minor, &e.Watermark.Major, &e.Watermark.Minor, &at); err != nil {
-			return nil, s.connErr("stale events", err)
-		}
-		e.At = time.UnixMicro(at)
-		evs = append(evs, e)
-	}
-	if err := rows.Err(); err != nil {
 		return nil, s.connErr("stale events", err)
 	}
 	return evs, nil

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/internal/storekit/rowscan"
 )
 
 func (s *Store) marksTable() string { return `"` + s.cfg.Table + `_watermarks"` }
@@ -201,24 +202,10 @@ func (s *Store) StaleEvents(ctx context.Context, f dedup.StaleFilter) ([]dedup.S
 	if limit <= 0 {
 		limit = 100
 	}
-	rows, err := s.db.QueryContext(ctx, `SELECT scope, key, entity, major, minor, mark_major, mark_minor, at FROM `+s.staleTable()+`
+	evs, err := rowscan.StaleEvents(time.UnixMilli)(s.db.QueryContext(ctx, `SELECT scope, key, entity, major, minor, mark_major, mark_minor, at FROM `+s.staleTable()+`
 WHERE (? = '' OR scope = ?) AND (? = '' OR entity = ?) ORDER BY at DESC, id DESC LIMIT ?`,
-		f.Scope, f.Scope, f.Entity, f.Entity, limit)
+		f.Scope, f.Scope, f.Entity, f.Entity, limit))
 	if err != nil {
-		return nil, s.wrap("stale events", err)
-	}
-	defer rows.Close()
-	var evs []dedup.StaleEvent
-	for rows.Next() {
-		var e dedup.StaleEvent
-		var at int64
-		if err := rows.Scan(&e.Key.Scope, &e.Key.ID, &e.Entity, &e.Version.Major, &e.Version.Minor, &e.Watermark.Major, &e.Watermark.Minor, &at); err != nil {
-			return nil, s.wrap("stale events", err)
-		}
-		e.At = time.UnixMilli(at)
-		evs = append(evs, e)
-	}
-	if err := rows.Err(); err != nil {
 		return nil, s.wrap("stale events", err)
 	}
 	return evs, nil

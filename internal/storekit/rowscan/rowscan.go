@@ -4,6 +4,7 @@ package rowscan
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/idemkit/idem/dedup"
 )
@@ -70,6 +71,30 @@ func StepCounts(rows Rows, err error) (byState map[dedup.StepState]int64, expire
 		return nil, 0, err
 	}
 	return byState, expiredPending, nil
+}
+
+// StaleEvents reads the result of a query of (scope, key, entity, major,
+// minor, mark major, mark minor, at) into stale events, at in the integer
+// unit of the store's clock, which at turns into a time; and closes its
+// rows: rowscan.StaleEvents(db.Query(…)).
+func StaleEvents(at func(int64) time.Time) func(rows Rows, err error) ([]dedup.StaleEvent, error) {
+	return func(rows Rows, err error) ([]dedup.StaleEvent, error) {
+		if err != nil {
+			return nil, err
+		}
+		defer closeRows(rows)
+		var evs []dedup.StaleEvent
+		for rows.Next() {
+			var e dedup.StaleEvent
+			var t int64
+			if err := rows.Scan(&e.Key.Scope, &e.Key.ID, &e.Entity, &e.Version.Major, &e.Version.Minor, &e.Watermark.Major, &e.Watermark.Minor, &t); err != nil {
+				return nil, err
+			}
+			e.At = at(t)
+			evs = append(evs, e)
+		}
+		return evs, rows.Err()
+	}
 }
 
 // closeRows closes pgx.Rows (Close()) and *sql.Rows (Close() error) alike;
