@@ -17,8 +17,10 @@ PKGS ?= ./...
 # Scenario 23 (nonblocking-retries: three runs, two with an outage of 90 s, about
 # 5 minutes per broker, on Kafka and on RocketMQ) runs in make test-faults
 # only too: make test keeps its time. So does scenario 24 (rebalance-storm,
-# twenty member changes, about 4 minutes per broker).
-SKIP ?= TestFaults/.*/scale-out|TestFaults/.*/nonblocking-retries|TestFaults/.*/rebalance-storm
+# twenty member changes, about 4 minutes per broker), and scenario 25
+# (key-parked: parked keys across a SIGKILL and two rebalances, about 3
+# minutes per broker).
+SKIP ?= TestFaults/.*/scale-out|TestFaults/.*/nonblocking-retries|TestFaults/.*/rebalance-storm|TestFaults/.*/key-parked
 
 .PHONY: help test test-short testenv-up testenv-down bench bench-outbox bench-e2e fmt vet api-baseline
 

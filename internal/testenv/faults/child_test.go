@@ -69,6 +69,9 @@ type childSpec struct {
 	RetryDelays   []time.Duration
 	RetryAttempts int
 	KeyOrdered    bool // NonBlocking.KeyOrdered (with RetryDelays)
+	// NoParking hides the store's dedup.Parking from the consumer: it
+	// keeps KeyOrdered's holds in its memory (scenario 25's control).
+	NoParking bool
 }
 
 // failpoints are the faults a child injects into itself. Keys are txn_ids.
@@ -378,6 +381,9 @@ func (spec *childSpec) run() error {
 			}
 		}
 	}
+	if spec.NoParking {
+		ccfg.Store = noParking{store}
+	}
 	c, err := consumer.New(ccfg)
 	if err != nil {
 		return err
@@ -569,6 +575,10 @@ type faultStore struct {
 	fp *failpoints
 	st *childState
 }
+
+// noParking is a store without its dedup.Parking (childSpec.NoParking):
+// only the dedup.Store methods are seen.
+type noParking struct{ dedup.Store[pgx.Tx] }
 
 // errCommitLost is what a COMMIT that went through looks like when the
 // connection broke before its answer came back (Temporal's

@@ -54,6 +54,9 @@ var scenarios = []scenario{
 	// Scenario 7 with twenty member changes, about four minutes a broker:
 	// make test-faults only (the Makefile's SKIP).
 	{24, "rebalance-storm", []string{"kafka", "rocketmq"}, rebalanceStorm},
+	// KeyOrdered's holds in the store across a SIGKILL and two rebalances,
+	// about 3 minutes a broker (parking_test.go): make test-faults only.
+	{25, "key-parked", []string{"kafka", "rocketmq"}, keyParked},
 	// On the two-broker RocketMQ (rmqcluster_test.go); each has it to itself.
 	{22, "broker-lost-and-back", []string{"rocketmq-cluster"}, rocketClusterBrokerLost},
 }
