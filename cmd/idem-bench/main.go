@@ -18,6 +18,10 @@
 //	               connections, and a plain Sarama consumer group
 //	idem-b1        idem, batch size 1, a Handler with the peers' single-row INSERT
 //	idem-b100      idem, batch size 100
+//	idem-entity-b100  idem-b100 with Config.Entity: every message an event of
+//	               one of -entities trades, versions rising in each trade's
+//	               partition, -stale of them re-sending the trade's previous
+//	               event (stale)
 //	idem-handler-b100  idem, batch size 100, the handler users write: a
 //	               per-message Handler, one INSERT … VALUES per message
 //	pg-ceiling-handler  that row's statements with no framework: the claim
@@ -91,6 +95,8 @@ type settings struct {
 	Partitions   int     `json:"partitions"`
 	Size         int     `json:"message_bytes"`
 	DupRate      float64 `json:"duplicate_rate"`
+	Entities     int     `json:"entities"`
+	StaleRate    float64 `json:"stale_rate"`
 	Rows         string  `json:"rows"`
 	Rounds       int     `json:"rounds"`
 	CeilingConns int     `json:"ceiling_connections"`
@@ -116,10 +122,10 @@ type settings struct {
 
 // The rows, in their default order, and the broker each needs.
 var (
-	kafkaRows = []string{"raw", "naive", "watermill", "watermill-tuned", "sarama", "idem-b1", "idem-b100", "idem-handler-b100", "idem-offsets", "idem-handler-offsets"}
+	kafkaRows = []string{"raw", "naive", "watermill", "watermill-tuned", "sarama", "idem-b1", "idem-b100", "idem-entity-b100", "idem-handler-b100", "idem-offsets", "idem-handler-offsets"}
 	p1Rows    = []string{"p1-idem", "p1-idem-keylanes"}
 	rmqRows   = []string{"rmq-raw", "rmq-idem-b100"}
-	allRows   = []string{"raw", "naive", "watermill", "watermill-tuned", "sarama", "idem-b1", "idem-b100", "pg-ceiling", "idem-handler-b100", "pg-ceiling-handler", "idem-offsets", "pg-ceiling-1row", "idem-handler-offsets", "p1-idem", "p1-idem-keylanes", "rmq-raw", "rmq-idem-b100"}
+	allRows   = []string{"raw", "naive", "watermill", "watermill-tuned", "sarama", "idem-b1", "idem-b100", "idem-entity-b100", "pg-ceiling", "idem-handler-b100", "pg-ceiling-handler", "idem-offsets", "pg-ceiling-1row", "idem-handler-offsets", "p1-idem", "p1-idem-keylanes", "rmq-raw", "rmq-idem-b100"}
 )
 
 // Row is one measured configuration.
@@ -138,6 +144,9 @@ type Row struct {
 	P99Ms         float64 `json:"p99_ms"`
 	P999Ms        float64 `json:"p999_ms"`
 	Effects       int64   `json:"effects"`
+	// The stale events the store recorded (idem-entity-b100); 0 for the
+	// other rows.
+	Stale int64 `json:"stale,omitempty"`
 	// An open-loop row's offered rate (openloop.go); 0 for the others.
 	Offered float64 `json:"offered_per_second,omitempty"`
 	// The idem rows' transactions (acknowledged batches) and the messages
@@ -158,6 +167,8 @@ func main() {
 	flag.IntVar(&s.Partitions, "partitions", 8, "topic partitions (Kafka) and queues (RocketMQ)")
 	flag.IntVar(&s.Size, "size", 256, "message size in bytes")
 	flag.Float64Var(&s.DupRate, "dup", 0.10, "share of messages that repeat an earlier business key")
+	flag.IntVar(&s.Entities, "entities", 8000, "trades (entities) the payloads are events of, spread over the partitions (idem-entity-b100)")
+	flag.Float64Var(&s.StaleRate, "stale", 0.05, "share of a trade's events after its first that re-send its previous event: stale in idem-entity-b100")
 	flag.StringVar(&s.Rows, "rows", strings.Join(allRows, ","), "rows to run, in this order")
 	flag.IntVar(&s.Rounds, "rounds", 1, "run the rows this many times, alternating, and keep each row's best")
 	flag.IntVar(&s.CeilingConns, "ceiling-conns", 2, "connections of the pg-ceiling row")
@@ -384,9 +395,22 @@ func bench(ctx context.Context, s settings, pgURL string, log io.Writer) (result
 }
 
 // generate makes the payloads: JSON of about size bytes, a share of them
-// repeating an earlier business key with the same body.
+// repeating an earlier business key with the same body. Each new payload
+// is also the next event of one of s.Entities trades ("trade", "seq"):
+// a trade's events lie on one partition (the one its txn_id's key hashes
+// to), its seq rising with the partition's order, and a share s.StaleRate
+// of the events after a trade's first re-send its previous event (the
+// same seq): stale, when the row applies entity order.
 func generate(s settings) ([][]byte, int) {
 	rng := rand.New(rand.NewPCG(1, 2))
+	staleRng := rand.New(rand.NewPCG(3, 4)) // apart, so that the rows' keys and amounts stay as they were
+	parts := make([]int, max(s.Partitions, 1))
+	for i := range parts {
+		parts[i] = i
+	}
+	perPart := max(s.Entities/len(parts), 1)
+	seen := make([]int, len(parts)) // new payloads per partition so far
+	var balancer kafkago.Hash
 	var out [][]byte
 	unique := 0
 	for i := 0; len(out) < s.Messages; i++ {
@@ -394,7 +418,16 @@ func generate(s settings) ([][]byte, int) {
 			out = append(out, out[rng.IntN(len(out))])
 			continue
 		}
-		p := fmt.Sprintf(`{"txn_id":"T%012d","order_id":"O-%d","amount":%d,"pad":""}`, i, i, 100+rng.IntN(10000))
+		txn := fmt.Sprintf("T%012d", i)
+		part := balancer.Balance(kafkago.Message{Key: []byte(txn)}, parts...)
+		n := seen[part]
+		seen[part]++
+		seq := n
+		if n >= perPart && staleRng.Float64() < s.StaleRate {
+			seq = n - perPart // the trade's previous event again
+		}
+		p := fmt.Sprintf(`{"txn_id":"%s","order_id":"O-%d","amount":%d,"trade":"E%d-%d","seq":%d,"pad":""}`,
+			txn, i, 100+rng.IntN(10000), part, n%perPart, seq)
 		if pad := s.Size - len(p); pad > 0 {
 			p = strings.Replace(p, `"pad":""`, `"pad":"`+strings.Repeat("x", pad)+`"`, 1)
 		}
@@ -521,6 +554,8 @@ func runRow(ctx context.Context, e *env, name string, n int) (Row, error) {
 		err = runIdem(ctx, e, e.topic, group, n, sc, 1, 0, lat)
 	case "idem-b100":
 		err = runIdem(ctx, e, e.topic, group, n, sc, 100, 0, lat)
+	case "idem-entity-b100":
+		err = runIdemEntity(ctx, e, e.topic, group, n, sc, 100, lat)
 	case "idem-handler-b100":
 		err = runIdemHandler(ctx, e, e.topic, group, n, sc, 100, lat)
 	case "idem-offsets":
@@ -564,6 +599,12 @@ func runRow(ctx context.Context, e *env, name string, n int) (Row, error) {
 	}
 	if sc != "" {
 		_ = pool.QueryRow(ctx, "SELECT count(*) FROM "+sc+".effects").Scan(&r.Effects)
+	}
+	if name == "idem-entity-b100" {
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+sc+".idem_dedup_stale").Scan(&r.Stale); err != nil {
+			return r, fmt.Errorf("counting stale events: %w", err)
+		}
+		fmt.Fprintf(e.log, "  %d stale events recorded (%.1f%% of the effects applied)\n", r.Stale, 100*float64(r.Stale)/float64(max(r.Effects, 1)))
 	}
 	if used.total > 0 {
 		fmt.Fprintf(e.log, "  CPU s/100k: this %.2f, postgres %.2f, kafka %.2f, rocketmq %.2f, everything else %.2f; machine %.0f%% busy over %.1f s\n",
@@ -735,6 +776,39 @@ func runIdem(ctx context.Context, e *env, topic, group string, n int, sc string,
 		return err
 	}
 	return runEngine(ctx, e, src, n, sc, batch, keyLanes, lat, 0)
+}
+
+// runIdemEntity is runIdem with entity order (Config.Entity): each
+// message names its trade and the event's seq, as the docs' example
+// decodes them.
+func runIdemEntity(ctx context.Context, e *env, topic, group string, n int, sc string, batch int, lat *latencies) error {
+	src, err := kafka.New(kafka.Config{Brokers: e.brokers, Topics: []string{topic}, Group: group, MaxBytes: 4 << 20, Logger: quiet,
+		CommitInterval: e.s.CommitInterval})
+	if err != nil {
+		return err
+	}
+	return runEngineWith(ctx, e, src, n, sc, lat, 0, func(cfg *consumer.Config[pgx.Tx], st *pgstore.Store) {
+		// The store without its effect journal (dedup.Journal): with one,
+		// the consumer reads each stale event's provider steps from the
+		// pool while its transaction holds a connection, and hangs once
+		// as many lanes as the pool has connections do so at once (8
+		// lanes, pgxpool's 4). This row measures the watermarks.
+		cfg.Store = struct {
+			dedup.Store[pgx.Tx]
+			dedup.Watermarks[pgx.Tx]
+		}{st, st}
+		cfg.BatchSize = batch
+		cfg.Entity = func(m *consumer.Message) (consumer.Entity, error) {
+			var ev struct {
+				Trade string `json:"trade"`
+				Seq   int64  `json:"seq"`
+			}
+			if err := json.Unmarshal(m.Value, &ev); err != nil {
+				return consumer.Entity{}, err
+			}
+			return consumer.Entity{Name: ev.Trade, Version: dedup.Version{Major: ev.Seq}}, nil
+		}
+	})
 }
 
 // runIdemHandler is idem with the handler users write: a per-message
@@ -1001,6 +1075,10 @@ func ratiosOf(rows []Row) []ratio {
 	}
 	// Against the Watermill way first (issue 29's targets).
 	add("idem-b100", "watermill-tuned", 4, ">=")
+	// What entity watermarks cost at batch 100 (issue 40): under 15% of
+	// idem-b100's throughput.
+	add("idem-entity-b100", "idem-b100", 0.85, ">=")
+	addCPU("idem-entity-b100", "idem-b100", 0)
 	addCPU("idem-b100", "watermill-tuned", 0)
 	add("idem-offsets", "watermill-tuned", 5, ">=")
 	addCPU("idem-offsets", "watermill-tuned", 0)
@@ -1040,6 +1118,9 @@ func printTable(w io.Writer, s settings, res result, ratios []ratio) {
 	rows := res.rows
 	fmt.Fprintf(w, "\n%d messages of %d bytes, %d partitions, %.0f%% duplicate keys; per-message rows on %d messages; pg-ceiling on %d connections; best of %d round(s)\n",
 		s.Messages, s.Size, s.Partitions, s.DupRate*100, s.SlowMessages, s.CeilingConns, s.Rounds)
+	if slices.ContainsFunc(rows, func(r Row) bool { return r.Name == "idem-entity-b100" }) {
+		fmt.Fprintf(w, "idem-entity-b100: events of %d trades, %.0f%% of the events after a trade's first re-sent (stale)\n", s.Entities, s.StaleRate*100)
+	}
 	if slices.ContainsFunc(rows, func(r Row) bool { return slices.Contains(p1Rows, r.Name) }) {
 		fmt.Fprintf(w, "one-partition rows (p1-*): %d messages from a topic of 1 partition, BatchSize %d; KeyLanes %d\n", s.P1Messages, s.P1Batch, s.KeyLanes)
 	}

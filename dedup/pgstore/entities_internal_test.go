@@ -36,17 +36,17 @@ func TestWatermarkPlans(t *testing.T) {
 			if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
 				return err
 			}
-			if _, err := tx.Exec(ctx, `PREPARE lock_entities AS `+st.marks.lock); err != nil {
+			if _, err := tx.Exec(ctx, `PREPARE advance_entities AS `+st.marks.advance); err != nil {
 				return err
 			}
-			rows, err := tx.Query(ctx, `EXPLAIN EXECUTE lock_entities('{s}', '{e}')`, pgx.QueryExecModeSimpleProtocol)
+			rows, err := tx.Query(ctx, `EXPLAIN EXECUTE advance_entities('{s}', '{e}', '{-1}', '{1}', '{1}', '{0}', '{k}')`, pgx.QueryExecModeSimpleProtocol)
 			if err != nil {
 				return err
 			}
 			if lines, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
 				return err
 			}
-			_, err = tx.Exec(ctx, `DEALLOCATE lock_entities`)
+			_, err = tx.Exec(ctx, `DEALLOCATE advance_entities`)
 			return err
 		})
 		if err != nil {
@@ -54,7 +54,7 @@ func TestWatermarkPlans(t *testing.T) {
 		}
 		p := strings.Join(lines, "\n")
 		if !strings.Contains(p, "Index Scan using idem_dedup_watermarks_pkey") || strings.Contains(p, "Seq Scan") {
-			t.Errorf("generic plan of the entities' lock %s:\n%s", when, p)
+			t.Errorf("generic plan of the entities' advance %s:\n%s", when, p)
 		}
 	}
 	check("on an empty table")
