@@ -22,13 +22,14 @@ import (
 // the store's dedup.Parking from the consumer, which keeps the holds in
 // its memory: the members that take over do not know the parked keys, and
 // a key's later payments overtake its head.
-var parkingOn = false
+var parkingOn = true
 
-// parkDelays are key-parked's retry delays: 135 s in all, room for the
-// SIGKILL, the new members and the rebalance while the keys stay parked,
+// parkDelays are key-parked's retry delays: 4 m 20 s in all, room for the
+// SIGKILL, the new members (on RocketMQ, after the dead member's orderly
+// queue locks expire, 60 s) and the rebalances while the keys stay parked,
 // with no failing payment dead-lettered.
 var parkDelays = []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second,
-	15 * time.Second, 25 * time.Second, 35 * time.Second, 45 * time.Second}
+	15 * time.Second, 25 * time.Second, 35 * time.Second, 45 * time.Second, 60 * time.Second, 65 * time.Second}
 
 // 25. Issue 40: NonBlocking.KeyOrdered with the hold in the store. Of a
 // stream of 800 payments on 4 partitions (queues), 100 fail (a Retryable
@@ -102,7 +103,7 @@ func keyParked(t *testing.T, b, title string) {
 	c.Kill()
 	r.midReconcile("after the kill")
 	c2 := r.start(fp, mod)
-	r.waitConsuming(c2)
+	r.waitMembers(1, c2) // RocketMQ: after the dead member's orderly locks expire (60 s)
 	c3 := r.start(fp, mod)
 	r.waitMembers(2, c2, c3)
 	// Copies come back to the new members, and follow their heads again
@@ -182,7 +183,7 @@ func (r *rig) parkedKeys() int {
 func (r *rig) waitMembers(n int, alive ...*child) {
 	t := r.t
 	t.Helper()
-	testenv.WaitUntilProgress(t, 2*time.Minute, fmt.Sprintf("%d members consuming", n), func() (bool, string) {
+	testenv.WaitUntilProgress(t, 3*time.Minute, fmt.Sprintf("%d members consuming", n), func() (bool, string) {
 		for _, c := range alive {
 			c.requireAlive(t)
 		}
