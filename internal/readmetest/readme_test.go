@@ -23,6 +23,7 @@ import (
 // them, each with a use that keeps the import legal when a fragment does not
 // need it.
 var fragmentImports = []struct{ path, use string }{
+	{"cmp", "cmp.Compare[int]"},
 	{"context", "context.Background"},
 	{"database/sql", "sql.ErrNoRows"},
 	{"encoding/json", "json.Unmarshal"},
@@ -30,6 +31,7 @@ var fragmentImports = []struct{ path, use string }{
 	{"fmt", "fmt.Sprint"},
 	{"log", "log.Fatal"},
 	{"log/slog", "slog.Default"},
+	{"net/url", "url.ParseQuery"},
 	{"os", "os.Getenv"},
 	{"os/signal", "signal.NotifyContext"},
 	{"syscall", "syscall.SIGTERM"},
