@@ -87,6 +87,30 @@ type Route struct {
 	// StoredHeaders names response header fields stored and replayed
 	// besides DefaultStoredHeaders.
 	StoredHeaders []string
+	// Entity, when set, names the entity a request is an event of — a
+	// trade, a payment intent — and the event's version, read from the
+	// request and its body: a payment channel's callbacks about one trade,
+	// each under a key of its own, then move the trade only forward. In the
+	// transaction that runs the request under its key, right after the
+	// claim, the event meets its entity's watermark (dedup.Watermarks, in
+	// the route's key scope): above it, the watermark becomes its version
+	// and the handler runs; at or below it (equal included) the request is
+	// stale: the handler does not run, the store records it
+	// (dedup.Watermarks.StaleEvents, idem stale) and Stale answers it. The
+	// watermark, the key and the response commit together; a retry of a
+	// stale request replays its answer. A zero Entity.Name: the request is
+	// of no entity. An error (dedup.ErrUnknownStatus from a
+	// dedup.StatusRank, a body that does not parse) is answered 400 and
+	// claims nothing. Transactional routes with a required key only, on a
+	// store that keeps watermarks (pgstore, sqlitestore); Transactional
+	// panics otherwise. Default: none.
+	Entity func(r *http.Request, body []byte) (Entity, error)
+	// Stale answers a stale request (see Entity) in the request's
+	// transaction; what it writes is stored with the key as a handler's
+	// response is (StoredHeaders, and Idempotent-Stale). Default
+	// AnswerStale: 200 with Idempotent-Stale: true and a JSON body naming
+	// the entity and both versions.
+	Stale func(w http.ResponseWriter, r *http.Request, s StaleRequest)
 }
 
 // DefaultStoredHeaders are the response header fields a replay repeats:
@@ -155,12 +179,25 @@ func (rt Route) resolve(leased bool) (*route, error) {
 	if rt.MaxResponseBytes == 0 {
 		rt.MaxResponseBytes = DefaultMaxResponseBytes
 	}
+	switch {
+	case rt.Entity == nil && rt.Stale != nil:
+		add("Stale is set without Entity: no request can be stale")
+	case rt.Entity != nil && leased:
+		add("Entity is for Transactional routes: a Leased route commits its key before the handler runs, and a watermark moved then would stay moved for a request whose outcome is unknown")
+	case rt.Entity != nil && rt.Optional:
+		add("Entity needs a key on every request (Optional is set): the watermark moves in the transaction of the key's claim")
+	case rt.Entity != nil && rt.Stale == nil:
+		rt.Stale = AnswerStale
+	}
 	stored := make(map[string]bool, len(DefaultStoredHeaders)+len(rt.StoredHeaders))
 	for _, h := range DefaultStoredHeaders {
 		stored[http.CanonicalHeaderKey(h)] = true
 	}
 	for _, h := range rt.StoredHeaders {
 		stored[http.CanonicalHeaderKey(h)] = true
+	}
+	if rt.Entity != nil {
+		stored[HeaderStale] = true
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err

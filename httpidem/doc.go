@@ -29,6 +29,7 @@
 //	key missing on a route requiring it  400
 //	key empty, over 256 bytes, control characters, not UTF-8   400, never truncated
 //	request body over the route's limit  413, before any store work
+//	entity at or past the request's version (Route.Entity, transactional)  Route.Stale's answer, stored with the key; default 200, Idempotent-Stale: true
 //
 // A key is scoped by the request's method, the route and the tenant (the
 // account a Config.Tenant function names), so two accounts may use one key

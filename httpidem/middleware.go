@@ -27,6 +27,7 @@ type Middleware[TTx any] struct {
 	tenant   func(*http.Request) (string, error)
 	log      *slog.Logger
 	obs      Observer
+	marks    dedup.Watermarks[TTx] // the store's entity watermarks, if it keeps them (Route.Entity)
 	inflight inflight
 }
 
@@ -38,7 +39,8 @@ func New[TTx any](cfg Config[TTx]) (*Middleware[TTx], error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Middleware[TTx]{store: cfg.Store, tenant: cfg.Tenant, log: cfg.Logger, obs: cfg.Observer}, nil
+	marks, _ := cfg.Store.(dedup.Watermarks[TTx])
+	return &Middleware[TTx]{store: cfg.Store, tenant: cfg.Tenant, log: cfg.Logger, obs: cfg.Observer, marks: marks}, nil
 }
 
 // TxHandler handles a request in the store's transaction tx. Its writes in
@@ -82,6 +84,9 @@ func (m *Middleware[TTx]) Transactional(route Route, h TxHandler[TTx]) http.Hand
 	}
 	if h == nil {
 		panic("httpidem: Transactional: nil handler")
+	}
+	if rt.Entity != nil && m.marks == nil {
+		panic(fmt.Errorf("httpidem: Route.Entity is set, but Config.Store (%T) keeps no entity watermarks (it does not implement dedup.Watermarks): use pgstore or sqlitestore", m.store))
 	}
 	return &txRoute[TTx]{m: m, rt: rt, h: h}
 }
@@ -130,9 +135,10 @@ func Scope(method, route, tenant string) string {
 
 // prepared is a request that passed the checks before the store.
 type prepared struct {
-	r     *http.Request // with its body buffered, when it has a key
-	keyed bool
-	claim dedup.Claim
+	r      *http.Request // with its body buffered, when it has a key
+	keyed  bool
+	claim  dedup.Claim
+	entity Entity // Route.Entity's, for a keyed request
 }
 
 // prepare checks a request's body size and key, reads its body and
@@ -208,11 +214,19 @@ func (m *Middleware[TTx]) prepare(w http.ResponseWriter, r *http.Request, rt *ro
 	r2.Body = io.NopCloser(bytes.NewReader(raw))
 	r2.ContentLength = int64(len(raw))
 	r2.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(raw)), nil }
+	var ent Entity
+	if rt.Entity != nil {
+		if ent, err = rt.entityOf(r2, raw); err != nil {
+			note(r, OutcomeBadRequest, err)
+			writeProblem(w, http.StatusBadRequest, titleEntity, err.Error(), 0)
+			return prepared{}, false
+		}
+	}
 	var paths []pathValue
 	if !rt.IgnorePathValues {
 		paths = pathValues(r)
 	}
-	return prepared{r: r2, keyed: true, claim: dedup.Claim{
+	return prepared{r: r2, keyed: true, entity: ent, claim: dedup.Claim{
 		Key:         key,
 		Fingerprint: requestFingerprint(r.Method, name, paths, fp),
 		Source:      source(r),
@@ -271,7 +285,22 @@ func (t *txRoute[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	cw := newCapture(rt.MaxResponseBytes)
 	var handlerErr error
+	stale := false
 	run := func(ctx context.Context, tx TTx) (dedup.StoredResponse, error) {
+		if p.entity.Name != "" {
+			s, ok, err := m.advance(ctx, tx, p)
+			if err != nil {
+				return dedup.StoredResponse{}, err
+			}
+			if stale = ok; stale {
+				answer := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { rt.Stale(w, r, s) })
+				if handlerErr = serveHTTP(answer, cw, p.r); handlerErr != nil {
+					return dedup.StoredResponse{}, handlerErr
+				}
+				cw.finish()
+				return cw.response(rt.stored), nil
+			}
+		}
 		if handlerErr = serveTx(t.h, cw, p.r, tx); handlerErr != nil {
 			return dedup.StoredResponse{}, handlerErr
 		}
@@ -295,7 +324,10 @@ func (t *txRoute[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	switch {
 	case err == nil && rec.Verdict == dedup.VerdictRun:
-		if p.keyed {
+		switch {
+		case stale:
+			note(p.r, OutcomeStale, nil)
+		case p.keyed:
 			note(p.r, OutcomeExecuted, nil)
 		}
 		cw.send(w)

@@ -56,6 +56,7 @@ const (
 	OutcomeFailed                         // 500: the handler failed or panicked, or the store failed
 	OutcomeLeaseLost                      // 409: the lease was taken over before the response was stored
 	OutcomeUnkeyed                        // no key on an Optional route: the handler ran without idempotency
+	OutcomeStale                          // the request's entity was at or past its version (Route.Entity): answered by Route.Stale, the handler did not run
 )
 
 var outcomeNames = [...]string{
@@ -71,6 +72,7 @@ var outcomeNames = [...]string{
 	OutcomeFailed:      "failed",
 	OutcomeLeaseLost:   "lease_lost",
 	OutcomeUnkeyed:     "unkeyed",
+	OutcomeStale:       "stale",
 }
 
 func (o Outcome) String() string {
@@ -83,7 +85,7 @@ func (o Outcome) String() string {
 // Outcomes lists every Outcome, in their order.
 func Outcomes() []Outcome {
 	out := make([]Outcome, 0, len(outcomeNames)-1)
-	for o := OutcomeExecuted; o <= OutcomeUnkeyed; o++ {
+	for o := OutcomeExecuted; o <= OutcomeStale; o++ {
 		out = append(out, o)
 	}
 	return out

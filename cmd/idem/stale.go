@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -167,4 +168,66 @@ func writeStale(w io.Writer, evs []dedup.StaleEvent, steps [][]dedup.StepRecord)
 			ev.Version, ev.Watermark, b.String())
 	}
 	tw.Flush()
+}
+
+// staleView is the console's page of stale events (GET /stale).
+type staleView struct {
+	Scope, Entity string // the filter
+	// Watermark is the entity's, with both Scope and Entity; empty when
+	// it has none.
+	Watermark string
+	Rows      []staleRow
+	WithSteps int // rows whose key has provider steps
+}
+
+// staleRow is a stale event with its key's provider steps that did not
+// fail, as "step state" pairs.
+type staleRow struct {
+	dedup.StaleEvent
+	Steps []string
+}
+
+// stale lists the recorded stale events, the newest first, as idem stale
+// does (scope and entity in the query filter them), with their keys'
+// provider steps that did not fail: an effect that may have happened and
+// that nothing booked.
+func (c *console) stale(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := dedup.StaleFilter{Scope: q.Get("scope"), Entity: q.Get("entity"), Limit: 100}
+	v := staleView{Scope: f.Scope, Entity: f.Entity}
+	p := page{Title: "Stale events", Nav: "stale", Data: &v}
+	marks, ok := c.journal.(staleLister)
+	if !ok {
+		p.Error = "the store keeps no entity watermarks"
+		c.render(w, http.StatusOK, "stale", p)
+		return
+	}
+	evs, err := marks.StaleEvents(r.Context(), f)
+	var steps [][]dedup.StepRecord
+	if err == nil {
+		steps, err = staleSteps(r.Context(), c.journal, evs)
+	}
+	if err == nil && f.Scope != "" && f.Entity != "" {
+		var wm dedup.Version
+		var had bool
+		if wm, had, err = marks.Watermark(r.Context(), f.Scope, f.Entity); had {
+			v.Watermark = wm.String()
+		}
+	}
+	if err != nil {
+		p.Error = err.Error()
+		c.render(w, http.StatusOK, "stale", p)
+		return
+	}
+	for i, ev := range evs {
+		row := staleRow{StaleEvent: ev}
+		for _, s := range steps[i] {
+			row.Steps = append(row.Steps, s.Ref.Step+" "+s.State.String())
+		}
+		if len(row.Steps) > 0 {
+			v.WithSteps++
+		}
+		v.Rows = append(v.Rows, row)
+	}
+	c.render(w, http.StatusOK, "stale", p)
 }

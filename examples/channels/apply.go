@@ -10,27 +10,30 @@ import (
 )
 
 // next is the order's state machine: where an event of kind moves an order
-// in state from. The same state means no move: the event is stale (a
-// payment arriving after its refund or finish) or informational, and is
-// recorded as such. Orders only move forwards.
+// in state from. Informational events do not move it. The consumer's entity
+// order (Config, Channel.Entity) hands Apply only events newer than every
+// event applied to the order, so a payment re-sent after its refund or
+// finish never gets here; an event that still finds the order past it
+// contradicts it.
 func next(from string, kind Kind) (string, error) {
 	switch {
+	case kind == Info:
+		return from, nil
 	case kind == Pay && from == "UNPAID":
 		return "PAID", nil
 	case kind == Finish && (from == "UNPAID" || from == "PAID"):
 		return "FINISHED", nil // a trade that was never refundable finishes unpaid-to-finished
 	case kind == Refund && (from == "UNPAID" || from == "PAID"):
 		return "REFUNDED", nil // refunded before its payment reached us: it was paid
-	case kind == Refund && from == "FINISHED":
-		return "", fmt.Errorf("%w: a refund of a finished trade", ErrConflict)
 	}
-	return from, nil
+	return "", fmt.Errorf("%w: a %s event of an order that is %s", ErrConflict, kind, from)
 }
 
 // Apply applies one event in the consumer's transaction: the order's
-// transition through a conditional UPDATE, its ledger rows and balance, the
-// units sold, and the event's record. key is the event's dedup key and
-// source where the delivery came from.
+// transition, its ledger rows and balance, the units sold, and the event's
+// record. key is the event's dedup key and source where the delivery came
+// from. It does not guard against older events itself: the consumer's
+// entity order (Config) keeps them from it.
 //
 // An event that contradicts the order (unknown order, wrong amount or
 // currency, paid by another trade) is refused with consumer.Reject: nothing
@@ -74,12 +77,8 @@ FROM orders WHERE id = $1 FOR UPDATE`, ev.Order).Scan(&status, &amount, &currenc
 	effect := "recorded"
 	if to != status {
 		effect = "applied"
-		n, err := db.Exec(ctx, `UPDATE orders SET status = $1, paid_txn = $2 WHERE id = $3 AND status = $4`, to, ev.Trade, ev.Order, status)
-		if err != nil {
+		if _, err := db.Exec(ctx, `UPDATE orders SET status = $1, paid_txn = $2 WHERE id = $3`, to, ev.Trade, ev.Order); err != nil {
 			return err
-		}
-		if n != 1 {
-			return fmt.Errorf("channels: order %s moved from %s meanwhile", ev.Order, status)
 		}
 		if err := book(ctx, db, ev, account, sku, amount, status, to); err != nil {
 			return err
@@ -99,10 +98,10 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
 
 // applyPartialRefund books a partial refund of a paid order: the refunded
 // total grows to ev.Refunded, and the difference is one ledger row,
-// "<trade>/refund/<out_biz_no>". The order stays PAID. A notice whose total
-// a later refund's notice already reached is recorded and changes nothing;
-// a refund of an unpaid or finished order, or of more than was paid, is
-// refused.
+// "<trade>/refund/<out_biz_no>". The order stays PAID. A refund of an
+// unpaid or finished order, of more than was paid, or of no more than was
+// refunded already, is refused (a later refund's notice is newer: the
+// consumer's entity order keeps an older one from here).
 func applyPartialRefund(ctx context.Context, db payments.DB, ev Event, key, source, status, account string, amount, refunded int64) error {
 	switch {
 	case status != "PAID":
@@ -110,14 +109,10 @@ func applyPartialRefund(ctx context.Context, db payments.DB, ev Event, key, sour
 	case ev.Refunded > amount:
 		return consumer.Reject(fmt.Errorf("%w: order %s costs %d, %s %s refunds %d in all (%s)", ErrWrongAmount, ev.Order, amount, ev.Channel, ev.Trade, ev.Refunded, ev.Refund))
 	case ev.Refunded <= refunded:
-		return recordEvent(ctx, db, ev, key, source, status, status, "recorded")
+		return consumer.Reject(fmt.Errorf("%w: order %s has %d refunded, %s %s refunds %d in all (%s)", ErrConflict, ev.Order, refunded, ev.Channel, ev.Trade, ev.Refunded, ev.Refund))
 	}
-	n, err := db.Exec(ctx, `UPDATE orders SET refunded = $1 WHERE id = $2 AND refunded = $3`, ev.Refunded, ev.Order, refunded)
-	if err != nil {
+	if _, err := db.Exec(ctx, `UPDATE orders SET refunded = $1 WHERE id = $2`, ev.Refunded, ev.Order); err != nil {
 		return err
-	}
-	if n != 1 {
-		return fmt.Errorf("channels: order %s refunded meanwhile", ev.Order)
 	}
 	back := refunded - ev.Refunded
 	if _, err := db.Exec(ctx, `INSERT INTO ledger (txn_id, order_id, account_id, amount, channel) VALUES ($1, $2, $3, $4, $5)`,

@@ -84,7 +84,7 @@ func TestApplyReplaysTheOracle(t *testing.T) {
 					t.Errorf("line %d: %v", d.Line, err)
 				}
 			}
-			r, err := channels.Reconcile(ctx, payments.Pgx(pool), "", "", f.Expected)
+			r, err := channels.Reconcile(ctx, payments.Pgx(pool), "", "", "", f.Expected)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -140,13 +140,13 @@ func TestReconcileCatchesEachCorruption(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if r, err := channels.Reconcile(ctx, payments.Pgx(pool), "", "", f.Expected); err != nil || !r.OK() {
+			if r, err := channels.Reconcile(ctx, payments.Pgx(pool), "", "", "", f.Expected); err != nil || !r.OK() {
 				t.Fatalf("before the corruption: %v, %v", r, err)
 			}
 			if _, err := pool.Exec(ctx, c.sql, c.args...); err != nil {
 				t.Fatal(err)
 			}
-			r, err := channels.Reconcile(ctx, payments.Pgx(pool), "", "", f.Expected)
+			r, err := channels.Reconcile(ctx, payments.Pgx(pool), "", "", "", f.Expected)
 			if err != nil {
 				t.Fatal(err)
 			}

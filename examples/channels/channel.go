@@ -23,6 +23,10 @@ type Channel interface {
 	// Fingerprint covers the fields that define the event — order, trade,
 	// status, amount, currency — and none that a re-send changes.
 	Fingerprint() consumer.FingerprintFunc
+	// Entity is the order the callback is about, and the event's version:
+	// its time, then its status's rank (consumer.Config.Entity). An older
+	// event of the order than one applied is stale, never applied.
+	Entity(m *consumer.Message) (consumer.Entity, error)
 }
 
 // Key reads trade_no and trade_status, and a refund's out_biz_no: each
@@ -127,7 +131,9 @@ const MaxPayload = 64 << 10
 // checked by consumer.Config.Validate before the key is claimed (a forgery
 // arriving first would otherwise claim the genuine callback's key and have it
 // recorded as failed: a payment lost to a forged request), keyed by trade and
-// status, fingerprinted by the channel's fields.
+// status, fingerprinted by the channel's fields, and ordered per order by
+// the channel's Entity: an event older than one applied is stale, never
+// handed to Apply. The Store must keep entity watermarks (pgstore does).
 func Config[TTx any](ch Channel, db func(TTx) payments.DB) consumer.Config[TTx] {
 	return consumer.Config[TTx]{
 		Name:            ch.Name() + "-callbacks",
@@ -135,6 +141,7 @@ func Config[TTx any](ch Channel, db func(TTx) payments.DB) consumer.Config[TTx] 
 		Validate:        func(_ context.Context, m *consumer.Message) error { return ch.Verify(m.Value) },
 		Key:             ch.Key(),
 		Fingerprint:     ch.Fingerprint(),
+		Entity:          ch.Entity,
 		MaxPayloadBytes: MaxPayload,
 	}
 }

@@ -18,10 +18,15 @@
 // verified by consumer.Config.Validate, before the key is claimed, so that a
 // forgery cannot take the key of the genuine callback it imitates.
 //
-// Apply moves an order UNPAID -> PAID -> FINISHED or REFUNDED, only
-// forwards, through conditional UPDATEs, after checking the amount and
-// currency against the order, read FOR UPDATE; a payment arriving after its
-// refund or finish is recorded and changes nothing. An event that
+// The channel's events of one order are ordered by consumer.Config.Entity
+// (Channel.Entity): the version is the time of the event, its ties broken
+// by the rank of the channel's status (dedup.StatusRank), so that a
+// payment arriving after its refund or finish is stale — acknowledged,
+// recorded by the store, never handed to Apply — whatever partition,
+// re-send or redrive brings it. Apply moves an order UNPAID -> PAID ->
+// FINISHED or REFUNDED after checking the amount and currency against the
+// order, read FOR UPDATE, with no guard of its own against older events.
+// An event that
 // contradicts its order is refused with consumer.Reject, which leaves its
 // key free for the genuine event. Alipay's partial refunds (TRADE_SUCCESS
 // again, told apart by out_biz_no, an optional key part) are booked one

@@ -27,7 +27,8 @@ type Outcome string
 
 const (
 	Applied      Outcome = "applied"     // a new event that moved its order
-	Recorded     Outcome = "recorded"    // a new event that did not (stale, informational): recorded, not applied again
+	Recorded     Outcome = "recorded"    // a new event that did not move its order (informational): recorded
+	Stale        Outcome = "stale"       // a new event older than one applied to its order: acknowledged, never applied (consumer.Config.Entity)
 	Duplicate    Outcome = "duplicate"   // an event seen before: skipped
 	DeadLettered Outcome = "dead-letter" // see Reason
 )
@@ -87,6 +88,7 @@ type Tally struct {
 	Events      int            `json:"events"` // distinct events committed: applied + recorded
 	Applied     int            `json:"applied"`
 	Recorded    int            `json:"recorded"`
+	Stale       int            `json:"stale"` // not in Events: their keys are committed, nothing else
 	Duplicates  int            `json:"duplicates"`
 	DeadLetters map[Reason]int `json:"dead_letters"`
 }

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idemkit/idem/consumer"
 )
 
 //go:generate go run ./gen -out ../../testdata/channels
@@ -62,6 +64,7 @@ type channelGen interface {
 	spec() spec
 	random() *rand.Rand
 	Decode(payload []byte) (Event, error)
+	Entity(m *consumer.Message) (consumer.Entity, error)
 	schedule() []time.Duration
 	zone() *time.Location
 	order(i int) Order
@@ -134,9 +137,13 @@ func Generate(channel string, keys Keys) (Fixture, error) {
 		if err != nil {
 			return f, err
 		}
+		ent, err := g.Entity(&consumer.Message{Value: value})
+		if err != nil {
+			return f, fmt.Errorf("channels: generated a callback of no entity: %w", err)
+		}
 		d := Delivery{Line: i + 1, At: p.at, Order: ev.Order, Event: key, Attempt: p.attempt, Forged: p.n.forged, Wrong: p.n.wrong, Value: string(value)}
-		d.Expect, d.Reason = fields.deliver(key, fp, p.n.forged != "", ev)
-		d.ExpectWhole, d.ReasonWhole = whole.deliver(key, string(value), p.n.forged != "", ev)
+		d.Expect, d.Reason = fields.deliver(key, fp, p.n.forged != "", ev, ent)
+		d.ExpectWhole, d.ReasonWhole = whole.deliver(key, string(value), p.n.forged != "", ev, ent)
 		f.Stream = append(f.Stream, d)
 	}
 	f.Expected = fields.expected(channel)
@@ -392,10 +399,13 @@ type alipayGen struct {
 
 func (g *alipayGen) spec() spec                     { return g.a.spec() }
 func (g *alipayGen) Decode(p []byte) (Event, error) { return g.a.Decode(p) }
-func (g *alipayGen) schedule() []time.Duration      { return alipaySchedule }
-func (g *alipayGen) zone() *time.Location           { return cst }
-func (g *alipayGen) random() *rand.Rand             { return g.rng }
-func (g *alipayGen) trade() string                  { return "20260302220014" + digits(g.rng, 14) }
+func (g *alipayGen) Entity(m *consumer.Message) (consumer.Entity, error) {
+	return g.a.Entity(m)
+}
+func (g *alipayGen) schedule() []time.Duration { return alipaySchedule }
+func (g *alipayGen) zone() *time.Location      { return cst }
+func (g *alipayGen) random() *rand.Rand        { return g.rng }
+func (g *alipayGen) trade() string             { return "20260302220014" + digits(g.rng, 14) }
 func (g *alipayGen) order(i int) Order {
 	rng := g.rng
 	return Order{ID: fmt.Sprintf("ALI20260302%04d", i+1), Account: fmt.Sprintf("merchant-%02d", 1+rng.IntN(4)),
@@ -424,6 +434,8 @@ func (g *alipayGen) notification(o Order, trade, status string, total, refund in
 	v.Set("buyer_id", "2088"+trade[len(trade)-12:]) // one buyer per trade
 	v.Set("subject", "order "+o.ID)
 	switch status {
+	case "WAIT_BUYER_PAY":
+		v.Set("gmt_create", at.In(cst).Format(alipayTime))
 	case "TRADE_SUCCESS", "TRADE_FINISHED":
 		v.Set("gmt_payment", at.In(cst).Format(alipayTime))
 	case "TRADE_CLOSED":
@@ -469,10 +481,13 @@ type wechatGen struct {
 
 func (g *wechatGen) spec() spec                     { return g.w.spec() }
 func (g *wechatGen) Decode(p []byte) (Event, error) { return g.w.Decode(p) }
-func (g *wechatGen) schedule() []time.Duration      { return wechatSchedule }
-func (g *wechatGen) zone() *time.Location           { return cst }
-func (g *wechatGen) random() *rand.Rand             { return g.rng }
-func (g *wechatGen) trade() string                  { return "4200002026030" + digits(g.rng, 15) }
+func (g *wechatGen) Entity(m *consumer.Message) (consumer.Entity, error) {
+	return g.w.Entity(m)
+}
+func (g *wechatGen) schedule() []time.Duration { return wechatSchedule }
+func (g *wechatGen) zone() *time.Location      { return cst }
+func (g *wechatGen) random() *rand.Rand        { return g.rng }
+func (g *wechatGen) trade() string             { return "4200002026030" + digits(g.rng, 15) }
 func (g *wechatGen) order(i int) Order {
 	rng := g.rng
 	return Order{ID: fmt.Sprintf("WX20260302%04d", i+1), Account: fmt.Sprintf("merchant-%02d", 1+rng.IntN(4)),
@@ -518,10 +533,13 @@ type stripeGen struct {
 
 func (g *stripeGen) spec() spec                     { return g.s.spec() }
 func (g *stripeGen) Decode(p []byte) (Event, error) { return g.s.Decode(p) }
-func (g *stripeGen) schedule() []time.Duration      { return stripeSchedule }
-func (g *stripeGen) zone() *time.Location           { return time.UTC }
-func (g *stripeGen) random() *rand.Rand             { return g.rng }
-func (g *stripeGen) trade() string                  { return "pi_" + alnum(g.rng, 24) }
+func (g *stripeGen) Entity(m *consumer.Message) (consumer.Entity, error) {
+	return g.s.Entity(m)
+}
+func (g *stripeGen) schedule() []time.Duration { return stripeSchedule }
+func (g *stripeGen) zone() *time.Location      { return time.UTC }
+func (g *stripeGen) random() *rand.Rand        { return g.rng }
+func (g *stripeGen) trade() string             { return "pi_" + alnum(g.rng, 24) }
 func (g *stripeGen) order(i int) Order {
 	rng := g.rng
 	return Order{ID: fmt.Sprintf("ST-20260302-%04d", i+1), Account: fmt.Sprintf("merchant-%02d", 1+rng.IntN(4)),

@@ -195,16 +195,18 @@ func letterHeader(m kafkago.Message, key string) (line int, value string) {
 
 // seen collects what the consumer did with each line.
 type seen struct {
+	consumer.NopObserver
 	mu         sync.Mutex
 	byID       map[string]int          // message ID -> line, for every message handled
 	duplicates map[int]bool            // lines skipped as duplicates
+	stale      map[int]bool            // lines settled stale (consumer.OutcomeStale)
 	letters    map[int]consumer.Letter // lines dead-lettered, the last letter
 	at         map[int32]map[int64]int // partition -> offset -> line
 	dead       consumer.DeadLetter     // where letters go on to
 }
 
 func newSeen(next consumer.DeadLetter) *seen {
-	return &seen{byID: map[string]int{}, duplicates: map[int]bool{}, letters: map[int]consumer.Letter{},
+	return &seen{byID: map[string]int{}, duplicates: map[int]bool{}, stale: map[int]bool{}, letters: map[int]consumer.Letter{},
 		at: map[int32]map[int64]int{}, dead: next}
 }
 
@@ -232,6 +234,16 @@ func (s *seen) onDuplicate(_ context.Context, d consumer.Duplicate) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.duplicates[s.note(d.Message)] = true
+}
+
+// Settled notes the lines settled stale (the consumer's Observer).
+func (s *seen) Settled(_ context.Context, st consumer.Settlement) {
+	if st.Outcome != consumer.OutcomeStale {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stale[s.note(st.Message)] = true
 }
 
 // DeadLetter records the letter, then writes it to Kafka.

@@ -3,14 +3,20 @@ package channels
 import (
 	"fmt"
 	"sort"
+
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/dedup"
 )
 
 // oracle works out what the consumer must make of a stream: idem's dedup
 // (a key committed, with its fingerprint; a refused event leaves its key
-// free, as consumer.Reject does) and the business rules,
-// written independently of Apply's SQL so that the expectations check it.
+// free, as consumer.Reject does), its entity order (an event at or below
+// its order's watermark is stale: its key committed, nothing applied) and
+// the business rules, written independently of Apply's SQL so that the
+// expectations check it.
 type oracle struct {
 	claims   map[string]oracleClaim
+	marks    map[string]dedup.Version // per order: the newest event applied
 	orders   map[string]*oracleOrder
 	order    []string
 	tally    Tally
@@ -31,7 +37,7 @@ type oracleOrder struct {
 }
 
 func newOracle(orders []Order) *oracle {
-	o := &oracle{claims: map[string]oracleClaim{}, orders: map[string]*oracleOrder{},
+	o := &oracle{claims: map[string]oracleClaim{}, marks: map[string]dedup.Version{}, orders: map[string]*oracleOrder{},
 		balances: map[string]int64{}, sold: map[string]int64{}, tally: Tally{DeadLetters: map[Reason]int{}}}
 	for _, ord := range orders {
 		o.orders[ord.ID] = &oracleOrder{Order: ord, status: "UNPAID", transitions: []string{}}
@@ -42,10 +48,11 @@ func newOracle(orders []Order) *oracle {
 	return o
 }
 
-// deliver settles one delivery of event key with fingerprint fp.
-func (o *oracle) deliver(key, fp string, forged bool, ev Event) (Outcome, Reason) {
+// deliver settles one delivery of event key with fingerprint fp, of entity
+// ent.
+func (o *oracle) deliver(key, fp string, forged bool, ev Event, ent consumer.Entity) (Outcome, Reason) {
 	o.tally.Deliveries++
-	out, reason := o.settle(key, fp, forged, ev)
+	out, reason := o.settle(key, fp, forged, ev, ent)
 	switch out {
 	case Applied:
 		o.tally.Events++
@@ -53,6 +60,8 @@ func (o *oracle) deliver(key, fp string, forged bool, ev Event) (Outcome, Reason
 	case Recorded:
 		o.tally.Events++
 		o.tally.Recorded++
+	case Stale:
+		o.tally.Stale++
 	case Duplicate:
 		o.tally.Duplicates++
 	case DeadLettered:
@@ -61,7 +70,7 @@ func (o *oracle) deliver(key, fp string, forged bool, ev Event) (Outcome, Reason
 	return out, reason
 }
 
-func (o *oracle) settle(key, fp string, forged bool, ev Event) (Outcome, Reason) {
+func (o *oracle) settle(key, fp string, forged bool, ev Event, ent consumer.Entity) (Outcome, Reason) {
 	if forged {
 		return DeadLettered, BadSignature // refused before its key is claimed
 	}
@@ -74,9 +83,14 @@ func (o *oracle) settle(key, fp string, forged bool, ev Event) (Outcome, Reason)
 		}
 		return Duplicate, ""
 	}
-	out, reason := o.apply(ev)
-	if out != DeadLettered { // refused with consumer.Reject: the key stays free
+	if mark, ok := o.marks[ent.Name]; ok && ent.Version.Compare(mark) <= 0 {
 		o.claims[key] = oracleClaim{fp: fp}
+		return Stale, ""
+	}
+	out, reason := o.apply(ev)
+	if out != DeadLettered { // refused with consumer.Reject: the key stays free, the watermark where it was
+		o.claims[key] = oracleClaim{fp: fp}
+		o.marks[ent.Name] = ent.Version
 	}
 	return out, reason
 }
@@ -153,6 +167,6 @@ func (o *oracle) expected(channel string) Expected {
 }
 
 func (t Tally) String() string {
-	return fmt.Sprintf("%d deliveries: %d events (%d applied, %d recorded), %d duplicates, dead letters %v",
-		t.Deliveries, t.Events, t.Applied, t.Recorded, t.Duplicates, t.DeadLetters)
+	return fmt.Sprintf("%d deliveries: %d events (%d applied, %d recorded), %d stale, %d duplicates, dead letters %v",
+		t.Deliveries, t.Events, t.Applied, t.Recorded, t.Stale, t.Duplicates, t.DeadLetters)
 }

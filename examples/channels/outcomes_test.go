@@ -329,6 +329,7 @@ func TestGBKBodyKeysLikeItsUTF8Twin(t *testing.T) {
 		return url.Values{
 			"notify_type": {"trade_status_sync"}, "notify_id": {"ac05099524730693a8b330c5ecf72da9"}, "notify_time": {sent},
 			"charset": {charset}, "trade_no": {trade}, "out_trade_no": {o.ID}, "trade_status": {"TRADE_SUCCESS"},
+			"gmt_payment":  {"2026-03-02 09:59:58"},
 			"total_amount": {"88.00"}, "subject": {"订单 " + o.ID + "：测试商品 一件"}, "buyer_logon_id": {"张三 的账户"},
 		}
 	}

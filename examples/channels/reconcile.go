@@ -12,6 +12,7 @@ import (
 // Report is the outcome of Reconcile: OK when it has no problem.
 type Report struct {
 	Events, Applied, Recorded int64 // channel_events rows
+	Stale                     int64 // the store's stale records of the scope
 	Problems                  []string
 }
 
@@ -20,7 +21,7 @@ func (r Report) OK() bool { return len(r.Problems) == 0 }
 
 func (r Report) String() string {
 	if r.OK() {
-		return fmt.Sprintf("reconciled: %d events (%d applied, %d recorded)", r.Events, r.Applied, r.Recorded)
+		return fmt.Sprintf("reconciled: %d events (%d applied, %d recorded), %d stale", r.Events, r.Applied, r.Recorded, r.Stale)
 	}
 	return "NOT reconciled: " + strings.Join(r.Problems, "; ")
 }
@@ -29,8 +30,9 @@ func (r Report) String() string {
 // trade, partial refunds and transitions in order; balances and units sold; every ledger row
 // explained by an order and every order's money in the ledger; the events
 // recorded; and, when dedupTable is set (as the store names it), that the
-// committed dedup keys of scope and the recorded events are the same set.
-func Reconcile(ctx context.Context, db payments.DB, dedupTable, scope string, want Expected) (Report, error) {
+// committed dedup keys of scope are the recorded events and the stale ones
+// the store recorded in staleTable, as many as want says.
+func Reconcile(ctx context.Context, db payments.DB, dedupTable, staleTable, scope string, want Expected) (Report, error) {
 	var r Report
 	problem := func(format string, args ...any) { r.Problems = append(r.Problems, fmt.Sprintf(format, args...)) }
 	count := func(sql string, args ...any) (int64, error) {
@@ -117,7 +119,10 @@ FROM channel_events`).Scan(&r.Events, &r.Applied, &r.Recorded)
 	if dedupTable != "" {
 		for what, sql := range map[string]string{
 			"committed dedup keys without their event": `SELECT count(*) FROM ` + dedupTable + ` d WHERE d.scope = $1 AND d.outcome = 'done'
-    AND NOT EXISTS (SELECT 1 FROM channel_events e WHERE e.event_key = d.key)`,
+    AND NOT EXISTS (SELECT 1 FROM channel_events e WHERE e.event_key = d.key)
+    AND NOT EXISTS (SELECT 1 FROM ` + staleTable + ` s WHERE s.scope = $1 AND s.key = d.key)`,
+			"stale events that were applied": `SELECT count(*) FROM ` + staleTable + ` s WHERE s.scope = $1
+    AND EXISTS (SELECT 1 FROM channel_events e WHERE e.event_key = s.key)`,
 			"events without a committed dedup key": `SELECT count(*) FROM channel_events e WHERE NOT EXISTS
     (SELECT 1 FROM ` + dedupTable + ` d WHERE d.scope = $1 AND d.key = e.event_key AND d.outcome = 'done')`,
 		} {
@@ -126,6 +131,14 @@ FROM channel_events`).Scan(&r.Events, &r.Applied, &r.Recorded)
 			} else if n != 0 {
 				problem("%d %s", n, what)
 			}
+		}
+	}
+	if dedupTable != "" {
+		if r.Stale, err = count(`SELECT count(*) FROM `+staleTable+` WHERE scope = $1`, scope); err != nil {
+			return r, err
+		}
+		if r.Stale != int64(want.Fields.Stale) {
+			problem("%d stale events recorded, want %d", r.Stale, want.Fields.Stale)
 		}
 	}
 	slices.Sort(r.Problems) // map order

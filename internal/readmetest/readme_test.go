@@ -23,13 +23,17 @@ import (
 // them, each with a use that keeps the import legal when a fragment does not
 // need it.
 var fragmentImports = []struct{ path, use string }{
+	{"cmp", "cmp.Compare[int]"},
 	{"context", "context.Background"},
 	{"database/sql", "sql.ErrNoRows"},
 	{"encoding/json", "json.Unmarshal"},
 	{"errors", "errors.Is"},
 	{"fmt", "fmt.Sprint"},
+	{"io", "io.EOF"},
 	{"log", "log.Fatal"},
 	{"log/slog", "slog.Default"},
+	{"net/http", "http.MethodPost"},
+	{"net/url", "url.ParseQuery"},
 	{"os", "os.Getenv"},
 	{"os/signal", "signal.NotifyContext"},
 	{"syscall", "syscall.SIGTERM"},
@@ -47,6 +51,7 @@ var fragmentImports = []struct{ path, use string }{
 	{"github.com/idemkit/idem/dedup/memstore", "memstore.New"},
 	{"github.com/idemkit/idem/dedup/pgstore", "pgstore.New"},
 	{"github.com/idemkit/idem/dedup/sqlitestore", "sqlitestore.Open"},
+	{"github.com/idemkit/idem/httpidem", "httpidem.Scope"},
 	{"github.com/idemkit/idem/observe", "observe.New"},
 	{"github.com/idemkit/idem/outbox", "outbox.New"},
 	{"github.com/idemkit/idem/outbox/kafkapub", "kafkapub.New"},

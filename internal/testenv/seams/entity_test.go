@@ -23,11 +23,39 @@ import (
 // version its entity applied, and recorded by the store; with
 // StaleDeadLetter, a letter of cause stale names a watermark its entity
 // applied.
+//
+// Its status variant versions as a payment channel does (dedup.StatusRank):
+// the payload carries a time and a status instead of a sequence, and the
+// version is Version{Major: time, Minor: rank}. Sequence v is time
+// (v+1)/2 at status opened (v odd) or settled (v even): the same order,
+// with ties on the time broken by the rank.
 
 // entityConfig is the dimension's draw.
 type entityConfig struct {
-	on    bool
-	stale consumer.StalePolicy
+	on     bool
+	stale  consumer.StalePolicy
+	status bool // the status variant: time and status's rank
+}
+
+// paymentStatus is the status variant's machine.
+var paymentStatus = dedup.StatusRank("opened", "settled")
+
+// statusOf is sequence v as the status variant's payload spells it.
+func statusOf(v int64) (at int64, status string) {
+	return (v + 1) / 2, paymentStatus.States()[(v+1)%2]
+}
+
+// versionOf is the version Config.Entity gives sequence v.
+func (e entityConfig) versionOf(v int64) dedup.Version {
+	if !e.status {
+		return dedup.Version{Major: v}
+	}
+	at, st := statusOf(v)
+	ver, err := paymentStatus.At(at, st)
+	if err != nil {
+		panic(err)
+	}
+	return ver
 }
 
 // drawEntity draws the dimension; a rng of its own keeps the other
@@ -36,13 +64,17 @@ func drawEntity(rng *rand.Rand) entityConfig {
 	if rng.IntN(2) == 0 {
 		return entityConfig{}
 	}
-	return entityConfig{on: true, stale: consumer.StalePolicy(rng.IntN(2))}
+	return entityConfig{on: true, stale: consumer.StalePolicy(rng.IntN(2)), status: rng.IntN(2) == 0}
 }
 
 func (e entityConfig) String() string {
 	switch {
 	case !e.on:
 		return ""
+	case e.status && e.stale == consumer.StaleDeadLetter:
+		return " entity=status stale=DeadLetter"
+	case e.status:
+		return " entity=status stale=Skip"
 	case e.stale == consumer.StaleDeadLetter:
 		return " entity stale=DeadLetter"
 	}
@@ -89,6 +121,10 @@ func (c config) entityFunc() func(m *consumer.Message) (consumer.Entity, error) 
 		name := pl.Ent
 		if c.tenant == "topic" {
 			name = m.Topic + ":" + name
+		}
+		if c.entity.status {
+			v, err := paymentStatus.At(pl.At, pl.Status)
+			return consumer.Entity{Name: name, Version: v}, err
 		}
 		return consumer.Entity{Name: name, Version: dedup.Version{Major: pl.Ver}}, nil
 	}
@@ -152,7 +188,7 @@ func (r *kafkaRunner) checkStaleRecorded(ctx context.Context, applied map[string
 		r.t.Fatal(err)
 	}
 	for _, e := range evs {
-		if e.Version.Major == p.ver && (e.Entity == p.ent || e.Entity == r.topic+":"+p.ent) && (!r.cfg.business() || e.Key.ID == p.id || r.cfg.key == "composite") {
+		if e.Version == r.cfg.entity.versionOf(p.ver) && (e.Entity == p.ent || e.Entity == r.topic+":"+p.ent) && (!r.cfg.business() || e.Key.ID == p.id || r.cfg.key == "composite") {
 			r.counts["stale, recorded"]++
 			return true
 		}
@@ -165,12 +201,12 @@ func (r *kafkaRunner) checkStaleRecorded(ctx context.Context, applied map[string
 func (r *kafkaRunner) checkStaleLetter(ctx context.Context, l consumer.Letter) {
 	var pl payload
 	_ = json.Unmarshal(l.Message.Value, &pl)
-	if !errors.Is(l.Reason, consumer.ErrStale) || l.Entity.Version.Major != pl.Ver || l.Watermark.Compare(l.Entity.Version) < 0 {
+	if !errors.Is(l.Reason, consumer.ErrStale) || l.Entity.Version != r.cfg.entity.versionOf(pl.Ver) || l.Watermark.Compare(l.Entity.Version) < 0 {
 		r.rep.violation(checkEntityStale, pl.Pay, "payment %s: stale letter of %s v%d with entity %v, watermark %v, reason %v", pl.Pay, pl.Ent, pl.Ver, l.Entity, l.Watermark, l.Reason)
 		return
 	}
 	for _, v := range r.entityRows(ctx)[pl.Ent] {
-		if v == l.Watermark.Major {
+		if r.cfg.entity.versionOf(v) == l.Watermark {
 			return
 		}
 	}

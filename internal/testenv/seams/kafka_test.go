@@ -423,6 +423,9 @@ func (r *kafkaRunner) produce(np newPay, uncertain bool) {
 		}
 	}
 	r.freshNext = false
+	if r.cfg.entity.status {
+		pl.At, pl.Status = statusOf(pl.Ver)
+	}
 	v, _ := json.Marshal(pl)
 	p := &kpay{id: np.id, part: int(partitionOf(np.id)), value: v, poisoned: np.poisoned, flaky: np.flaky,
 		uncertain: uncertain && r.front == nil, tenant: tenant, ent: pl.Ent, ver: pl.Ver}

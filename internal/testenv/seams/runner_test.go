@@ -278,6 +278,9 @@ type payload struct {
 	// the entity dimension's account and version (entity_test.go)
 	Ent string `json:"ent,omitempty"`
 	Ver int64  `json:"ver,omitempty"`
+	// the status variant's time and status, for Ver (statusOf)
+	At     int64  `json:"at,omitempty"`
+	Status string `json:"status,omitempty"`
 }
 
 func (r *runner) produce(np newPay) {
