@@ -125,7 +125,11 @@ func writeParkStats(w io.Writer, st dedup.ParkStats, shown int, now time.Time) {
 		fmt.Fprintln(w, "no parked keys")
 		return
 	}
-	fmt.Fprintf(w, "%d parked keys in all (%d shown), the oldest parked %s ago: a key's messages wait behind its head in retry (KeyOrdered);\n"+
+	keys := "keys"
+	if st.Keys == 1 {
+		keys = "key"
+	}
+	fmt.Fprintf(w, "%d parked %s in all (%d shown), the oldest parked %s ago: a key's messages wait behind its head in retry (KeyOrdered);\n"+
 		"an expired key's messages are dead-lettered (parked_too_long) as they come back, and the key is released with its last.\n",
-		st.Keys, shown, duration(now.Sub(st.Oldest)))
+		st.Keys, keys, shown, duration(now.Sub(st.Oldest)))
 }
