@@ -3,6 +3,7 @@ package dedup
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -17,23 +18,23 @@ import (
 // The discipline, which every Parking keeps:
 //   - A key is parked by its first Park and released when its last message
 //     is unparked. Its messages keep the order of their first Park or
-//     Check; the first is the head.
+//     CheckParked; the first is the head.
 //   - A message is named by its original's identity (ParkRef.ID), which
 //     every copy of it carries: a retry copy, a follower's copy, the
-//     original redelivered after a crash. Park, Check and Unpark of a
+//     original redelivered after a crash. Park, CheckParked and Unpark of a
 //     message already in its place change nothing but what they say they
 //     change: they may be repeated (at-least-once).
-//   - Check decides every message of one call in order, against what the
-//     earlier ones of the call did; concurrent calls on one key are
-//     serialized (a row lock, a mutex).
+//   - CheckParked decides every message of one call in order, against
+//     what the earlier ones of the call did; concurrent calls on one key
+//     are serialized (a row lock, a mutex).
 //   - A key outlives its limits when its head has held it longer than
 //     ParkLimits.Wait (since it became the head), or when a message would
 //     make it deeper than ParkLimits.Depth: it is expired then, for good,
-//     and every message of it a Check meets, the head's included, is
+//     and every message of it a CheckParked meets, the head's included, is
 //     ParkExpired (the consumer dead-letters it with cause parked_too_long
 //     and unparks it), until the last is unparked and the key is released.
-//     Messages a Check meets on an expired key are not added to it: they
-//     are dead-lettered in hand.
+//     Messages a CheckParked meets on an expired key are not added to it:
+//     they are dead-lettered in hand.
 
 // ParkKey names a record key ordered by KeyOrdered: the key scope of its
 // messages' dedup keys (Key.Scope, decided at first delivery and carried by
@@ -58,7 +59,7 @@ type ParkRef struct {
 func (r ParkRef) Validate() error {
 	switch {
 	case len(r.Scope) > MaxScopeLen:
-		return errors.New("dedup: a parked key's scope must be at most 200 bytes")
+		return fmt.Errorf("dedup: a parked key's scope must be at most %d bytes", MaxScopeLen)
 	case r.Topic == "" || len(r.Topic) > 1000:
 		return errors.New("dedup: a parked key's topic must be 1 to 1000 bytes")
 	case r.Key == "" || len(r.Key) > 1000:
@@ -69,7 +70,7 @@ func (r ParkRef) Validate() error {
 	return nil
 }
 
-// ParkAction is what Check decided for a message.
+// ParkAction is what CheckParked decided for a message.
 type ParkAction uint8
 
 const (
@@ -97,7 +98,7 @@ func (a ParkAction) String() string {
 	return "unknown"
 }
 
-// ParkDecision is what Check decided for one message.
+// ParkDecision is what CheckParked decided for one message.
 type ParkDecision struct {
 	Action ParkAction
 	// Delay is, for ParkFollow, the delay the head was last sent to retry
@@ -147,11 +148,14 @@ type ParkStats struct {
 // settled for good and before its offset is acknowledged, so a crash in
 // between leaves a message parked that a redelivery settles again.
 type Parking interface {
-	// Check decides each ref in order (see ParkAction), adding followers
-	// to their keys; it writes one decision per ref into out (len(out)
-	// must be at least len(refs)). now is the consumer's clock, against
-	// which Wait is measured.
-	Check(ctx context.Context, refs []ParkRef, limits ParkLimits, now time.Time, out []ParkDecision) error
+	// CheckParked decides each ref in order (see ParkAction), adding
+	// followers to their keys; it writes one decision per ref into out
+	// (len(out) must be at least len(refs)). now is the consumer's clock,
+	// against which Wait is measured.
+	//
+	// It is not named Check: a Store's Check (the migration check) has
+	// that name, and one type is both.
+	CheckParked(ctx context.Context, refs []ParkRef, limits ParkLimits, now time.Time, out []ParkDecision) error
 
 	// Park records that ref went to retry with delay: its key is parked
 	// (ParkedAt now when it was not), ref is in the key's list (at its

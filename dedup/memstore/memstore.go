@@ -6,7 +6,8 @@
 //
 // The store is also a dedup.Journal (journal.go), on the same clock, and
 // keeps entity watermarks (dedup.Watermarks, entities.go) in its
-// transactions like its claims.
+// transactions like its claims, and parked keys (dedup.Parking,
+// parking.go).
 //
 // It is for unit tests and demos: nothing survives the process.
 package memstore
@@ -51,6 +52,8 @@ type Store struct {
 	marks       map[entity]mark // entity watermarks (entities.go)
 	markHolders map[entity]*Tx
 	stale       []staleRecord // in commit order
+
+	parked map[dedup.ParkKey]*parkedKey // parked keys (parking.go)
 }
 
 type row struct {
@@ -85,7 +88,7 @@ func New(cfg Config) *Store {
 		cfg.Now = time.Now
 	}
 	return &Store{cfg: cfg, rows: make(map[dedup.Key]row), pending: make(map[dedup.Key]*Tx), steps: make(map[dedup.StepRef]*step),
-		marks: make(map[entity]mark), markHolders: make(map[entity]*Tx)}
+		marks: make(map[entity]mark), markHolders: make(map[entity]*Tx), parked: make(map[dedup.ParkKey]*parkedKey)}
 }
 
 // OnCommit stages an effect: f runs if and when tx commits.
