@@ -3,6 +3,7 @@ package dedup
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -58,7 +59,7 @@ type ParkRef struct {
 func (r ParkRef) Validate() error {
 	switch {
 	case len(r.Scope) > MaxScopeLen:
-		return errors.New("dedup: a parked key's scope must be at most 200 bytes")
+		return fmt.Errorf("dedup: a parked key's scope must be at most %d bytes", MaxScopeLen)
 	case r.Topic == "" || len(r.Topic) > 1000:
 		return errors.New("dedup: a parked key's topic must be 1 to 1000 bytes")
 	case r.Key == "" || len(r.Key) > 1000:

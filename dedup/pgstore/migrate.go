@@ -23,6 +23,8 @@ func (s *Store) migrations() ([]sqlmigrate.Migration, error) {
 		Steps       string
 		Watermarks  string
 		Stale       string
+		ParkedKeys  string
+		Parked      string
 		Distributed bool
 		Partitioned bool
 		Index       func(string) string
@@ -35,6 +37,8 @@ func (s *Store) migrations() ([]sqlmigrate.Migration, error) {
 		Steps:       s.stepTab,
 		Watermarks:  s.marksTab,
 		Stale:       s.staleTab,
+		ParkedKeys:  s.parkKeysTab,
+		Parked:      s.parkedTab,
 		Distributed: s.cfg.Distributed,
 		Partitioned: s.part != nil,
 		Index:       pgmigrate.Index(s.cfg.Table),

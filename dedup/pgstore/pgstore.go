@@ -110,9 +110,13 @@ type Store struct {
 	// schema.table_stale.
 	marksTab, staleTab string
 	marks              markQueries
-	part               *partitions // partitioned mode (partitions.go); nil without
-	lockSQL            string      // partitioned mode: the claim's key locks
-	plainOK            atomic.Bool // without partitions: the table was found not partitioned
+	// Parked keys (parking.go): schema.table_parked_keys and
+	// schema.table_parked.
+	parkKeysTab, parkedTab string
+	park                   parkQueries
+	part                   *partitions // partitioned mode (partitions.go); nil without
+	lockSQL                string      // partitioned mode: the claim's key locks
+	plainOK                atomic.Bool // without partitions: the table was found not partitioned
 
 	lockTimeout string
 	boundSQL    [3]string // the statements around the claim's INSERT that bound its wait
@@ -238,6 +242,9 @@ SELECT ctid FROM ` + t + ` WHERE ` + purgeable + ` LIMIT $1 FOR UPDATE SKIP LOCK
 	st.marksTab = pgx.Identifier{cfg.Schema, cfg.Table + "_watermarks"}.Sanitize()
 	st.staleTab = pgx.Identifier{cfg.Schema, cfg.Table + "_stale"}.Sanitize()
 	st.marks = newMarkQueries(st.marksTab, st.staleTab, cfg.Distributed)
+	st.parkKeysTab = pgx.Identifier{cfg.Schema, cfg.Table + "_parked_keys"}.Sanitize()
+	st.parkedTab = pgx.Identifier{cfg.Schema, cfg.Table + "_parked"}.Sanitize()
+	st.park = newParkQueries(st.parkKeysTab, st.parkedTab, cfg.Distributed)
 	if !cfg.Distributed { // distributed mode has no journal
 		st.purgeSQL = purgeWithSteps(st.purgeSQL, st.stepTab)
 	}
