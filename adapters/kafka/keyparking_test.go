@@ -1,0 +1,202 @@
+package kafka_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idem/adapters/kafka"
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/consumertest"
+	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/internal/testenv/retrytest"
+)
+
+// parkInStore: set false to watch TestKafkaKeyOrderedAcrossARestart fail
+// with the parked keys in the consumer's memory (a store that keeps none).
+var parkInStore = true
+
+// noParking hides a store's dedup.Parking: KeyOrdered then parks keys in
+// the consumer's memory.
+type noParking struct{ dedup.Store[pgx.Tx] }
+
+// keyedPayments are n payments "<key>-<seq>" for each of keys, seq from
+// from on, a key's in one partition, in sequence.
+func keyedPayments(keys []string, partitions, from, n int) []kafkago.Message {
+	var msgs []kafkago.Message
+	for s := from; s < from+n; s++ {
+		for k, key := range keys {
+			v, _ := json.Marshal(payment{TxnID: fmt.Sprintf("%s-%d", key, s), Amount: int64(s + 1)})
+			msgs = append(msgs, kafkago.Message{Partition: k % partitions, Key: []byte(key), Value: v})
+		}
+	}
+	return msgs
+}
+
+// TestKafkaKeyOrderedAcrossARestart: 10 record keys of 5 payments each
+// over 2 partitions; the second payment of 2 keys fails for good in the
+// first consumer, which parks the keys: the failing payments go to retry
+// (1s, then 20s), their keys' 3 later ones follow. The first consumer is
+// stopped once they are all on the 20s retry topic, and 2 more payments of
+// every key are produced. A new consumer — a fresh process's state, the
+// same store and group — reads them at once, long before the copies are
+// due: the parked keys' new payments must follow the copies, and every
+// key's payments are applied once each, in production order, nothing
+// dead-lettered. With the keys parked in memory (parkInStore false) the
+// new consumer knows of no parked key and applies the new payments first.
+func TestKafkaKeyOrderedAcrossARestart(t *testing.T) {
+	const partitions, perKey, more = 2, 5, 2
+	delays := []time.Duration{time.Second, 20 * time.Second}
+	brokers, a, topic, group := retryTest(t, partitions, delays)
+	b := newTestBank(t)
+	var keys []string
+	failingKeys := map[string]bool{}
+	want := map[string]bool{}
+	for k := range 10 {
+		key := fmt.Sprintf("k%02d", k)
+		keys = append(keys, key)
+		if k%5 == 3 {
+			failingKeys[key] = true
+		}
+		for s := range perKey + more {
+			want[fmt.Sprintf("%s-%d", key, s)] = true
+		}
+	}
+	a.Produce(t, topic, keyedPayments(keys, partitions, 0, perKey)...)
+
+	var store dedup.Store[pgx.Tx] = b.store
+	if !parkInStore {
+		store = noParking{b.store}
+	}
+	config := func(failing bool) (consumer.Config[pgx.Tx], *kafka.Source) {
+		scfg := realSourceConfig(t, brokers, topic, group)
+		scfg.RetryDelays = delays
+		src := newSource(t, scfg)
+		cfg := b.config(src, src)
+		cfg.Store = store
+		cfg.Logger = testLogger(t)
+		cfg.BatchSize = 4
+		cfg.Retry = consumer.RetryPolicy{Initial: 20 * time.Millisecond, Max: 100 * time.Millisecond}
+		cfg.Retries = consumer.NonBlocking{Attempts: 2, Delays: delays, Sink: src, KeyOrdered: true}
+		inner := cfg.Handler
+		cfg.Handler = consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			var p payment
+			_ = json.Unmarshal(m.Value, &p)
+			if k, s := retrytest.KeySeq(p.TxnID); failing && failingKeys[k] && s == 1 {
+				return consumer.Retryable(fmt.Errorf("%s: the account service is down", p.TxnID))
+			}
+			return inner.Handle(ctx, tx, m)
+		})
+		return cfg, src
+	}
+	ledger := func() []string { return retrytest.Ledger(t, b.pool, `SELECT txn_id FROM `+b.table+` ORDER BY id`) }
+
+	cfg1, _ := config(true)
+	r1 := start(t, cfg1)
+	others := (len(keys)-len(failingKeys))*perKey + len(failingKeys) // and the failing keys' first payments
+	// Each parked payment (the failing one and the 3 behind it) went to the
+	// 1s topic, then to the 20s one.
+	parked := len(failingKeys) * (perKey - 1)
+	waitUntil(t, time.Minute, "the other keys applied, the parked ones on the 20s retry topic", func() bool {
+		return len(ledger()) == others && r1.Stats().RetriedLater >= int64(2*parked)
+	})
+	r1.Stop(t)
+	if st := r1.Stats(); st.DeadLettered != 0 {
+		t.Fatalf("the first consumer dead-lettered %d payments, want none", st.DeadLettered)
+	}
+	ctx := ctxTimeout(t, 2*time.Minute)
+	p, isParking := store.(dedup.Parking)
+	if isParking {
+		pk, err := p.Parked(ctx, dedup.ParkFilter{Scope: "payments", Topic: topic})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(pk) != len(failingKeys) || pk[0].Depth != perKey-1 {
+			t.Fatalf("parked keys after the first consumer stopped: %+v, want %d keys of %d payments", pk, len(failingKeys), perKey-1)
+		}
+	}
+
+	// The new consumer reads the new payments before the copies are due.
+	a.Produce(t, topic, keyedPayments(keys, partitions, perKey, more)...)
+	cfg2, _ := config(false)
+	r2 := start(t, cfg2)
+	waitUntil(t, 2*time.Minute, "every payment applied", func() bool { return len(ledger()) >= len(want) })
+	a.WaitNoLag(t, group, topic)
+	for _, d := range delays {
+		waitSettled(t, a, group, kafka.RetryTopic(topic, d))
+	}
+	r2.Stop(t)
+	b.requireLedger(t, want)
+	if n := retrytest.CheckKeyOrder(t, ledger()); n != 0 {
+		t.Errorf("%d payments applied out of their key's order after the restart", n)
+	}
+	if st := r2.Stats(); st.DeadLettered != 0 {
+		t.Errorf("the new consumer dead-lettered %d payments, want none", st.DeadLettered)
+	}
+	if isParking {
+		if s, err := p.ParkStats(ctx); err != nil || s.Keys != 0 {
+			t.Errorf("ParkStats %+v, %v after every payment applied, want no key parked", s, err)
+		}
+	}
+}
+
+// TestKafkaKeyOrderedParkedTooLong: MaxParkedDepth 3 over real Kafka and
+// Postgres. k0-0 fails into retry, k0-1 and k0-2 follow it; k0-3 would
+// make the key deeper than 3: the key has outlived its limits. k0-3 is
+// dead-lettered at once, and k0-0, k0-1, k0-2, untried, as their copies
+// come back, in their order, each with cause parked_too_long; the key is
+// released, and k0-4, produced then, is applied. Key k1 is not touched.
+func TestKafkaKeyOrderedParkedTooLong(t *testing.T) {
+	delays := []time.Duration{time.Second}
+	brokers, a, topic, group := retryTest(t, 1, delays)
+	b := newTestBank(t)
+	a.Produce(t, topic, keyedPayments([]string{"k0", "k1"}, 1, 0, 4)...)
+
+	scfg := realSourceConfig(t, brokers, topic, group)
+	scfg.RetryDelays = delays
+	src := newSource(t, scfg)
+	dl := &consumertest.DeadLetters{}
+	cfg := b.config(src, dl)
+	cfg.Logger = testLogger(t)
+	cfg.BatchSize = 1
+	cfg.Retry = consumer.RetryPolicy{Initial: 20 * time.Millisecond, Max: 100 * time.Millisecond}
+	cfg.Retries = consumer.NonBlocking{Attempts: 1, Delays: delays, Sink: src, KeyOrdered: true, MaxParkedDepth: 3}
+	inner := cfg.Handler
+	cfg.Handler = consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		var p payment
+		_ = json.Unmarshal(m.Value, &p)
+		if p.TxnID == "k0-0" {
+			return consumer.Retryable(fmt.Errorf("%s: the account service is down", p.TxnID))
+		}
+		return inner.Handle(ctx, tx, m)
+	})
+	r := start(t, cfg)
+	waitUntil(t, time.Minute, "k0's 4 payments dead-lettered", func() bool { return len(dl.Letters()) >= 4 })
+	a.Produce(t, topic, keyedPayments([]string{"k0"}, 1, 4, 1)...)
+	waitUntil(t, time.Minute, "k0-4 applied", func() bool {
+		return len(retrytest.Ledger(t, b.pool, `SELECT txn_id FROM `+b.table+` WHERE txn_id = 'k0-4'`)) == 1
+	})
+	a.WaitNoLag(t, group, topic)
+	waitSettled(t, a, group, kafka.RetryTopic(topic, delays[0]))
+	r.Stop(t)
+
+	var ids []string
+	for _, l := range dl.Letters() {
+		ids = append(ids, l.Key.ID)
+		if l.Cause != consumer.CauseParkedTooLong {
+			t.Errorf("%s dead-lettered with cause %v (%v), want parked_too_long", l.Key.ID, l.Cause, l.Reason)
+		}
+	}
+	if want := []string{"k0-3", "k0-0", "k0-1", "k0-2"}; fmt.Sprint(ids) != fmt.Sprint(want) {
+		t.Errorf("dead letters %v, want %v: the one that overflowed the key at once, then the parked ones in order", ids, want)
+	}
+	b.requireLedger(t, map[string]bool{"k1-0": true, "k1-1": true, "k1-2": true, "k1-3": true, "k0-4": true})
+	if s, err := b.store.ParkStats(ctxTimeout(t, 10*time.Second)); err != nil || s.Keys != 0 {
+		t.Errorf("ParkStats %+v, %v, want the key released", s, err)
+	}
+}
