@@ -49,7 +49,20 @@ func keyedPayments(keys []string, partitions, from, n int) []kafkago.Message {
 // key's payments are applied once each, in production order, nothing
 // dead-lettered. With the keys parked in memory (parkInStore false) the
 // new consumer knows of no parked key and applies the new payments first.
+//
+// It runs where parking meets older settings: offsets in the store
+// (Config.Offsets), a tenant taken from the topic (the copies arrive on
+// retry topics: their scope must be the one they carry), and key lanes.
 func TestKafkaKeyOrderedAcrossARestart(t *testing.T) {
+	for _, mode := range []string{"plain", "offsets", "tenant-from-topic", "key-lanes"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			keyOrderedAcrossARestart(t, mode)
+		})
+	}
+}
+
+func keyOrderedAcrossARestart(t *testing.T, mode string) {
 	const partitions, perKey, more = 2, 5, 2
 	delays := []time.Duration{time.Second, 20 * time.Second}
 	brokers, a, topic, group := retryTest(t, partitions, delays)
@@ -83,6 +96,14 @@ func TestKafkaKeyOrderedAcrossARestart(t *testing.T) {
 		cfg.BatchSize = 4
 		cfg.Retry = consumer.RetryPolicy{Initial: 20 * time.Millisecond, Max: 100 * time.Millisecond}
 		cfg.Retries = consumer.NonBlocking{Attempts: 2, Delays: delays, Sink: src, KeyOrdered: true}
+		switch mode {
+		case "offsets":
+			cfg.Offsets = b.store
+		case "tenant-from-topic":
+			cfg.Tenant = func(m *consumer.Message) (string, error) { return m.Topic, nil }
+		case "key-lanes":
+			cfg.KeyLanes = 4
+		}
 		inner := cfg.Handler
 		cfg.Handler = consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			var p payment
@@ -112,12 +133,16 @@ func TestKafkaKeyOrderedAcrossARestart(t *testing.T) {
 	ctx := ctxTimeout(t, 2*time.Minute)
 	p, isParking := store.(dedup.Parking)
 	if isParking {
-		pk, err := p.Parked(ctx, dedup.ParkFilter{Scope: "payments", Topic: topic})
+		pk, err := p.Parked(ctx, dedup.ParkFilter{Topic: topic})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(pk) != len(failingKeys) || pk[0].Depth != perKey-1 {
-			t.Fatalf("parked keys after the first consumer stopped: %+v, want %d keys of %d payments", pk, len(failingKeys), perKey-1)
+		scope := "payments"
+		if mode == "tenant-from-topic" {
+			scope += "/" + topic // the original's topic, never a retry topic's
+		}
+		if len(pk) != len(failingKeys) || pk[0].Depth != perKey-1 || pk[0].Scope != scope || pk[1].Scope != scope {
+			t.Fatalf("parked keys after the first consumer stopped: %+v, want %d keys of scope %q, %d payments each", pk, len(failingKeys), scope, perKey-1)
 		}
 	}
 
