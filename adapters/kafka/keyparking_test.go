@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -52,9 +53,11 @@ func keyedPayments(keys []string, partitions, from, n int) []kafkago.Message {
 //
 // It runs where parking meets older settings: offsets in the store
 // (Config.Offsets), a tenant taken from the topic (the copies arrive on
-// retry topics: their scope must be the one they carry), and key lanes.
+// retry topics: their scope must be the one they carry), and key lanes;
+// and with two members, the one that parked more leaving the group (a
+// rebalance) instead of a restart.
 func TestKafkaKeyOrderedAcrossARestart(t *testing.T) {
-	for _, mode := range []string{"plain", "offsets", "tenant-from-topic", "key-lanes"} {
+	for _, mode := range []string{"plain", "offsets", "tenant-from-topic", "key-lanes", "rebalance"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
 			keyOrderedAcrossARestart(t, mode)
@@ -86,7 +89,9 @@ func keyOrderedAcrossARestart(t *testing.T, mode string) {
 	if !parkInStore {
 		store = noParking{b.store}
 	}
-	config := func(failing bool) (consumer.Config[pgx.Tx], *kafka.Source) {
+	var failing atomic.Bool
+	failing.Store(true)
+	config := func() (consumer.Config[pgx.Tx], *kafka.Source) {
 		scfg := realSourceConfig(t, brokers, topic, group)
 		scfg.RetryDelays = delays
 		src := newSource(t, scfg)
@@ -108,7 +113,7 @@ func keyOrderedAcrossARestart(t *testing.T, mode string) {
 		cfg.Handler = consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			var p payment
 			_ = json.Unmarshal(m.Value, &p)
-			if k, s := retrytest.KeySeq(p.TxnID); failing && failingKeys[k] && s == 1 {
+			if k, s := retrytest.KeySeq(p.TxnID); failing.Load() && failingKeys[k] && s == 1 {
 				return consumer.Retryable(fmt.Errorf("%s: the account service is down", p.TxnID))
 			}
 			return inner.Handle(ctx, tx, m)
@@ -117,15 +122,37 @@ func keyOrderedAcrossARestart(t *testing.T, mode string) {
 	}
 	ledger := func() []string { return retrytest.Ledger(t, b.pool, `SELECT txn_id FROM `+b.table+` ORDER BY id`) }
 
-	cfg1, _ := config(true)
+	cfg1, _ := config()
 	r1 := start(t, cfg1)
+	members := []*running{r1}
+	if mode == "rebalance" {
+		cfg2, _ := config()
+		members = append(members, start(t, cfg2))
+	}
+	retried := func() (n int64) {
+		for _, r := range members {
+			n += r.Stats().RetriedLater
+		}
+		return n
+	}
 	others := (len(keys)-len(failingKeys))*perKey + len(failingKeys) // and the failing keys' first payments
 	// Each parked payment (the failing one and the 3 behind it) went to the
 	// 1s topic, then to the 20s one.
 	parked := len(failingKeys) * (perKey - 1)
 	waitUntil(t, time.Minute, "the other keys applied, the parked ones on the 20s retry topic", func() bool {
-		return len(ledger()) == others && r1.Stats().RetriedLater >= int64(2*parked)
+		return len(ledger()) == others && retried() >= int64(2*parked)
 	})
+	var r2 *running
+	if mode == "rebalance" {
+		// The member that sent more to retry leaves; the other takes its
+		// partitions over, and the new payments.
+		if members[1].Stats().RetriedLater > r1.Stats().RetriedLater {
+			r1, r2 = members[1], members[0]
+		} else {
+			r2 = members[1]
+		}
+		failing.Store(false)
+	}
 	r1.Stop(t)
 	if st := r1.Stats(); st.DeadLettered != 0 {
 		t.Fatalf("the first consumer dead-lettered %d payments, want none", st.DeadLettered)
@@ -141,15 +168,20 @@ func keyOrderedAcrossARestart(t *testing.T, mode string) {
 		if mode == "tenant-from-topic" {
 			scope += "/" + topic // the original's topic, never a retry topic's
 		}
-		if len(pk) != len(failingKeys) || pk[0].Depth != perKey-1 || pk[0].Scope != scope || pk[1].Scope != scope {
+		// (With a rebalance the other member still runs, and may have
+		// settled one meanwhile.)
+		if mode != "rebalance" && (len(pk) != len(failingKeys) || pk[0].Depth != perKey-1 || pk[0].Scope != scope || pk[1].Scope != scope) {
 			t.Fatalf("parked keys after the first consumer stopped: %+v, want %d keys of scope %q, %d payments each", pk, len(failingKeys), scope, perKey-1)
 		}
 	}
 
 	// The new consumer reads the new payments before the copies are due.
 	a.Produce(t, topic, keyedPayments(keys, partitions, perKey, more)...)
-	cfg2, _ := config(false)
-	r2 := start(t, cfg2)
+	if r2 == nil {
+		failing.Store(false)
+		cfg2, _ := config()
+		r2 = start(t, cfg2)
+	}
 	waitUntil(t, 2*time.Minute, "every payment applied", func() bool { return len(ledger()) >= len(want) })
 	a.WaitNoLag(t, group, topic)
 	for _, d := range delays {
@@ -158,7 +190,7 @@ func keyOrderedAcrossARestart(t *testing.T, mode string) {
 	r2.Stop(t)
 	b.requireLedger(t, want)
 	if n := retrytest.CheckKeyOrder(t, ledger()); n != 0 {
-		t.Errorf("%d payments applied out of their key's order after the restart", n)
+		t.Errorf("%d payments applied out of their key's order after the %s", n, map[bool]string{true: "rebalance", false: "restart"}[mode == "rebalance"])
 	}
 	if st := r2.Stats(); st.DeadLettered != 0 {
 		t.Errorf("the new consumer dead-lettered %d payments, want none", st.DeadLettered)
