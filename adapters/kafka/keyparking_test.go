@@ -190,7 +190,7 @@ func keyOrderedAcrossARestart(t *testing.T, mode string) {
 	r2.Stop(t)
 	b.requireLedger(t, want)
 	if n := retrytest.CheckKeyOrder(t, ledger()); n != 0 {
-		t.Errorf("%d payments applied out of their key's order after the %s", n, map[bool]string{true: "rebalance", false: "restart"}[mode == "rebalance"])
+		t.Errorf("%d payments applied out of their key's order (%s)", n, mode)
 	}
 	if st := r2.Stats(); st.DeadLettered != 0 {
 		t.Errorf("the new consumer dead-lettered %d payments, want none", st.DeadLettered)
