@@ -101,13 +101,19 @@ func heldKeyOf(m *Message) (topic, key, id string, ok bool) {
 // parkRefOf names it in its key's parking: the key scope its dedup key was
 // given at first delivery (a copy's is the one it carries, never one
 // derived from a retry topic), its original's topic and record key, and
-// its original's identity. False when it is not ordered (no record key).
+// its original's identity. False when it is not ordered: no record key,
+// no dedup key derived (bad input, dead-lettered in its place), or no
+// topic.
 func parkRefOf(it *item) (dedup.ParkRef, bool) {
 	topic, key, id, ok := heldKeyOf(it.msg)
-	if !ok {
+	if !ok || it.claim.Key.Scope == "" {
 		return dedup.ParkRef{}, false
 	}
-	return dedup.ParkRef{ParkKey: dedup.ParkKey{Scope: it.claim.Key.Scope, Topic: topic, Key: key}, ID: id}, true
+	ref := dedup.ParkRef{ParkKey: dedup.ParkKey{Scope: it.claim.Key.Scope, Topic: topic, Key: key}, ID: id}
+	if ref.Validate() != nil {
+		return dedup.ParkRef{}, false
+	}
+	return ref, true
 }
 
 // checkParked checks its against the parked keys in one call (KeyOrdered)

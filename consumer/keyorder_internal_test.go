@@ -175,3 +175,27 @@ func TestHeldRedrivenCopyIsItsCopyAgain(t *testing.T) {
 		t.Errorf("the retry copy of a redriven copy is held as %q, its key was held under %q: it follows itself into retry until the hold expires", id, held)
 	}
 }
+
+// TestParkRefOfALongRecordKey: a record key longer than a parked key may
+// be is parked by its SHA-256, not left unordered; a message with no key
+// derived (bad input) is not parked at all.
+func TestParkRefOfALongRecordKey(t *testing.T) {
+	long := make([]byte, 2000)
+	for i := range long {
+		long[i] = byte('a' + i%26)
+	}
+	m := &Message{Topic: "pay", Partition: 1, Offset: 7, Key: long}
+	ref, ok := parkRefOf(&item{msg: m, claim: dedup.Claim{Key: dedup.Key{Scope: "payments", ID: "T1"}}})
+	if !ok || len(ref.Key) != len("sha256:")+64 || ref.Validate() != nil {
+		t.Fatalf("parkRefOf a 2000-byte record key: %q (%d bytes), %v; want it parked by its SHA-256", ref.Key[:min(len(ref.Key), 20)], len(ref.Key), ok)
+	}
+	other := *m
+	other.Key = append([]byte(nil), long...)
+	other.Key[1999] = 'z'
+	if ref2, _ := parkRefOf(&item{msg: &other, claim: dedup.Claim{Key: dedup.Key{Scope: "payments", ID: "T2"}}}); ref2.Key == ref.Key {
+		t.Error("two long record keys that differ in their last byte are parked as one")
+	}
+	if _, ok := parkRefOf(&item{msg: m}); ok {
+		t.Error("a message with no dedup key derived is parked")
+	}
+}
