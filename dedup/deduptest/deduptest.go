@@ -1,9 +1,9 @@
 // Package deduptest is the conformance suite of dedup.Store. Every store runs
 // it; a store that passes keeps idem's promise: one committed claim per key.
-// RunOffsets, RunEpochs, RunAdmin, RunRequests, RunJournal and
-// RunWatermarks are the suites of the other contracts a store may
-// implement (dedup.OffsetStore, EpochStore, Admin, RequestStore, Journal,
-// Watermarks).
+// RunOffsets, RunEpochs, RunAdmin, RunRequests, RunJournal,
+// RunWatermarks and RunParking are the suites of the other contracts a
+// store may implement (dedup.OffsetStore, EpochStore, Admin, RequestStore,
+// Journal, Watermarks, Parking).
 //
 //	func TestConformance(t *testing.T) {
 //		deduptest.Run(t, func(t *testing.T, cfg deduptest.Config) dedup.Store[pgx.Tx] {

@@ -24,6 +24,7 @@ func (s *Store) migrations(collation string) ([]sqlmigrate.Migration, error) {
 	ms, err := sqlmigrate.Load(migrationFS, "migrations", struct {
 		Table, Epochs, Tokens, Steps, Collation string
 		Watermarks, Stale                       string
+		ParkedKeys, Parked                      string
 		Name                                    func(string) string
 	}{
 		Table:      s.table,
@@ -32,6 +33,8 @@ func (s *Store) migrations(collation string) ([]sqlmigrate.Migration, error) {
 		Steps:      s.steps,
 		Watermarks: s.marks,
 		Stale:      s.stale,
+		ParkedKeys: s.parkedKeys,
+		Parked:     s.parked,
 		Collation:  collation,
 		Name:       func(suffix string) string { return quote(s.cfg.Table + "_" + suffix) },
 	})

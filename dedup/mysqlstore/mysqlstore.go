@@ -209,6 +209,8 @@ type Store struct {
 	steps    string // the effect journal's table: see journal.go
 	marks    string // the entity watermarks' table: see entities.go
 	stale    string // the stale events' table: see entities.go
+	// The parked keys' tables: see parking.go.
+	parkedKeys, parked string
 	// lookupSQL reads a claim's rows; the first parameter is the token.
 	lookupSQL string
 
@@ -238,11 +240,13 @@ func New(db *sql.DB, cfg Config) (*Store, error) {
 	s.table, s.versions, s.epochs = quote(cfg.Table), quote("idem_schema_migrations"), quote(cfg.Table+"_epochs")
 	s.tokens, s.steps = quote(cfg.Table+"_tokens"), quote(cfg.Table+"_steps")
 	s.marks, s.stale = quote(cfg.Table+"_watermarks"), quote(cfg.Table+"_stale")
+	s.parkedKeys, s.parked = quote(cfg.Table+"_parked_keys"), quote(cfg.Table+"_parked")
 	if cfg.Database != "" {
 		db := quote(cfg.Database) + "."
 		s.table, s.versions, s.epochs = db+s.table, db+s.versions, db+s.epochs
 		s.tokens, s.steps = db+s.tokens, db+s.steps
 		s.marks, s.stale = db+s.marks, db+s.stale
+		s.parkedKeys, s.parked = db+s.parkedKeys, db+s.parked
 	}
 	s.lookupSQL = "SELECT scope, `key`, fingerprint, outcome = 'failed', coalesce(reason, ''), " +
 		"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', created_at), claim_token = ? FROM " + s.table

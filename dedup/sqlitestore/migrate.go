@@ -17,6 +17,7 @@ func (s *Store) migrations() ([]sqlmigrate.Migration, error) {
 	ms, err := sqlmigrate.Load(migrationFS, "migrations", struct {
 		Table, Tokens, Epochs, Audit, Steps, Now string
 		Watermarks, Stale                        string
+		ParkedKeys, Parked                       string
 		Index                                    func(string) string
 	}{
 		Table:      s.table,
@@ -26,6 +27,8 @@ func (s *Store) migrations() ([]sqlmigrate.Migration, error) {
 		Steps:      s.stepsTable(),
 		Watermarks: s.marksTable(),
 		Stale:      s.staleTable(),
+		ParkedKeys: s.parkedKeysTable(),
+		Parked:     s.parkedTable(),
 		Now:        nowMillis,
 		Index:      func(suffix string) string { return `"` + s.cfg.Table + "_" + suffix + `"` },
 	})

@@ -149,8 +149,8 @@ VALUES ('POST /payouts', 'p1', ?, 'processing', 41, ` + "CAST((julianday('now') 
 				t.Fatalf("schema after the upgrade:\n%s\nwant a fresh one's:\n%s", got, want)
 			}
 			var versions int
-			if err := db.QueryRowContext(ctx, `SELECT count(*) FROM idem_schema_migrations WHERE table_name = 'idem_dedup'`).Scan(&versions); err != nil || versions != 7 {
-				t.Fatalf("%d versions recorded (%v), want 7, once each", versions, err)
+			if err := db.QueryRowContext(ctx, `SELECT count(*) FROM idem_schema_migrations WHERE table_name = 'idem_dedup'`).Scan(&versions); err != nil || versions != 8 {
+				t.Fatalf("%d versions recorded (%v), want 8, once each", versions, err)
 			}
 			res := make([]dedup.Result, 1)
 			err := st.InTx(ctx, func(ctx context.Context, tx *sql.Tx) error {

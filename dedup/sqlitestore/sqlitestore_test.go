@@ -169,7 +169,7 @@ func TestMigrateConcurrently(t *testing.T) {
 	if err := db.QueryRow(`SELECT count(*), count(DISTINCT version) FROM idem_schema_migrations WHERE table_name = 'idem_dedup'`).Scan(&n, &versions); err != nil {
 		t.Fatal(err)
 	}
-	if n != 7 || versions != 7 {
-		t.Fatalf("%d version rows for %d versions, want each of the 7 once", n, versions)
+	if n != 8 || versions != 8 {
+		t.Fatalf("%d version rows for %d versions, want each of the 8 once", n, versions)
 	}
 }

@@ -97,6 +97,30 @@ func StaleEvents(at func(int64) time.Time) func(rows Rows, err error) ([]dedup.S
 	}
 }
 
+// ParkedKeys reads the result of a query of (scope, topic, key, head,
+// head delay in nanoseconds, depth, parked at, head since, expired) into
+// parked keys, the times in Unix microseconds; and closes its rows:
+// rowscan.ParkedKeys(db.Query(…)).
+func ParkedKeys(rows Rows, err error) ([]dedup.ParkedKey, error) {
+	if err != nil {
+		return nil, err
+	}
+	defer closeRows(rows)
+	var keys []dedup.ParkedKey
+	for rows.Next() {
+		var k dedup.ParkedKey
+		var key []byte
+		var delay, at, since int64
+		if err := rows.Scan(&k.Scope, &k.Topic, &key, &k.Head, &delay, &k.Depth, &at, &since, &k.Expired); err != nil {
+			return nil, err
+		}
+		k.Key, k.HeadDelay = string(key), time.Duration(delay)
+		k.ParkedAt, k.HeadSince = time.UnixMicro(at), time.UnixMicro(since)
+		keys = append(keys, k)
+	}
+	return keys, rows.Err()
+}
+
 // closeRows closes pgx.Rows (Close()) and *sql.Rows (Close() error) alike;
 // an error of the latter is rows.Err's, read before.
 func closeRows(rows Rows) {
