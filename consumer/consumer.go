@@ -26,7 +26,9 @@ type Consumer[TTx any] struct {
 	policy      retry.Policy       // bounded: failures a message causes
 	infra       retry.Policy       // unbounded: failures of the database or the dead-letter sink
 	nonBlocking *NonBlocking       // Config.Retries when it is NonBlocking, defaults set
-	holds       *holds             // the record keys in retry, with NonBlocking.KeyOrdered; else nil
+	parking     parking            // where NonBlocking.KeyOrdered parks record keys; else nil
+	parkLimits  dedup.ParkLimits   // NonBlocking's MaxParkedDepth and MaxParkedWait
+	parkStats   parkStats          // Health's ParkStats, read at most every parkStatsEvery
 	stats       counters
 	keyCheck    keyCheck              // Config.Key's failures over the first messages
 	marks       dedup.Watermarks[TTx] // the Store's entity watermarks, with Config.Entity; else nil
@@ -91,7 +93,8 @@ func New[TTx any](cfg Config[TTx]) (*Consumer[TTx], error) {
 		policy:      policy,
 		infra:       infra,
 		nonBlocking: nb,
-		holds:       holdsOf(nb),
+		parking:     parkingOf(nb, cfg.Store),
+		parkLimits:  parkLimitsOf(nb),
 		lanes:       make(map[laneID]*lane[TTx]),
 		done:        make(chan struct{}),
 	}, nil

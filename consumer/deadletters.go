@@ -66,15 +66,16 @@ func (f DeadLetterFunc) DeadLetter(ctx context.Context, l Letter) error { return
 type Cause = wire.Cause
 
 const (
-	CauseBadInput     = wire.CauseBadInput     // no key, an invalid key, an unreadable or too large payload: no row recorded
-	CauseMismatch     = wire.CauseMismatch     // its key was applied before with another payload, or the handler rejected it with dedup.ErrFingerprintMismatch (a call was made under the key for another payload)
-	CauseFailedBefore = wire.CauseFailedBefore // its key was recorded as failed before: a repeat of an incident
-	CausePermanent    = wire.CausePermanent    // Permanent, a constraint violation: recorded as failed
-	CauseExhausted    = wire.CauseExhausted    // its retries ran out
-	CauseValidate     = wire.CauseValidate     // Config.Validate refused it: no row recorded, the key stays free
-	CauseRejected     = wire.CauseRejected     // the handler refused it with Reject: rolled back, no row recorded, the key stays free
-	CauseInDoubt      = wire.CauseInDoubt      // InDoubt: a provider call's outcome is in doubt; rolled back, no row recorded, the key stays free. Also a stale event whose key has provider steps that did not fail (see Config.Stale), refused so before its commit
-	CauseStale        = wire.CauseStale        // an event at or below its entity's watermark, with StaleDeadLetter: not applied; the store recorded it
+	CauseBadInput      = wire.CauseBadInput      // no key, an invalid key, an unreadable or too large payload: no row recorded
+	CauseMismatch      = wire.CauseMismatch      // its key was applied before with another payload, or the handler rejected it with dedup.ErrFingerprintMismatch (a call was made under the key for another payload)
+	CauseFailedBefore  = wire.CauseFailedBefore  // its key was recorded as failed before: a repeat of an incident
+	CausePermanent     = wire.CausePermanent     // Permanent, a constraint violation: recorded as failed
+	CauseExhausted     = wire.CauseExhausted     // its retries ran out
+	CauseValidate      = wire.CauseValidate      // Config.Validate refused it: no row recorded, the key stays free
+	CauseRejected      = wire.CauseRejected      // the handler refused it with Reject: rolled back, no row recorded, the key stays free
+	CauseInDoubt       = wire.CauseInDoubt       // InDoubt: a provider call's outcome is in doubt; rolled back, no row recorded, the key stays free. Also a stale event whose key has provider steps that did not fail (see Config.Stale), refused so before its commit
+	CauseStale         = wire.CauseStale         // an event at or below its entity's watermark, with StaleDeadLetter: not applied; the store recorded it
+	CauseParkedTooLong = wire.CauseParkedTooLong // its record key was parked (NonBlocking.KeyOrdered) longer than MaxParkedWait or deeper than MaxParkedDepth: not tried, no row recorded, the key stays free
 )
 
 // fail dead-letters a message that cannot be processed. With record, the
@@ -115,7 +116,7 @@ func (c *Consumer[TTx]) fail(ctx context.Context, it *item, reason error, record
 }
 
 // deadLetter writes it to the dead-letter sink, retrying until it succeeds or
-// ctx ends, and marks it settled.
+// ctx ends, unparks it (KeyOrdered) and marks it settled.
 func (c *Consumer[TTx]) deadLetter(ctx context.Context, it *item, reason error, cause Cause) error {
 	err := c.untilDone(ctx, nil, "dead letter", func() error {
 		l := Letter{Message: it.msg, Key: it.claim.Key, Fingerprint: it.claim.Fingerprint,
@@ -128,12 +129,12 @@ func (c *Consumer[TTx]) deadLetter(ctx context.Context, it *item, reason error, 
 	if err != nil {
 		return err
 	}
+	if err := c.unpark(ctx, it); err != nil {
+		return err
+	}
 	c.stats.deadLettered.Add(1)
 	c.settled(ctx, Settlement{Message: it.msg, Key: it.claim.Key, Outcome: OutcomeDeadLettered, Reason: reason, Cause: cause, Attempts: it.attempts})
 	it.settled = true
-	if c.holds != nil {
-		c.holds.settled(it.msg, c.cfg.Clock.Now())
-	}
 	c.cfg.Logger.Warn("idem: message dead-lettered", append(refAttrs(it.msg, it.claim.Key),
 		slog.String("cause", cause.String()), slog.Int("attempts", it.attempts), slog.String("reason", reason.Error()))...)
 	return nil

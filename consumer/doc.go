@@ -52,7 +52,7 @@
 //
 // Dead letters count incidents: every letter carries its [Cause] (the
 // idem-cause header: bad_input, validate, rejected, fingerprint_mismatch,
-// permanent, exhausted, failed_before, in_doubt, stale) and its dedup key whenever one was derived. A
+// permanent, exhausted, failed_before, in_doubt, stale, parked_too_long) and its dedup key whenever one was derived. A
 // message whose key failed for good before is dead-lettered as
 // failed_before, a repeat of the incident its first letter (permanent)
 // reported and `idem failed` lists, never as a new one.

@@ -178,14 +178,14 @@ func (c *Consumer[TTx]) stale(ctx context.Context, it *item) error {
 	if c.cfg.Stale == StaleDeadLetter {
 		return c.deadLetter(ctx, it, staleReason(it), CauseStale)
 	}
+	if err := c.unpark(ctx, it); err != nil {
+		return err
+	}
 	c.stats.stale.Add(1)
 	c.settled(ctx, Settlement{Message: it.msg, Key: it.claim.Key, Outcome: OutcomeStale, Reason: staleReason(it)})
 	c.cfg.Logger.Debug("idem: stale event skipped", append(refAttrs(it.msg, it.claim.Key),
 		slog.String("entity", it.entity.Name), slog.String("version", it.entity.Version.String()), slog.String("watermark", it.watermark.String()))...)
 	it.settled = true
-	if c.holds != nil {
-		c.holds.settled(it.msg, c.cfg.Clock.Now())
-	}
 	return nil
 }
 

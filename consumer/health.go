@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/consumer/source"
+	"github.com/idemkit/idem/dedup"
 )
 
 // Health is what a probe should look at: whether the consumer runs, whether
@@ -40,6 +41,15 @@ type Health struct {
 	// one that declares source.Description.Lanes (the Kafka and RocketMQ sources do); see
 	// StalledLanes.
 	Lanes []source.LaneStatus
+	// Parked sums up the record keys parked (NonBlocking.KeyOrdered): how
+	// many, and when the oldest was parked (zero when none is). With a
+	// Store that is a dedup.Parking they are the store's, every member's
+	// and every consumer's of its table alike; else this consumer's own.
+	// Read at most every 5 seconds; nil without KeyOrdered, and when they
+	// could not be read: ParkedErr says why (it fails neither Live nor
+	// Ready).
+	Parked    *dedup.ParkStats
+	ParkedErr error
 }
 
 // StalledLanes lists the lanes of h.Lanes that made no progress for longer
@@ -78,6 +88,13 @@ func (c *Consumer[TTx]) Health(ctx context.Context) Health {
 	if c.desc.Lanes != nil && h.Running {
 		h.Lanes = c.desc.Lanes()
 		sort.Slice(h.Lanes, func(i, j int) bool { return h.Lanes[i].Lane < h.Lanes[j].Lane })
+	}
+	if c.parking != nil {
+		if s, err := c.parkedStats(ctx); err != nil {
+			h.ParkedErr = err
+		} else {
+			h.Parked = &s
+		}
 	}
 	return h
 }

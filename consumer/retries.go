@@ -62,14 +62,37 @@ type NonBlocking struct {
 	// kafka.Source and rocketmq.Source are.
 	Sink RetrySink
 	// KeyOrdered keeps the order of a record key's messages: while a
-	// message of a key is in retry, the later messages of that key follow
-	// it into retry, untried, instead of overtaking it, and are tried once
-	// the ones before them are settled. The keys in retry are held in the
-	// consumer's memory: a restart or a rebalance forgets them, and then a
-	// later message can overtake after all; so can messages whose retry
+	// message of a key is in retry, the key is parked, and the later
+	// messages of that key follow it into retry, untried, instead of
+	// overtaking it, and are tried once the ones before them are settled.
+	// When Config.Store is a dedup.Parking (pgstore, sqlitestore,
+	// mysqlstore, memstore) the store keeps the parked keys: a restart, a
+	// deploy or a rebalance does not forget them, and every member of the
+	// group sees them. Any other store leaves them to the consumer's
+	// memory: a restart or a rebalance forgets them, and then a later
+	// message can overtake after all; so can messages whose retry
 	// partitions another member of the group reads. Messages without a
 	// record key are not ordered. See docs/retries.md.
 	KeyOrdered bool
+	// MaxParkedDepth is the most messages a parked key holds, the one in
+	// retry included (KeyOrdered, with a Store that is a dedup.Parking):
+	// the message that would make it deeper, and every message of the key
+	// after it until the key is released, the parked ones included, is
+	// dead-lettered with CauseParkedTooLong. Default 1000, at most
+	// 1,000,000.
+	MaxParkedDepth int
+	// MaxParkedWait is the longest the message at the head of a parked
+	// key holds it (KeyOrdered, with a Store that is a dedup.Parking), from
+	// when it became the head; past it, the key's messages are
+	// dead-lettered with CauseParkedTooLong as they come, the head's
+	// included. Default twice the sum of Delays and a minute: a head that
+	// comes back on time settles within the sum of the delays (its last
+	// trip ends it), so twice that leaves room for the retry topics' lag
+	// through a deploy or a rebalance, and a head past it is taken for
+	// lost (its copy never written, or deleted by the retry topic's
+	// retention), which would hold its key for ever. At least the sum of
+	// Delays.
+	MaxParkedWait time.Duration
 }
 
 func (Blocking) retries()    {}
@@ -103,7 +126,18 @@ type RetryLetter struct {
 const (
 	maxNonBlockingAttempts = 10
 	maxRetryDelays         = 32
+	maxParkedDepth         = 1_000_000
+	defaultParkedDepth     = 1000
 )
+
+// sumOf is the sum of delays.
+func sumOf(delays []time.Duration) time.Duration {
+	var sum time.Duration
+	for _, d := range delays {
+		sum += d
+	}
+	return sum
+}
 
 // validateRetries checks Config.Retries.
 func (c *Config[TTx]) validateRetries(add func(format string, args ...any)) {
@@ -145,6 +179,13 @@ func (nb NonBlocking) validate(c interface{ nonBlockingConflicts(NonBlocking) []
 			}
 		}
 	}
+	if nb.MaxParkedDepth < 0 || nb.MaxParkedDepth > maxParkedDepth {
+		add("Retries.MaxParkedDepth is %d, want 0..%d (0 for the default %d)", nb.MaxParkedDepth, maxParkedDepth, defaultParkedDepth)
+	}
+	if sum := sumOf(nb.Delays); nb.MaxParkedWait < 0 || (nb.MaxParkedWait > 0 && nb.MaxParkedWait < sum) {
+		add("Retries.MaxParkedWait is %v, want 0 (the default, twice the sum of Delays and a minute) or at least the sum of Delays, %v: "+
+			"a head still on its retry trips would be dead-lettered", nb.MaxParkedWait, sum)
+	}
 	for _, msg := range c.nonBlockingConflicts(nb) {
 		add("%s", msg)
 	}
@@ -174,11 +215,7 @@ const RetryMargin = 15 * time.Minute
 // RetryMargin. Its original's key must outlive it: a copy that comes back
 // after the key row of its applied original was purged is applied again.
 func RetryHorizon(delays []time.Duration) time.Duration {
-	h := RetryMargin
-	for _, d := range delays {
-		h += d
-	}
-	return h
+	return RetryMargin + sumOf(delays)
 }
 
 // retentionConflicts names each scope of the consumer's (Name, Name/tenant)
@@ -258,6 +295,12 @@ func nonBlockingOf(r Retries) *NonBlocking {
 	if nb.Attempts == 0 {
 		nb.Attempts = 3
 	}
+	if nb.MaxParkedDepth == 0 {
+		nb.MaxParkedDepth = defaultParkedDepth
+	}
+	if nb.MaxParkedWait == 0 {
+		nb.MaxParkedWait = 2*sumOf(nb.Delays) + time.Minute
+	}
 	nb.Delays = slices.Clone(nb.Delays)
 	return &nb
 }
@@ -304,8 +347,10 @@ func (c *Consumer[TTx]) retryLater(ctx context.Context, it *item, reason error) 
 		first = now
 	}
 	delay := nb.Delays[done]
-	if c.holds != nil {
-		c.holds.sentToRetry(it.msg, delay, now) // before the write: a later message of the key follows it from now
+	if c.parking != nil {
+		if err := c.park(ctx, it, delay); err != nil { // before the write: a later message of the key follows it from now
+			return err
+		}
 	}
 	r := RetryLetter{
 		Letter: Letter{Message: it.msg, Key: it.claim.Key, Fingerprint: it.claim.Fingerprint, Cause: CauseExhausted, Reason: reason, Attempts: it.attempts, Entity: it.entity},

@@ -14,6 +14,10 @@ type settler[TTx any] struct {
 	l       *lane[TTx]
 	attempt attempt[TTx]
 	one     [1]*item
+	// checkParked's buffers (KeyOrdered)
+	parkRefs []dedup.ParkRef
+	parkAt   []int
+	parkOut  []dedup.ParkDecision
 }
 
 // action is what the settle policy does after a failed attempt.
@@ -81,9 +85,9 @@ func (s *settler[TTx]) settle(ctx context.Context, its []*item) error {
 	var wait *retryWait
 	var last *failure
 	for len(its) > 0 {
-		if s.c.holds != nil {
+		if s.c.parking != nil {
 			var err error
-			if its, err = s.c.follow(ctx, its); err != nil {
+			if its, err = s.checkParked(ctx, its); err != nil {
 				return err
 			}
 			if len(its) == 0 {
@@ -207,6 +211,11 @@ func (c *Consumer[TTx]) committed(ctx context.Context, its []*item) error {
 			}
 			continue
 		}
+		if it.status == dedup.StatusNew || it.status == dedup.StatusDuplicate {
+			if err := c.unpark(ctx, it); err != nil {
+				return err
+			}
+		}
 		switch it.status {
 		case dedup.StatusNew:
 			c.stats.applied.Add(1)
@@ -227,9 +236,6 @@ func (c *Consumer[TTx]) committed(ctx context.Context, its []*item) error {
 			continue
 		}
 		it.settled = true
-		if c.holds != nil {
-			c.holds.settled(it.msg, c.cfg.Clock.Now())
-		}
 	}
 	return nil
 }

@@ -48,7 +48,13 @@ type HealthReporter interface {
 //   - idem.consumer.lanes.stalled: lanes the source reports with no
 //     progress for longer than stall (consumer.Health.StalledLanes);
 //   - idem.consumer.lane.waiting: per lane (idem.lane), the source's
-//     fetched messages not settled yet.
+//     fetched messages not settled yet;
+//   - idem.consumer.parked.keys: record keys parked (NonBlocking.KeyOrdered;
+//     consumer.Health.Parked, read from the store at most every 5
+//     seconds), with KeyOrdered only: with a store that parks, every
+//     member reports the same keys — aggregate them with max, not sum;
+//   - idem.consumer.parked.oldest_age: seconds since the oldest of them
+//     was parked; 0 when none is.
 //
 // Health is called with a context bounded by the collection's. Unregister
 // the returned registration when the consumer is gone. Call Observe once,
@@ -75,7 +81,11 @@ func (t *Telemetry) Observe(c HealthReporter, stall time.Duration) (metric.Regis
 		metric.WithDescription("Lanes the source reports with no progress for longer than the stall bound."))
 	waiting, err5 := m.Int64ObservableGauge("idem.consumer.lane.waiting", metric.WithUnit("{message}"),
 		metric.WithDescription("A lane's messages fetched by the source and not settled yet."))
-	if err := errors.Join(err1, err2, err3, err4, err5); err != nil {
+	parked, err6 := m.Int64ObservableGauge("idem.consumer.parked.keys", metric.WithUnit("{key}"),
+		metric.WithDescription("Record keys parked while a message of theirs is in retry (KeyOrdered)."))
+	parkedAge, err7 := m.Float64ObservableGauge("idem.consumer.parked.oldest_age", metric.WithUnit("s"),
+		metric.WithDescription("Seconds since the oldest parked record key was parked; 0 when none is."))
+	if err := errors.Join(err1, err2, err3, err4, err5, err6, err7); err != nil {
 		return nil, err
 	}
 	set := metric.WithAttributeSet(attribute.NewSet(attrs...))
@@ -93,8 +103,16 @@ func (t *Telemetry) Observe(c HealthReporter, stall time.Duration) (metric.Regis
 		for _, l := range h.Lanes {
 			o.ObserveInt64(waiting, l.Waiting, metric.WithAttributeSet(attribute.NewSet(append(attrs[:len(attrs):len(attrs)], AttrLane.String(l.Lane))...)))
 		}
+		if h.Parked != nil {
+			o.ObserveInt64(parked, int64(h.Parked.Keys), set)
+			var pa float64
+			if !h.Parked.Oldest.IsZero() {
+				pa = max(now.Sub(h.Parked.Oldest).Seconds(), 0)
+			}
+			o.ObserveFloat64(parkedAge, pa, set)
+		}
 		return nil
-	}, inFlight, age, stopped, stalled, waiting)
+	}, inFlight, age, stopped, stalled, waiting, parked, parkedAge)
 }
 
 // retriedClasses are the classes of the failures a consumer retries: the

@@ -31,7 +31,7 @@ const ScopeName = "github.com/idemkit/idem/consumer/otelconsumer"
 // Attributes of idem's own, beside the messaging conventions'.
 const (
 	AttrConsumer = attribute.Key("idem.consumer.name")     // consumer.Config.Name
-	AttrCause    = attribute.Key("idem.dead_letter.cause") // consumer.Cause: bad_input, validate, rejected, fingerprint_mismatch, failed_before, permanent, exhausted, in_doubt, stale
+	AttrCause    = attribute.Key("idem.dead_letter.cause") // consumer.Cause: bad_input, validate, rejected, fingerprint_mismatch, failed_before, permanent, exhausted, in_doubt, stale, parked_too_long
 	AttrOutcome  = attribute.Key("idem.transaction.outcome")
 	AttrMessages = attribute.Key("idem.transaction.messages")
 	AttrKeyScope = attribute.Key("idem.key.scope")   // the dedup key's scope, as the letter's idem-key-scope

@@ -76,7 +76,7 @@ type Retry struct {
 // message's own and stay: a letter redriven later keeps the key it is
 // deduplicated by.
 const (
-	MetaCause     = "idem-cause"              // why, as one value: Letter.Cause (bad_input, validate, rejected, fingerprint_mismatch, failed_before, permanent, exhausted, in_doubt, stale)
+	MetaCause     = "idem-cause"              // why, as one value: Letter.Cause (bad_input, validate, rejected, fingerprint_mismatch, failed_before, permanent, exhausted, in_doubt, stale, parked_too_long)
 	MetaReason    = "idem-reason"             // why, in words: the error text, at most dedup.MaxReasonLen bytes
 	MetaAttempts  = "idem-attempts"           // failures charged to the message (Letter.Attempts), decimal
 	MetaTopic     = "idem-original-topic"     // the message's topic
@@ -299,27 +299,29 @@ func RetryDue(m *source.Message) (time.Time, bool) {
 type Cause uint8
 
 const (
-	CauseBadInput     Cause = iota + 1 // no key, an invalid key, an unreadable or too large payload: no row recorded
-	CauseMismatch                      // its key was applied before with another payload
-	CauseFailedBefore                  // its key was recorded as failed before: a repeat of an incident
-	CausePermanent                     // Permanent, a constraint violation: recorded as failed
-	CauseExhausted                     // its retries ran out
-	CauseValidate                      // consumer.Config.Validate refused it: no row recorded, the key stays free
-	CauseRejected                      // the handler refused it with Reject: rolled back, no row recorded, the key stays free
-	CauseInDoubt                       // a call to a provider has an outcome that can no longer be found out or repeated safely (package effect): rolled back, no row recorded, the key stays free; or a stale event whose key has provider steps that did not fail (its stale record kept)
-	CauseStale                         // an event at or below its entity's watermark (consumer.StaleDeadLetter): not applied; the store recorded it
+	CauseBadInput      Cause = iota + 1 // no key, an invalid key, an unreadable or too large payload: no row recorded
+	CauseMismatch                       // its key was applied before with another payload
+	CauseFailedBefore                   // its key was recorded as failed before: a repeat of an incident
+	CausePermanent                      // Permanent, a constraint violation: recorded as failed
+	CauseExhausted                      // its retries ran out
+	CauseValidate                       // consumer.Config.Validate refused it: no row recorded, the key stays free
+	CauseRejected                       // the handler refused it with Reject: rolled back, no row recorded, the key stays free
+	CauseInDoubt                        // a call to a provider has an outcome that can no longer be found out or repeated safely (package effect): rolled back, no row recorded, the key stays free; or a stale event whose key has provider steps that did not fail (its stale record kept)
+	CauseStale                          // an event at or below its entity's watermark (consumer.StaleDeadLetter): not applied; the store recorded it
+	CauseParkedTooLong                  // its record key was parked (consumer.NonBlocking.KeyOrdered) longer or deeper than its limits: not tried, no row recorded, the key stays free
 )
 
 var causeNames = [...]string{
-	CauseBadInput:     "bad_input",
-	CauseMismatch:     "fingerprint_mismatch",
-	CauseFailedBefore: "failed_before",
-	CausePermanent:    "permanent",
-	CauseExhausted:    "exhausted",
-	CauseValidate:     "validate",
-	CauseRejected:     "rejected",
-	CauseInDoubt:      "in_doubt",
-	CauseStale:        "stale",
+	CauseBadInput:      "bad_input",
+	CauseMismatch:      "fingerprint_mismatch",
+	CauseFailedBefore:  "failed_before",
+	CausePermanent:     "permanent",
+	CauseExhausted:     "exhausted",
+	CauseValidate:      "validate",
+	CauseRejected:      "rejected",
+	CauseInDoubt:       "in_doubt",
+	CauseStale:         "stale",
+	CauseParkedTooLong: "parked_too_long",
 }
 
 func (c Cause) String() string {
@@ -331,7 +333,7 @@ func (c Cause) String() string {
 
 // Causes lists every Cause, in their order.
 func Causes() []Cause {
-	return []Cause{CauseBadInput, CauseMismatch, CauseFailedBefore, CausePermanent, CauseExhausted, CauseValidate, CauseRejected, CauseInDoubt, CauseStale}
+	return []Cause{CauseBadInput, CauseMismatch, CauseFailedBefore, CausePermanent, CauseExhausted, CauseValidate, CauseRejected, CauseInDoubt, CauseStale, CauseParkedTooLong}
 }
 
 // ParseCause returns the Cause whose String is s: what a reader of the
