@@ -75,9 +75,9 @@ var retryDelays = []time.Duration{time.Second, 3 * time.Second, 10 * time.Second
 // payments are applied in production order (effects_audit.at), so none of
 // the followers during the outage; its other keys' p99 is logged beside
 // the non-blocking one (the cost of KeyOrdered) and held to the same
-// bound, or keyOrderedFloor at least. It does not SIGKILL its consumer: a
-// restart forgets the held keys (docs/retries.md), and order is then not
-// kept. Its followers come back up to the longest delay after their head:
+// bound, or keyOrderedFloor at least. It does not SIGKILL its consumer:
+// scenario 25 (key-parked, parking_test.go) keeps the keys parked across a
+// SIGKILL and rebalances. Its followers come back up to the longest delay after their head:
 // it waits that much longer for the last payments.
 func nonBlockingRetries(t *testing.T, b, title string) {
 	p99 := map[string]time.Duration{}
