@@ -25,11 +25,11 @@ type stepsStore struct {
 	steps func(ctx context.Context, keys []dedup.Key, read func() ([]dedup.StepRecord, error)) ([]dedup.StepRecord, error)
 }
 
-// Steps fails the test: with LiveSteps, the consumer reads no steps
-// outside its transaction.
-func (s stepsStore) Steps(context.Context, dedup.StepFilter) ([]dedup.StepRecord, error) {
-	s.t.Error("Steps called: the consumer read steps outside its transaction")
-	return nil, errors.New("read outside the transaction")
+// Steps fails the test, and answers: with LiveSteps, the consumer reads
+// no steps outside its transaction.
+func (s stepsStore) Steps(ctx context.Context, f dedup.StepFilter) ([]dedup.StepRecord, error) {
+	s.t.Errorf("Steps(%+v): the consumer read steps outside its transaction", f)
+	return s.Store.Steps(ctx, f)
 }
 
 func (s stepsStore) LiveSteps(ctx context.Context, tx *memstore.Tx, keys []dedup.Key) ([]dedup.StepRecord, error) {
