@@ -117,7 +117,7 @@ func (a *attempt[TTx]) run(ctx context.Context, its []*item) *failure {
 			f.phase = phaseClaim // no handler ran: the store's trouble, not a message's
 			return err
 		}
-		if i, err := a.staleSteps(ctx, its); err != nil {
+		if i, err := a.staleSteps(ctx, tx, its); err != nil {
 			f.phase = phaseClaim
 			if i >= 0 { // refused in doubt, as a handler's InDoubt
 				f.phase, f.blame, f.at = phaseHandle, blameMessage, i

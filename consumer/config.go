@@ -163,7 +163,14 @@ type Config[TTx any] struct {
 	// rolled-back attempt called a provider before a later event of its
 	// entity committed — is refused before its commit and dead-lettered
 	// with CauseInDoubt, its reason naming the steps: the call's effect is
-	// not booked, and an operator resolves it by hand.
+	// not booked, and an operator resolves it by hand. The steps of a
+	// batch's stale events are read in its transaction, in one statement,
+	// when the journal is a dedup.TxSteps[TTx] (pgstore, sqlitestore,
+	// mysqlstore and memstore are). Another journal is read with Steps,
+	// one query for each stale event, on a connection besides the one the
+	// batch's transaction holds: its pool needs more connections than
+	// there are lanes (partitions × KeyLanes), or lanes that meet stale
+	// events at once each hold one and wait for another, for good.
 	Stale StalePolicy
 
 	// MaxPayloadBytes dead-letters larger payloads before any parsing, with

@@ -33,6 +33,7 @@ type Consumer[TTx any] struct {
 	keyCheck    keyCheck              // Config.Key's failures over the first messages
 	marks       dedup.Watermarks[TTx] // the Store's entity watermarks, with Config.Entity; else nil
 	journal     dedup.Journal         // the Store's effect journal, with marks; else nil (see stale)
+	txSteps     dedup.TxSteps[TTx]    // journal, when it reads steps in the Store's transactions; else nil
 
 	lanesMu sync.Mutex
 	lanes   map[laneID]*lane[TTx]
@@ -79,12 +80,14 @@ func New[TTx any](cfg Config[TTx]) (*Consumer[TTx], error) {
 	}
 	marks, _ := cfg.Store.(dedup.Watermarks[TTx])
 	journal, _ := cfg.Store.(dedup.Journal)
+	txSteps, _ := cfg.Store.(dedup.TxSteps[TTx])
 	if cfg.Entity == nil {
-		marks, journal = nil, nil
+		marks, journal, txSteps = nil, nil, nil
 	}
 	return &Consumer[TTx]{
 		marks:       marks,
 		journal:     journal,
+		txSteps:     txSteps,
 		cfg:         cfg,
 		handler:     h,
 		batch:       cfg.BatchHandler,

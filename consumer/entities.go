@@ -201,15 +201,59 @@ func (c *Consumer[TTx]) stale(ctx context.Context, it *item) error {
 // Config.Stale says. Deciding it after the commit would leave a done key
 // behind a letter not yet written: a crash in between, and the event came
 // back a duplicate, its effect unbooked and unsaid. A journal that cannot
-// answer (a permanent or fatal error) refuses the item the same way; one
-// that fails for a moment fails the attempt (index -1), which is tried
-// again; a store without a journal (dedup.ErrNoJournal) has no steps. A
-// stale event is rare: one query for each.
-func (a *attempt[TTx]) staleSteps(ctx context.Context, its []*item) (int, error) {
+// answer (a permanent or fatal error) refuses the first stale item the
+// same way; one that fails for a moment fails the attempt (index -1),
+// which is tried again; a store without a journal (dedup.ErrNoJournal)
+// has no steps.
+//
+// A journal that is a dedup.TxSteps reads the steps of all the stale
+// items in tx, in one statement; an error there may have aborted tx, and
+// every error returned rolls it back. Any other journal is read with
+// Steps, one query for each stale item, on a connection of the Store's
+// besides the one tx holds (see Config.Stale).
+func (a *attempt[TTx]) staleSteps(ctx context.Context, tx TTx, its []*item) (int, error) {
 	c := a.c
 	if c.journal == nil {
 		return -1, nil
 	}
+	if c.txSteps == nil {
+		return a.staleStepsApart(ctx, its)
+	}
+	first, keys := -1, []dedup.Key(nil)
+	for i, it := range its {
+		if it.stale {
+			if first < 0 {
+				first = i
+			}
+			keys = append(keys, it.claim.Key)
+		}
+	}
+	if first < 0 {
+		return -1, nil
+	}
+	steps, err := c.txSteps.LiveSteps(ctx, tx, keys)
+	if err != nil {
+		return c.stepsUnread(its, first, len(keys), err)
+	}
+	if len(steps) == 0 {
+		return -1, nil
+	}
+	byKey := make(map[dedup.Key][]dedup.StepRecord)
+	for _, s := range steps {
+		byKey[s.Ref.Key] = append(byKey[s.Ref.Key], s)
+	}
+	for i, it := range its {
+		if it.stale && len(byKey[it.claim.Key]) > 0 {
+			return i, InDoubt(staleStepsReason(it, byKey[it.claim.Key], nil))
+		}
+	}
+	return -1, nil
+}
+
+// staleStepsApart is staleSteps with a journal that reads only in
+// transactions of its own: one Steps query for each stale item.
+func (a *attempt[TTx]) staleStepsApart(ctx context.Context, its []*item) (int, error) {
+	c := a.c
 	for i, it := range its {
 		if !it.stale {
 			continue
@@ -218,18 +262,37 @@ func (a *attempt[TTx]) staleSteps(ctx context.Context, its []*item) (int, error)
 			States: []dedup.StepState{dedup.StepPending, dedup.StepSucceeded, dedup.StepUnknown, dedup.StepInDoubt}}
 		steps, err := c.journal.Steps(ctx, f)
 		switch {
-		case errors.Is(err, dedup.ErrNoJournal):
-			return -1, nil
 		case err != nil:
-			if class := classify(err, c.cfg.Store.ClassifyError); class == dedup.ClassPermanent || class == dedup.ClassFatal {
-				return i, InDoubt(staleStepsReason(it, nil, err))
-			}
-			return -1, fmt.Errorf("reading the provider steps of stale event %s: %w", it.msg.Ref(), err)
+			return c.stepsUnread(its, i, 1, err)
 		case len(steps) > 0:
 			return i, InDoubt(staleStepsReason(it, steps, nil))
 		}
 	}
 	return -1, nil
+}
+
+// stepsUnread decides on err, the journal's failure to read the steps of
+// n stale items, the first of them its[i]: none without a journal; its[i]
+// refused in doubt when the journal cannot answer; else the attempt
+// fails, to be tried again.
+func (c *Consumer[TTx]) stepsUnread(its []*item, i, n int, err error) (int, error) {
+	it := its[i]
+	switch {
+	case errors.Is(err, dedup.ErrNoJournal):
+		return -1, nil
+	case isFinal(classify(err, c.cfg.Store.ClassifyError)):
+		return i, InDoubt(staleStepsReason(it, nil, err))
+	case n == 1:
+		return -1, fmt.Errorf("reading the provider steps of stale event %s: %w", it.msg.Ref(), err)
+	default:
+		return -1, fmt.Errorf("reading the provider steps of %d stale events, the first %s: %w", n, it.msg.Ref(), err)
+	}
+}
+
+// isFinal reports whether class says a read will not succeed if tried
+// again.
+func isFinal(class dedup.ErrorClass) bool {
+	return class == dedup.ClassPermanent || class == dedup.ClassFatal
 }
 
 // staleStepsError is the reason a stale event with provider steps is

@@ -297,3 +297,31 @@ type Journal interface {
 	// called at every collection.
 	CountSteps(ctx context.Context) (byState map[StepState]int64, expiredPending int64, err error)
 }
+
+// TxSteps is a Journal that also reads steps in a transaction of its
+// Store. The consumer reads the steps of a batch's stale events with it
+// (Config.Entity), in the batch's own transaction: reading them through
+// Steps, which takes a connection of its own while the batch's
+// transaction holds one, stalls every lane once as many lanes as the pool
+// has connections meet stale events at once. pgstore, sqlitestore,
+// mysqlstore and memstore implement it; deduptest.RunTxSteps pins the
+// contract down.
+type TxSteps[TTx any] interface {
+	Journal
+	// LiveSteps returns, read in tx in one statement for all of keys, the
+	// steps of keys that are not failed (pending, succeeded, unknown or
+	// in doubt): for each key the records Steps lists for
+	// StepFilter{Scope, Key, States: those four}, at most 100 of a key,
+	// the oldest first attempt first; a key given twice is listed once;
+	// the order between keys is not given. It sees at least every step
+	// committed before tx began (the journal commits each step in a
+	// transaction of its own). No keys: nil, and no statement. An error wrapping
+	// ErrNoJournal: the store keeps no journal, and tx is untouched. After
+	// any other error tx may be unusable (Postgres aborts it): roll it
+	// back.
+	LiveSteps(ctx context.Context, tx TTx, keys []Key) ([]StepRecord, error)
+}
+
+// LiveStepsPerKey is the most records TxSteps.LiveSteps returns for one
+// key.
+const LiveStepsPerKey = 100

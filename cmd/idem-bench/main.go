@@ -788,15 +788,6 @@ func runIdemEntity(ctx context.Context, e *env, topic, group string, n int, sc s
 		return err
 	}
 	return runEngineWith(ctx, e, src, n, sc, lat, 0, func(cfg *consumer.Config[pgx.Tx], st *pgstore.Store) {
-		// The store without its effect journal (dedup.Journal): with one,
-		// the consumer reads each stale event's provider steps from the
-		// pool while its transaction holds a connection, and hangs once
-		// as many lanes as the pool has connections do so at once (8
-		// lanes, pgxpool's 4). This row measures the watermarks.
-		cfg.Store = struct {
-			dedup.Store[pgx.Tx]
-			dedup.Watermarks[pgx.Tx]
-		}{st, st}
 		cfg.BatchSize = batch
 		cfg.Entity = func(m *consumer.Message) (consumer.Entity, error) {
 			var ev struct {

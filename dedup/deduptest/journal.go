@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -781,4 +782,127 @@ func (s journalSuite) fingerprintMismatch(t *testing.T) {
 			t.Fatalf("a step begun with none, asked with %v: fingerprint %v, want none kept", fp, d.Fingerprint)
 		}
 	}
+}
+
+// TxStepsStore is a store whose journal reads steps in its transactions.
+type TxStepsStore[TTx any] interface {
+	dedup.Store[TTx]
+	dedup.TxSteps[TTx]
+}
+
+// TxStepsFactory returns a fresh, empty, migrated store for one test,
+// cleaned up by t.Cleanup.
+type TxStepsFactory[TTx any] func(t *testing.T, cfg Config) TxStepsStore[TTx]
+
+// RunTxSteps runs the conformance suite of dedup.TxSteps: LiveSteps lists,
+// in a transaction, the records Steps lists for each key in every state
+// but failed, in the same order, each key once, at most
+// dedup.LiveStepsPerKey of a key (the oldest), and nothing for no keys.
+func RunTxSteps[TTx any](t *testing.T, newStore TxStepsFactory[TTx]) {
+	t.Run("LiveStepsOfKeys", func(t *testing.T) {
+		st, ctx := newStore(t, Config{LockTimeout: 5 * time.Second}), ctxFor(t)
+		for _, c := range []struct {
+			scope, id, step string
+			out             dedup.StepState // 0: left pending
+		}{
+			{"a", "k1", "charge", dedup.StepSucceeded},
+			{"a", "k1", "refund", 0},
+			{"a", "k1", "notify", dedup.StepFailed},
+			{"a", "k1", "audit", dedup.StepUnknown},
+			{"a", "k1", "payout", dedup.StepInDoubt},
+			{"b", "k1", "charge", dedup.StepSucceeded},
+			{"a", "k10", "charge", dedup.StepSucceeded},
+			{"a", "k2", "charge", dedup.StepUnknown},
+			{"a", "k4", "charge", dedup.StepFailed},
+		} {
+			ref := Step(c.scope, c.id, c.step)
+			rec := begin(t, st, ref, "pk-"+c.scope+"-"+c.id+"-"+c.step, time.Hour, dedup.StepCall)
+			if c.out != 0 {
+				finish(t, st, ref, rec.Token, dedup.StepOutcome{State: c.out})
+			}
+		}
+		keys := []dedup.Key{{Scope: "a", ID: "k1"}, {Scope: "b", ID: "k1"}, {Scope: "a", ID: "k3"}, {Scope: "a", ID: "k1"},
+			{Scope: "a", ID: "k2"}, {Scope: "a", ID: "k4"}}
+		var got []dedup.StepRecord
+		if err := st.InTx(ctx, func(ctx context.Context, tx TTx) error {
+			var err error
+			got, err = st.LiveSteps(ctx, tx, keys)
+			return err
+		}); err != nil {
+			t.Fatalf("LiveSteps: %v", err)
+		}
+		byKey := make(map[dedup.Key][]dedup.StepRecord)
+		for _, r := range got {
+			byKey[r.Ref.Key] = append(byKey[r.Ref.Key], r)
+		}
+		live := []dedup.StepState{dedup.StepPending, dedup.StepSucceeded, dedup.StepUnknown, dedup.StepInDoubt}
+		for _, k := range []dedup.Key{{Scope: "a", ID: "k1"}, {Scope: "b", ID: "k1"}, {Scope: "a", ID: "k2"}, {Scope: "a", ID: "k3"}, {Scope: "a", ID: "k4"}} {
+			want, err := st.Steps(ctx, dedup.StepFilter{Scope: k.Scope, Key: k.ID, States: live})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.EqualFunc(byKey[k], want, sameStep) {
+				t.Errorf("LiveSteps listed of key %s %s, Steps lists %s", k, stepNames(byKey[k]), stepNames(want))
+			}
+			delete(byKey, k)
+		}
+		if len(byKey) != 0 {
+			t.Errorf("LiveSteps listed steps of keys it was not given: %v", byKey)
+		}
+		if n := len(got); n != 6 {
+			t.Errorf("LiveSteps listed %d steps, want 6: a/k1's four, b/k1's, a/k2's, each once", n)
+		}
+		if err := st.InTx(ctx, func(ctx context.Context, tx TTx) error {
+			none, err := st.LiveSteps(ctx, tx, nil)
+			if err == nil && len(none) != 0 {
+				err = fmt.Errorf("%d steps", len(none))
+			}
+			return err
+		}); err != nil {
+			t.Errorf("LiveSteps of no keys: %v, want none", err)
+		}
+	})
+	t.Run("LiveStepsBounded", func(t *testing.T) {
+		st, ctx := newStore(t, Config{LockTimeout: 5 * time.Second}), ctxFor(t)
+		for i := range dedup.LiveStepsPerKey + 2 {
+			begin(t, st, Step("a", "k", fmt.Sprintf("s%03d", i)), fmt.Sprintf("pk-%d", i), time.Hour, dedup.StepCall)
+		}
+		begin(t, st, Step("a", "j", "s000"), "pk-j", time.Hour, dedup.StepCall)
+		var got []dedup.StepRecord
+		if err := st.InTx(ctx, func(ctx context.Context, tx TTx) error {
+			var err error
+			got, err = st.LiveSteps(ctx, tx, []dedup.Key{{Scope: "a", ID: "k"}, {Scope: "a", ID: "j"}})
+			return err
+		}); err != nil {
+			t.Fatalf("LiveSteps: %v", err)
+		}
+		var k []string
+		j := 0
+		for _, r := range got {
+			if r.Ref.Key.ID == "j" {
+				j++
+			} else {
+				k = append(k, r.Ref.Step)
+			}
+		}
+		if len(k) != dedup.LiveStepsPerKey || k[0] != "s000" || k[len(k)-1] != fmt.Sprintf("s%03d", dedup.LiveStepsPerKey-1) || j != 1 {
+			t.Fatalf("LiveSteps listed %d steps of a/k (%s), %d of a/j; want its %d oldest, s000 to s%03d, and a/j's one",
+				len(k), strings.Join(k, ", "), j, dedup.LiveStepsPerKey, dedup.LiveStepsPerKey-1)
+		}
+	})
+}
+
+// sameStep reports whether a and b are one record of one step.
+func sameStep(a, b dedup.StepRecord) bool {
+	return a.Ref == b.Ref && a.State == b.State && a.ProviderKey == b.ProviderKey && a.Token == b.Token &&
+		a.Attempts == b.Attempts && a.Fingerprint == b.Fingerprint && a.FirstAttemptAt.Equal(b.FirstAttemptAt)
+}
+
+// stepNames names records as "step state".
+func stepNames(recs []dedup.StepRecord) string {
+	names := make([]string, len(recs))
+	for i, r := range recs {
+		names[i] = r.Ref.Step + " " + r.State.String()
+	}
+	return "[" + strings.Join(names, ", ") + "]"
 }

@@ -289,6 +289,49 @@ func (s *Store) Steps(ctx context.Context, f dedup.StepFilter) ([]dedup.StepReco
 	return out, nil
 }
 
+// LiveSteps returns the steps of keys that are not failed; see
+// dedup.TxSteps. The journal commits each step at once, so tx sees what
+// any other caller sees.
+func (s *Store) LiveSteps(ctx context.Context, tx *Tx, keys []dedup.Key) ([]dedup.StepRecord, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if tx.finished {
+		return nil, errors.New("memstore: transaction is finished")
+	}
+	want := make(map[dedup.Key]bool, len(keys))
+	for _, k := range keys {
+		if err := k.Validate(); err != nil {
+			return nil, fmt.Errorf("memstore: live steps: %w", err)
+		}
+		want[k] = true
+	}
+	if len(want) == 0 {
+		return nil, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.cfg.Now()
+	var out []dedup.StepRecord
+	for ref, st := range s.steps {
+		if want[ref.Key] && st.state != dedup.StepFailed {
+			out = append(out, s.record(ref, st, now))
+		}
+	}
+	slices.SortFunc(out, func(a, b dedup.StepRecord) int {
+		return cmp.Or(cmp.Compare(a.Ref.Key.Scope, b.Ref.Key.Scope), cmp.Compare(a.Ref.Key.ID, b.Ref.Key.ID),
+			a.FirstAttemptAt.Compare(b.FirstAttemptAt), cmp.Compare(a.Ref.Step, b.Ref.Step))
+	})
+	perKey := make(map[dedup.Key]int, len(want))
+	kept := out[:0]
+	for _, r := range out {
+		if perKey[r.Ref.Key]++; perKey[r.Ref.Key] <= dedup.LiveStepsPerKey {
+			kept = append(kept, r)
+		}
+	}
+	return kept, nil
+}
+
 // CountSteps counts steps by state; see dedup.Journal.
 func (s *Store) CountSteps(ctx context.Context) (map[dedup.StepState]int64, int64, error) {
 	if err := ctx.Err(); err != nil {
@@ -324,4 +367,4 @@ func (s *Store) purgeSteps(gone map[dedup.Key]bool) int {
 	return n
 }
 
-var _ dedup.Journal = (*Store)(nil)
+var _ dedup.TxSteps[*Tx] = (*Store)(nil)

@@ -13,3 +13,9 @@ func TestJournalConformance(t *testing.T) {
 		return memstore.New(memstore.Config{LockTimeout: cfg.LockTimeout, ScopeRetention: cfg.ScopeRetention})
 	})
 }
+
+func TestTxStepsConformance(t *testing.T) {
+	deduptest.RunTxSteps(t, func(t *testing.T, cfg deduptest.Config) deduptest.TxStepsStore[*memstore.Tx] {
+		return memstore.New(memstore.Config{LockTimeout: cfg.LockTimeout, ScopeRetention: cfg.ScopeRetention})
+	})
+}

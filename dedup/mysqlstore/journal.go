@@ -355,6 +355,51 @@ func (s *Store) Steps(ctx context.Context, f dedup.StepFilter) ([]dedup.StepReco
 	return recs, nil
 }
 
+// LiveSteps returns the steps of keys that are not failed, read in tx in
+// one statement; see dedup.TxSteps.
+func (s *Store) LiveSteps(ctx context.Context, tx *sql.Tx, keys []dedup.Key) ([]dedup.StepRecord, error) {
+	var where strings.Builder
+	args := make([]any, 0, 2*len(keys))
+	seen := make(map[dedup.Key]int, len(keys)) // a key's records, once read
+	for _, k := range keys {
+		if err := k.Validate(); err != nil {
+			return nil, fmt.Errorf("mysqlstore: live steps: %w", err)
+		}
+		if _, ok := seen[k]; ok {
+			continue
+		}
+		seen[k] = 0
+		if len(args) > 0 {
+			where.WriteString(" OR ")
+		}
+		where.WriteString("(scope = ? AND `key` = ?)")
+		args = append(args, k.Scope, k.ID)
+	}
+	if len(args) == 0 {
+		return nil, nil
+	}
+	rows, err := tx.QueryContext(ctx, "SELECT "+stepCols+" FROM "+s.steps+" WHERE state <> 'failed' AND ("+where.String()+
+		") ORDER BY first_attempt_at, step", args...)
+	if err != nil {
+		return nil, s.connErr("live steps", err)
+	}
+	defer rows.Close()
+	var recs []dedup.StepRecord
+	for rows.Next() {
+		rec, err := scanStep(rows)
+		if err != nil {
+			return nil, s.connErr("live steps", err)
+		}
+		if seen[rec.Ref.Key]++; seen[rec.Ref.Key] <= dedup.LiveStepsPerKey {
+			recs = append(recs, rec)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, s.connErr("live steps", err)
+	}
+	return recs, nil
+}
+
 // CountSteps counts steps by state; see dedup.Journal. StepPending counts
 // the steps whose lease runs, expiredPending the others.
 func (s *Store) CountSteps(ctx context.Context) (map[dedup.StepState]int64, int64, error) {
@@ -391,4 +436,4 @@ func (s *Store) purgeSteps(ctx context.Context, tx *sql.Tx, keys []dedup.Key) (i
 	return int(n), nil
 }
 
-var _ dedup.Journal = (*Store)(nil)
+var _ dedup.TxSteps[*sql.Tx] = (*Store)(nil)

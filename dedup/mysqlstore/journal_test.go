@@ -35,6 +35,22 @@ func TestJournalConformance(t *testing.T) {
 	})
 }
 
+func TestTxStepsConformance(t *testing.T) {
+	deduptest.RunTxSteps(t, func(t *testing.T, cfg deduptest.Config) deduptest.TxStepsStore[*sql.Tx] {
+		st, _ := newStore(t, mysqlstore.Config{LockTimeout: cfg.LockTimeout, ScopeRetention: cfg.ScopeRetention})
+		return st
+	})
+}
+
+// TestTxStepsConformanceRepeatableRead: the snapshot of a REPEATABLE READ
+// transaction sees the steps committed before it.
+func TestTxStepsConformanceRepeatableRead(t *testing.T) {
+	deduptest.RunTxSteps(t, func(t *testing.T, cfg deduptest.Config) deduptest.TxStepsStore[*sql.Tx] {
+		st, _ := newStore(t, mysqlstore.Config{LockTimeout: cfg.LockTimeout, ScopeRetention: cfg.ScopeRetention, Isolation: sql.LevelRepeatableRead})
+		return st
+	})
+}
+
 // TestJournalConformanceRepeatableRead: the journal runs its own READ
 // COMMITTED transactions, on a plain pool whose store is configured for
 // REPEATABLE READ too (where a locking read of a missing step would take a

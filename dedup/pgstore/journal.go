@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -42,6 +43,7 @@ var ErrDistributedJournal = fmt.Errorf("%w (pgstore with Distributed): its token
 type stepQueries struct {
 	begin, get, attempt, finish, resolve, count string
 	list, listStates, listKey, listKeyStates    string // Steps: by scope, and by scope and key
+	live                                        string // LiveSteps: of many keys, in a transaction
 }
 
 // stepCols are a step's columns as scanStep reads them, with the
@@ -94,6 +96,10 @@ ORDER BY first_attempt_at, step LIMIT $2`,
 WHERE scope = $1 AND key = $3 AND state = ANY ($4::text[])
 ORDER BY first_attempt_at, step LIMIT $2`,
 		count: `SELECT state, state = 'pending' AND lease_expires_at <= now(), count(*) FROM ` + t + ` GROUP BY 1, 2`,
+		live: `SELECT s.* FROM unnest($1::text[], $2::text[]) AS k(scope, key)
+CROSS JOIN LATERAL (SELECT ` + stepCols + ` FROM ` + t + `
+    WHERE scope = k.scope AND key = k.key AND state <> 'failed'
+    ORDER BY first_attempt_at, step LIMIT ` + strconv.Itoa(dedup.LiveStepsPerKey) + `) s`,
 	}
 }
 
@@ -307,6 +313,47 @@ func (s *Store) Steps(ctx context.Context, f dedup.StepFilter) ([]dedup.StepReco
 	return recs, nil
 }
 
+// LiveSteps returns the steps of keys that are not failed, read in tx in
+// one statement (each key's rows found by the primary key's index); see
+// dedup.TxSteps. In distributed mode: ErrDistributedJournal, before any
+// statement.
+func (s *Store) LiveSteps(ctx context.Context, tx pgx.Tx, keys []dedup.Key) ([]dedup.StepRecord, error) {
+	if s.cfg.Distributed {
+		return nil, ErrDistributedJournal
+	}
+	scopes, ids := make([]string, 0, len(keys)), make([]string, 0, len(keys))
+	seen := make(map[dedup.Key]bool, len(keys))
+	for _, k := range keys {
+		if err := k.Validate(); err != nil {
+			return nil, fmt.Errorf("pgstore: live steps: %w", err)
+		}
+		if !seen[k] {
+			seen[k] = true
+			scopes, ids = append(scopes, k.Scope), append(ids, k.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	rows, err := tx.Query(ctx, s.steps.live, scopes, ids)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: live steps: %w", err)
+	}
+	defer rows.Close()
+	var recs []dedup.StepRecord
+	for rows.Next() {
+		rec, err := scanStep(rows)
+		if err != nil {
+			return nil, fmt.Errorf("pgstore: live steps: %w", err)
+		}
+		recs = append(recs, rec)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("pgstore: live steps: %w", err)
+	}
+	return recs, nil
+}
+
 // CountSteps counts steps by state; see dedup.Journal. StepPending counts
 // the steps whose lease runs, expiredPending the others.
 func (s *Store) CountSteps(ctx context.Context) (map[dedup.StepState]int64, int64, error) {
@@ -335,4 +382,4 @@ func (s *Store) dropStepsOf(q string) string {
 	return `DELETE FROM ` + s.stepTab + ` s USING ` + q + ` d WHERE s.scope = d.scope AND s.key = d.key AND s.state IN ('succeeded', 'failed')`
 }
 
-var _ dedup.Journal = (*Store)(nil)
+var _ dedup.TxSteps[pgx.Tx] = (*Store)(nil)

@@ -28,6 +28,18 @@ func TestPartitionedJournalConformance(t *testing.T) {
 	})
 }
 
+func TestTxStepsConformance(t *testing.T) {
+	deduptest.RunTxSteps(t, func(t *testing.T, cfg deduptest.Config) deduptest.TxStepsStore[pgx.Tx] {
+		return newStore(t, pgstore.Config{LockTimeout: cfg.LockTimeout, ScopeRetention: cfg.ScopeRetention})
+	})
+}
+
+func TestPartitionedTxStepsConformance(t *testing.T) {
+	deduptest.RunTxSteps(t, func(t *testing.T, cfg deduptest.Config) deduptest.TxStepsStore[pgx.Tx] {
+		return partitionedStore(t, pgstore.Config{LockTimeout: cfg.LockTimeout, ScopeRetention: cfg.ScopeRetention})
+	})
+}
+
 func TestWatermarksConformance(t *testing.T) {
 	deduptest.RunWatermarks(t, func(t *testing.T, cfg deduptest.Config) deduptest.WatermarkStore[pgx.Tx] {
 		return newStore(t, pgstore.Config{LockTimeout: cfg.LockTimeout, ScopeRetention: cfg.ScopeRetention})
@@ -52,5 +64,9 @@ func TestDistributedJournalRefused(t *testing.T) {
 	_, err = st.BeginStep(context.Background(), deduptest.Step("s", "k", "call"), "pk", dedup.Fingerprint{}, time.Minute)
 	if !errors.Is(err, pgstore.ErrDistributedJournal) || st.ClassifyError(err) != dedup.ClassFatal {
 		t.Fatalf("BeginStep in distributed mode: %v, want ErrDistributedJournal, fatal", err)
+	}
+	// Refused before any statement: the caller's transaction is untouched.
+	if _, err := st.LiveSteps(context.Background(), nil, []dedup.Key{{Scope: "s", ID: "k"}}); !errors.Is(err, dedup.ErrNoJournal) {
+		t.Fatalf("LiveSteps in distributed mode: %v, want ErrNoJournal", err)
 	}
 }

@@ -23,3 +23,10 @@ func TestJournalConformance(t *testing.T) {
 		return st
 	})
 }
+
+func TestTxStepsConformance(t *testing.T) {
+	deduptest.RunTxSteps(t, func(t *testing.T, cfg deduptest.Config) deduptest.TxStepsStore[*sql.Tx] {
+		st, _ := sqlitetest.Store(t, sqlitestore.Config{LockTimeout: cfg.LockTimeout, ScopeRetention: cfg.ScopeRetention})
+		return st
+	})
+}
