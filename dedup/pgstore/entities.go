@@ -46,8 +46,23 @@ func keepFor(r string) string {
 
 func newMarkQueries(marks, stale string, distributed bool) markQueries {
 	skipLocked := " FOR UPDATE SKIP LOCKED"
+	// A watermark is moved by its row's ctid, read with it: take holds
+	// the row, so no other transaction can move it meanwhile, and the
+	// move needs no second probe of the primary key, nor the lock an
+	// INSERT ... ON CONFLICT takes again.
+	tidIn, tidOut, move := `ctid, `, `, w.ctid AS tid`, `UPDATE `+marks+` AS w SET major = t.v[1], minor = t.v[2], updated_at = now(), expires_at = ent.expires
+    FROM ent JOIN (SELECT n, max(v) AS v FROM ev GROUP BY n) t ON t.n = ent.n
+    WHERE w.ctid = ent.tid AND (ent.mark IS NULL OR t.v > ent.mark)`
 	if distributed {
 		skipLocked = "" // YugabyteDB refuses SKIP LOCKED under SERIALIZABLE
+		// No ctid (CockroachDB, YugabyteDB): by primary key.
+		tidIn, tidOut, move = "", "", `INSERT INTO `+marks+` AS w (scope, entity, major, minor, updated_at, expires_at)
+    SELECT ent.s, ent.e, t.v[1], t.v[2], now(), ent.expires
+    FROM ent JOIN (SELECT n, max(v) AS v FROM ev GROUP BY n) t ON t.n = ent.n
+    WHERE ent.mark IS NULL OR t.v > ent.mark
+    ORDER BY ent.n
+    ON CONFLICT (scope, entity) DO UPDATE SET major = excluded.major, minor = excluded.minor,
+        updated_at = excluded.updated_at, expires_at = excluded.expires_at`
 	}
 	return markQueries{
 		// Every entity's row, taken one at a time in bytewise (scope,
@@ -88,9 +103,9 @@ ON CONFLICT (scope, entity) DO UPDATE SET updated_at = w.updated_at WHERE false`
 		advance: `WITH ent AS (
     SELECT i.n, i.s, i.e, i.r, CASE WHEN w.updated_at <> ` + noMark + ` THEN ARRAY[w.major, w.minor] END AS mark,
         CASE WHEN i.r >= 0 AND w.expires_at BETWEEN now() + i.r * interval '1 millisecond' AND ` + keepFor("i.r") + `
-            THEN w.expires_at ELSE ` + keepFor("i.r") + ` END AS expires
+            THEN w.expires_at ELSE ` + keepFor("i.r") + ` END AS expires` + tidOut + `
     FROM unnest($1::text[], $2::text[], $3::int8[]) WITH ORDINALITY AS i(s, e, r, n)
-    CROSS JOIN LATERAL (SELECT major, minor, updated_at, expires_at FROM ` + marks + ` m WHERE m.scope = i.s AND m.entity = i.e LIMIT 1) w
+    CROSS JOIN LATERAL (SELECT ` + tidIn + `major, minor, updated_at, expires_at FROM ` + marks + ` m WHERE m.scope = i.s AND m.entity = i.e LIMIT 1) w
 ), ev AS (
     SELECT x.o, x.n, x.k, ARRAY[x.ma, x.mi] AS v,
         max(ARRAY[x.ma, x.mi]) OVER (PARTITION BY x.n ORDER BY x.o ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before
@@ -99,13 +114,7 @@ ON CONFLICT (scope, entity) DO UPDATE SET updated_at = w.updated_at WHERE false`
     SELECT ev.o, ev.k, ev.v, ent.s, ent.e, ent.r, GREATEST(ent.mark, ev.before) AS met
     FROM ev JOIN ent ON ent.n = ev.n
 ), moved AS (
-    INSERT INTO ` + marks + ` AS w (scope, entity, major, minor, updated_at, expires_at)
-    SELECT ent.s, ent.e, t.v[1], t.v[2], now(), ent.expires
-    FROM ent JOIN (SELECT n, max(v) AS v FROM ev GROUP BY n) t ON t.n = ent.n
-    WHERE ent.mark IS NULL OR t.v > ent.mark
-    ORDER BY ent.n
-    ON CONFLICT (scope, entity) DO UPDATE SET major = excluded.major, minor = excluded.minor,
-        updated_at = excluded.updated_at, expires_at = excluded.expires_at
+    ` + move + `
     RETURNING 1
 ), recorded AS (
     INSERT INTO ` + stale + ` (scope, key, entity, major, minor, mark_major, mark_minor, at, expires_at)
