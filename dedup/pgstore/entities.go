@@ -33,10 +33,36 @@ type markQueries struct {
 // whose advance statement always replaces it: no committed row has it.
 const noMark = `'-infinity'::timestamptz`
 
+// keepFor is the expires_at a watermark is given when it is inserted or
+// when its expires_at is less than a retention away: now() plus one and a
+// half times the retention r in milliseconds, or NULL (kept for ever)
+// where r is negative. With the advance's rule — an expires_at between
+// one and one and a half retentions away is kept — a watermark expires
+// at least one retention, and at most one and a half, after its last
+// advance.
+func keepFor(r string) string {
+	return `CASE WHEN ` + r + ` >= 0 THEN now() + ` + r + ` * interval '1.5 milliseconds' END`
+}
+
 func newMarkQueries(marks, stale string, distributed bool) markQueries {
 	skipLocked := " FOR UPDATE SKIP LOCKED"
+	// A watermark is moved by its row's ctid, read with it: take holds
+	// the row, so no other transaction can move it meanwhile, and the
+	// move needs no second probe of the primary key, nor the lock an
+	// INSERT ... ON CONFLICT takes again.
+	tidIn, tidOut, move := `ctid, `, `, w.ctid AS tid`, `UPDATE `+marks+` AS w SET major = t.v[1], minor = t.v[2], updated_at = now(), expires_at = ent.expires
+    FROM ent JOIN (SELECT n, max(v) AS v FROM ev GROUP BY n) t ON t.n = ent.n
+    WHERE w.ctid = ent.tid AND (ent.mark IS NULL OR t.v > ent.mark)`
 	if distributed {
 		skipLocked = "" // YugabyteDB refuses SKIP LOCKED under SERIALIZABLE
+		// No ctid (CockroachDB, YugabyteDB): by primary key.
+		tidIn, tidOut, move = "", "", `INSERT INTO `+marks+` AS w (scope, entity, major, minor, updated_at, expires_at)
+    SELECT ent.s, ent.e, t.v[1], t.v[2], now(), ent.expires
+    FROM ent JOIN (SELECT n, max(v) AS v FROM ev GROUP BY n) t ON t.n = ent.n
+    WHERE ent.mark IS NULL OR t.v > ent.mark
+    ORDER BY ent.n
+    ON CONFLICT (scope, entity) DO UPDATE SET major = excluded.major, minor = excluded.minor,
+        updated_at = excluded.updated_at, expires_at = excluded.expires_at`
 	}
 	return markQueries{
 		// Every entity's row, taken one at a time in bytewise (scope,
@@ -47,8 +73,13 @@ func newMarkQueries(marks, stale string, distributed bool) markQueries {
 		// the canonical order, and none can be purged between its insert
 		// and its lock. Each row by its primary key (the arbiter), whatever
 		// the table's size.
-		take: `INSERT INTO ` + marks + ` AS w (scope, entity, major, minor, updated_at)
-SELECT s, e, 0, 0, ` + noMark + ` FROM unnest($1::text[], $2::text[]) AS i(s, e)
+		//
+		// A missing row is inserted with the expires_at its first advance
+		// gives it (keepFor), so that the advance changes no indexed
+		// column. Entities $1-$2, their scope's retention in milliseconds
+		// $3 (-1: none).
+		take: `INSERT INTO ` + marks + ` AS w (scope, entity, major, minor, updated_at, expires_at)
+SELECT s, e, 0, 0, ` + noMark + `, ` + keepFor("r") + ` FROM unnest($1::text[], $2::text[], $3::int8[]) AS i(s, e, r)
 ORDER BY s COLLATE "C", e COLLATE "C"
 ON CONFLICT (scope, entity) DO UPDATE SET updated_at = w.updated_at WHERE false`,
 		// The events decided against the rows take locked, read afresh
@@ -63,12 +94,18 @@ ON CONFLICT (scope, entity) DO UPDATE SET updated_at = w.updated_at WHERE false`
 		// or below it. A watermark moves to the highest version of its
 		// events, in the same canonical order; the stale events are
 		// recorded in call order, so that ids, and the clock, grow with
-		// it. The rows come back in call order, with the counts of rows
-		// read.
+		// it. A moved watermark keeps its expires_at while that is between
+		// one and one and a half retentions away, and is given one and a
+		// half otherwise (keepFor): most moves then change no indexed
+		// column, and Postgres makes them HOT updates, without new index
+		// entries. The rows come back in call order, with the counts of
+		// rows read.
 		advance: `WITH ent AS (
-    SELECT i.n, i.s, i.e, i.r, CASE WHEN w.updated_at <> ` + noMark + ` THEN ARRAY[w.major, w.minor] END AS mark
+    SELECT i.n, i.s, i.e, i.r, CASE WHEN w.updated_at <> ` + noMark + ` THEN ARRAY[w.major, w.minor] END AS mark,
+        CASE WHEN i.r >= 0 AND w.expires_at BETWEEN now() + i.r * interval '1 millisecond' AND ` + keepFor("i.r") + `
+            THEN w.expires_at ELSE ` + keepFor("i.r") + ` END AS expires` + tidOut + `
     FROM unnest($1::text[], $2::text[], $3::int8[]) WITH ORDINALITY AS i(s, e, r, n)
-    CROSS JOIN LATERAL (SELECT major, minor, updated_at FROM ` + marks + ` m WHERE m.scope = i.s AND m.entity = i.e LIMIT 1) w
+    CROSS JOIN LATERAL (SELECT ` + tidIn + `major, minor, updated_at, expires_at FROM ` + marks + ` m WHERE m.scope = i.s AND m.entity = i.e LIMIT 1) w
 ), ev AS (
     SELECT x.o, x.n, x.k, ARRAY[x.ma, x.mi] AS v,
         max(ARRAY[x.ma, x.mi]) OVER (PARTITION BY x.n ORDER BY x.o ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before
@@ -77,13 +114,7 @@ ON CONFLICT (scope, entity) DO UPDATE SET updated_at = w.updated_at WHERE false`
     SELECT ev.o, ev.k, ev.v, ent.s, ent.e, ent.r, GREATEST(ent.mark, ev.before) AS met
     FROM ev JOIN ent ON ent.n = ev.n
 ), moved AS (
-    INSERT INTO ` + marks + ` AS w (scope, entity, major, minor, updated_at, expires_at)
-    SELECT ent.s, ent.e, t.v[1], t.v[2], now(), CASE WHEN ent.r < 0 THEN NULL ELSE now() + ent.r * interval '1 millisecond' END
-    FROM ent JOIN (SELECT n, max(v) AS v FROM ev GROUP BY n) t ON t.n = ent.n
-    WHERE ent.mark IS NULL OR t.v > ent.mark
-    ORDER BY ent.n
-    ON CONFLICT (scope, entity) DO UPDATE SET major = excluded.major, minor = excluded.minor,
-        updated_at = excluded.updated_at, expires_at = excluded.expires_at
+    ` + move + `
     RETURNING 1
 ), recorded AS (
     INSERT INTO ` + stale + ` (scope, key, entity, major, minor, mark_major, mark_minor, at, expires_at)
@@ -149,7 +180,7 @@ func (s *Store) AdvanceEntities(ctx context.Context, tx pgx.Tx, events []dedup.E
 	}
 
 	var b pgx.Batch
-	before := s.queueBounded(&b, s.marks.take, a.scopes, a.names)
+	before := s.queueBounded(&b, s.marks.take, a.scopes, a.names, a.rets)
 	b.Queue(s.marks.advance, a.scopes, a.names, a.rets, a.ent, a.majors, a.minors, a.keys)
 	br := tx.SendBatch(ctx, &b)
 	fail := func(err error) error {

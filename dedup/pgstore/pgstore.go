@@ -68,7 +68,8 @@ type Config struct {
 	//     is a conflict the consumer retries whole;
 	//   - gives the table a hash shard column first in its primary key
 	//     (shard, scope, key), so that monotonic keys spread over ranges;
-	//   - purges by primary key in batches of Purge's limit, without ctid;
+	//   - purges by primary key in batches of Purge's limit, and moves
+	//     entity watermarks by primary key, without ctid;
 	//   - migrates under a lock row with a lease instead of an advisory
 	//     lock, one DDL statement per transaction;
 	//   - bounds the wait on an in-flight key with statement_timeout set

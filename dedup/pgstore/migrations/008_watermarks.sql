@@ -1,9 +1,12 @@
 -- Entity watermarks (dedup.Watermarks): a row per entity of a scope, with
 -- the highest version applied, moved forward only in the transaction of
--- the claim. expires_at is the last advance plus the scope's
--- retention (NULL: kept for ever); Purge forgets a watermark past it, as it
--- forgets a key. Rows are updated in place: a fillfactor leaves room on
--- the page for HOT updates (Postgres; as for the offsets).
+-- the claim. expires_at is at least the last advance plus the scope's
+-- retention and at most one and a half times it (NULL: kept for ever): an
+-- advance keeps expires_at while it is a retention away or more, and sets
+-- it to now() plus one and a half retentions otherwise. Purge forgets a
+-- watermark past it, as it forgets a key. Rows are updated in place, most
+-- without changing an indexed column: a fillfactor leaves room on the page
+-- for HOT updates (Postgres; as for the offsets).
 CREATE TABLE IF NOT EXISTS {{.Watermarks}} (
     scope      text        NOT NULL CHECK (octet_length(scope) BETWEEN 1 AND 128),
     entity     text        NOT NULL CHECK (octet_length(entity) BETWEEN 1 AND 200),

@@ -155,6 +155,7 @@ func keyParked(t *testing.T, b, title string) {
 	if parkingOn {
 		if n := r.parkedKeys(); n != 0 {
 			t.Errorf("%d keys still parked after every payment was applied", n)
+			r.logParked()
 		}
 	}
 }
@@ -202,4 +203,30 @@ func (r *rig) waitMembers(n int, alive ...*child) {
 		}
 		return held == n, fmt.Sprintf("%d of %d members hold a queue", held, n)
 	})
+}
+
+// logParked logs the parked keys' messages (at most 20 rows), to say
+// which were left.
+func (r *rig) logParked() {
+	ctx := testenv.Context(r.t, 30*time.Second)
+	rows, err := r.pool.Query(ctx, `SELECT convert_from(k.key, 'UTF8'), k.head, k.depth, k.expired, p.id, p.pos
+FROM `+pgx.Identifier{r.schema, "idem_dedup_parked_keys"}.Sanitize()+` k
+JOIN `+pgx.Identifier{r.schema, "idem_dedup_parked"}.Sanitize()+` p USING (scope, topic, key)
+ORDER BY k.key, p.pos LIMIT 20`)
+	if err != nil {
+		r.t.Logf("parked keys: %v", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var key, head, id string
+		var depth int
+		var expired bool
+		var pos int64
+		if err := rows.Scan(&key, &head, &depth, &expired, &id, &pos); err != nil {
+			r.t.Logf("parked keys: %v", err)
+			return
+		}
+		r.t.Logf("parked: key %s head %s depth %d expired %v: %s at %d", key, head, depth, expired, id, pos)
+	}
 }
