@@ -179,3 +179,46 @@ func TestBreakParkedOffsetsCrashBeforeUnpark(t *testing.T) {
 		t.Errorf("ParkStats %+v, %v after k0-0 was applied: parked %+v, want the key released", s, err, pk)
 	}
 }
+
+// countUnparks is pgstore counting its Unpark calls.
+type countUnparks struct {
+	*pgstore.Store
+	n atomic.Int64
+}
+
+func (s *countUnparks) Unpark(ctx context.Context, ref dedup.ParkRef, now time.Time) error {
+	s.n.Add(1)
+	return s.Store.Unpark(ctx, ref, now)
+}
+
+// TestBreakParkedUnparkPerMessage (seam 40.62): KeyOrdered with nothing
+// ever in retry. docs/retries.md prices parking at "a write when a message
+// goes to retry and when a parked one is settled"; the consumer calls
+// Unpark — a transaction of its own in pgstore (BEGIN, lock_timeout, a
+// row lock, a delete, COMMIT) — for every message applied, parked or not.
+func TestBreakParkedUnparkPerMessage(t *testing.T) {
+	const n = 400
+	delays := []time.Duration{time.Second}
+	brokers, a, topic, group := retryTest(t, 2, delays)
+	b := newTestBank(t)
+	var keys []string
+	for k := range 40 {
+		keys = append(keys, fmt.Sprintf("k%02d", k))
+	}
+	a.Produce(t, topic, keyedPayments(keys, 2, 0, n/len(keys))...)
+	scfg := realSourceConfig(t, brokers, topic, group)
+	scfg.RetryDelays = delays
+	src := newSource(t, scfg)
+	store := &countUnparks{Store: b.store}
+	cfg := b.config(src, src)
+	cfg.Store = store
+	cfg.Logger = testLogger(t)
+	cfg.Retries = consumer.NonBlocking{Attempts: 1, Delays: delays, Sink: src, KeyOrdered: true}
+	r := start(t, cfg)
+	waitUntil(t, time.Minute, "every payment applied", func() bool { rows, _ := b.rows(t); return rows == n })
+	a.WaitNoLag(t, group, topic)
+	r.Stop(t)
+	if got := store.n.Load(); got != 0 {
+		t.Errorf("%d Unpark calls for %d payments applied with no key ever parked, want 0", got, n)
+	}
+}
