@@ -69,3 +69,60 @@ func TestBreakParkedHeadThroughAnOutage(t *testing.T) {
 		t.Errorf("acct-a applied %v, want %v", got.of("acct-a"), want)
 	}
 }
+
+// TestBreakKeyOrderedBatchHandler (seam 40.68): KeyOrdered with a
+// BatchHandler, which row 40.26 left untested. Batches of 4:
+// a1 a2 b1 a3 (record keys acct-a, acct-b). The batch fails while it
+// holds a1 (the account service refuses a1 until its copy comes back
+// from retry), once naming it (MessageError) and once not (the settler
+// halves down to it). a1 goes to retry; a2 and a3, in the same batch,
+// must follow it there, and b1 is applied at once.
+func TestBreakKeyOrderedBatchHandler(t *testing.T) {
+	for _, named := range []bool{true, false} {
+		t.Run(map[bool]string{true: "named", false: "unnamed"}[named], func(t *testing.T) {
+			store := memstore.New(memstore.Config{})
+			var got order
+			bh := consumer.BatchHandlerFunc[*memstore.Tx](func(ctx context.Context, tx *memstore.Tx, msgs []*consumer.Message) error {
+				for i, m := range msgs {
+					if id, _ := consumer.ByJSONField("txn_id")(m); id == "T00001" && m.Topic == "pay" {
+						err := consumer.Retryable(errors.New("the account service refuses a1"))
+						if named {
+							return &consumer.MessageError{Index: i, Err: err}
+						}
+						return err
+					}
+				}
+				for _, m := range msgs {
+					if err := got.apply(ctx, tx, m); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			src := &retrySource{Source: consumertest.NewSource(consumertest.Script{}), lineage: true}
+			dl := &consumertest.DeadLetters{}
+			cfg := keyOrderedConfig(store, nil, src, &keyedRetrySink{retrySink{src: src}}, dl)
+			cfg.Handler, cfg.BatchHandler = nil, bh
+			cfg.BatchSize = 4
+			c, err := consumer.New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			src.Push(
+				consumertest.Message("pay", 0, 1, "acct-a", payment(1)),
+				consumertest.Message("pay", 0, 2, "acct-a", payment(2)),
+				consumertest.Message("pay", 0, 3, "acct-b", payment(3)),
+				consumertest.Message("pay", 0, 4, "acct-a", payment(4)))
+			drive(t, c, src.Source)
+			if want := []string{"T00001", "T00002", "T00004"}; !slices.Equal(got.of("acct-a"), want) {
+				t.Errorf("acct-a applied %v, want %v", got.of("acct-a"), want)
+			}
+			if want := []string{"T00003"}; !slices.Equal(got.of("acct-b"), want) {
+				t.Errorf("acct-b applied %v, want %v", got.of("acct-b"), want)
+			}
+			if n := len(dl.Letters()); n != 0 {
+				t.Errorf("%d dead letters, want none", n)
+			}
+		})
+	}
+}
