@@ -5,61 +5,15 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
-	"github.com/idemkit/idem/consumer/source"
 	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup/mysqlstore"
+	"github.com/idemkit/idem/internal/testenv/retrytest"
 )
-
-// loopSource is a consumertest.Source whose topic "pay.retry" is the
-// retry topic of "pay": a copy is delivered once due, and keyed as its
-// original (RetryOf).
-type loopSource struct{ *consumertest.Source }
-
-func (s loopSource) Run(ctx context.Context, deliver source.DeliverFunc) error {
-	return s.Source.Run(ctx, func(ctx context.Context, m *consumer.Message) error {
-		if due, ok := wire.RetryDue(m); ok && m.Topic == "pay.retry" {
-			t := time.NewTimer(min(time.Until(due), 10*time.Second))
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-				return ctx.Err()
-			}
-		}
-		return deliver(ctx, m)
-	})
-}
-
-func (s loopSource) Describe() source.Description {
-	d := s.Source.Describe()
-	d.RetryOf = func(topic string) (string, bool) { return "pay", topic == "pay.retry" }
-	return d
-}
-
-// loopSink writes a retry copy back to the source as a record of
-// pay.retry, partition 0, keeping its record key.
-type loopSink struct {
-	src    loopSource
-	mu     sync.Mutex
-	offset int64
-}
-
-func (s *loopSink) Retry(_ context.Context, r consumer.RetryLetter) error {
-	headers, value := wire.Letter(r.Letter).RetryRecord(r.Retry)
-	s.mu.Lock()
-	m := consumertest.Message("pay.retry", 0, s.offset, string(r.Message.Key), string(value))
-	s.offset++
-	s.mu.Unlock()
-	m.Headers = headers
-	s.src.Push(m)
-	return nil
-}
 
 // TestKeyOrderedParkingDrivenByTheConsumer (seam 40.69): KeyOrdered
 // parking on real MariaDB, driven by the consumer rather than the
@@ -82,7 +36,7 @@ func TestKeyOrderedParkingDrivenByTheConsumer(t *testing.T) {
 		Seq int    `json:"seq"`
 	}
 	const keys, perKey = 40, 6
-	src := loopSource{consumertest.NewSource(consumertest.Script{})}
+	src := retrytest.LoopSource{Source: consumertest.NewSource(consumertest.Script{})}
 	offsets := map[int32]int64{}
 	for s := range perKey {
 		for k := range keys {
@@ -98,7 +52,7 @@ func TestKeyOrderedParkingDrivenByTheConsumer(t *testing.T) {
 		Key:   consumer.ByJSONField("id"),
 		Retry: consumer.RetryPolicy{MaxAttempts: 1},
 		Retries: consumer.NonBlocking{Attempts: 1, Delays: []time.Duration{20 * time.Millisecond, 50 * time.Millisecond, 50 * time.Millisecond},
-			Sink: &loopSink{src: src}, KeyOrdered: true},
+			Sink: &retrytest.LoopSink{Src: src}, KeyOrdered: true},
 		Handler: consumer.HandlerFunc[*sql.Tx](func(ctx context.Context, tx *sql.Tx, m *consumer.Message) error {
 			var p pay
 			if err := json.Unmarshal(m.Value, &p); err != nil {
