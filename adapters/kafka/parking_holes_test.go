@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -220,5 +221,54 @@ func TestBreakParkedUnparkPerMessage(t *testing.T) {
 	r.Stop(t)
 	if got := store.n.Load(); got != 0 {
 		t.Errorf("%d Unpark calls for %d payments applied with no key ever parked, want 0", got, n)
+	}
+}
+
+// TestBreakParkingTablesGone (seam 40.70): a KeyOrdered consumer on
+// pgstore whose parking tables are dropped while it runs (a restore of an
+// old dump, a botched migration). Its next batch's CheckParked fails with
+// dedup.ErrNotMigrated, which no retry can mend. The consumer should stop
+// with an error that says to run idem migrate, its offset held, as it
+// refuses to start on such a schema; it must not wait for ever. (Fixed
+// on this branch: it waited, logging retries.)
+func TestBreakParkingTablesGone(t *testing.T) {
+	delays := []time.Duration{time.Second}
+	brokers, a, topic, group := retryTest(t, 1, delays)
+	b := newTestBank(t)
+	a.Produce(t, topic, keyedPayments([]string{"k0"}, 1, 0, 1)...)
+	scfg := realSourceConfig(t, brokers, topic, group)
+	scfg.RetryDelays = delays
+	src := newSource(t, scfg)
+	cfg := b.config(src, src)
+	cfg.Logger = testLogger(t)
+	cfg.Retry = consumer.RetryPolicy{Initial: 20 * time.Millisecond, Max: 100 * time.Millisecond}
+	cfg.Retries = consumer.NonBlocking{Attempts: 1, Delays: delays, Sink: src, KeyOrdered: true}
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ran := make(chan error, 1)
+	go func() { ran <- c.Run(ctx) }()
+	waitUntil(t, time.Minute, "k0-0 applied", func() bool { return ledgerHas(t, b, "k0-0") })
+
+	tab := strings.TrimSuffix(b.store.Table(), `"`)
+	if _, err := b.pool.Exec(ctxTimeout(t, 10*time.Second), `DROP TABLE `+tab+`_parked_keys", `+tab+`_parked"`); err != nil {
+		t.Fatal(err)
+	}
+	a.Produce(t, topic, keyedPayments([]string{"k0"}, 1, 1, 1)...)
+	select {
+	case err := <-ran:
+		if err == nil || !errors.Is(err, dedup.ErrNotMigrated) {
+			t.Errorf("Run returned %v, want an error wrapping dedup.ErrNotMigrated", err)
+		}
+	case <-time.After(20 * time.Second):
+		cancel()
+		<-ran
+		t.Errorf("the parking tables are gone and the consumer still runs 20s later, retrying (k0-1 applied: %v); want it stopped with dedup.ErrNotMigrated", ledgerHas(t, b, "k0-1"))
+	}
+	if ledgerHas(t, b, "k0-1") {
+		t.Errorf("k0-1 applied without its key's parking")
 	}
 }
