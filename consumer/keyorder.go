@@ -139,7 +139,15 @@ func (s *settler[TTx]) checkParked(ctx context.Context, its []*item) ([]*item, e
 	err := c.untilDone(ctx, s.l, "check the parked keys", func() error {
 		clear(out)
 		return c.parking.CheckParked(ctx, refs, c.parkLimits, c.cfg.Clock.Now(), out)
-	}, nil)
+	}, func(err error) (error, bool) {
+		// The parking tables are gone (an old dump restored, a migration
+		// undone): no retry mends that. Stop, as Run refuses to start on
+		// such a schema, the batch released unsettled.
+		if errors.Is(err, dedup.ErrNotMigrated) {
+			return c.fatal(s.l, fmt.Errorf("check the parked keys: %w", err)), true
+		}
+		return nil, false
+	})
 	if err != nil {
 		return nil, err
 	}
