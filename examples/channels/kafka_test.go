@@ -17,9 +17,13 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/testenv"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	testenv.ChildMain(childEnv, (*killSpec).run) // in a child: consume, then exit
+	goleak.VerifyTestMain(m)
+}
 
 const partitions = 4
 
