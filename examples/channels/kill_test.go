@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -19,11 +20,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+	"github.com/apache/rocketmq-client-go/v2/producer"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idem/adapters/kafka"
+	"github.com/idemkit/idem/adapters/rocketmq"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/wire"
 	"github.com/idemkit/idem/dedup/pgstore"
@@ -31,6 +35,7 @@ import (
 	"github.com/idemkit/idem/examples/payments"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/internal/testenv/pgtest"
+	"github.com/idemkit/idem/internal/testenv/rmqtest"
 )
 
 // childEnv gives a child its killSpec.
@@ -38,7 +43,9 @@ const childEnv = "IDEM_CHANNELS_CHILD"
 
 // killSpec is what a child consumes.
 type killSpec struct {
-	Brokers []string
+	Broker  string   // "kafka" or "rocketmq"
+	Brokers []string // Kafka's
+	Namesrv []string // RocketMQ's
 	Topic   string
 	Group   string
 	PgURL   string
@@ -48,8 +55,9 @@ type killSpec struct {
 	NoEntity bool
 }
 
-// run is the child's main: Alipay's consumer (channels.Config) from Kafka
-// into Postgres, until SIGTERM or SIGKILL.
+// run is the child's main: Alipay's consumer (channels.Config) from Kafka,
+// or from RocketMQ in concurrent mode (no order within a queue), into
+// Postgres, until SIGTERM or SIGKILL.
 func (spec *killSpec) run() error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
@@ -69,15 +77,28 @@ func (spec *killSpec) run() error {
 	if err != nil {
 		return err
 	}
-	src, err := kafka.New(kafka.Config{Brokers: spec.Brokers, Topics: []string{spec.Topic}, Group: spec.Group,
-		MaxWait: 100 * time.Millisecond, RequestTimeout: 3 * time.Second, ReconnectBackoff: 200 * time.Millisecond,
-		SessionTimeout: 6 * time.Second, HeartbeatInterval: 200 * time.Millisecond, RebalanceTimeout: 10 * time.Second,
-		JoinGroupBackoff: 200 * time.Millisecond, CloseTimeout: 5 * time.Second, Logger: log})
-	if err != nil {
-		return err
-	}
 	cfg := channels.Config(alipay(), func(tx pgx.Tx) payments.DB { return payments.Pgx(tx) })
-	cfg.Source, cfg.DeadLetter, cfg.Store, cfg.Logger = src, src, store, log
+	switch spec.Broker {
+	case "kafka":
+		src, err := kafka.New(kafka.Config{Brokers: spec.Brokers, Topics: []string{spec.Topic}, Group: spec.Group,
+			MaxWait: 100 * time.Millisecond, RequestTimeout: 3 * time.Second, ReconnectBackoff: 200 * time.Millisecond,
+			SessionTimeout: 6 * time.Second, HeartbeatInterval: 200 * time.Millisecond, RebalanceTimeout: 10 * time.Second,
+			JoinGroupBackoff: 200 * time.Millisecond, CloseTimeout: 5 * time.Second, Logger: log})
+		if err != nil {
+			return err
+		}
+		cfg.Source, cfg.DeadLetter = src, src
+	case "rocketmq":
+		rocketmq.SetClientLogger(slog.New(slog.NewTextHandler(io.Discard, nil)), slog.LevelError)
+		src, err := rocketmq.New(rocketmq.Config{NameServers: spec.Namesrv, Group: spec.Group, Topics: []string{spec.Topic}, Logger: log})
+		if err != nil {
+			return err
+		}
+		cfg.Source, cfg.DeadLetter = src, src
+	default:
+		return fmt.Errorf("no broker %q", spec.Broker)
+	}
+	cfg.Store, cfg.Logger = store, log
 	if spec.NoEntity {
 		cfg.Entity = nil
 	}
@@ -88,9 +109,12 @@ func (spec *killSpec) run() error {
 	return c.Run(ctx)
 }
 
+// scope is Alipay's consumer's name: the dedup scope.
+const scope = "alipay-callbacks"
+
 func alipay() channels.Alipay { return channels.Alipay{Secret: channels.TestKeys().Alipay} }
 
-// killCopies is how many times the stream holds Alipay's scenarios (28
+// killCopies is how many times the stream holds Alipay's scenarios (31
 // orders each); IDEM_TEST_CHANNELS_KILL sets it.
 func killCopies(t *testing.T) int {
 	n := 12
@@ -115,11 +139,17 @@ func killCopies(t *testing.T) int {
 // order's watermark; and only the forged and mis-paid callbacks (and a
 // partial refund that came ahead of its payment) are dead-lettered.
 func TestShuffledStreamSurvivesKills(t *testing.T) {
-	t.Run("kafka", func(t *testing.T) {
-		f, shuffled := killStream(t, killCopies(t))
-		k := runKilledKafka(t, f, shuffled, os.Getenv("IDEM_TEST_CHANNELS_NO_ENTITY") != "")
-		k.check(t, f)
-	})
+	noEntity := os.Getenv("IDEM_TEST_CHANNELS_NO_ENTITY") != "" // shows the test failing
+	for _, b := range []struct {
+		name string
+		bus  func(*testing.T) bus
+	}{{"kafka", kafkaBus}, {"rocketmq", rocketmqBus}} {
+		t.Run(b.name, func(t *testing.T) {
+			f, shuffled := killStream(t, killCopies(t))
+			k := runKilled(t, b.bus(t), f, shuffled, noEntity)
+			k.check(t, f)
+		})
+	}
 }
 
 // killStream is Alipay's stream of copies times its scenarios, and the
@@ -148,32 +178,116 @@ type killed struct {
 	deliveries int
 }
 
-// runKilledKafka produces shuffled to a 4-partition topic in four parts
-// while a child consumes it, SIGKILLs the child halfway through each of the
-// first three parts (by the group's committed offsets) and starts another,
-// and waits until every record is acknowledged.
-func runKilledKafka(t *testing.T, f channels.Fixture, shuffled []channels.Delivery, noEntity bool) *killed {
-	pool, schema := database(t, f)
-	store := pgtest.Store(t, pool, schema)
+// bus is a broker's side of the test: a topic of 4 partitions (queues)
+// with its dead-letter topic, and the group's progress on it.
+type bus struct {
+	spec killSpec // Broker, Brokers or Namesrv, Topic and Group
+	// produce sends deliveries, each with its line in a header, spread
+	// over the partitions by line, not by order.
+	produce func(ds []channels.Delivery)
+	// acknowledged returns how many records the group has committed, and
+	// how many the topic holds.
+	acknowledged func() (acked, produced int64, err error)
+	// letters returns the dead letters' reasons by line.
+	letters func() map[int]string
+}
+
+func kafkaBus(t *testing.T) bus {
 	brokers := testenv.KafkaBrokers(t)
 	a := newAdmin(t, brokers)
 	topic := topicName(t)
 	a.createTopic(t, topic, partitions)
 	a.createTopic(t, topic+".dlq", 1)
-	spec := killSpec{Brokers: brokers, Topic: topic, Group: topic, PgURL: testenv.PostgresURL(t), Schema: schema, NoEntity: noEntity}
+	return bus{
+		spec: killSpec{Broker: "kafka", Brokers: brokers, Topic: topic, Group: topic},
+		produce: func(ds []channels.Delivery) {
+			msgs := make([]kafkago.Message, 0, len(ds))
+			for _, d := range ds {
+				line := []byte(strconv.Itoa(d.Line))
+				msgs = append(msgs, kafkago.Message{Key: line, Value: []byte(d.Value), Headers: []kafkago.Header{{Key: lineHeader, Value: line}}})
+			}
+			a.produce(t, topic, msgs)
+		},
+		acknowledged: func() (acked, produced int64, err error) {
+			hwm, committed, err := a.offsets(timeout(t, 10*time.Second), topic, topic, partitions)
+			for p := range hwm {
+				produced += hwm[p]
+				acked += max(committed[p], 0)
+			}
+			return acked, produced, err
+		},
+		letters: func() map[int]string {
+			out := map[int]string{}
+			for _, m := range a.readAll(t, topic+".dlq") {
+				line, reason := letterHeader(m, wire.MetaReason)
+				out[line] = reason
+			}
+			return out
+		},
+	}
+}
+
+func rocketmqBus(t *testing.T) bus {
+	b := rmqtest.Shared(t)
+	topic := testenv.Name(t, "channels")
+	mqs := b.CreateTopic(t, topic, partitions)
+	b.CreateTopic(t, topic+"_DLQ", 1)
+	p := b.NewProducer(t, producer.WithQueueSelector(producer.NewManualQueueSelector()))
+	group := testenv.Name(t, "group")
+	return bus{
+		spec: killSpec{Broker: "rocketmq", Namesrv: b.NameServers, Topic: topic, Group: group},
+		produce: func(ds []channels.Delivery) {
+			byQueue := make([][]*primitive.Message, len(mqs)) // in order within each queue, sent in batches
+			for _, d := range ds {
+				m := primitive.NewMessage(topic, []byte(d.Value))
+				m.WithProperty(lineHeader, strconv.Itoa(d.Line))
+				q := d.Line % len(mqs)
+				m.Queue = mqs[q]
+				byQueue[q] = append(byQueue[q], m)
+			}
+			for _, msgs := range byQueue {
+				rmqtest.Send(t, p, msgs...)
+			}
+		},
+		acknowledged: func() (acked, produced int64, err error) {
+			for q := range partitions {
+				hi, err := b.MaxOffset(topic, q)
+				if err != nil {
+					return 0, 0, err
+				}
+				off, ok, err := b.ConsumerOffset(group, topic, q)
+				if err != nil {
+					return 0, 0, err
+				}
+				if ok {
+					acked += off
+				}
+				produced += hi
+			}
+			return acked, produced, nil
+		},
+		letters: func() map[int]string {
+			out := map[int]string{}
+			for _, m := range b.ReadAll(t, topic+"_DLQ") {
+				reason, _ := m.Header(wire.MetaReason)
+				out[lineOf(m)] = string(reason)
+			}
+			return out
+		},
+	}
+}
+
+// runKilled produces shuffled to the bus in four parts while a child
+// consumes it, SIGKILLs the child halfway through each of the first three
+// parts (by the dedup keys committed) and starts another, and waits until
+// every record is acknowledged.
+func runKilled(t *testing.T, b bus, f channels.Fixture, shuffled []channels.Delivery, noEntity bool) *killed {
+	pool, schema := database(t, f)
+	store := pgtest.Store(t, pool, schema)
+	spec := b.spec
+	spec.PgURL, spec.Schema, spec.NoEntity = testenv.PostgresURL(t), schema, noEntity
 	start := func() *testenv.Child { return testenv.StartChild(t, testenv.SpecEnv(t, childEnv, spec)) }
 
-	acknowledged := func() (acked, produced int64, ok bool) {
-		hwm, committed, err := a.offsets(timeout(t, 10*time.Second), topic, topic, partitions)
-		if err != nil {
-			return 0, 0, false
-		}
-		for p := range hwm {
-			produced += hwm[p]
-			acked += max(committed[p], 0)
-		}
-		return acked, produced, true
-	}
 	k := &killed{pool: pool, store: store, schema: schema, deliveries: len(shuffled)}
 	child := start()
 	alive := func() {
@@ -181,40 +295,58 @@ func runKilledKafka(t *testing.T, f channels.Fixture, shuffled []channels.Delive
 			t.Fatalf("the child consumer exited: %v\n%s", child.Err(), child.Out.String())
 		}
 	}
+	// Progress is the dedup keys the consumers committed (the broker's
+	// offsets lag: RocketMQ's client persists them every few seconds).
+	claimed := func() int {
+		var n int
+		if err := pool.QueryRow(timeout(t, 10*time.Second), `SELECT count(*) FROM `+store.Table()+` WHERE scope = $1`, scope).Scan(&n); err != nil {
+			t.Fatalf("progress: %v", err)
+		}
+		return n
+	}
+	keys := map[string]bool{} // the keys of the genuine deliveries sent
+	keysUpTo := func(n int) int {
+		for _, d := range shuffled[:n] {
+			if d.Forged == "" && d.Wrong == "" {
+				keys[d.Event] = true
+			}
+		}
+		return len(keys)
+	}
 	const parts = 4
 	sent := 0
 	for part := range parts {
 		next := len(shuffled) * (part + 1) / parts
-		msgs := make([]kafkago.Message, 0, next-sent)
-		for _, d := range shuffled[sent:next] {
-			line := []byte(strconv.Itoa(d.Line))
-			msgs = append(msgs, kafkago.Message{Key: line, Value: []byte(d.Value), // spread by line, not by order
-				Headers: []kafkago.Header{{Key: lineHeader, Value: line}}})
-		}
-		a.produce(t, topic, msgs)
-		half := int64(sent + (next-sent)/2)
+		b.produce(shuffled[sent:next])
+		// Halfway through the part's new keys.
+		before := len(keys)
+		target := before + (keysUpTo(next)-before)/2
 		sent = next
 		if part == parts-1 {
 			break
 		}
-		waitUntil(t, 2*time.Minute, fmt.Sprintf("%d records acknowledged before kill %d", half, part+1), func() bool {
+		// Or once the part is acknowledged: a consumer that refuses events
+		// (NoEntity) commits fewer keys.
+		waitUntil(t, 2*time.Minute, fmt.Sprintf("%d keys committed before kill %d", target, part+1), func() bool {
 			alive()
-			acked, _, ok := acknowledged()
-			return ok && acked >= half
+			if claimed() >= target {
+				return true
+			}
+			acked, produced, err := b.acknowledged()
+			return err == nil && produced == int64(sent) && acked == produced
 		})
 		child.Kill()
 		if !child.Killed() {
 			t.Fatalf("child %d did not die by SIGKILL: %v", part+1, child.Err())
 		}
 		k.kills++
-		acked, _, _ := acknowledged()
-		t.Logf("kill %d: %d of %d records acknowledged", k.kills, acked, sent)
+		t.Logf("kill %d: %d of the %d keys sent committed", k.kills, claimed(), len(keys))
 		child = start()
 	}
-	waitUntil(t, 3*time.Minute, "every record of "+topic+" is acknowledged", func() bool {
+	waitUntil(t, 3*time.Minute, "every record is acknowledged", func() bool {
 		alive()
-		acked, produced, ok := acknowledged()
-		return ok && produced == int64(len(shuffled)) && acked == produced
+		acked, produced, err := b.acknowledged()
+		return err == nil && produced == int64(len(shuffled)) && acked == produced
 	})
 	child.Signal(syscall.SIGTERM)
 	if !child.WaitExit(30 * time.Second) {
@@ -223,12 +355,7 @@ func runKilledKafka(t *testing.T, f channels.Fixture, shuffled []channels.Delive
 	if err := child.Err(); err != nil {
 		t.Errorf("the last child: %v\n%s", err, child.Out.String())
 	}
-
-	k.letters = map[int]string{}
-	for _, m := range a.readAll(t, topic+".dlq") {
-		line, reason := letterHeader(m, wire.MetaReason)
-		k.letters[line] = reason
-	}
+	k.letters = b.letters()
 	return k
 }
 
@@ -253,7 +380,6 @@ func (k *killed) check(t *testing.T, f channels.Fixture) {
 	// The tables reconcile but for what the arrival order decides.
 	staleTable := pgx.Identifier{k.schema, "idem_dedup_stale"}.Sanitize()
 	marksTable := pgx.Identifier{k.schema, "idem_dedup_watermarks"}.Sanitize()
-	const scope = "alipay-callbacks"
 	report, err := channels.Reconcile(ctx, payments.Pgx(k.pool), k.store.Table(), staleTable, scope, f.Expected)
 	if err != nil {
 		t.Fatal(err)
