@@ -78,7 +78,23 @@ type channelGen interface {
 
 // Generate builds the fixture of one channel, the same on every call.
 func Generate(channel string, keys Keys) (Fixture, error) {
-	seed := func(n uint64) *rand.Rand { return rand.New(rand.NewPCG(n, 0x1de4)) }
+	return generate(channel, keys, 1, 0x1de4)
+}
+
+// GenerateMany builds a larger fixture of one channel: copies times the
+// orders of Generate's scenarios, each with its own order and trade
+// numbers, drawn from seed (the same seed, the same fixture). Its stream
+// is in the order the gateway received the deliveries, re-sends included,
+// and its Expected is for that order.
+func GenerateMany(channel string, keys Keys, copies int, seed uint64) (Fixture, error) {
+	if copies < 1 {
+		return Fixture{}, fmt.Errorf("channels: GenerateMany: copies is %d, want at least 1", copies)
+	}
+	return generate(channel, keys, copies, seed)
+}
+
+func generate(channel string, keys Keys, copies int, stream uint64) (Fixture, error) {
+	seed := func(n uint64) *rand.Rand { return rand.New(rand.NewPCG(n, stream)) }
 	var g channelGen
 	switch channel {
 	case "alipay":
@@ -91,7 +107,10 @@ func Generate(channel string, keys Keys) (Fixture, error) {
 		return Fixture{}, fmt.Errorf("channels: no channel %q", channel)
 	}
 	rng := g.random()
-	scenarios := scenariosOf(g)
+	var scenarios []scenario
+	for range copies {
+		scenarios = append(scenarios, scenariosOf(g)...)
+	}
 	rng.Shuffle(len(scenarios), func(i, j int) { scenarios[i], scenarios[j] = scenarios[j], scenarios[i] })
 
 	f := Fixture{Channel: channel}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -14,12 +16,18 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	kafkago "github.com/segmentio/kafka-go"
-	"go.uber.org/goleak"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testenv/rmqtest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	testenv.ChildMain(childEnv, (*killSpec).run) // in a child: consume, then exit
+	// The RocketMQ client's known races suppressed, its logs discarded,
+	// goleak but for what the client leaves behind.
+	rmqtest.Main(m, slog.New(slog.NewTextHandler(io.Discard, nil)), slog.LevelError)
+}
 
 const partitions = 4
 
