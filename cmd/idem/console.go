@@ -193,6 +193,7 @@ func (c *console) handler() http.Handler {
 	mux.HandleFunc("GET /effects", c.effects)
 	mux.HandleFunc("GET /resolve-step", c.resolveStepDryRun)
 	mux.HandleFunc("GET /stale", c.stale)
+	mux.HandleFunc("GET /parked", c.parked)
 	mux.HandleFunc("POST /confirm", c.confirm)
 	mux.HandleFunc("GET /audit", c.auditPage)
 	mux.Handle("GET /metrics", c.metricsHandler())

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"text/tabwriter"
 	"time"
 	"unicode/utf8"
@@ -132,4 +133,39 @@ func writeParkStats(w io.Writer, st dedup.ParkStats, shown int, now time.Time) {
 	fmt.Fprintf(w, "%d parked %s in all (%d shown), the oldest parked %s ago: a key's messages wait behind its head in retry (KeyOrdered);\n"+
 		"an expired key's messages are dead-lettered (parked_too_long) as they come back, and the key is released with its last.\n",
 		st.Keys, keys, shown, duration(now.Sub(st.Oldest)))
+}
+
+// parkedView is the console's page of parked keys (GET /parked).
+type parkedView struct {
+	Filter dedup.ParkFilter
+	Keys   []dedup.ParkedKey
+	Stats  dedup.ParkStats
+}
+
+// parked lists the parked keys, the longest parked first, as idem parked
+// does (scope, topic and key in the query filter them), with the total.
+func (c *console) parked(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	v := parkedView{Filter: dedup.ParkFilter{Scope: q.Get("scope"), Topic: q.Get("topic"), Key: q.Get("key"), Limit: 100}}
+	pg := page{Title: "Parked keys", Nav: "parked", Data: &v}
+	p, ok := c.journal.(dedup.Parking)
+	if !ok {
+		pg.Error = "the store keeps no parked keys (dedup.Parking)"
+		c.render(w, http.StatusOK, "parked", pg)
+		return
+	}
+	keys, err := p.Parked(r.Context(), v.Filter)
+	if err == nil {
+		v.Stats, err = p.ParkStats(r.Context())
+	}
+	if errors.Is(err, dedup.ErrNotMigrated) {
+		err = fmt.Errorf("the store's schema has no parked keys yet: run idem migrate (%w)", err)
+	}
+	if err != nil {
+		pg.Error = err.Error()
+		c.render(w, http.StatusOK, "parked", pg)
+		return
+	}
+	v.Keys = keys
+	c.render(w, http.StatusOK, "parked", pg)
 }
