@@ -56,6 +56,9 @@ type config struct {
 	step stepConfig
 	// entity: Config.Entity and Config.Stale (entity_test.go).
 	entity entityConfig
+	// park: KeyOrdered's parking, durable or in memory, and its limits
+	// (parking_test.go).
+	park parkConfig
 }
 
 const (
@@ -222,6 +225,7 @@ func (c config) String() string {
 	}
 	b.WriteString(c.step.String())
 	b.WriteString(c.entity.String())
+	b.WriteString(c.park.String())
 	return b.String()
 }
 
