@@ -37,8 +37,9 @@ type config struct {
 	startAt  bool // kafka.Config.StartOffsets from the store, beside offsets
 	keyLanes int
 	batch    int // Config.BatchSize
-	// nonBlocking: Retries is NonBlocking with delays, attempts, keyOrdered;
-	// else Blocking.
+	// nonBlocking: Retries is NonBlocking with delays, attempts, keyOrdered
+	// (drawn here for a third of the seeds, and by the parking dimension
+	// for a further third: parking_test.go); else Blocking.
 	nonBlocking bool
 	delays      []time.Duration
 	attempts    int
