@@ -37,8 +37,9 @@ type config struct {
 	startAt  bool // kafka.Config.StartOffsets from the store, beside offsets
 	keyLanes int
 	batch    int // Config.BatchSize
-	// nonBlocking: Retries is NonBlocking with delays, attempts, keyOrdered;
-	// else Blocking.
+	// nonBlocking: Retries is NonBlocking with delays, attempts, keyOrdered
+	// (drawn here for a third of the seeds, and by the parking dimension
+	// for a further third: parking_test.go); else Blocking.
 	nonBlocking bool
 	delays      []time.Duration
 	attempts    int
@@ -56,6 +57,9 @@ type config struct {
 	step stepConfig
 	// entity: Config.Entity and Config.Stale (entity_test.go).
 	entity entityConfig
+	// park: KeyOrdered's parking, durable or in memory, and its limits
+	// (parking_test.go).
+	park parkConfig
 }
 
 const (
@@ -222,6 +226,7 @@ func (c config) String() string {
 	}
 	b.WriteString(c.step.String())
 	b.WriteString(c.entity.String())
+	b.WriteString(c.park.String())
 	return b.String()
 }
 

@@ -68,6 +68,9 @@ type kpay struct {
 	// the entity dimension: its account and version (entity_test.go)
 	ent string
 	ver int64
+	// rkey is its record key: its ID, or with the parking dimension its
+	// order, shared with other payments (parking_test.go)
+	rkey string
 }
 
 // kproc is one consumer process: a kafka.Source and a Consumer on it.
@@ -122,11 +125,20 @@ type kafkaRunner struct {
 	// gets a version above every other, so that it is handled (an op that
 	// needs its handler to fail)
 	freshNext bool
+	// The parking dimension (parking_test.go): holdsLost, a process
+	// killed or a rebalance with in-memory holds; unordered, a
+	// configuration without KeyOrdered ran; expired, the keys a
+	// parked_too_long letter found past the limits, by their ParkedAt.
+	holdsLost bool
+	unordered bool
+	expired   map[dedup.ParkKey]time.Time
+	lastKill  time.Time // a process's last kill or a rebalance
 }
 
 func newKafkaRunner(t testing.TB, cfg config, rep *reporter) *kafkaRunner {
 	r := &kafkaRunner{t: t, rep: rep, cfg: cfg, beh: newBehaviour(), dlq: &dlq{},
-		pays: map[string]*kpay{}, counts: map[string]int{}, crashed: make(chan int, 2)}
+		pays: map[string]*kpay{}, counts: map[string]int{}, crashed: make(chan int, 2),
+		expired: map[dedup.ParkKey]time.Time{}}
 	r.prov = newProvider(cfg.step, rep.seed, rep, r.count)
 	r.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	if os.Getenv("IDEM_TEST_LOG") != "" {
@@ -195,6 +207,9 @@ func newKafkaRunner(t testing.TB, cfg config, rep *reporter) *kafkaRunner {
 			t.Fatal(err)
 		}
 		r.front, r.store = f, f
+	}
+	if cfg.park.memory && r.front == nil {
+		r.store = heldInMemory{Store: r.lying, Watermarks: r.lying, Journal: r.lying}
 	}
 	r.start(0)
 	return r
@@ -270,8 +285,13 @@ func (r *kafkaRunner) start(i int) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	if c.nonBlocking {
+		depth, wait := c.park.limits(c.delays)
 		cc.Retries = consumer.NonBlocking{Attempts: c.attempts, Delays: c.delays, KeyOrdered: c.keyOrdered,
+			MaxParkedDepth: depth, MaxParkedWait: wait,
 			Sink: copySink{r: r, src: src, slot: i, cancel: cancel}}
+	}
+	if !c.nonBlocking || !c.keyOrdered {
+		r.unordered = true
 	}
 	cons, err := consumer.New(cc)
 	if err != nil {
@@ -289,6 +309,7 @@ func (r *kafkaRunner) kill(i int) {
 	if p == nil {
 		return
 	}
+	r.parkedNow(context.Background(), "kills")
 	p.cancel()
 	select {
 	case err := <-p.done:
@@ -350,6 +371,9 @@ func (s letterSink) DeadLetter(ctx context.Context, l consumer.Letter) error {
 	var pl payload
 	_ = json.Unmarshal(l.Message.Value, &pl)
 	s.r.prov.checkLetter(pl.Pay, l)
+	if l.Cause == consumer.CauseParkedTooLong {
+		s.r.checkParkedLetter(ctx, l)
+	}
 	if l.Cause == consumer.CauseStale {
 		s.r.count("stale letters")
 		s.r.checkStaleLetter(ctx, l)
@@ -399,7 +423,7 @@ func (r *kafkaRunner) handler() consumer.Handler[pgx.Tx] {
 // --- producing ------------------------------------------------------------------
 
 func (r *kafkaRunner) record(p *kpay) kafkago.Message {
-	return kafkago.Message{Partition: p.part, Key: []byte(p.id), Value: p.value, Headers: []kafkago.Header{
+	return kafkago.Message{Partition: p.part, Key: []byte(p.rkey), Value: p.value, Headers: []kafkago.Header{
 		{Key: idemKeyHeader, Value: []byte(p.id)},
 		{Key: tenantHeader, Value: []byte(p.tenant)},
 	}}
@@ -427,8 +451,12 @@ func (r *kafkaRunner) produce(np newPay, uncertain bool) {
 		pl.At, pl.Status = statusOf(pl.Ver)
 	}
 	v, _ := json.Marshal(pl)
-	p := &kpay{id: np.id, part: int(partitionOf(np.id)), value: v, poisoned: np.poisoned, flaky: np.flaky,
-		uncertain: uncertain && r.front == nil, tenant: tenant, ent: pl.Ent, ver: pl.Ver}
+	rkey := np.id
+	if r.cfg.park.on {
+		rkey = orderOf(r.rep.seed, np.id) // an order's payments, on its partition
+	}
+	p := &kpay{id: np.id, part: int(partitionOf(rkey)), value: v, poisoned: np.poisoned, flaky: np.flaky,
+		uncertain: uncertain && r.front == nil, tenant: tenant, ent: pl.Ent, ver: pl.Ver, rkey: rkey}
 	r.mu.Lock()
 	r.pays[p.id] = p
 	r.order = append(r.order, p.id)
@@ -679,6 +707,10 @@ func (r *kafkaRunner) run(ctx context.Context, ops []kop) {
 	}
 	ok, left := r.settle(ctx, true, wait)
 	r.check(ctx, true)
+	r.checkKeyOrder(ctx)
+	if ok {
+		r.checkReleased(ctx)
+	}
 	switch {
 	case ok, strings.HasPrefix(left, "payments not applied"): // those the check reported
 	case strings.Contains(left, ".retry."):
