@@ -198,6 +198,16 @@ func (c *Config[TTx]) nonBlockingConflicts(nb NonBlocking) []string {
 		out = append(out, "Retries is NonBlocking with Offsets and no Key: a retry copy is deduplicated by a key row, "+
 			"which an original applied through the offsets does not leave; set Key (ByMessageID() will do)")
 	}
+	if nb.KeyOrdered && c.Source != nil {
+		if d := c.Source.Describe(); !d.OffsetOrdered && !d.LaneOrdered {
+			msg := fmt.Sprintf("Retries.KeyOrdered with a Source (%T) that does not deliver each lane's messages in order "+
+				"(source.Description.LaneOrdered): a key's later message could be tried before its earlier one fails and parks the key", c.Source)
+			if d.System == "rocketmq" {
+				msg += "; set rocketmq.Config.Orderly (concurrent mode does not keep a queue's order)"
+			}
+			out = append(out, msg)
+		}
+	}
 	if c.OnExhausted == StopLaneOnExhausted {
 		out = append(out, "Retries is NonBlocking with OnExhausted StopLaneOnExhausted: a lane that must stop rather than "+
 			"pass a message cannot let it go to retry either")

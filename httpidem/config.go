@@ -46,6 +46,14 @@ type Route struct {
 	// UTF-8 without control characters; anything else is answered 400,
 	// never truncated.
 	Header string
+	// Key, when set, takes the request's key from the request and its
+	// body instead of Header: for a caller that sends no key header, such
+	// as a payment channel whose callback carries its identity in the body
+	// (Alipay's trade_no and trade_status). The body is read (within
+	// MaxRequestBytes) before Key runs. Its key is checked as a header's
+	// is; an error, or an empty or invalid key, is answered 400 and claims
+	// nothing. Not with Optional or Header. Default: none (the header).
+	Key func(r *http.Request, body []byte) (string, error)
 	// Optional lets requests without a key through, without idempotency;
 	// default false: a request without one is answered 400, as the IETF
 	// draft asks of an operation that requires the key.
@@ -101,7 +109,8 @@ type Route struct {
 	// stale request replays its answer. A zero Entity.Name: the request is
 	// of no entity. An error (dedup.ErrUnknownStatus from a
 	// dedup.StatusRank, a body that does not parse) is answered 400 and
-	// claims nothing. Transactional routes with a required key only, on a
+	// claims nothing. Transactional routes with a required key only (from
+	// Header, or from the body with Key), on a
 	// store that keeps watermarks (pgstore, sqlitestore); Transactional
 	// panics otherwise. Default: none.
 	Entity func(r *http.Request, body []byte) (Entity, error)
@@ -148,6 +157,12 @@ func (rt Route) resolve(leased bool) (*route, error) {
 		if err := validRoute(rt.Name); err != nil {
 			add("Name %q: %v", rt.Name, err)
 		}
+	}
+	switch {
+	case rt.Key != nil && rt.Header != "":
+		add("Key and Header are both set; the key comes from one of them")
+	case rt.Key != nil && rt.Optional:
+		add("Key is set with Optional: a key taken from the request is required")
 	}
 	if rt.Header == "" {
 		rt.Header = DefaultHeader

@@ -20,16 +20,16 @@ import (
 	"github.com/idemkit/idem/internal/testenv/pgtest"
 )
 
-// TestBreakRouteEntityAlipayCallbackHasNoKeyHeader (seam 40.64): the
-// Alipay route of docs/order.md ("HTTP routes: Route.Entity"), built as
-// it stands, on real Postgres, receiving an Alipay asynchronous
-// notification as Alipay sends it: a form body, no Idempotency-Key
-// header (Alipay sends none; its identity is in the body: notify_id,
-// trade_no, trade_status). A route keys a request only by a header
-// (Route.Header), and Route.Entity refuses Optional, so the notification
-// is answered 400 and never applied; Alipay re-sends it until it gives
-// up. The route the page shows cannot take the callbacks it is for.
-func TestBreakRouteEntityAlipayCallbackHasNoKeyHeader(t *testing.T) {
+// TestRouteEntityAlipayCallbackKeyedByBody (seam 40.64): the Alipay route
+// of docs/order.md ("HTTP routes: Route.Entity"), as the page builds it, on
+// real Postgres, receiving an Alipay asynchronous notification as Alipay
+// sends it: a form body and no Idempotency-Key header (its identity is in
+// the body). Route.Key takes the key from the body (trade_no,
+// trade_status, a refund's out_biz_no), so the notice is applied once; its
+// re-send, with a new notify_time and sign, is the same request under that
+// key (the fingerprint leaves them out) and gets the stored "success"
+// without running the handler again.
+func TestRouteEntityAlipayCallbackKeyedByBody(t *testing.T) {
 	pool := testenv.Pool(t)
 	store := pgtest.Store(t, pool, testenv.Schema(t, pool))
 	trade := tradeStatus
@@ -45,6 +45,20 @@ func TestBreakRouteEntityAlipayCallbackHasNoKeyHeader(t *testing.T) {
 	})
 	mux := http.NewServeMux()
 	mux.Handle("POST /callbacks/alipay", m.Transactional(httpidem.Route{
+		// Alipay sends no key header: the notice's identity is in its body.
+		Key: func(r *http.Request, body []byte) (string, error) {
+			v, err := url.ParseQuery(string(body))
+			if err != nil {
+				return "", err
+			}
+			key := v.Get("trade_no") + "/" + v.Get("trade_status")
+			if refund := v.Get("out_biz_no"); refund != "" {
+				key += "/" + refund // a partial refund is TRADE_SUCCESS again
+			}
+			return key, nil
+		},
+		// A re-send has a new notify_time and sign: leave them out.
+		Fingerprint: httpidem.FormFields("out_trade_no", "trade_no", "trade_status", "total_amount", "refund_fee"),
 		Entity: func(r *http.Request, body []byte) (httpidem.Entity, error) {
 			v, err := url.ParseQuery(string(body))
 			if err != nil {
@@ -68,14 +82,21 @@ func TestBreakRouteEntityAlipayCallbackHasNoKeyHeader(t *testing.T) {
 		"trade_no": {"2026120722001400000000000001"}, "out_trade_no": {"O1"}, "trade_status": {"TRADE_SUCCESS"},
 		"total_amount": {"88.00"}, "gmt_payment": {"2026-12-07 10:04:05"},
 	}
-	r := httptest.NewRequest(http.MethodPost, "/callbacks/alipay", strings.NewReader(form.Encode()))
-	r.Header.Set("Content-Type", "application/x-www-form-urlencoded; charset=utf-8")
-	w := httptest.NewRecorder()
-	mux.ServeHTTP(w, r)
-	if w.Code != http.StatusOK || w.Body.String() != "success" || ran != 1 {
-		t.Errorf("Alipay's notification to the documented route: %d %q, handler ran %d times; want 200 \"success\", applied once",
-			w.Code, strings.TrimSpace(w.Body.String()), ran)
+	post := func(what string) {
+		t.Helper()
+		r := httptest.NewRequest(http.MethodPost, "/callbacks/alipay", strings.NewReader(form.Encode()))
+		r.Header.Set("Content-Type", "application/x-www-form-urlencoded; charset=utf-8")
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, r)
+		if w.Code != http.StatusOK || w.Body.String() != "success" || ran != 1 {
+			t.Errorf("Alipay's %s to the documented route: %d %q, handler ran %d times; want 200 \"success\", applied once",
+				what, w.Code, strings.TrimSpace(w.Body.String()), ran)
+		}
 	}
+	post("notification")
+	form.Set("notify_time", "2026-12-07 10:08:06")
+	form.Set("sign", "cmVzZW50")
+	post("re-send (new notify_time and sign)")
 }
 
 // TestBreakRouteEntityFailedHandlerMovesNoWatermark (seam 40.65, holds):

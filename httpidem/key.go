@@ -52,6 +52,22 @@ func keyOf(r *http.Request, header string) (string, error) {
 	return id, nil
 }
 
+// keyFrom takes the key from the request with Route.Key, and checks it as
+// keyOf checks a header's.
+func (rt *route) keyFrom(r *http.Request, body []byte) (string, error) {
+	id, err := rt.Key(r, body)
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("the request names no key: %v", err)
+	case id == "":
+		return "", errors.New("the request names no key: Route.Key found none")
+	}
+	if err := (dedup.Key{Scope: "-", ID: id}).Validate(); err != nil {
+		return "", fmt.Errorf("the request's key %s", strings.TrimPrefix(err.Error(), dedup.ErrInvalidKey.Error()+": id "))
+	}
+	return id, nil
+}
+
 // sfString decodes the inside of a Structured Fields string: printable
 // ASCII, with \" and \\ the only escapes.
 func sfString(s string) (string, error) {

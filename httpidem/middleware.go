@@ -72,7 +72,7 @@ func (f TxHandlerFunc[TTx]) ServeTx(w http.ResponseWriter, r *http.Request, tx T
 //	finished key             the stored status, headers and body, with Idempotent-Replayed: true
 //	key executing elsewhere  409 Conflict with Retry-After, at once
 //	another request's key    422 (method, route or body fingerprint differ)
-//	no key / a bad key       400 (unless Route.Optional: no key runs h without one)
+//	no key / a bad key       400 (unless Route.Optional: no key runs h without one; Route.Key: from the body)
 //	body over the limit      413, before any store work
 //
 // The response is buffered and sent after COMMIT. It panics when route is
@@ -155,7 +155,17 @@ func (m *Middleware[TTx]) prepare(w http.ResponseWriter, r *http.Request, rt *ro
 	if body == nil {
 		body = http.NoBody
 	}
-	id, err := keyOf(r, rt.Header)
+	var raw []byte
+	var id string
+	var err error
+	if rt.Key != nil {
+		if raw, err = readBody(w, r, body, rt); err != nil {
+			return prepared{}, false
+		}
+		id, err = rt.keyFrom(r, raw)
+	} else {
+		id, err = keyOf(r, rt.Header)
+	}
 	switch {
 	case errors.Is(err, errNoKey) && rt.Optional:
 		note(r, OutcomeUnkeyed, nil)
@@ -169,7 +179,11 @@ func (m *Middleware[TTx]) prepare(w http.ResponseWriter, r *http.Request, rt *ro
 		return prepared{}, false
 	case err != nil:
 		note(r, OutcomeBadKey, nil)
-		writeProblem(w, http.StatusBadRequest, titleInvalid, err.Error()+".", 0)
+		title := titleInvalid
+		if rt.Key != nil {
+			title = titleNoKey
+		}
+		writeProblem(w, http.StatusBadRequest, title, err.Error()+".", 0)
 		return prepared{}, false
 	}
 	name, err := rt.name(r)
@@ -192,17 +206,10 @@ func (m *Middleware[TTx]) prepare(w http.ResponseWriter, r *http.Request, rt *ro
 		return prepared{}, false
 	}
 	noteKey(r, dedup.RequestRecord{Key: key})
-	raw, err := io.ReadAll(http.MaxBytesReader(w, body, rt.MaxRequestBytes))
-	if err != nil {
-		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			note(r, OutcomeTooLarge, nil)
-			writeProblem(w, http.StatusRequestEntityTooLarge, titleTooLarge,
-				fmt.Sprintf("The body is larger than the limit of %d bytes.", rt.MaxRequestBytes), 0)
-		} else {
-			note(r, OutcomeBadRequest, err)
-			writeProblem(w, http.StatusBadRequest, "The request body could not be read", err.Error(), 0)
+	if rt.Key == nil {
+		if raw, err = readBody(w, r, body, rt); err != nil {
+			return prepared{}, false
 		}
-		return prepared{}, false
 	}
 	fp, err := rt.Fingerprint(r, raw)
 	if err != nil {
@@ -231,6 +238,23 @@ func (m *Middleware[TTx]) prepare(w http.ResponseWriter, r *http.Request, rt *ro
 		Fingerprint: requestFingerprint(r.Method, name, paths, fp),
 		Source:      source(r),
 	}}, true
+}
+
+// readBody reads the request's body within Route.MaxRequestBytes. It
+// answers the request itself (413, or 400) when it returns an error.
+func readBody(w http.ResponseWriter, r *http.Request, body io.ReadCloser, rt *route) ([]byte, error) {
+	raw, err := io.ReadAll(http.MaxBytesReader(w, body, rt.MaxRequestBytes))
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			note(r, OutcomeTooLarge, nil)
+			writeProblem(w, http.StatusRequestEntityTooLarge, titleTooLarge,
+				fmt.Sprintf("The body is larger than the limit of %d bytes.", rt.MaxRequestBytes), 0)
+		} else {
+			note(r, OutcomeBadRequest, err)
+			writeProblem(w, http.StatusBadRequest, "The request body could not be read", err.Error(), 0)
+		}
+	}
+	return raw, err
 }
 
 // source is the request's method and path for the dedup row's audit column:

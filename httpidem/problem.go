@@ -21,6 +21,7 @@ type problem struct {
 const (
 	titleMissing   = "Idempotency-Key is missing"
 	titleInvalid   = "Idempotency-Key is malformed"
+	titleNoKey     = "The request names no valid key" // Route.Key's
 	titleBusy      = "A request is outstanding for this Idempotency-Key"
 	titleMismatch  = "Idempotency-Key is already used"
 	titleTooLarge  = "Request body too large"

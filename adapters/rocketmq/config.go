@@ -67,7 +67,8 @@ type Config struct {
 	// Orderly consumes each queue in order, one consume call at a time, with
 	// the queue locked on the broker (RocketMQ's orderly mode). Default:
 	// concurrent mode, where up to ConsumeGoroutines calls per topic run at
-	// once and order within a queue is not kept.
+	// once and order within a queue is not kept (consumer.New refuses
+	// consumer.NonBlocking.KeyOrdered then).
 	Orderly bool
 	// StartFrom is where a group without a committed offset starts; default
 	// FirstOffset. It applies to Topics only: with RetryDelays, Run commits

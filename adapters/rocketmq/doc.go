@@ -135,7 +135,9 @@
 // The copy does not go back to the topic, which other groups read, nor to
 // %RETRY%<group>, whose reconsume count also counts releases. Orderly mode
 // works with it, and is the mode that keeps order for
-// consumer.NonBlocking.KeyOrdered. See docs/retries.md.
+// consumer.NonBlocking.KeyOrdered: consumer.New refuses KeyOrdered over a
+// source in concurrent mode (source.Description.LaneOrdered). See
+// docs/retries.md.
 //
 // # What is not
 //

@@ -331,13 +331,15 @@ const handleWait = 3 * time.Second
 // queue the producer picked, and comes back through the retry topic in yet
 // another: the consumer keys it by the idem-original-msg-id it carries,
 // wherever it lies); not OffsetOrdered (a failed message comes back
-// through the group's retry topic, behind later offsets); its retry topics
-// (Config.RetryDelays); and the queues it holds.
+// through the group's retry topic, behind later offsets); LaneOrdered in
+// orderly mode (Config.Orderly) only; its retry topics (Config.RetryDelays);
+// and the queues it holds.
 func (s *Source) Describe() source.Description {
 	return source.Description{
 		System:            "rocketmq",
 		Group:             s.cfg.Group,
 		ProducerChosenIDs: true,
+		LaneOrdered:       s.cfg.Orderly,
 		RetryDelays:       append([]time.Duration{}, s.cfg.RetryDelays...),
 		RetryOf:           s.retryTopicOf,
 		Lanes:             s.lanesNow,

@@ -74,6 +74,15 @@ type Description struct {
 	// through the group's retry topic, behind later offsets committed.
 	OffsetOrdered bool
 
+	// LaneOrdered: the source delivers each lane's messages in the order
+	// the broker holds them, the next only after the one before it was
+	// delivered — one consume call of a queue at a time. An OffsetOrdered
+	// source is. consumer.NonBlocking.KeyOrdered needs one or the other: a
+	// key's later message delivered beside its earlier one could be tried
+	// first, before the earlier one fails and parks the key. RocketMQ's is
+	// in orderly mode (rocketmq.Config.Orderly), not in concurrent mode.
+	LaneOrdered bool
+
 	// ProducerChosenIDs: Message.ID is chosen by the producer rather than
 	// assigned by the broker. RocketMQ's is (a producer may set UNIQ_KEY);
 	// Kafka's is not (its ID is the message's position). The consumer then

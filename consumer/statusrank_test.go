@@ -16,16 +16,15 @@ import (
 	"github.com/idemkit/idem/internal/testenv/pgtest"
 )
 
-// TestBreakStatusRankAlipayResend (seam 40.66): the consumer of
-// docs/order.md ("A status machine: dedup.StatusRank"), as it stands —
-// Key: ByFormField("notify_id"), the default fingerprint (WholePayload) —
-// on real Postgres. Alipay re-sends a notification it got no "success"
-// for with the same notify_id and a new notify_time (and so a new sign),
-// as the page itself says and examples/channels generates. The payment is
-// applied; its re-send, a minute later, has another payload under the
-// same key: it is dead-lettered as a fingerprint mismatch, where the page
-// promises a re-send is a duplicate (or stale), never a letter.
-func TestBreakStatusRankAlipayResend(t *testing.T) {
+// TestStatusRankAlipayResend (seam 40.66): the consumer of docs/order.md
+// ("A status machine: dedup.StatusRank"), as the page configures it — the
+// key and fingerprint of examples/channels: trade_no, trade_status and a
+// refund's out_biz_no; consumer.FormFields leaving out notify_time,
+// notify_id and sign — on real Postgres. Alipay re-sends a notification it
+// got no "success" for with a new notify_time (and so a new sign). The
+// payment is applied; its re-send, a minute later, is a duplicate, never a
+// fingerprint_mismatch letter.
+func TestStatusRankAlipayResend(t *testing.T) {
 	pool := testenv.Pool(t)
 	store := pgtest.Store(t, pool, testenv.Schema(t, pool))
 	trade := dedup.StatusRank("WAIT_BUYER_PAY", "TRADE_SUCCESS", "TRADE_FINISHED", "TRADE_CLOSED")
@@ -33,7 +32,11 @@ func TestBreakStatusRankAlipayResend(t *testing.T) {
 	cfg := consumer.Config[pgx.Tx]{
 		Name:  "alipay",
 		Store: store,
-		Key:   consumer.ByFormField("notify_id"),
+		// A partial refund is TRADE_SUCCESS again, with an out_biz_no of its own.
+		Key: consumer.Composite(consumer.ByFormField("trade_no"), consumer.ByFormField("trade_status"),
+			consumer.ByFormField("out_biz_no").Optional()),
+		// Not notify_time, notify_id or sign: a re-send has new ones.
+		Fingerprint: consumer.FormFields("out_trade_no", "trade_no", "trade_status", "total_amount", "refund_fee"),
 		Entity: func(m *consumer.Message) (consumer.Entity, error) {
 			v, err := url.ParseQuery(string(m.Value))
 			if err != nil {
@@ -66,7 +69,8 @@ func TestBreakStatusRankAlipayResend(t *testing.T) {
 	for _, l := range res.DeadLetters {
 		t.Errorf("Alipay's re-send dead-lettered: cause %v: %v; want it a duplicate", l.Cause, l.Reason)
 	}
-	if res.Stats.Applied != 1 {
-		t.Errorf("applied %d, want 1", res.Stats.Applied)
+	if res.Stats.Applied != 1 || res.Stats.Duplicates != 1 {
+		t.Errorf("applied %d, %d duplicates; want the payment applied once and its re-send a duplicate",
+			res.Stats.Applied, res.Stats.Duplicates)
 	}
 }
