@@ -99,12 +99,12 @@ func TestRouteEntityAlipayCallbackKeyedByBody(t *testing.T) {
 	post("re-send (new notify_time and sign)")
 }
 
-// TestBreakRouteEntityFailedHandlerMovesNoWatermark (seam 40.65, holds):
+// TestRouteEntityFailedHandlerMovesNoWatermark (seam 40.65, holds):
 // the handler of a newer callback fails (500) after the entity step moved
 // the watermark in its transaction: the rollback takes the watermark back
 // with it, so an older callback that comes next is applied, not stale,
 // and the newer one's retry under its key runs again and applies.
-func TestBreakRouteEntityFailedHandlerMovesNoWatermark(t *testing.T) {
+func TestRouteEntityFailedHandlerMovesNoWatermark(t *testing.T) {
 	pool := testenv.Pool(t)
 	schema := testenv.Schema(t, pool)
 	store := pgtest.Store(t, pool, schema)
