@@ -104,6 +104,10 @@ type ParkDecision struct {
 	// Delay is, for ParkFollow, the delay the head was last sent to retry
 	// with: the follower goes to the same destination, behind it.
 	Delay time.Duration
+	// Head is, for ParkTry, that the message is its parked key's head.
+	// A ParkTry message that is not a head is in no key's list (only Park
+	// and CheckParked add one), so settling it needs no Unpark.
+	Head bool
 }
 
 // ParkLimits bound a parked key. Zero fields do not bound.

@@ -192,12 +192,13 @@ func (s *countUnparks) Unpark(ctx context.Context, ref dedup.ParkRef, now time.T
 	return s.Store.Unpark(ctx, ref, now)
 }
 
-// TestBreakParkedUnparkPerMessage (seam 40.62): KeyOrdered with nothing
-// ever in retry. docs/retries.md prices parking at "a write when a message
-// goes to retry and when a parked one is settled"; the consumer calls
-// Unpark — a transaction of its own in pgstore (BEGIN, lock_timeout, a
-// row lock, a delete, COMMIT) — for every message applied, parked or not.
-func TestBreakParkedUnparkPerMessage(t *testing.T) {
+// TestParkedUnparksOnlyParkedMessages (seam 40.62): KeyOrdered with
+// nothing ever in retry. docs/retries.md prices parking at "a write when a
+// message goes to retry and when a parked one is settled": Unpark — a
+// transaction of its own in pgstore (BEGIN, lock_timeout, a row lock, a
+// delete, COMMIT) — is called for the messages CheckParked found in a
+// key's list, never for one applied while its key was not parked.
+func TestParkedUnparksOnlyParkedMessages(t *testing.T) {
 	const n = 400
 	delays := []time.Duration{time.Second}
 	brokers, a, topic, group := retryTest(t, 2, delays)

@@ -19,19 +19,20 @@ type ParkingFactory func(t *testing.T, cfg Config) dedup.Parking
 
 // RunParking runs the conformance suite of dedup.Parking: every bullet of
 // its discipline — only Park parks; the order of first Park or
-// CheckParked, the head first; the head's delay; repeated calls that keep
-// a message's place; Unpark of the head, of a follower, of the last, of a
-// message not parked; the Depth and Wait limits that expire a key for
-// good, Wait measured from HeadSince on the caller's clock; keys apart by
-// scope, topic and record key bytes; the listing and its filter, the
-// stats; concurrent calls on one key from many goroutines, in crossed key
-// orders; refs refused.
+// CheckParked, the head first; Head said of the head alone; the head's
+// delay; repeated calls that keep a message's place; Unpark of the head,
+// of a follower, of the last, of a message not parked; the Depth and Wait
+// limits that expire a key for good, Wait measured from HeadSince on the
+// caller's clock; keys apart by scope, topic and record key bytes; the
+// listing and its filter, the stats; concurrent calls on one key from
+// many goroutines, in crossed key orders; refs refused.
 func RunParking(t *testing.T, newParking ParkingFactory) {
 	s := parkingSuite{newParking: newParking}
 	t.Run("OnlyParkParks", s.onlyParkParks)
 	t.Run("FirstParkOrCheckOrders", s.order)
 	t.Run("HeadDelay", s.headDelay)
 	t.Run("RepeatKeepsPlace", s.repeat)
+	t.Run("TryTellsHead", s.tryTellsHead)
 	t.Run("UnparkMovesHead", s.unparkHead)
 	t.Run("UnparkNotParked", s.unparkNotParked)
 	t.Run("DepthExpires", s.depth)
@@ -222,6 +223,36 @@ func (s parkingSuite) order(t *testing.T) {
 	if got, want := walk(t, p, k, parkAt(4*time.Second)), []string{"h", "a", "b", "c", "d"}; !slices.Equal(got, want) {
 		t.Fatalf("the key's heads, one after another: %v, want %v", got, want)
 	}
+}
+
+// tryTellsHead: a ParkTry says Head for its parked key's head only: not
+// for a message of a key not parked, nor for one after its key's head was
+// unparked and the key released (the consumer unparks only heads, and a
+// message it tried that is in no list needs no Unpark); a new head says
+// Head once the old one is unparked.
+func (s parkingSuite) tryTellsHead(t *testing.T) {
+	p := s.parking(t)
+	k := dedup.ParkKey{Scope: "orders", Topic: "payments", Key: "cust-1"}
+	heads := func(now time.Time, refs []dedup.ParkRef, want ...bool) {
+		t.Helper()
+		out := make([]dedup.ParkDecision, len(refs))
+		if err := p.CheckParked(ctxFor(t), refs, noLimits, now, out); err != nil {
+			t.Fatalf("CheckParked %v: %v", refs, err)
+		}
+		for i, w := range want {
+			if got := out[i].Head; got != w || (w && out[i].Action != dedup.ParkTry) {
+				t.Fatalf("CheckParked: ref %d of %d (%s): %s with Head %v, want Head %v (all: %+v)", i+1, len(refs), refs[i].ID, out[i].Action, got, w, out[:len(refs)])
+			}
+		}
+	}
+	heads(parkT0, refsOf(k, "h", "a"), false, false)
+	mustPark(t, p, dedup.ParkRef{ParkKey: k, ID: "h"}, 5*time.Second, parkT0)
+	heads(parkT0, refsOf(k, "a", "h", "a"), false, true, false)
+	mustUnpark(t, p, dedup.ParkRef{ParkKey: k, ID: "h"}, parkAt(time.Second))
+	heads(parkAt(time.Second), refsOf(k, "a"), true)
+	mustUnpark(t, p, dedup.ParkRef{ParkKey: k, ID: "a"}, parkAt(2*time.Second))
+	wantReleased(t, p, k)
+	heads(parkAt(2*time.Second), refsOf(k, "a", "b"), false, false)
 }
 
 // headDelay: Park of the head sets the key's HeadDelay, repeated or not;

@@ -54,7 +54,7 @@ func (pk *parkedKey) decide(id string, limits dedup.ParkLimits, now time.Time) d
 		return dedup.ParkDecision{Action: dedup.ParkExpired}
 	}
 	if pk.ids[0] == id {
-		return dedup.ParkDecision{Action: dedup.ParkTry}
+		return dedup.ParkDecision{Action: dedup.ParkTry, Head: true}
 	}
 	if !slices.Contains(pk.ids, id) {
 		if limits.Depth > 0 && len(pk.ids) >= limits.Depth {

@@ -47,7 +47,7 @@ func (k *Key) Decide(id string, limits dedup.ParkLimits, now time.Time) dedup.Pa
 	case k.Expired:
 		return dedup.ParkDecision{Action: dedup.ParkExpired}
 	case id == k.Head:
-		return dedup.ParkDecision{Action: dedup.ParkTry}
+		return dedup.ParkDecision{Action: dedup.ParkTry, Head: true}
 	case !k.Members[id]:
 		if limits.Depth > 0 && k.Depth >= limits.Depth {
 			k.Expired, k.Expire = true, true
