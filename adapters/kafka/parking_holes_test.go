@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -72,16 +73,30 @@ func lettersOf(dl *consumertest.DeadLetters) []string {
 	return out
 }
 
-// TestBreakParkedLostHeadDeadLettersKeyForEver (seam 40.60): k0-0 fails
-// into retry and its copy is lost for good (the retry topic's retention
-// deleted it); k0-1 follows it. Past MaxParkedWait the key expires and
-// k0-1 is dead-lettered parked_too_long — as documented. But the key is
-// released only when its last message is unparked, and the head never
-// comes back: the key stays parked and expired for ever, and k0-2,
-// produced after, is dead-lettered parked_too_long too (so would be every
-// later payment of k0, and every redrive of their letters). Row 40.28
-// says "the key is released and later messages apply".
-func TestBreakParkedLostHeadDeadLettersKeyForEver(t *testing.T) {
+// waitReleasable waits until the parked key of topic has had its head
+// for more than twice wait (dedup.Parking releases it then), or is gone.
+func waitReleasable(t *testing.T, b *bank, topic string, wait time.Duration) {
+	t.Helper()
+	waitUntil(t, time.Minute, "the key's head held it past twice MaxParkedWait", func() bool {
+		pk, err := b.store.Parked(ctxTimeout(t, 10*time.Second), dedup.ParkFilter{Topic: topic})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(pk) == 0 || time.Since(pk[0].HeadSince) > 2*wait
+	})
+}
+
+// TestParkedLostHeadReleasesKey (seam 40.60): k0-0 fails into retry and
+// its copy is lost for good (the retry topic's retention deleted it);
+// k0-1 follows it. Past MaxParkedWait the key expires and k0-1 is
+// dead-lettered parked_too_long. The head never comes back, so nothing
+// unparks it: once it has held the key for twice MaxParkedWait the key is
+// released, and k0-2, produced after, is applied, and no key is left
+// parked. (It was held expired for ever: k0-2 was dead-lettered
+// parked_too_long too, and so would be every later payment of k0 and
+// every redrive of their letters.)
+func TestParkedLostHeadReleasesKey(t *testing.T) {
+	const wait = 2 * time.Second
 	delays := []time.Duration{time.Second}
 	brokers, a, topic, group := retryTest(t, 1, delays)
 	b := newTestBank(t)
@@ -96,7 +111,7 @@ func TestBreakParkedLostHeadDeadLettersKeyForEver(t *testing.T) {
 	cfg.BatchSize = 1
 	cfg.Retry = consumer.RetryPolicy{Initial: 20 * time.Millisecond, Max: 100 * time.Millisecond}
 	cfg.Retries = consumer.NonBlocking{Attempts: 1, Delays: delays, Sink: &dropHeadCopy{RetrySink: src, txn: "k0-0"},
-		KeyOrdered: true, MaxParkedWait: 2 * time.Second}
+		KeyOrdered: true, MaxParkedWait: wait}
 	inner := cfg.Handler
 	cfg.Handler = consumer.HandlerFunc[pgx.Tx](func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		var p payment
@@ -108,15 +123,22 @@ func TestBreakParkedLostHeadDeadLettersKeyForEver(t *testing.T) {
 	})
 	r := start(t, cfg)
 	waitUntil(t, time.Minute, "k0-1 dead-lettered past MaxParkedWait", func() bool { return len(dl.Letters()) >= 1 })
+	waitReleasable(t, b, topic, wait)
 
 	a.Produce(t, topic, keyedPayments([]string{"k0"}, 1, 2, 1)...)
 	waitUntil(t, time.Minute, "k0-2 settled", func() bool { return ledgerHas(t, b, "k0-2") || len(dl.Letters()) >= 2 })
 	a.WaitNoLag(t, group, topic)
 	r.Stop(t)
 
+	if got, want := lettersOf(dl), []string{"k0-1:parked_too_long"}; !slices.Equal(got, want) {
+		t.Errorf("letters %v, want %v", got, want)
+	}
 	if !ledgerHas(t, b, "k0-2") {
 		pk, _ := b.store.Parked(ctxTimeout(t, 10*time.Second), dedup.ParkFilter{Topic: topic})
-		t.Errorf("k0-2, produced after its key expired, was not applied: letters %v, parked keys %+v", lettersOf(dl), pk)
+		t.Errorf("k0-2, produced after its key's head was lost for twice MaxParkedWait, was not applied: letters %v, parked keys %+v", lettersOf(dl), pk)
+	}
+	if pk, err := b.store.Parked(ctxTimeout(t, 10*time.Second), dedup.ParkFilter{Topic: topic}); err != nil || len(pk) != 0 {
+		t.Errorf("Parked %+v, %v after k0-2 was applied; want the key released", pk, err)
 	}
 }
 
