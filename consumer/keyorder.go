@@ -154,9 +154,9 @@ func (s *settler[TTx]) checkParked(ctx context.Context, its []*item) ([]*item, e
 	decided := false
 	for j, i := range at {
 		it, d := its[i], out[j]
+		it.unlisted = d.Action == dedup.ParkTry && !d.Head // of this check: a follower is in the list
 		switch d.Action {
 		case dedup.ParkTry:
-			it.unlisted = !d.Head
 			continue
 		case dedup.ParkFollow:
 			err = c.sendFollower(ctx, it, d.Delay)
