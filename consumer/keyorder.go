@@ -154,6 +154,7 @@ func (s *settler[TTx]) checkParked(ctx context.Context, its []*item) ([]*item, e
 	decided := false
 	for j, i := range at {
 		it, d := its[i], out[j]
+		it.unlisted = d.Action == dedup.ParkTry && !d.Head // of this check: a follower is in the list
 		switch d.Action {
 		case dedup.ParkTry:
 			continue
@@ -195,19 +196,27 @@ func (c *Consumer[TTx]) park(ctx context.Context, it *item, delay time.Duration)
 	if !ok {
 		return nil
 	}
+	it.unlisted = false // in its key's list from the call on, whatever it returns
 	return c.untilDone(ctx, nil, "park a record key", func() error {
 		return c.parking.Park(ctx, ref, delay, c.cfg.Clock.Now())
 	}, nil)
 }
 
 // unpark removes it, settled for good, from its key's parking
-// (KeyOrdered): the key's next message is tried once it comes back. It is
+// (KeyOrdered): the key's next message is tried once it comes back. An
+// item CheckParked found in no list (it.unlisted) is not unparked: the
+// consumer's keyed messages are in no list but while their key is parked,
+// and a store transaction for each of them would cost more than the
+// claim. It is
 // called before it.settled is set, so that its offset is acknowledged only
 // once the key let it go: a failing Unpark is retried with the consumer's
 // backoff until it succeeds or ctx ends, when it is released for a
 // redelivery to settle (a duplicate) and unpark again.
 func (c *Consumer[TTx]) unpark(ctx context.Context, it *item) error {
 	if c.parking == nil {
+		return nil
+	}
+	if it.unlisted {
 		return nil
 	}
 	ref, ok := parkRefOf(it)
@@ -365,7 +374,11 @@ func (h *memParking) CheckParked(_ context.Context, refs []dedup.ParkRef, _ dedu
 			delete(h.keys, ref.ParkKey) // the head is lost to this consumer: the order of the key with it
 			hk = nil
 		}
-		if hk == nil || len(hk.ids) == 0 || hk.ids[0] == ref.ID {
+		if hk == nil || len(hk.ids) == 0 {
+			continue
+		}
+		if hk.ids[0] == ref.ID {
+			out[i].Head = true
 			continue
 		}
 		if !slices.Contains(hk.ids, ref.ID) {

@@ -3,9 +3,11 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -328,5 +330,54 @@ func TestKeyOrderedLimitsValidated(t *testing.T) {
 	cfg.Retries = nb
 	if _, err := consumer.New(cfg); err != nil {
 		t.Errorf("New with MaxParkedWait the sum of Delays: %v", err)
+	}
+}
+
+// followerTooLarge is a retry sink whose broker refuses a follower's copy
+// as too large.
+type followerTooLarge struct{ consumer.RetrySink }
+
+func (s followerTooLarge) Retry(ctx context.Context, r consumer.RetryLetter) error {
+	if r.Following {
+		return fmt.Errorf("broker: %w", consumer.ErrRetryTooLarge)
+	}
+	return s.RetrySink.Retry(ctx, r)
+}
+
+// TestKeyOrderedUnparksAFollowerDeadLettered: a1 and a2 of one key in one
+// batch, both let through by CheckParked while the key was not parked.
+// a1 fails into retry, parking the key; a2, checked again, follows it,
+// and its copy is refused as too large, so it is dead-lettered. It is in
+// its key's list (the second CheckParked put it there): it must be
+// unparked, though the first check found it in no list, or its key stays
+// parked behind a message that never comes back.
+func TestKeyOrderedUnparksAFollowerDeadLettered(t *testing.T) {
+	store := memstore.New(memstore.Config{})
+	var got order
+	var failed atomic.Bool
+	h := func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
+		if m.Offset == 1 && failed.CompareAndSwap(false, true) {
+			return consumer.Retryable(errors.New("the account service is down"))
+		}
+		return got.apply(ctx, tx, m)
+	}
+	src := &retrySource{Source: consumertest.NewSource(consumertest.Script{}), lineage: true}
+	dl := &consumertest.DeadLetters{}
+	cfg := keyOrderedConfig(store, h, src, followerTooLarge{&keyedRetrySink{retrySink{src: src}}}, dl)
+	cfg.BatchSize = 2
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.Push(consumertest.Message("pay", 0, 1, "acct-a", payment(1)), consumertest.Message("pay", 0, 2, "acct-a", payment(2)))
+	drive(t, c, src.Source)
+	if want := []string{"T00001"}; !slices.Equal(got.of("acct-a"), want) {
+		t.Errorf("acct-a applied %v, want %v", got.of("acct-a"), want)
+	}
+	if l := dl.Letters(); len(l) != 1 || !errors.Is(l[0].Reason, consumer.ErrRetryTooLarge) {
+		t.Errorf("letters %v, want a2's, too large to follow", l)
+	}
+	if pk, err := store.Parked(context.Background(), dedup.ParkFilter{}); err != nil || len(pk) != 0 {
+		t.Errorf("Parked %+v, %v after a1 was applied and a2 dead-lettered; want the key released", pk, err)
 	}
 }

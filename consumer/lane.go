@@ -107,6 +107,9 @@ type item struct {
 	firstAt  time.Time // when the key was first claimed, for all but StatusNew
 	attempts int       // failures charged to the message (see Letter.Attempts)
 	settled  bool      // committed, skipped or dead-lettered: may be acknowledged
+	// unlisted: KeyOrdered's CheckParked tried it in no key's list (not a
+	// head), and it was not parked since: settling it needs no Unpark
+	unlisted bool
 	// lineage: with Config.Offsets and no Key, a redriven copy, claimed
 	// in the key table under its original's identity (see lineage.go)
 	lineage bool

@@ -85,13 +85,17 @@ type NonBlocking struct {
 	// key holds it (KeyOrdered, with a Store that is a dedup.Parking), from
 	// when it became the head; past it, the key's messages are
 	// dead-lettered with CauseParkedTooLong as they come, the head's
-	// included. Default twice the sum of Delays and a minute: a head that
-	// comes back on time settles within the sum of the delays (its last
-	// trip ends it), so twice that leaves room for the retry topics' lag
-	// through a deploy or a rebalance, and a head past it is taken for
-	// lost (its copy never written, or deleted by the retry topic's
-	// retention), which would hold its key for ever. At least the sum of
-	// Delays.
+	// included, and once the head has held the key for twice
+	// MaxParkedWait the key is released (see dedup.Parking). Default twice
+	// the sum of Delays plus RetryMargin: a head that comes back on time
+	// settles within the sum of the delays (its last trip ends it), twice
+	// that leaves room for the retry topics' lag, and RetryMargin for
+	// the time no consumer runs — the wait is measured on the consumer's
+	// clock, a deploy or an outage included — as the store's retention
+	// leaves it for a copy that comes back late (RetryHorizon). A head
+	// past it is taken for lost (its copy never written, or deleted by the
+	// retry topic's retention). At least the sum of Delays; a wait shorter
+	// than the default can dead-letter a head that waited out an outage.
 	MaxParkedWait time.Duration
 }
 
@@ -183,7 +187,7 @@ func (nb NonBlocking) validate(c interface{ nonBlockingConflicts(NonBlocking) []
 		add("Retries.MaxParkedDepth is %d, want 0..%d (0 for the default %d)", nb.MaxParkedDepth, maxParkedDepth, defaultParkedDepth)
 	}
 	if sum := sumOf(nb.Delays); nb.MaxParkedWait < 0 || (nb.MaxParkedWait > 0 && nb.MaxParkedWait < sum) {
-		add("Retries.MaxParkedWait is %v, want 0 (the default, twice the sum of Delays and a minute) or at least the sum of Delays, %v: "+
+		add("Retries.MaxParkedWait is %v, want 0 (the default, twice the sum of Delays plus RetryMargin) or at least the sum of Delays, %v: "+
 			"a head still on its retry trips would be dead-lettered", nb.MaxParkedWait, sum)
 	}
 	for _, msg := range c.nonBlockingConflicts(nb) {
@@ -309,7 +313,7 @@ func nonBlockingOf(r Retries) *NonBlocking {
 		nb.MaxParkedDepth = defaultParkedDepth
 	}
 	if nb.MaxParkedWait == 0 {
-		nb.MaxParkedWait = 2*sumOf(nb.Delays) + time.Minute
+		nb.MaxParkedWait = 2*sumOf(nb.Delays) + RetryMargin
 	}
 	nb.Delays = slices.Clone(nb.Delays)
 	return &nb

@@ -29,12 +29,22 @@ import (
 //     are serialized (a row lock, a mutex).
 //   - A key outlives its limits when its head has held it longer than
 //     ParkLimits.Wait (since it became the head), or when a message would
-//     make it deeper than ParkLimits.Depth: it is expired then, for good,
-//     and every message of it a CheckParked meets, the head's included, is
+//     make it deeper than ParkLimits.Depth: it is expired then, and every
+//     message of it a CheckParked meets, the head's included, is
 //     ParkExpired (the consumer dead-letters it with cause parked_too_long
 //     and unparks it), until the last is unparked and the key is released.
 //     Messages a CheckParked meets on an expired key are not added to it:
 //     they are dead-lettered in hand.
+//   - A key whose head has held it longer than twice ParkLimits.Wait
+//     (HeadSince + 2×Wait; a Wait of 0 never) is released by the
+//     CheckParked that meets it, expired or not: its head is taken for
+//     lost (its retry copy never written, or deleted by the retry
+//     topic's retention), and so are the messages still in its list. The
+//     message that met it is ParkTry, not a head, and so are the call's
+//     later messages of the key; one of the lost that comes back later
+//     meets a key not parked, or parked anew, as any message does. A
+//     key's damage is so bounded: after Wait its messages are
+//     dead-lettered, after twice Wait they are tried again.
 
 // ParkKey names a record key ordered by KeyOrdered: the key scope of its
 // messages' dedup keys (Key.Scope, decided at first delivery and carried by
@@ -104,6 +114,10 @@ type ParkDecision struct {
 	// Delay is, for ParkFollow, the delay the head was last sent to retry
 	// with: the follower goes to the same destination, behind it.
 	Delay time.Duration
+	// Head is, for ParkTry, that the message is its parked key's head.
+	// A ParkTry message that is not a head is in no key's list (only Park
+	// and CheckParked add one), so settling it needs no Unpark.
+	Head bool
 }
 
 // ParkLimits bound a parked key. Zero fields do not bound.

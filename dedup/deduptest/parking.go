@@ -19,24 +19,27 @@ type ParkingFactory func(t *testing.T, cfg Config) dedup.Parking
 
 // RunParking runs the conformance suite of dedup.Parking: every bullet of
 // its discipline — only Park parks; the order of first Park or
-// CheckParked, the head first; the head's delay; repeated calls that keep
-// a message's place; Unpark of the head, of a follower, of the last, of a
-// message not parked; the Depth and Wait limits that expire a key for
-// good, Wait measured from HeadSince on the caller's clock; keys apart by
-// scope, topic and record key bytes; the listing and its filter, the
-// stats; concurrent calls on one key from many goroutines, in crossed key
-// orders; refs refused.
+// CheckParked, the head first; Head said of the head alone; the head's
+// delay; repeated calls that keep a message's place; Unpark of the head,
+// of a follower, of the last, of a message not parked; the Depth and Wait
+// limits that expire a key, Wait measured from HeadSince on the caller's
+// clock; the release of a key past twice Wait; keys apart by scope, topic
+// and record key bytes; the listing and its filter, the stats; concurrent
+// calls on one key from many goroutines, in crossed key orders; refs
+// refused.
 func RunParking(t *testing.T, newParking ParkingFactory) {
 	s := parkingSuite{newParking: newParking}
 	t.Run("OnlyParkParks", s.onlyParkParks)
 	t.Run("FirstParkOrCheckOrders", s.order)
 	t.Run("HeadDelay", s.headDelay)
 	t.Run("RepeatKeepsPlace", s.repeat)
+	t.Run("TryTellsHead", s.tryTellsHead)
 	t.Run("UnparkMovesHead", s.unparkHead)
 	t.Run("UnparkNotParked", s.unparkNotParked)
 	t.Run("DepthExpires", s.depth)
 	t.Run("DepthWithinCall", s.depthWithinCall)
 	t.Run("WaitFromHeadSince", s.wait)
+	t.Run("ReleasedPastTwiceWait", s.release)
 	t.Run("KeysApart", s.keysApart)
 	t.Run("ParkedAndStats", s.listing)
 	t.Run("ConcurrentCalls", s.concurrent)
@@ -224,6 +227,36 @@ func (s parkingSuite) order(t *testing.T) {
 	}
 }
 
+// tryTellsHead: a ParkTry says Head for its parked key's head only: not
+// for a message of a key not parked, nor for one after its key's head was
+// unparked and the key released (the consumer unparks only heads, and a
+// message it tried that is in no list needs no Unpark); a new head says
+// Head once the old one is unparked.
+func (s parkingSuite) tryTellsHead(t *testing.T) {
+	p := s.parking(t)
+	k := dedup.ParkKey{Scope: "orders", Topic: "payments", Key: "cust-1"}
+	heads := func(now time.Time, refs []dedup.ParkRef, want ...bool) {
+		t.Helper()
+		out := make([]dedup.ParkDecision, len(refs))
+		if err := p.CheckParked(ctxFor(t), refs, noLimits, now, out); err != nil {
+			t.Fatalf("CheckParked %v: %v", refs, err)
+		}
+		for i, w := range want {
+			if got := out[i].Head; got != w || (w && out[i].Action != dedup.ParkTry) {
+				t.Fatalf("CheckParked: ref %d of %d (%s): %s with Head %v, want Head %v (all: %+v)", i+1, len(refs), refs[i].ID, out[i].Action, got, w, out[:len(refs)])
+			}
+		}
+	}
+	heads(parkT0, refsOf(k, "h", "a"), false, false)
+	mustPark(t, p, dedup.ParkRef{ParkKey: k, ID: "h"}, 5*time.Second, parkT0)
+	heads(parkT0, refsOf(k, "a", "h", "a"), false, true, false)
+	mustUnpark(t, p, dedup.ParkRef{ParkKey: k, ID: "h"}, parkAt(time.Second))
+	heads(parkAt(time.Second), refsOf(k, "a"), true)
+	mustUnpark(t, p, dedup.ParkRef{ParkKey: k, ID: "a"}, parkAt(2*time.Second))
+	wantReleased(t, p, k)
+	heads(parkAt(2*time.Second), refsOf(k, "a", "b"), false, false)
+}
+
 // headDelay: Park of the head sets the key's HeadDelay, repeated or not;
 // Park of a follower does not; a follower follows with the head's delay.
 func (s parkingSuite) headDelay(t *testing.T) {
@@ -373,6 +406,41 @@ func (s parkingSuite) wait(t *testing.T) {
 	mustCheck(t, p, refsOf(k2, "a", "b"), lim, parkAt(110*time.Second), "try", "follow 5s")
 	mustCheck(t, p, refsOf(k2, "b"), lim, parkAt(110*time.Second+time.Millisecond), "expired")
 	wantParked(t, p, k2, dedup.ParkedKey{Head: "a", HeadDelay: 5 * time.Second, Depth: 2, ParkedAt: parkT0, HeadSince: parkAt(50 * time.Second), Expired: true})
+}
+
+// release: a key whose head has held it longer than twice Wait is
+// released, expired or not, with the messages still in its list (taken
+// for lost): the message that meets it and the call's later ones are
+// tried as messages of a key not parked, and added to no list; a Park
+// parks the key anew. Twice Wait counts from HeadSince: a head unparked
+// from an expired key gives the next one its own time.
+func (s parkingSuite) release(t *testing.T) {
+	p := s.parking(t)
+	lim := dedup.ParkLimits{Wait: time.Minute}
+	k := dedup.ParkKey{Scope: "orders", Topic: "payments", Key: "cust-1"}
+	mustPark(t, p, dedup.ParkRef{ParkKey: k, ID: "h"}, 5*time.Second, parkT0)
+	mustCheck(t, p, refsOf(k, "a"), lim, parkAt(time.Second), "follow 5s")
+	mustCheck(t, p, refsOf(k, "a", "b"), lim, parkAt(2*time.Minute), "expired", "expired")
+	wantParked(t, p, k, dedup.ParkedKey{Head: "h", HeadDelay: 5 * time.Second, Depth: 2, ParkedAt: parkT0, HeadSince: parkT0, Expired: true})
+	mustCheck(t, p, refsOf(k, "c", "h", "c"), lim, parkAt(2*time.Minute+time.Millisecond), "try", "try", "try")
+	wantReleased(t, p, k)
+	mustPark(t, p, dedup.ParkRef{ParkKey: k, ID: "c"}, time.Second, parkAt(3*time.Minute))
+	mustCheck(t, p, refsOf(k, "a", "c"), lim, parkAt(3*time.Minute), "follow 1s", "try")
+	wantParked(t, p, k, dedup.ParkedKey{Head: "c", HeadDelay: time.Second, Depth: 2, ParkedAt: parkAt(3 * time.Minute), HeadSince: parkAt(3 * time.Minute)})
+
+	k2 := dedup.ParkKey{Scope: "orders", Topic: "payments", Key: "cust-2"}
+	mustPark(t, p, dedup.ParkRef{ParkKey: k2, ID: "h"}, 5*time.Second, parkT0)
+	mustCheck(t, p, refsOf(k2, "a", "b"), lim, parkT0, "follow 5s", "follow 5s")
+	mustCheck(t, p, refsOf(k2, "h"), lim, parkAt(90*time.Second), "expired")
+	mustUnpark(t, p, dedup.ParkRef{ParkKey: k2, ID: "h"}, parkAt(90*time.Second))
+	// 2m1s since the key was parked, 31s since a became the head.
+	mustCheck(t, p, refsOf(k2, "b"), lim, parkAt(121*time.Second), "expired")
+	wantParked(t, p, k2, dedup.ParkedKey{Head: "a", HeadDelay: 5 * time.Second, Depth: 2, ParkedAt: parkT0, HeadSince: parkAt(90 * time.Second), Expired: true})
+	mustCheck(t, p, refsOf(k2, "b"), lim, parkAt(210*time.Second+time.Millisecond), "try")
+	wantReleased(t, p, k2)
+	if keys := mustParked(t, p, dedup.ParkFilter{Key: "cust-2"}); len(keys) != 0 {
+		t.Fatalf("Parked after cust-2 was released: %+v, want none", keys)
+	}
 }
 
 // keysApart: keys of one record key in two scopes or two topics, and

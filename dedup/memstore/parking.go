@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/dedup"
+	"github.com/idemkit/idem/internal/storekit/parkrule"
 )
 
 // parkedKey is a parked key: its messages in retry, the head first.
@@ -36,7 +37,12 @@ func (s *Store) CheckParked(ctx context.Context, refs []dedup.ParkRef, limits de
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i, r := range refs {
-		out[i] = s.parked[r.ParkKey].decide(r.ID, limits, now)
+		pk := s.parked[r.ParkKey]
+		if pk != nil && parkrule.Released(pk.headSince, limits, now) {
+			delete(s.parked, r.ParkKey) // released: its head is taken for lost
+			pk = nil
+		}
+		out[i] = pk.decide(r.ID, limits, now)
 	}
 	return nil
 }
@@ -54,7 +60,7 @@ func (pk *parkedKey) decide(id string, limits dedup.ParkLimits, now time.Time) d
 		return dedup.ParkDecision{Action: dedup.ParkExpired}
 	}
 	if pk.ids[0] == id {
-		return dedup.ParkDecision{Action: dedup.ParkTry}
+		return dedup.ParkDecision{Action: dedup.ParkTry, Head: true}
 	}
 	if !slices.Contains(pk.ids, id) {
 		if limits.Depth > 0 && len(pk.ids) >= limits.Depth {

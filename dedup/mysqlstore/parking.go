@@ -192,13 +192,21 @@ func (s *Store) readMembers(ctx context.Context, tx *sql.Tx, refs []dedup.ParkRe
 
 // writeParked writes what a CheckParked call changed, key by key in keys'
 // order: the followers added at the key's tail, its depth, next position
-// and expiry.
+// and expiry, or the key and its list deleted when it was released.
 func (s *Store) writeParked(ctx context.Context, tx *sql.Tx, keys []dedup.ParkKey, parked map[dedup.ParkKey]*parkedKey) error {
 	var b strings.Builder
 	var args []any
 	for _, k := range keys {
 		pk := parked[k]
 		if pk == nil || !pk.Changed() {
+			continue
+		}
+		if pk.Release {
+			for _, table := range []string{s.parked, s.parkedKeys} {
+				if _, err := tx.ExecContext(ctx, "DELETE FROM "+table+" WHERE "+parkKeyCond, k.Scope, k.Topic, []byte(k.Key)); err != nil {
+					return err
+				}
+			}
 			continue
 		}
 		for chunk := range slices.Chunk(pk.Added, parkChunk) {

@@ -13,7 +13,7 @@ package pgstore
 // one canonical order (bytewise scope, topic, record key), reads which of
 // the call's messages are in their lists, decides the messages in Go in
 // their order (internal/storekit/parkrule), and writes the followers
-// added and the keys expired in one batch.
+// added, the keys expired and the keys released in one batch.
 
 import (
 	"context"
@@ -33,6 +33,7 @@ type parkQueries struct {
 	keysTab               string
 	find, lock, members   string // CheckParked
 	add, update           string
+	release               string
 	upsert, park          string // Park
 	lockOne, unpark       string // Unpark
 	list, stats, boundSQL string
@@ -65,6 +66,9 @@ SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::int8[]
 		update: `UPDATE ` + keys + ` p SET depth = u.d, next_pos = u.n, expired = u.e
 FROM unnest($1::text[], $2::text[], $3::bytea[], $4::int4[], $5::int8[], $6::bool[]) AS u(s, t, k, d, n, e)
 WHERE p.scope = u.s AND p.topic = u.t AND p.key = u.k`,
+		// A released key's list and row (the row is locked: it goes last).
+		release: `WITH del AS (DELETE FROM ` + msgs + ` WHERE ` + byKey + `)
+DELETE FROM ` + keys + ` WHERE ` + byKey,
 		// The key's row, inserted with ref the head, or locked as it is.
 		upsert: `INSERT INTO ` + keys + ` AS p (scope, topic, key, head, head_delay_ns, depth, next_pos, parked_at, head_since)
 VALUES ($1, $2, $3, $4, $5, 0, 0, $6, $6)
@@ -229,7 +233,8 @@ func (s *Store) lockParked(ctx context.Context, tx pgx.Tx, ka *keyArgs, refs []d
 }
 
 // writeParked writes what a CheckParked call changed: the followers added
-// at their keys' tails, the keys' depths, next positions and expiry.
+// at their keys' tails, the keys' depths, next positions and expiry, and
+// the released keys deleted with their lists.
 func (s *Store) writeParked(ctx context.Context, tx pgx.Tx, parked map[dedup.ParkKey]*parkedKey) error {
 	var (
 		added, changed keyArgs
@@ -239,8 +244,13 @@ func (s *Store) writeParked(ctx context.Context, tx pgx.Tx, parked map[dedup.Par
 		next           []int64
 		expired        []bool
 	)
+	var b pgx.Batch
 	for k, pk := range parked {
 		if !pk.Changed() {
+			continue
+		}
+		if pk.Release {
+			b.Queue(s.park.release, k.Scope, k.Topic, []byte(k.Key))
 			continue
 		}
 		for _, id := range pk.Added {
@@ -251,14 +261,15 @@ func (s *Store) writeParked(ctx context.Context, tx pgx.Tx, parked map[dedup.Par
 		changed.add(k)
 		depths, next, expired = append(depths, int32(pk.Depth)), append(next, pk.nextPos), append(expired, pk.Expired)
 	}
-	if len(changed.scopes) == 0 {
-		return nil
-	}
-	var b pgx.Batch
 	if len(ids) > 0 {
 		b.Queue(s.park.add, added.scopes, added.topics, added.keys, ids, pos)
 	}
-	b.Queue(s.park.update, changed.scopes, changed.topics, changed.keys, depths, next, expired)
+	if len(changed.scopes) > 0 {
+		b.Queue(s.park.update, changed.scopes, changed.topics, changed.keys, depths, next, expired)
+	}
+	if b.Len() == 0 {
+		return nil
+	}
 	return tx.SendBatch(ctx, &b).Close()
 }
 

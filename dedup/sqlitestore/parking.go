@@ -182,13 +182,21 @@ func closeRows(rows *sql.Rows) error {
 
 // writeParked writes what a CheckParked call changed, key by key in keys'
 // order: the followers added at the key's tail, its depth, next position
-// and expiry.
+// and expiry, or the key and its list deleted when it was released.
 func (s *Store) writeParked(ctx context.Context, tx *sql.Tx, keys []dedup.ParkKey, parked map[dedup.ParkKey]*parkedKey) error {
 	var b strings.Builder
 	var args []any
 	for _, k := range keys {
 		pk := parked[k]
 		if pk == nil || !pk.Changed() {
+			continue
+		}
+		if pk.Release {
+			for _, del := range []string{`DELETE FROM ` + s.parkedTable(), `DELETE FROM ` + s.parkedKeysTable()} {
+				if _, err := tx.ExecContext(ctx, del+` WHERE scope = ? AND topic = ? AND key = ?`, k.Scope, k.Topic, []byte(k.Key)); err != nil {
+					return err
+				}
+			}
 			continue
 		}
 		for chunk := range slices.Chunk(pk.Added, parkChunk) {

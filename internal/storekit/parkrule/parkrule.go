@@ -28,16 +28,26 @@ type Key struct {
 	Added []string
 	// Expire says the call expired the key (Expired was false).
 	Expire bool
+	// Release says the call released the key: its head had held it
+	// longer than twice limits.Wait. The store deletes the key and its
+	// list; the call's later messages of the key find it not parked.
+	Release bool
 }
 
 // Decide decides message id of k (nil: its key is not parked) as
 // dedup.Parking says, at now under limits: a key whose head has held it
-// longer than limits.Wait, or that id would make deeper than
-// limits.Depth, is expired, and every message of an expired key is
-// ParkExpired; the head is tried; a message in the list follows, one not
-// in it is added at the tail and follows.
+// longer than twice limits.Wait is released (Release), and id is tried as
+// a message of a key not parked; a key whose head has held it longer than
+// limits.Wait, or that id would make deeper than limits.Depth, is
+// expired, and every message of an expired key is ParkExpired; the head
+// is tried; a message in the list follows, one not in it is added at the
+// tail and follows.
 func (k *Key) Decide(id string, limits dedup.ParkLimits, now time.Time) dedup.ParkDecision {
-	if k == nil {
+	if k == nil || k.Release {
+		return dedup.ParkDecision{Action: dedup.ParkTry}
+	}
+	if Released(k.HeadSince, limits, now) {
+		k.Release = true
 		return dedup.ParkDecision{Action: dedup.ParkTry}
 	}
 	if !k.Expired && limits.Wait > 0 && now.Sub(k.HeadSince) > limits.Wait {
@@ -47,7 +57,7 @@ func (k *Key) Decide(id string, limits dedup.ParkLimits, now time.Time) dedup.Pa
 	case k.Expired:
 		return dedup.ParkDecision{Action: dedup.ParkExpired}
 	case id == k.Head:
-		return dedup.ParkDecision{Action: dedup.ParkTry}
+		return dedup.ParkDecision{Action: dedup.ParkTry, Head: true}
 	case !k.Members[id]:
 		if limits.Depth > 0 && k.Depth >= limits.Depth {
 			k.Expired, k.Expire = true, true
@@ -63,9 +73,17 @@ func (k *Key) Decide(id string, limits dedup.ParkLimits, now time.Time) dedup.Pa
 	return dedup.ParkDecision{Action: dedup.ParkFollow, Delay: k.HeadDelay}
 }
 
-// Changed reports whether the call changed k: added followers or expired
-// it.
-func (k *Key) Changed() bool { return len(k.Added) > 0 || k.Expire }
+// Changed reports whether the call changed k: added followers, expired
+// it or released it.
+func (k *Key) Changed() bool { return len(k.Added) > 0 || k.Expire || k.Release }
+
+// Released reports whether a key whose head has held it since headSince
+// is released at now under limits: its head has held it longer than
+// twice limits.Wait, and the messages still in its list are taken for
+// lost with it.
+func Released(headSince time.Time, limits dedup.ParkLimits, now time.Time) bool {
+	return limits.Wait > 0 && now.Sub(headSince) > 2*limits.Wait
+}
 
 // Compare orders parked keys bytewise by scope, topic, record key: the
 // order in which a store locks a call's keys, the same for every call, so

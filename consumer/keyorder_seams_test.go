@@ -13,16 +13,15 @@ import (
 	"github.com/idemkit/idem/dedup/memstore"
 )
 
-// TestBreakParkedHeadThroughAnOutage (seam 40.67): Delays 1s and 10s, the
-// default MaxParkedWait (twice their sum and a minute: 1m22s). a1 fails
-// once into retry and parks its key; the consumer is down for 2 minutes
-// (a deploy, a broker outage) — well within RetryMargin's 15 minutes,
-// which consumer.New sizes the store's retention by "for a copy that
-// waits behind others or through a deploy". When a1's copy comes back
-// on its first trip it is dead-lettered parked_too_long, never tried,
-// although it has a trip left and would apply: the outage, not the
-// message, used up the wait.
-func TestBreakParkedHeadThroughAnOutage(t *testing.T) {
+// TestParkedHeadThroughAnOutage (seam 40.67): Delays 1s and 10s, the
+// default MaxParkedWait (twice their sum plus RetryMargin: 15m22s; it was
+// twice their sum and a minute, 1m22s). a1 fails once into retry and
+// parks its key; the consumer is down for 2 minutes (a deploy, a broker
+// outage) — well within RetryMargin's 15 minutes, which consumer.New
+// sizes the store's retention by "for a copy that waits behind others or
+// through a deploy". When a1's copy comes back on its first trip it must
+// be tried, and applies: the outage must not use up the wait.
+func TestParkedHeadThroughAnOutage(t *testing.T) {
 	store := memstore.New(memstore.Config{})
 	clk := consumertest.NewClock()
 	var got order
@@ -70,14 +69,14 @@ func TestBreakParkedHeadThroughAnOutage(t *testing.T) {
 	}
 }
 
-// TestBreakKeyOrderedBatchHandler (seam 40.68): KeyOrdered with a
+// TestKeyOrderedBatchHandler (seam 40.68): KeyOrdered with a
 // BatchHandler, which row 40.26 left untested. Batches of 4:
 // a1 a2 b1 a3 (record keys acct-a, acct-b). The batch fails while it
 // holds a1 (the account service refuses a1 until its copy comes back
 // from retry), once naming it (MessageError) and once not (the settler
 // halves down to it). a1 goes to retry; a2 and a3, in the same batch,
 // must follow it there, and b1 is applied at once.
-func TestBreakKeyOrderedBatchHandler(t *testing.T) {
+func TestKeyOrderedBatchHandler(t *testing.T) {
 	for _, named := range []bool{true, false} {
 		t.Run(map[bool]string{true: "named", false: "unnamed"}[named], func(t *testing.T) {
 			store := memstore.New(memstore.Config{})
