@@ -207,11 +207,10 @@ func (c *Consumer[TTx]) park(ctx context.Context, it *item, delay time.Duration)
 // item CheckParked found in no list (it.unlisted) is not unparked: the
 // consumer's keyed messages are in no list but while their key is parked,
 // and a store transaction for each of them would cost more than the
-// claim. It is
-// called before it.settled is set, so that its offset is acknowledged only
-// once the key let it go: a failing Unpark is retried with the consumer's
-// backoff until it succeeds or ctx ends, when it is released for a
-// redelivery to settle (a duplicate) and unpark again.
+// claim. It is called before it.settled is set, so that its offset is
+// acknowledged only once the key let it go: a failing Unpark is retried
+// with the consumer's backoff until it succeeds or ctx ends, when it is
+// released for a redelivery to settle (a duplicate) and unpark again.
 func (c *Consumer[TTx]) unpark(ctx context.Context, it *item) error {
 	if c.parking == nil {
 		return nil
