@@ -134,24 +134,31 @@ func (c config) entityFunc() func(m *consumer.Message) (consumer.Entity, error) 
 // (the business rows' order: an entity's next transaction waits for the
 // one before it, and takes its row's ID after).
 func (r *kafkaRunner) entityRows(ctx context.Context) map[string][]int64 {
+	out, err := r.entityRowsErr(ctx)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return out
+}
+
+// entityRowsErr is entityRows for a goroutine other than the test's (a
+// dead-letter sink's): it returns its error.
+func (r *kafkaRunner) entityRowsErr(ctx context.Context) (map[string][]int64, error) {
 	out := map[string][]int64{}
 	res, err := r.pool.Query(ctx, `SELECT ent, ver FROM `+r.table+` WHERE ent <> '' ORDER BY id`)
 	if err != nil {
-		r.t.Fatal(err)
+		return nil, err
 	}
 	defer res.Close()
 	for res.Next() {
 		var ent string
 		var ver int64
 		if err := res.Scan(&ent, &ver); err != nil {
-			r.t.Fatal(err)
+			return nil, err
 		}
 		out[ent] = append(out[ent], ver)
 	}
-	if err := res.Err(); err != nil {
-		r.t.Fatal(err)
-	}
-	return out
+	return out, res.Err()
 }
 
 // staleNow reports whether p, not applied, is stale against what its
@@ -205,7 +212,13 @@ func (r *kafkaRunner) checkStaleLetter(ctx context.Context, l consumer.Letter) {
 		r.rep.violation(checkEntityStale, pl.Pay, "payment %s: stale letter of %s v%d with entity %v, watermark %v, reason %v", pl.Pay, pl.Ent, pl.Ver, l.Entity, l.Watermark, l.Reason)
 		return
 	}
-	for _, v := range r.entityRows(ctx)[pl.Ent] {
+	rows, err := r.entityRowsErr(ctx)
+	if err != nil {
+		// In the consumer's goroutine: no t.Fatal here.
+		r.rep.violation(checkEntityStale, pl.Pay, "payment %s: the applied versions of %s could not be read: %v", pl.Pay, pl.Ent, err)
+		return
+	}
+	for _, v := range rows[pl.Ent] {
 		if r.cfg.entity.versionOf(v) == l.Watermark {
 			return
 		}

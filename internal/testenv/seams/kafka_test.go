@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/pprof"
 	"sort"
 	"strings"
 	"sync"
@@ -317,6 +318,10 @@ func (r *kafkaRunner) kill(i int) {
 			r.rep.violation(checkConsumer, "run", "consumer %s stopped: %v", slotName(i), err)
 		}
 	case <-time.After(kafkaSettle):
+		// The stacks say where it hangs.
+		var stacks strings.Builder
+		_ = pprof.Lookup("goroutine").WriteTo(&stacks, 2)
+		r.t.Logf("goroutines:\n%s", stacks.String())
 		r.t.Fatalf("seams: seed=%d mode=kafka step=%d: consumer %s did not stop", r.rep.seed, r.rep.stepNow(), slotName(i))
 	}
 	r.procs[i] = nil
@@ -376,7 +381,12 @@ func (s letterSink) DeadLetter(ctx context.Context, l consumer.Letter) error {
 	}
 	if l.Cause == consumer.CauseStale {
 		s.r.count("stale letters")
-		s.r.checkStaleLetter(ctx, l)
+		// Not ctx: the sink runs in the consumer's lane, whose ctx a kill
+		// ends; a query failing on it would end the lane's goroutine with
+		// t.Fatal, and the consumer would never stop.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), kafkaSettle)
+		defer cancel()
+		s.r.checkStaleLetter(cctx, l)
 	}
 	return nil
 }
